@@ -1,0 +1,68 @@
+# ninfer: one cuda translation unit, cudart linked statically.
+#
+#   make                  build build/apps/ninfer (+ the ninfer-serve link), fat binary
+#   make GPU_ARCH=90      one sm target only: fast iteration on an h100/h200
+#   make test             install what the tests need, build and run every test (ci runs this)
+#   make check-build      compile only (what ci can do without a gpu)
+#   make debug            host asan + device -G -lineinfo
+#   make clean
+
+NVCC     ?= nvcc
+PYTHON   ?= python3
+BUILD    := build
+# sass for ampere .. blackwell plus ptx for what comes next
+ALL_ARCH := 80 86 89 90 120
+GPU_ARCH ?= $(ALL_ARCH)
+GENCODE  := $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+            -gencode arch=compute_$(lastword $(GPU_ARCH)),code=compute_$(lastword $(GPU_ARCH))
+# tests use one target: they compile the whole translation unit and run on the h200 (sm_90)
+TEST_ARCH ?= 90
+TEST_GENCODE := -gencode arch=compute_$(TEST_ARCH),code=sm_$(TEST_ARCH)
+
+CXXSTD   := -std=c++17
+HOSTFLAGS:= -O3 -fopenmp -Wall -Wno-unused-function
+NVFLAGS  := $(CXXSTD) -O3 -lineinfo -cudart static -Xcompiler "$(HOSTFLAGS)" --expt-relaxed-constexpr
+LDLIBS   := -lgomp -lpthread -ldl -lrt
+GTEST    := -lgtest -lpthread
+
+HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h)
+
+$(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
+
+.PHONY: all test check-build debug clean deps demo
+all: $(BUILD)/apps/ninfer $(BUILD)/apps/ninfer-serve
+
+$(BUILD)/apps/ninfer: ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(GENCODE) -o $@ ninfer.cu $(LDLIBS)
+
+# the server is the same binary; argv[0] picks the mode
+$(BUILD)/apps/ninfer-serve: $(BUILD)/apps/ninfer
+	ln -sf ninfer $@
+
+check-build: $(BUILD)/apps/ninfer
+
+debug:
+	@mkdir -p $(BUILD)/debug
+	$(NVCC) $(CXXSTD) -G -g -lineinfo -Xcompiler "-O0 -g -fopenmp -fsanitize=address" $(TEST_GENCODE) \
+	    -o $(BUILD)/debug/ninfer ninfer.cu $(LDLIBS) -lasan
+
+# ---- tests -------------------------------------------------------------------
+# test binaries include ninfer.cu (NINFER_TESTING) or a header module; see test/README.md
+
+$(BUILD)/test/test_model: test/test_model.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_model.cu $(LDLIBS) $(GTEST)
+
+TEST_BINS := $(BUILD)/test/test_model
+
+# what the tests need: python packages pinned in test/requirements.txt (installed when missing)
+deps:
+	@$(PYTHON) test/check_deps.py || $(PYTHON) -m pip install -q -r test/requirements.txt
+
+test: deps $(BUILD)/apps/ninfer $(TEST_BINS)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+	$(PYTHON) -m pytest -q test
+
+clean:
+	rm -rf $(BUILD)
