@@ -23,13 +23,13 @@ CXXSTD   := -std=c++17
 HOSTFLAGS:= -O3 -fopenmp -Wall -Wno-unused-function
 NVFLAGS  := $(CXXSTD) -O3 -lineinfo -cudart static -Xcompiler "$(HOSTFLAGS)" --expt-relaxed-constexpr
 LDLIBS   := -lgomp -lpthread -ldl -lrt
-GTEST    := -lgtest -lpthread
+GTEST    := -lgtest_main -lgtest -lpthread
 
 HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h)
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
 
-.PHONY: all test check-build debug clean deps demo
+.PHONY: all test check-build debug clean deps demo models
 all: $(BUILD)/apps/ninfer $(BUILD)/apps/ninfer-serve
 
 $(BUILD)/apps/ninfer: ninfer.cu $(HEADERS) Makefile
@@ -48,21 +48,42 @@ debug:
 	    -o $(BUILD)/debug/ninfer ninfer.cu $(LDLIBS) -lasan
 
 # ---- tests -------------------------------------------------------------------
-# test binaries include ninfer.cu (NINFER_TESTING) or a header module; see test/README.md
+# test binaries include ninfer.cu under NINFER_TESTING (or a header module) and run from the
+# repo root. synthetic models are made by convert.py (deterministic: same seed, same bytes).
 
-$(BUILD)/test/test_model: test/test_model.cu ninfer.cu $(HEADERS) Makefile
+MODELS := $(BUILD)/models
+SYNTH  := tiny tiny-gqa1 tiny-gqa3
+TEST_MODELS := $(foreach n,$(SYNTH),$(MODELS)/$(n).ninfer $(MODELS)/$(n)-bf16.ninfer)
+
+$(MODELS)/%-hf/config.json: convert.py
+	@mkdir -p $(MODELS)
+	$(PYTHON) convert.py --synthetic $* -o $(MODELS)/$*-hf
+$(MODELS)/%-bf16.ninfer: $(MODELS)/%-hf/config.json convert.py
+	$(PYTHON) convert.py $(MODELS)/$*-hf -o $@ --weights bf16
+$(MODELS)/%.ninfer: $(MODELS)/%-hf/config.json convert.py
+	$(PYTHON) convert.py $(MODELS)/$*-hf -o $@ --weights groupwise-int
+.PRECIOUS: $(MODELS)/%-hf/config.json
+
+models: $(TEST_MODELS)
+
+# the cli under test: one sm target, so ci compiles it quickly
+$(BUILD)/test/ninfer: ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_model.cu $(LDLIBS) $(GTEST)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ ninfer.cu $(LDLIBS)
 
-TEST_BINS := $(BUILD)/test/test_model
+$(BUILD)/test/test_format: test/test_format.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_format.cu $(LDLIBS) $(GTEST)
+
+TEST_BINS := $(BUILD)/test/test_format
 
 # what the tests need: python packages pinned in test/requirements.txt (installed when missing)
 deps:
 	@$(PYTHON) test/check_deps.py || $(PYTHON) -m pip install -q -r test/requirements.txt
 
-test: deps $(BUILD)/apps/ninfer $(TEST_BINS)
+test: deps $(BUILD)/test/ninfer $(TEST_BINS) $(TEST_MODELS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
-	$(PYTHON) -m pytest -q test
+	NINFER_BIN=$(BUILD)/test/ninfer $(PYTHON) -m pytest -q test
 
 clean:
 	rm -rf $(BUILD)
