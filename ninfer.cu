@@ -463,6 +463,11 @@ static bool model_open(Model* m, const char* path, std::string* err) {
 
 static void model_close(Model* m) { artifact_close(&m->art); }
 
+// gpu kernels and the gpu forward are staged in gpu_wip.cuh while the cpu reference
+// (the section above) is written in parallel; they are folded into this file, in this
+// place, when both land. keep this include here, after the cpu reference.
+#include "gpu_wip.cuh"
+
 // === 4. info =================================================================
 
 static const char* const kResourceNames[] = {
