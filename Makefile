@@ -81,7 +81,11 @@ TEST_BINS := $(BUILD)/test/test_format
 deps:
 	@$(PYTHON) test/check_deps.py || $(PYTHON) -m pip install -q -r test/requirements.txt
 
-test: deps $(BUILD)/test/ninfer $(TEST_BINS) $(TEST_MODELS)
+$(BUILD)/test/format_vectors.ninfer: test/make_format_vectors.py convert.py
+	@mkdir -p $(@D)
+	$(PYTHON) test/make_format_vectors.py $@
+
+test: deps $(BUILD)/test/ninfer $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	NINFER_BIN=$(BUILD)/test/ninfer $(PYTHON) -m pytest -q test
 

@@ -410,3 +410,29 @@ TEST(Synthetic, FuzzNeverCrashes) {
     EXPECT_GT(failed, 1000);
     printf("fuzz: %d opened, %d rejected cleanly\n", opened, failed);
 }
+
+// convert.py's canonical encoder -> our decoder: every format, bit for bit
+// (vectors from test/make_format_vectors.py, values computed there independently)
+TEST(RoundTrip, ConvertEncodedTensorsDecodeExactly) {
+    std::string path = "build/test/format_vectors.ninfer";
+    if (!file_exists(path)) FAIL() << path << " missing (make test builds it)";
+    Artifact a; std::string err;
+    ASSERT_TRUE(artifact_open(&a, path.c_str(), &err)) << err;
+    int checked = 0;
+    for (const TensorObject& t : a.objects) {
+        if (t.name.rfind("t/", 0) != 0) continue;
+        const TensorObject* ref = artifact_find(&a, "ref/" + t.name.substr(2));
+        ASSERT_NE(ref, nullptr) << t.name;
+        Mat m = mat_from(&t);
+        const float* want = (const float*)ref->data;
+        std::vector<float> row(m.cols);
+        for (int64_t r = 0; r < m.rows; r++) {
+            mat_row_dequant(m, r, row.data());
+            for (int64_t j = 0; j < m.cols; j++)
+                ASSERT_EQ(row[j], want[r * m.cols + j]) << t.name << " [" << r << "," << j << "]";
+        }
+        checked++;
+    }
+    EXPECT_EQ(checked, 4 * 7 + 3);
+    artifact_close(&a);
+}
