@@ -429,7 +429,7 @@ static bool bind_weights(const Artifact* a, const Geometry& g, Weights* w, std::
     // the file and this build disagree about the inventory
     size_t expected = 0;
     for (const TensorObject& t : a->objects) if (!t.resource) expected++;
-    size_t bound = 1 + g.L * 3 + 2 + (g.tied ? 0 : 1) + (g.draft_rows ? 2 : 0) + (g.has_mtp ? 12 : 0);
+    size_t bound = 2 + g.L * 4 + (g.tied ? 0 : 1) + (g.draft_rows ? 2 : 0) + (g.has_mtp ? 12 : 0);  // embedding, final norm; per layer two norms, gate_up, down
     for (int l = 0; l < g.L; l++) bound += g.full[l] ? 5 : 9;
     if (g.has_vision) bound += 3 + 12 * g.v_depth + 6;
     if (bound != expected) {
