@@ -1,0 +1,328 @@
+// tests for tokenizer.h: golden ids from hf tokenizers (test/gen_tokenizer_goldens.py),
+// golden chat renderings from transformers + jinja2 (test/gen_template_goldens.py), the
+// stream decoder, the output parser. run from the repo root:
+//   g++ -std=c++17 -O2 -I. test/test_tokenizer.cc -o build/test_tokenizer -lgtest -lgtest_main -lpthread
+//   ./build/test_tokenizer
+// data: test/golden/tokenizer_ids.jsonl, test/golden/template_cases.jsonl,
+// ../shared/fixtures/qwen3-tokenizer/tokenizer.json (the shared folder beside the repo).
+#include "tokenizer.h"
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <chrono>
+
+// ----------------------------------------------------------------------------
+// helpers
+
+static bool read_file(const std::string& path, std::string* out) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    out->clear();
+    char buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, k);
+    fclose(f);
+    return true;
+}
+
+static std::string fixture_path() {
+    const char* cands[] = {"../shared/fixtures/qwen3-tokenizer/tokenizer.json", "shared/fixtures/qwen3-tokenizer/tokenizer.json",
+                           "/work/shared/fixtures/qwen3-tokenizer/tokenizer.json"};
+    for (const char* c : cands) if (FILE* f = fopen(c, "rb")) { fclose(f); return c; }
+    return cands[0];
+}
+
+static std::vector<Json> read_jsonl(const std::string& path) {
+    std::string s;
+    std::vector<Json> out;
+    if (!read_file(path, &s)) return out;
+    size_t a = 0;
+    while (a < s.size()) {
+        size_t b = s.find('\n', a);
+        if (b == std::string::npos) b = s.size();
+        if (b > a) {
+            Json j; std::string err;
+            if (json_parse(s.data() + a, b - a, &j, &err)) out.push_back(std::move(j));
+            else ADD_FAILURE() << path << ": " << err;
+        }
+        a = b + 1;
+    }
+    return out;
+}
+
+static std::string unhex(const std::string& h) {
+    std::string o;
+    for (size_t i = 0; i + 1 < h.size(); i += 2) o.push_back((char)std::stoi(h.substr(i, 2), nullptr, 16));
+    return o;
+}
+static std::vector<int> json_ids(const Json* a) {
+    std::vector<int> v;
+    if (a) for (const Json& x : a->arr) v.push_back((int)x.i);
+    return v;
+}
+static std::string ids_str(const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += std::to_string(x) + " ";
+    return s;
+}
+static std::string json_text(const std::string& s) { std::string o; json_escape(&o, s, true); return o; }
+
+// the json-escaped text of a regex, as it appears inside tokenizer.json
+static std::string regex_json(const char* rx) { std::string o; json_escape(&o, rx, strlen(rx)); return o; }
+
+static std::string replace_once(std::string s, const std::string& a, const std::string& b) {
+    size_t p = s.find(a);
+    if (p != std::string::npos) s.replace(p, a.size(), b);
+    return s;
+}
+
+// the three tokenizers under test, loaded once: the fixture (qwen3 regex, merges as pairs),
+// the same with the qwen3.5 regex, the same with merges as "a b" strings
+struct Toks {
+    std::string raw;
+    Tokenizer q3, q35, q3s;
+    bool ok = false;
+    std::string err;
+    Toks() {
+        if (!read_file(fixture_path(), &raw)) { err = "cannot read " + fixture_path(); return; }
+        if (!tokenizer_load(&q3, raw.data(), raw.size(), &err)) return;
+        std::string v35 = replace_once(raw, regex_json(QWEN3_SPLIT_REGEX), regex_json(QWEN35_SPLIT_REGEX));
+        if (v35 == raw) { err = "qwen3 regex not found in the fixture"; return; }
+        if (!tokenizer_load(&q35, v35.data(), v35.size(), &err)) return;
+        Json root;
+        if (!json_parse(raw, &root, &err)) return;
+        Json* merges = root.get("model")->get("merges");
+        for (Json& m : merges->arr) m = Json::string(m.arr[0].str + " " + m.arr[1].str);
+        std::string vs;
+        json_write(&vs, root);
+        if (!tokenizer_load(&q3s, vs.data(), vs.size(), &err)) return;
+        ok = true;
+    }
+};
+static Toks& toks() { static Toks t; return t; }
+
+static const std::vector<Json>& tok_goldens() {
+    static std::vector<Json> g = read_jsonl("test/golden/tokenizer_ids.jsonl");
+    return g;
+}
+static std::string golden_input(const Json& r) {
+    if (const Json* t = r.get("text")) return t->str;
+    return unhex(r.get("hex")->str);
+}
+
+// ----------------------------------------------------------------------------
+// tokenizer
+
+TEST(Tokenizer, Loads) {
+    Toks& t = toks();
+    ASSERT_TRUE(t.ok) << t.err;
+    EXPECT_EQ(t.q3.flavour, PRETOK_QWEN3);
+    EXPECT_EQ(t.q35.flavour, PRETOK_QWEN35);
+    EXPECT_EQ(t.q3.n_vocab, 151669);
+    EXPECT_EQ(t.q3.n_merges, 151387);
+    EXPECT_EQ(t.q3s.n_merges, 151387);
+    EXPECT_EQ(tokenizer_find(&t.q3, "<|im_end|>"), 151645);
+    EXPECT_EQ(tokenizer_find(&t.q3, "</think>"), 151668);
+    EXPECT_TRUE(tokenizer_is_special(&t.q3, 151645));
+    EXPECT_FALSE(tokenizer_is_special(&t.q3, 151668));  // <think> & co. are added but not special
+    EXPECT_FALSE(tokenizer_is_special(&t.q3, 9707));
+    EXPECT_STREQ(UNICODE_VERSION, "14.0.0");
+}
+
+TEST(Tokenizer, GoldenCount) { EXPECT_GE(tok_goldens().size(), 500u); }
+
+// every golden string, for the three tokenizers; reports all mismatches, not just the first
+static void check_goldens(const Tokenizer* t, const char* key, const char* what) {
+    int bad = 0, n = 0;
+    for (const Json& r : tok_goldens()) {
+        std::string in = golden_input(r);
+        std::vector<int> ids;
+        tokenizer_encode(t, in, &ids);
+        std::vector<int> want = json_ids(r.get(key));
+        n++;
+        if (ids != want) {
+            if (++bad <= 10) ADD_FAILURE() << what << " input " << json_text(in) << "\n  got  " << ids_str(ids) << "\n  want " << ids_str(want);
+        }
+    }
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " mismatch";
+}
+TEST(Tokenizer, GoldenIdsQwen3) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q3, "qwen3", "qwen3"); }
+TEST(Tokenizer, GoldenIdsQwen35Regex) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q35, "qwen35re", "qwen3.5 regex"); }
+TEST(Tokenizer, GoldenIdsMergeStrings) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q3s, "qwen3", "merges as strings"); }
+
+TEST(Tokenizer, GoldenPretokens) {
+    ASSERT_TRUE(toks().ok);
+    int bad = 0, n = 0;
+    for (const Json& r : tok_goldens()) {
+        if (!r.get("pre3")) continue;
+        std::string in = golden_input(r);
+        for (int v = 0; v < 2; v++) {
+            std::vector<std::string> got;
+            tokenizer_pretokenize(v ? &toks().q35 : &toks().q3, in, &got);
+            const Json* want = r.get(v ? "pre35" : "pre3");
+            std::vector<std::string> w;
+            for (const Json& x : want->arr) w.push_back(x.str);
+            n++;
+            if (got != w && ++bad <= 10) {
+                std::string g, e;
+                for (auto& x : got) g += json_text(x) + " ";
+                for (auto& x : w) e += json_text(x) + " ";
+                ADD_FAILURE() << (v ? "qwen3.5" : "qwen3") << " pieces of " << json_text(in) << "\n  got  " << g << "\n  want " << e;
+            }
+        }
+    }
+    EXPECT_EQ(bad, 0) << bad << " of " << n;
+    EXPECT_GT(n, 800);
+}
+
+// decode(encode(x)) == NFC(x) for valid utf-8; invalid input decodes to hf's replacement text
+TEST(Tokenizer, RoundTrip) {
+    ASSERT_TRUE(toks().ok);
+    for (const Json& r : tok_goldens()) {
+        std::string in = golden_input(r);
+        std::string want = r.get("nfc") ? r.get("nfc")->str : r.get("replaced") ? r.get("replaced")->str : in;
+        for (const Tokenizer* t : {&toks().q3, &toks().q35}) {
+            std::vector<int> ids;
+            tokenizer_encode(t, in, &ids);
+            EXPECT_EQ(tokenizer_decode(t, ids), want) << json_text(in);
+        }
+    }
+}
+
+TEST(Tokenizer, Nfc) {
+    for (const Json& r : tok_goldens()) {
+        if (!r.get("text")) continue;
+        const std::string& s = r.get("text")->str;
+        std::string n;
+        nfc_normalize(s.data(), s.size(), &n);
+        std::string want = r.get("nfc") ? r.get("nfc")->str : s;
+        EXPECT_EQ(n, want) << json_text(s);
+        if (!r.get("nfc")) EXPECT_TRUE(nfc_quick_check(s.data(), s.size()) || n == s);
+    }
+    // hangul: decomposed jamo recompose, and lvt syllables round trip
+    std::string k = "\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB", n;  // U+1112 U+1161 U+11AB
+    nfc_normalize(k.data(), k.size(), &n);
+    EXPECT_EQ(n, "\xED\x95\x9C");  // U+D55C
+}
+
+TEST(Tokenizer, ParseSpecialOff) {
+    ASSERT_TRUE(toks().ok);
+    std::vector<int> a, b;
+    tokenizer_encode(&toks().q3, "<|im_start|>user", &a, true);
+    tokenizer_encode(&toks().q3, "<|im_start|>user", &b, false);
+    EXPECT_EQ(a[0], 151644);
+    EXPECT_GT(b.size(), 2u);
+    for (int x : b) EXPECT_LT(x, 151643);
+    EXPECT_EQ(tokenizer_decode(&toks().q3, b), "<|im_start|>user");
+}
+
+TEST(Tokenizer, Utf8Lossy) {
+    auto fix = [](const std::string& s) { std::string o; utf8_lossy(&o, s.data(), s.size()); return o; };
+    const std::string R = "\xEF\xBF\xBD";
+    EXPECT_EQ(fix("a\xC3" "b"), "a" + R + "b");
+    EXPECT_EQ(fix("\xE2\x82"), R);             // one replacement for a truncated sequence
+    EXPECT_EQ(fix("\xED\xA0\x80"), R + R + R);  // surrogates: each byte (E0..EF second-byte rule)
+    EXPECT_EQ(fix("\xF0\x9F\x98"), R);
+    EXPECT_EQ(fix("\xC0\xAF"), R + R);
+    EXPECT_EQ(fix("\xF4\x90\x80\x80"), R + R + R + R);
+    std::string o;
+    EXPECT_EQ(utf8_lossy(&o, "ab\xF0\x9F", 4, false), 2u);  // a possible sequence is held
+    EXPECT_EQ(o, "ab");
+}
+
+// streaming decode: feed golden ids one at a time; every piece is valid utf-8 and the
+// concatenation equals the one-shot decode
+TEST(Tokenizer, StreamDecoder) {
+    ASSERT_TRUE(toks().ok);
+    const Tokenizer* t = &toks().q3;
+    int held = 0;
+    for (const Json& r : tok_goldens()) {
+        std::vector<int> ids = json_ids(r.get("qwen3"));
+        StreamDecoder d;
+        d.skip_special = false;
+        std::string all;
+        for (int id : ids) {
+            std::string piece;
+            stream_decoder_push(&d, t, id, &piece);
+            EXPECT_TRUE(utf8_valid(piece.data(), piece.size()));
+            if (!d.pending.empty()) held++;
+            all += piece;
+        }
+        std::string tail;
+        stream_decoder_flush(&d, &tail);
+        all += tail;
+        EXPECT_EQ(all, tokenizer_decode(t, ids));
+    }
+    EXPECT_GT(held, 0);  // some goldens do end a token inside a character (emoji, cjk)
+    // special tokens are skipped by default
+    StreamDecoder d;
+    std::string out;
+    stream_decoder_push(&d, t, 151645, &out);
+    EXPECT_EQ(out, "");
+    stream_decoder_push(&d, t, 151668, &out);  // </think> is not special
+    EXPECT_EQ(out, "</think>");
+}
+
+// a handmade tokenizer.json: loader paths and errors
+static std::string tiny_json(const std::string& regex_json_text, const std::string& merges) {
+    std::string v = "{";
+    // bytes as gpt-2 characters: printable ascii maps to itself; space is U+0120
+    int id = 0;
+    uint32_t b2c[256];
+    byte_level_tables(b2c);
+    for (int b = 0; b < 256; b++) {
+        std::string ch;
+        utf8_encode(&ch, b2c[b]);
+        std::string k;
+        json_escape(&k, ch);
+        v += (b ? "," : "") + k + ":" + std::to_string(id++);
+    }
+    v += ",\"ab\":256,\"abc\":257,\"\\u0120a\":258}";
+    return std::string("{\"version\":\"1.0\",\"added_tokens\":[{\"id\":259,\"content\":\"<|x|>\",\"single_word\":false,\"lstrip\":false,"
+                       "\"rstrip\":false,\"normalized\":false,\"special\":true}],\"normalizer\":{\"type\":\"NFC\"},"
+                       "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":") +
+           regex_json_text + "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+           "\"trim_offsets\":false,\"use_regex\":false}]},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\","
+           "\"dropout\":null,\"unk_token\":null,\"byte_fallback\":false,\"vocab\":" + v + ",\"merges\":" + merges + "}}";
+}
+
+TEST(Tokenizer, HandmadeLoader) {
+    std::string err;
+    for (const char* merges : {"[\"a b\",\"ab c\",\"\\u0120 a\"]", "[[\"a\",\"b\"],[\"ab\",\"c\"],[\"\\u0120\",\"a\"]]"}) {
+        Tokenizer t;
+        std::string j = tiny_json(regex_json(QWEN35_SPLIT_REGEX), merges);
+        ASSERT_TRUE(tokenizer_load(&t, j.data(), j.size(), &err)) << err;
+        EXPECT_EQ(t.flavour, PRETOK_QWEN35);
+        std::vector<int> ids;
+        tokenizer_encode(&t, "abc a<|x|>ab", &ids);
+        EXPECT_EQ(ids_str(ids), "257 258 259 256 ");
+    }
+    Tokenizer t;
+    std::string bad = tiny_json("\"\\\\s+\"", "[]");
+    EXPECT_FALSE(tokenizer_load(&t, bad.data(), bad.size(), &err));
+    EXPECT_NE(err.find("unknown Split regex"), std::string::npos) << err;
+    bad = tiny_json(regex_json(QWEN3_SPLIT_REGEX), "[\"a q\"]");
+    bad = replace_once(bad, "\"q\"", "\"zz\"");
+    EXPECT_FALSE(tokenizer_load(&t, bad.data(), bad.size(), &err));
+    EXPECT_FALSE(tokenizer_load(&t, "{", 1, &err));
+    EXPECT_FALSE(tokenizer_load(&t, "{}", 2, &err));
+}
+
+// never crashes on arbitrary bytes; output always decodes back to valid utf-8
+TEST(Tokenizer, RandomBytesNeverCrash) {
+    ASSERT_TRUE(toks().ok);
+    uint64_t x = 88172645463325252ull;
+    for (int k = 0; k < 2000; k++) {
+        std::string s;
+        int n = (int)(x % 40);
+        for (int i = 0; i < n; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; s.push_back((char)(x >> 24)); }
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        std::vector<int> ids;
+        tokenizer_encode(&toks().q35, s, &ids);
+        std::string d = tokenizer_decode(&toks().q35, ids);
+        EXPECT_TRUE(utf8_valid(d.data(), d.size()));
+        std::string fixed, nfc;
+        utf8_lossy(&fixed, s.data(), s.size());
+        nfc_normalize(fixed.data(), fixed.size(), &nfc);
+        EXPECT_EQ(d, nfc);
+    }
+}
