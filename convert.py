@@ -66,7 +66,8 @@ MAGIC_V1 = b"NINFER\x00\x01"
 MAGIC_V2 = b"NINFER\x00\x02"
 PAYLOAD_ALIGN = 4096   # payload_offset = align_up(16 + json_bytes, 4096)
 TENSOR_ALIGN = 256     # every tensor starts on a 256-byte boundary; resources on 1
-CHUNK_ELEMS = 1 << 22  # rows are streamed in chunks of about this many values (16 MB of f32)
+CHUNK_ELEMS = 1 << 22  # a task (one pwrite per plane) covers about this many values
+ENC_BLOCK = 1 << 16    # ... which are fetched and encoded in blocks of about this many (cache-sized)
 
 # -----------------------------------------------------------------------------
 # 2. float words. bf16 is the top half of an f32; the cast rounds to nearest even, which is
@@ -81,8 +82,9 @@ def f32_to_bf16(x):
     b = x.view(np.uint32)
     r = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
     nan = np.isnan(x)
-    if nan.any():  # keep NaNs NaN (the rounding add could carry them into inf)
-        r[nan] = ((b[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
+    if nan.any():  # NaNs are truncated (bf16 NaN words stay exact); set the quiet bit only if that made an inf
+        t = (b[nan] >> np.uint32(16)).astype(np.uint16)
+        r[nan] = np.where(t & np.uint16(0x7F), t, t | np.uint16(0x40))
     return r
 
 def round_to_bf16(x):
@@ -1098,18 +1100,28 @@ def write_object_chunk(fd, payload, o, r0, r1, src):
                 data = np.ascontiguousarray(x, dtype="<i4")
             pwrite_all(fd, data.tobytes(), base_off)
             return
-        x = fetch_rows(o, r0, r1, src)
+        # a task is a few million values; it is fetched and encoded in cache-sized sub-blocks of rows
         n, k = o.shape
+        step = max(1, ENC_BLOCK // align_up(k, 128))
         if o.format == "BF16":
-            pwrite_all(fd, f32_to_bf16(x).astype("<u2").tobytes(), base_off + r0 * k * 2)
+            buf = np.empty((r1 - r0, k), dtype="<u2")
+            for a in range(r0, r1, step):
+                b = min(r1, a + step)
+                buf[a - r0:b - r0] = f32_to_bf16(fetch_rows(o, a, b, src))
+            pwrite_all(fd, buf.tobytes(), base_off + r0 * k * 2)
             return
-        codes, scales = encode_groupwise(x, o.format)
-        base, high, sc = pack_planes(codes, scales, o.format)
         geo = row_split_geometry(o.format, n, k)
+        base = np.empty((r1 - r0, geo["base_row"]), dtype=np.uint8)
+        high = np.empty((r1 - r0, geo["high_row"]), dtype=np.uint8)
+        scales = np.empty((r1 - r0, geo["gpr"]), dtype="<u2")
+        for a in range(r0, r1, step):
+            b = min(r1, a + step)
+            codes, sc = encode_groupwise(fetch_rows(o, a, b, src), o.format)
+            base[a - r0:b - r0], high[a - r0:b - r0], scales[a - r0:b - r0] = pack_planes(codes, sc, o.format)
         pwrite_all(fd, base.tobytes(), base_off + r0 * geo["base_row"])
         if geo["high_row"]:
             pwrite_all(fd, high.tobytes(), base_off + geo["high_offset"] + r0 * geo["high_row"])
-        pwrite_all(fd, sc.astype("<u2").tobytes(), base_off + geo["scale_offset"] + r0 * geo["scale_row"])
+        pwrite_all(fd, scales.tobytes(), base_off + geo["scale_offset"] + r0 * geo["scale_row"])
     except ConvertError as e:
         src_names = (" (from %s)" % ", ".join(o.sources)) if o.sources else ""
         die("%s%s: %s" % (o.name, src_names, e))
@@ -1229,11 +1241,17 @@ def mix64(z):
     z ^= z >> np.uint64(31)
     return z
 
-def rng_words(seed, name, flat_idx):
-    key = mix64_int((seed * GAMMA + fnv1a64(name)) & M64)
-    z = np.asarray(flat_idx, dtype=np.uint64) * np.uint64(GAMMA)  # fresh array
-    z += np.uint64((key + GAMMA) & M64)
-    return mix64(z)
+def tensor_key(seed, name):
+    return mix64_int((seed * GAMMA + fnv1a64(name)) & M64)
+
+_GAMMA_TABLES = {}
+
+def gamma_table(k):
+    """GAMMA * j for j < k (uint64, wrapping): word(r*k + j) = mix(key + GAMMA*(r*k + 1) + table[j])."""
+    t = _GAMMA_TABLES.get(k)
+    if t is None:
+        t = _GAMMA_TABLES[k] = np.arange(k, dtype=np.uint64) * np.uint64(GAMMA)
+    return t
 
 def series_log(x):
     """natural log of positive float64 x with only IEEE +,-,*,/ (bit-reproducible everywhere)."""
@@ -1248,24 +1266,38 @@ def series_log(x):
         p = p * s2 + 1.0 / (2 * k + 1)
     return 2.0 * s * p + e * 0.6931471805599453
 
-def rng_values(seed, name, flat_idx, init):
+def words_to_values(z, init):
+    """uint64 words [n, k] -> f32 values of the distribution init."""
     kind, a, b = init
-    z = rng_words(seed, name, flat_idx)
     if kind == "normal":
-        h = z.view(np.uint16).reshape(-1, 4)  # the sum of the four halves does not depend on byte order
-        s = h[:, 0].astype(np.int32)
-        s += h[:, 1]
-        s += h[:, 2]
-        s += h[:, 3]
+        h = z.view(np.uint16).reshape(z.shape + (4,))  # the sum of the four halves does not depend on byte order
+        s = np.add(h[..., 0], h[..., 1], dtype=np.int32)
+        s += h[..., 2]
+        s += h[..., 3]
         s -= 131070
-        v = s.astype(np.float32)
-        v *= np.float32(b * math.sqrt(3.0) / 65536.0)
+        v = np.multiply(s, np.float32(b * math.sqrt(3.0) / 65536.0), dtype=np.float32, casting="unsafe")  # exact int -> f32, one rne multiply
         if a:
             v += np.float32(a)
         return v
     u = (z >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
     u = a + (b - a) * u
     return (series_log(u) if kind == "log_uniform" else u).astype(np.float32)
+
+RNG_BLOCK = 1 << 15  # values per block: small enough that the uint64 temporaries stay in cache
+
+def rng_rows(seed, name, rows, k, init, dtype):
+    """rows `rows` of a tensor viewed as [shape0, k], in the stored dtype (bf16 words or f32)."""
+    rows = np.asarray(rows, dtype=np.uint64)
+    key = tensor_key(seed, name)
+    off = rows * np.uint64((GAMMA * k) & M64) + np.uint64((key + GAMMA) & M64)
+    tab = gamma_table(k)
+    out = np.empty((len(rows), k), dtype=np.uint16 if dtype == "BF16" else np.float32)
+    bn = max(1, RNG_BLOCK // k)
+    for r in range(0, len(rows), bn):
+        z = off[r:r + bn, None] + tab[None, :]
+        v = words_to_values(mix64(z), init)
+        out[r:r + bn] = f32_to_bf16(v) if dtype == "BF16" else v
+    return out
 
 class SyntheticSource:
     """the tensors of a synthetic checkpoint, generated on demand (rows or row lists)."""
@@ -1286,16 +1318,11 @@ class SyntheticSource:
     def raw(self, name, idx):
         """rows idx of [shape0, rest] in the stored dtype: bf16 words (uint16) or f32."""
         shape, dt, init = self.inv[name]
-        k = numel(shape[1:])
         if isinstance(idx, range) and idx.step == 1:
-            flat = np.arange(idx.start * k, idx.stop * k, dtype=np.uint64)
-            n = len(idx)
+            rows = np.arange(idx.start, idx.stop, dtype=np.uint64)
         else:
-            r = np.asarray(idx, dtype=np.uint64)
-            flat = (r[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]).reshape(-1)
-            n = len(r)
-        v = rng_values(self.seed, name, flat, init).reshape(n, k)
-        return f32_to_bf16(v) if dt == "BF16" else v
+            rows = np.asarray(idx, dtype=np.uint64)
+        return rng_rows(self.seed, name, rows, numel(shape[1:]), init, dt)
 
     def rows(self, name, idx):
         return to_f32(self.raw(name, idx), self.dtype(name))
