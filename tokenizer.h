@@ -775,3 +775,443 @@ static inline void stream_decoder_flush(StreamDecoder* d, std::string* out) {
     utf8_lossy(out, d->pending.data(), d->pending.size(), true);
     d->pending.clear();
 }
+
+// ----------------------------------------------------------------------------
+// python values: the template sees json as python objects (json.loads), so printing a value
+// follows python's str / repr, and `tojson` is json.dumps(x, ensure_ascii=False) with the
+// default ", " / ": " separators and key order kept.
+
+// object members as a python dict built by json.loads sees them: a repeated key keeps the
+// position of its first occurrence and the value of its last
+static std::vector<std::pair<const std::string*, const Json*>> py_items(const Json& o) {
+    std::vector<std::pair<const std::string*, const Json*>> v;
+    for (const auto& kv : o.obj) {
+        bool dup = false;
+        for (auto& e : v) if (*e.first == kv.first) { e.second = &kv.second; dup = true; break; }
+        if (!dup) v.emplace_back(&kv.first, &kv.second);
+    }
+    return v;
+}
+
+static inline bool py_number_is_int(const Json& v) {  // json.loads gives an int for integral text
+    return v.str.find_first_of(".eE") == std::string::npos;
+}
+
+// python's repr(float): shortest round-trip digits; fixed notation when the decimal
+// exponent is in [-4, 16), else d.ddde+XX
+static void py_float_repr(double v, std::string* out) {
+    if (std::isnan(v)) { out->append("nan"); return; }
+    if (std::isinf(v)) { out->append(v < 0 ? "-inf" : "inf"); return; }
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+    std::string s(buf, r.ptr);  // e.g. -1.2345e+17
+    bool neg = s[0] == '-';
+    size_t epos = s.find('e');
+    std::string digits;
+    for (size_t k = neg; k < epos; k++) if (s[k] != '.') digits.push_back(s[k]);
+    int e = atoi(s.c_str() + epos + 1);
+    if (neg) out->push_back('-');
+    if (e >= -4 && e < 16) {
+        if (e >= 0) {
+            if ((int)digits.size() <= e + 1) { out->append(digits); out->append(e + 1 - digits.size(), '0'); out->append(".0"); }
+            else { out->append(digits, 0, e + 1); out->push_back('.'); out->append(digits, e + 1, std::string::npos); }
+        } else {
+            out->append("0."); out->append(-e - 1, '0'); out->append(digits);
+        }
+    } else {
+        out->push_back(digits[0]);
+        if (digits.size() > 1) { out->push_back('.'); out->append(digits, 1, std::string::npos); }
+        char eb[16]; snprintf(eb, sizeof eb, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
+        out->append(eb);
+    }
+}
+
+// a json number as python prints it (str and repr agree for int and float)
+static void py_number(const Json& v, std::string* out, bool json_style) {
+    if (py_number_is_int(v)) {
+        bool zero = v.str.find_first_not_of("-0") == std::string::npos;
+        out->append(zero ? "0" : v.str);  // python ints are exact: keep the digits ("-0" is 0)
+        return;
+    }
+    if (json_style && std::isinf(v.num)) { out->append(v.num < 0 ? "-Infinity" : "Infinity"); return; }
+    py_float_repr(v.num, out);
+}
+
+// json.dumps(v, ensure_ascii=False): python escapes only '"', '\\' and control characters
+static void py_json_string(const std::string& s, std::string* out) {
+    out->push_back('"');
+    for (unsigned char c : s) {
+        switch (c) {
+            case '"': out->append("\\\""); break;
+            case '\\': out->append("\\\\"); break;
+            case '\n': out->append("\\n"); break;
+            case '\r': out->append("\\r"); break;
+            case '\t': out->append("\\t"); break;
+            case '\b': out->append("\\b"); break;
+            case '\f': out->append("\\f"); break;
+            default:
+                if (c < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", c); out->append(b); }
+                else out->push_back((char)c);
+        }
+    }
+    out->push_back('"');
+}
+
+static void py_tojson(const Json& v, std::string* out) {
+    switch (v.type) {
+        case JSON_NULL: out->append("null"); break;
+        case JSON_BOOL: out->append(v.b ? "true" : "false"); break;
+        case JSON_NUMBER: py_number(v, out, true); break;
+        case JSON_STRING: py_json_string(v.str, out); break;
+        case JSON_ARRAY:
+            out->push_back('[');
+            for (size_t k = 0; k < v.arr.size(); k++) { if (k) out->append(", "); py_tojson(v.arr[k], out); }
+            out->push_back(']');
+            break;
+        case JSON_OBJECT: {
+            out->push_back('{');
+            bool first = true;
+            for (auto& kv : py_items(v)) {
+                if (!first) out->append(", ");
+                first = false;
+                py_json_string(*kv.first, out);
+                out->append(": ");
+                py_tojson(*kv.second, out);
+            }
+            out->push_back('}');
+            break;
+        }
+    }
+}
+
+// python's repr(str): quotes chosen as python does, non-printable characters escaped
+static void py_string_repr(const std::string& s, std::string* out) {
+    char q = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
+    out->push_back(q);
+    for (size_t i = 0; i < s.size();) {
+        uint32_t c = utf8_next(s.data(), &i);
+        char b[16];
+        if (c == (uint32_t)q || c == '\\') { out->push_back('\\'); out->push_back((char)c); }
+        else if (c == '\t') out->append("\\t");
+        else if (c == '\n') out->append("\\n");
+        else if (c == '\r') out->append("\\r");
+        else if (c < 0x20 || c == 0x7F) { snprintf(b, sizeof b, "\\x%02x", c); out->append(b); }
+        else if (c < 0x7F) out->push_back((char)c);
+        else {
+            int gc = unicode_gc(c);
+            bool printable = !(gc == GC_CC || gc == GC_CF || gc == GC_CS || gc == GC_CO || gc == GC_CN ||
+                               gc == GC_ZL || gc == GC_ZP || gc == GC_ZS);
+            if (printable) utf8_encode(out, c);
+            else {
+                snprintf(b, sizeof b, c <= 0xFF ? "\\x%02x" : c <= 0xFFFF ? "\\u%04x" : "\\U%08x", c);
+                out->append(b);
+            }
+        }
+    }
+    out->push_back(q);
+}
+
+static void py_str(const Json& v, std::string* out, bool repr = false) {
+    switch (v.type) {
+        case JSON_NULL: out->append("None"); break;
+        case JSON_BOOL: out->append(v.b ? "True" : "False"); break;
+        case JSON_NUMBER: py_number(v, out, false); break;
+        case JSON_STRING: if (repr) py_string_repr(v.str, out); else out->append(v.str); break;
+        case JSON_ARRAY:
+            out->push_back('[');
+            for (size_t k = 0; k < v.arr.size(); k++) { if (k) out->append(", "); py_str(v.arr[k], out, true); }
+            out->push_back(']');
+            break;
+        case JSON_OBJECT: {
+            out->push_back('{');
+            bool first = true;
+            for (auto& kv : py_items(v)) {
+                if (!first) out->append(", ");
+                first = false;
+                py_string_repr(*kv.first, out);
+                out->append(": ");
+                py_str(*kv.second, out, true);
+            }
+            out->push_back('}');
+            break;
+        }
+    }
+}
+
+// python truthiness of a value; nullptr is jinja's undefined (false)
+static inline bool py_truthy(const Json* v) {
+    if (!v) return false;
+    switch (v->type) {
+        case JSON_NULL: return false;
+        case JSON_BOOL: return v->b;
+        case JSON_NUMBER: return v->num != 0;
+        case JSON_STRING: return !v->str.empty();
+        case JSON_ARRAY: return !v->arr.empty();
+        case JSON_OBJECT: return !v->obj.empty();
+    }
+    return false;
+}
+
+// python's str.isspace for one code point (what str.strip() and jinja's trim remove)
+static inline bool py_isspace(uint32_t c) {
+    return (c >= 9 && c <= 13) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+// python's s.strip() (chars = nullptr: whitespace) or s.strip(chars) for ascii chars;
+// left/right pick lstrip / rstrip
+static std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+    size_t a = 0, b = s.size();
+    auto strip_at = [&](uint32_t c) { return chars ? (c < 0x80 && strchr(chars, (int)c) && c) : py_isspace(c); };
+    if (left)
+        while (a < b) {
+            size_t i = a;
+            uint32_t c = utf8_next(s.data(), &i);
+            if (!strip_at(c)) break;
+            a = i;
+        }
+    if (right)
+        while (b > a) {
+            size_t j = b - 1;
+            while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80) j--;
+            size_t i = j;
+            uint32_t c = utf8_next(s.data(), &i);
+            if (!strip_at(c)) break;
+            b = j;
+        }
+    return s.substr(a, b - a);
+}
+
+// ----------------------------------------------------------------------------
+// chat template: shared/fixtures/qwen3.5/chat_template.jinja written out, rendered exactly as
+// transformers renders it (jinja2 sandbox, trim_blocks, lstrip_blocks, tojson = json.dumps
+// with ensure_ascii=False). transformers also fills `reasoning_content` from `thinking` or
+// `reasoning` when the message has no reasoning_content (first non-null of the three).
+// errors: the template's raise_exception messages verbatim; python-level failures (a
+// non-string tool name, arguments that are not a mapping, ...) get a message of our own.
+
+struct ChatOptions {
+    bool add_generation_prompt = true;  // end with "<|im_start|>assistant\n<think>\n..."
+    int enable_thinking = -1;           // -1: not passed (the template's default: thinking on), 0: false, 1: true
+    bool add_vision_id = false;         // "Picture N: " / "Video N: " before each image / video
+    bool developer_as_system = false;   // treat role "developer" as "system" (openai clients send it; the
+                                        // template itself rejects it: "Unexpected message role.")
+};
+
+struct ChatState { const ChatOptions* opt; int images, videos; std::string* err; };
+
+static bool chat_error(std::string* err, const std::string& m) { *err = m; return false; }
+
+static const char* py_type_name(const Json& v) {
+    switch (v.type) {
+        case JSON_NULL: return "NoneType"; case JSON_BOOL: return "bool";
+        case JSON_NUMBER: return py_number_is_int(v) ? "int" : "float";
+        case JSON_STRING: return "str"; case JSON_ARRAY: return "list"; case JSON_OBJECT: return "dict";
+    }
+    return "?";
+}
+
+// python's `key in item`: a dict key, a substring, a list element; 1/0, or -1 with *err set
+static int py_in(const char* key, const Json& item, std::string* err) {
+    switch (item.type) {
+        case JSON_OBJECT: return item.get(key) != nullptr;
+        case JSON_STRING: return item.str.find(key) != std::string::npos;
+        case JSON_ARRAY:
+            for (const Json& x : item.arr) if (x.is_string() && x.str == key) return 1;
+            return 0;
+        default:
+            *err = std::string("argument of type '") + py_type_name(item) + "' is not iterable";
+            return -1;
+    }
+}
+
+// the template's render_content macro. content == nullptr is undefined.
+static bool chat_render_content(ChatState* st, const Json* content, bool count, bool is_system, std::string* out) {
+    if (!content || content->is_null()) return true;
+    if (content->is_string()) { out->append(content->str); return true; }
+    if (!content->is_array()) return chat_error(st->err, "Unexpected content type.");
+    for (const Json& item : content->arr) {
+        const Json* type = item.is_object() ? item.get("type") : nullptr;
+        int img = py_in("image", item, st->err);
+        if (img < 0) return false;
+        if (!img) img = py_in("image_url", item, st->err);
+        if (img < 0) return false;
+        if (img || (type && type->is_string() && type->str == "image")) {
+            if (is_system) return chat_error(st->err, "System message cannot contain images.");
+            if (count) st->images++;
+            if (st->opt->add_vision_id) out->append("Picture " + std::to_string(st->images) + ": ");
+            out->append("<|vision_start|><|image_pad|><|vision_end|>");
+            continue;
+        }
+        int vid = py_in("video", item, st->err);
+        if (vid < 0) return false;
+        if (vid || (type && type->is_string() && type->str == "video")) {
+            if (is_system) return chat_error(st->err, "System message cannot contain videos.");
+            if (count) st->videos++;
+            if (st->opt->add_vision_id) out->append("Video " + std::to_string(st->videos) + ": ");
+            out->append("<|vision_start|><|video_pad|><|vision_end|>");
+            continue;
+        }
+        int txt = py_in("text", item, st->err);
+        if (txt < 0) return false;
+        if (!txt) return chat_error(st->err, "Unexpected item type in content.");
+        if (item.is_object()) py_str(*item.get("text"), out);  // item.text; on a str or list it is undefined: ""
+    }
+    return true;
+}
+
+static inline bool role_is(const Json& m, const char* role, bool developer_as_system = false) {
+    const Json* r = m.get("role");
+    if (!r || !r->is_string()) return false;
+    if (developer_as_system && r->str == "developer") return strcmp(role, "system") == 0;
+    return r->str == role;
+}
+
+// render messages (+ tools, nullptr or null for none) into the prompt text. false with a
+// one-line *err when the template (or python under it) would raise.
+static bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err) {
+    out->clear();
+    if (!messages.is_array()) return chat_error(err, "messages must be a list");
+    for (const Json& m : messages.arr)
+        if (!m.is_object()) {
+            std::string r;
+            py_str(m, &r, true);
+            return chat_error(err, "Chat messages should be dicts, dataclasses or pydantic models, but got " + r + ".");
+        }
+    if (tools && !tools->is_null()) {
+        if (!tools->is_array()) return chat_error(err, "tools must be a list of JSON schemas");
+        for (const Json& t : tools->arr)
+            if (!t.is_object())
+                return chat_error(err, "Tools should either be a JSON schema, or a callable function with type hints and a "
+                                       "docstring suitable for auto-conversion to a schema.");
+    }
+    const std::vector<Json>& msgs = messages.arr;
+    const size_t n = msgs.size();
+    ChatState st{&opt, 0, 0, err};
+    const bool das = opt.developer_as_system;
+    if (n == 0) return chat_error(err, "No messages provided.");
+
+    // system block, with the tool list when there are tools
+    if (tools && tools->is_array() && !tools->arr.empty()) {
+        out->append("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+        for (const Json& t : tools->arr) { out->push_back('\n'); py_tojson(t, out); }
+        out->append("\n</tools>");
+        out->append(
+            "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+            "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+            "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+            "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+            "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+            "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+            "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
+            "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>");
+        if (role_is(msgs[0], "system", das)) {
+            std::string c;
+            if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
+            c = py_strip(c);
+            if (!c.empty()) { out->append("\n\n"); out->append(c); }
+        }
+        out->append("<|im_end|>\n");
+    } else if (role_is(msgs[0], "system", das)) {
+        std::string c;
+        if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
+        out->append("<|im_start|>system\n" + py_strip(c) + "<|im_end|>\n");
+    }
+
+    // the last real user query: scanning backwards, the first user message that is not a
+    // wrapped <tool_response>
+    long last_query = -1;
+    for (size_t k = n; k-- > 0;) {
+        if (!role_is(msgs[k], "user")) continue;
+        std::string c;
+        if (!chat_render_content(&st, msgs[k].get("content"), false, false, &c)) return false;
+        c = py_strip(c);
+        bool wrapped = c.size() >= 16 && c.compare(0, 15, "<tool_response>") == 0 &&
+                       c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        if (!wrapped) { last_query = (long)k; break; }
+    }
+    if (last_query < 0) return chat_error(err, "No user query found in messages.");
+
+    for (size_t i = 0; i < n; i++) {
+        const Json& m = msgs[i];
+        std::string content;
+        if (!chat_render_content(&st, m.get("content"), true, false, &content)) return false;
+        content = py_strip(content);
+        if (role_is(m, "system", das)) {
+            if (i != 0) return chat_error(err, "System message must be at the beginning.");
+        } else if (role_is(m, "user")) {
+            out->append("<|im_start|>user\n" + content + "<|im_end|>\n");
+        } else if (role_is(m, "assistant")) {
+            // transformers' alias: reasoning_content <- first non-null of reasoning_content, thinking, reasoning
+            const Json* rc = nullptr;
+            for (const char* k : {"reasoning_content", "thinking", "reasoning"}) {
+                const Json* v = m.get(k);
+                if (v && !v->is_null()) { rc = v; break; }
+            }
+            std::string reasoning;
+            if (rc && rc->is_string()) reasoning = rc->str;
+            else if (content.find("</think>") != std::string::npos) {
+                std::string before = content.substr(0, content.find("</think>"));
+                before = py_strip(before, "\n", false, true);
+                size_t o = before.rfind("<think>");
+                reasoning = py_strip(o == std::string::npos ? before : before.substr(o + 7), "\n", true, false);
+                content = py_strip(content.substr(content.rfind("</think>") + 8), "\n", true, false);
+            }
+            reasoning = py_strip(reasoning);
+            if ((long)i > last_query) out->append("<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content);
+            else out->append("<|im_start|>assistant\n" + content);
+            const Json* calls = m.get("tool_calls");
+            if (py_truthy(calls) && (calls->is_array() || calls->is_string())) {
+                // a string iterates as characters, and a character has no .name
+                if (calls->is_string()) return chat_error(err, "'str object' has no attribute 'name'");
+                for (size_t k = 0; k < calls->arr.size(); k++) {
+                    const Json* tc = &calls->arr[k];
+                    if (tc->is_object() && tc->get("function")) tc = tc->get("function");
+                    const Json* name = tc->is_object() ? tc->get("name") : nullptr;
+                    if (!name) return chat_error(err, tc->is_null() ? std::string("'None' has no attribute 'name'")
+                                                                    : std::string("'") + py_type_name(*tc) + " object' has no attribute 'name'");
+                    if (!name->is_string()) return chat_error(err, std::string("can only concatenate str (not \"") + py_type_name(*name) + "\") to str");
+                    if (k == 0) out->append(py_strip(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
+                    else out->append("\n<tool_call>\n<function=");
+                    out->append(name->str + ">\n");
+                    if (const Json* args = tc->get("arguments")) {
+                        if (!args->is_object()) return chat_error(err, "Can only get item pairs from a mapping.");
+                        for (auto& kv : py_items(*args)) {
+                            out->append("<parameter=" + *kv.first + ">\n");
+                            if (kv.second->is_object() || kv.second->is_array()) py_tojson(*kv.second, out);
+                            else py_str(*kv.second, out);
+                            out->append("\n</parameter>\n");
+                        }
+                    }
+                    out->append("</function>\n</tool_call>");
+                }
+            }
+            out->append("<|im_end|>\n");
+        } else if (role_is(m, "tool")) {
+            if (i > 0 && !role_is(msgs[i - 1], "tool")) out->append("<|im_start|>user");
+            out->append("\n<tool_response>\n" + content + "\n</tool_response>");
+            if (i + 1 == n || !role_is(msgs[i + 1], "tool")) out->append("<|im_end|>\n");
+        } else {
+            return chat_error(err, "Unexpected message role.");
+        }
+    }
+    if (opt.add_generation_prompt) {
+        out->append("<|im_start|>assistant\n");
+        out->append(opt.enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
+    }
+    return true;
+}
+
+// a --messages file / request body: a json array of messages, or {"messages": [...],
+// "tools": [...]}. *tools is set to null when there are none.
+static bool chat_parse_request(const std::string& text, Json* messages, Json* tools, std::string* err) {
+    Json root;
+    if (!json_parse(text, &root, err)) return false;
+    *tools = Json();
+    if (root.is_array()) { *messages = std::move(root); return true; }
+    if (!root.is_object()) return chat_error(err, "expected a json array of messages or an object with \"messages\"");
+    const Json* m = root.get("messages");
+    if (!m || !m->is_array()) return chat_error(err, "no \"messages\" array");
+    *messages = *m;
+    if (const Json* t = root.get("tools")) *tools = *t;
+    return true;
+}

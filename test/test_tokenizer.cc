@@ -326,3 +326,93 @@ TEST(Tokenizer, RandomBytesNeverCrash) {
         EXPECT_EQ(d, nfc);
     }
 }
+
+// ----------------------------------------------------------------------------
+// chat template
+
+static const std::vector<Json>& tpl_goldens() {
+    static std::vector<Json> g = read_jsonl("test/golden/template_cases.jsonl");
+    return g;
+}
+static ChatOptions case_options(const Json& c) {
+    ChatOptions o;
+    const Json* op = c.get("options");
+    const Json* g = op->get("add_generation_prompt");
+    o.add_generation_prompt = g && g->b;  // transformers' default is false
+    if (const Json* e = op->get("enable_thinking")) o.enable_thinking = e->b ? 1 : 0;
+    if (const Json* v = op->get("add_vision_id")) o.add_vision_id = v->b;
+    return o;
+}
+
+TEST(Template, GoldenCount) { EXPECT_GE(tpl_goldens().size(), 40u); }
+
+TEST(Template, GoldenRenderings) {
+    int n = 0, bad = 0;
+    for (const Json& c : tpl_goldens()) {
+        n++;
+        std::string out, err;
+        bool ok = chat_render(*c.get("messages"), c.get("tools"), case_options(c), &out, &err);
+        const std::string& name = c.get("name")->str;
+        if (const Json* e = c.get("error")) {
+            EXPECT_FALSE(ok) << name << " rendered, expected error: " << e->str;
+            EXPECT_EQ(err, e->str) << name;
+            if (!ok && err != e->str) bad++;
+        } else {
+            EXPECT_TRUE(ok) << name << ": " << err;
+            EXPECT_EQ(out, c.get("output")->str) << name;
+            if (!ok || out != c.get("output")->str) bad++;
+        }
+    }
+    EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
+TEST(Template, DeveloperAsSystem) {
+    Json dev, sys;
+    std::string err, a, b;
+    ASSERT_TRUE(json_parse("[{\"role\":\"developer\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"hi\"}]", &dev, &err));
+    ASSERT_TRUE(json_parse("[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"hi\"}]", &sys, &err));
+    ChatOptions o;
+    EXPECT_FALSE(chat_render(dev, nullptr, o, &a, &err));
+    EXPECT_EQ(err, "Unexpected message role.");
+    o.developer_as_system = true;
+    ASSERT_TRUE(chat_render(dev, nullptr, o, &a, &err));
+    ASSERT_TRUE(chat_render(sys, nullptr, o, &b, &err));
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+}
+
+TEST(Template, ParseRequest) {
+    Json m, t;
+    std::string err;
+    ASSERT_TRUE(chat_parse_request("[{\"role\":\"user\",\"content\":\"hi\"}]", &m, &t, &err));
+    EXPECT_EQ(m.size(), 1u);
+    EXPECT_TRUE(t.is_null());
+    ASSERT_TRUE(chat_parse_request("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"name\":\"f\"}]}", &m, &t, &err));
+    EXPECT_EQ(t.size(), 1u);
+    EXPECT_FALSE(chat_parse_request("{\"msgs\":[]}", &m, &t, &err));
+    EXPECT_FALSE(chat_parse_request("[", &m, &t, &err));
+}
+
+TEST(Template, PythonValues) {
+    auto repr = [](double v) { std::string s; py_float_repr(v, &s); return s; };
+    EXPECT_EQ(repr(1.0), "1.0");
+    EXPECT_EQ(repr(0.1), "0.1");
+    EXPECT_EQ(repr(1e16), "1e+16");
+    EXPECT_EQ(repr(1e15), "1000000000000000.0");
+    EXPECT_EQ(repr(1e-5), "1e-05");
+    EXPECT_EQ(repr(0.0001), "0.0001");
+    EXPECT_EQ(repr(-0.0), "-0.0");
+    EXPECT_EQ(repr(1.5e300), "1.5e+300");
+    EXPECT_EQ(repr(123456789012345678.0), "1.2345678901234568e+17");
+    EXPECT_EQ(py_strip("\x1c\xe3\x80\x80 a b \xc2\xa0\n"), "a b");
+    EXPECT_EQ(py_strip("\n\nx\n", "\n", true, false), "x\n");
+    Json j;
+    std::string err, s;
+    ASSERT_TRUE(json_parse("{\"a\":[1,2.50,null,true,\"x'\\\"\"],\"a\":\"last\",\"b\":-0}", &j, &err));
+    py_tojson(j, &s);
+    EXPECT_EQ(s, "{\"a\": \"last\", \"b\": 0}");  // python dict: first position, last value
+    ASSERT_TRUE(json_parse("[1,2.50,null,true,\"x'\\\"\",\"it's\"]", &j, &err));
+    s.clear();
+    py_str(j, &s);
+    EXPECT_EQ(s, "[1, 2.5, None, True, 'x\\'\"', \"it's\"]");
+}
