@@ -1215,3 +1215,245 @@ static bool chat_parse_request(const std::string& text, Json* messages, Json* to
     if (const Json* t = root.get("tools")) *tools = *t;
     return true;
 }
+
+// ----------------------------------------------------------------------------
+// output parsing: generated text -> reasoning, content and tool calls.
+//
+// fed decoded text pieces (from a StreamDecoder, so always whole characters), the parser
+// routes text to the reasoning channel until </think> and to the content channel after it
+// (the prompt usually opened <think> already; a <think> at the very start of the content is
+// also understood). in the content, <tool_call>...</tool_call> blocks are parsed into a name
+// and json arguments; a block that does not parse is passed on as content text, never lost.
+// stop strings are per channel: the earliest match (byte offset, then declaration order)
+// ends the output, its text excluded. holdback: the longest suffix of the unsent text that
+// is a prefix of some marker (a stop string, </think>, <tool_call>) is kept back until it
+// is decided, so nothing is ever sent that a later byte would take back. stop strings are
+// not looked for inside a tool call block.
+
+enum { OUT_REASONING = 0, OUT_CONTENT = 1, OUT_TOOL_CALL = 2 };
+
+struct OutEvent {
+    int kind;               // OUT_REASONING, OUT_CONTENT, OUT_TOOL_CALL
+    std::string text;       // reasoning / content text; for a tool call, the raw block
+    std::string name;       // tool call: the function name
+    std::string arguments;  // tool call: the arguments, a json object (compact)
+};
+
+struct OutputParser {
+    // settings (set after output_parser_init)
+    bool parse_tools = true;
+    std::vector<std::string> stop;            // content-channel stop strings
+    std::vector<std::string> reasoning_stop;  // reasoning-channel stop strings
+    // state
+    int mode = OUT_CONTENT;   // the channel now being read; OUT_TOOL_CALL inside a block
+    std::string buf;          // text received and not yet sent
+    bool at_start = true;     // nothing sent yet in this channel section: leading newlines dropped
+    bool content_sent = false;
+    bool initial = true;      // still in the first section (a leading <think> may open reasoning)
+    int tool_calls = 0;
+    bool stopped = false;     // a stop string matched; feed returns false from then on
+    std::string stop_hit;     // the stop string that matched
+};
+
+// does the rendered prompt leave a <think> block open (the model starts in its reasoning)?
+static inline bool chat_thinking_open(const std::string& prompt) {
+    size_t o = prompt.rfind("<think>"), c = prompt.rfind("</think>");
+    return o != std::string::npos && (c == std::string::npos || c < o);
+}
+
+static void output_parser_init(OutputParser* p, bool thinking_open) {
+    p->mode = thinking_open ? OUT_REASONING : OUT_CONTENT;
+    p->buf.clear();
+    p->at_start = true;
+    p->content_sent = false;
+    p->initial = true;
+    p->tool_calls = 0;
+    p->stopped = false;
+    p->stop_hit.clear();
+}
+
+// the longest k < |m| such that s ends with m[0..k): text that might still become m
+static inline size_t stop_holdback(const std::string& s, const std::string& m) {
+    for (size_t k = std::min(m.size() - 1, s.size()); k > 0; k--)
+        if (memcmp(s.data() + s.size() - k, m.data(), k) == 0) return k;
+    return 0;
+}
+
+// parse one tool call block, the template's xml form:
+//   <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>
+// a value that parses as json stays json, anything else becomes a string. lenient where it
+// costs nothing: a missing </parameter> ends at the next <parameter= or </function>, and
+// the </tool_call> may be missing. false if the block is not a tool call.
+static bool tool_call_parse(const std::string& block, std::string* name, std::string* arguments) {
+    std::string s = py_strip(block);
+    if (s.compare(0, 11, "<tool_call>") == 0) s = s.substr(11);
+    if (s.size() >= 12 && s.compare(s.size() - 12, 12, "</tool_call>") == 0) s.resize(s.size() - 12);
+    s = py_strip(s);
+    if (s.compare(0, 10, "<function=") != 0) return false;
+    size_t gt = s.find('>');
+    if (gt == std::string::npos) return false;
+    *name = py_strip(s.substr(10, gt - 10));
+    if (name->empty() || name->find_first_of("<\n") != std::string::npos) return false;
+    Json args = Json::object();
+    size_t i = gt + 1;
+    for (;;) {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+        if (s.compare(i, 11, "</function>") == 0) { i += 11; break; }
+        if (s.compare(i, 11, "<parameter=") != 0) return false;
+        size_t kg = s.find('>', i);
+        if (kg == std::string::npos) return false;
+        std::string key = py_strip(s.substr(i + 11, kg - i - 11));
+        if (key.empty() || key.find_first_of("<\n") != std::string::npos) return false;
+        size_t vb = kg + 1, ve = s.find("</parameter>", vb), next;
+        if (ve == std::string::npos) {
+            size_t a = s.find("<parameter=", vb), b = s.find("</function>", vb);
+            ve = std::min(a, b);
+            if (ve == std::string::npos) return false;
+            next = ve;
+        } else next = ve + 12;
+        std::string v = s.substr(vb, ve - vb);
+        if (!v.empty() && v[0] == '\n') v.erase(0, 1);  // the template writes "\nVALUE\n"
+        if (!v.empty() && v.back() == '\n') v.pop_back();
+        Json jv;
+        std::string jerr;
+        if (!json_parse(v, &jv, &jerr)) jv = Json::string(v);
+        args.set(key, std::move(jv));
+        i = next;
+    }
+    if (!py_strip(s.substr(i)).empty()) return false;
+    arguments->clear();
+    json_write(arguments, args);
+    return true;
+}
+
+static void out_emit(std::vector<OutEvent>* ev, int kind, const std::string& text) {
+    if (text.empty()) return;
+    if (!ev->empty() && ev->back().kind == kind && kind != OUT_TOOL_CALL) { ev->back().text += text; return; }
+    ev->push_back(OutEvent{kind, text, "", ""});
+}
+
+// earliest occurrence of any marker in s (ties: the first marker listed); npos if none
+static size_t out_find(const std::string& s, const std::vector<const std::string*>& markers, size_t* which) {
+    size_t best = std::string::npos;
+    for (size_t k = 0; k < markers.size(); k++) {
+        if (markers[k]->empty()) continue;
+        size_t p = s.find(*markers[k]);
+        if (p < best) { best = p; *which = k; }
+    }
+    return best;
+}
+
+// send text of the current channel, dropping leading newlines at the start of a section
+static void out_send(OutputParser* p, std::vector<OutEvent>* ev, int kind, std::string text) {
+    if (p->at_start) {
+        size_t k = text.find_first_not_of('\n');
+        text.erase(0, k == std::string::npos ? text.size() : k);
+        if (text.empty()) return;
+        p->at_start = false;
+    }
+    p->initial = false;
+    if (kind == OUT_CONTENT) p->content_sent = true;
+    out_emit(ev, kind, text);
+}
+
+// process p->buf as far as it is decided. final: no more text will come.
+static void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev, bool final) {
+    static const std::string THINK_OPEN = "<think>", THINK_CLOSE = "</think>", TOOL_OPEN = "<tool_call>", TOOL_CLOSE = "</tool_call>";
+    while (!p->stopped) {
+        if (p->mode == OUT_TOOL_CALL) {
+            size_t e = p->buf.find(TOOL_CLOSE);
+            if (e == std::string::npos && !final) return;
+            std::string block = e == std::string::npos ? p->buf : p->buf.substr(0, e + TOOL_CLOSE.size());
+            p->buf.erase(0, block.size());
+            std::string name, args;
+            bool ok = tool_call_parse(block, &name, &args);
+            if (ok && e == std::string::npos && block.find("</function>") == std::string::npos) ok = false;
+            if (ok) { ev->push_back(OutEvent{OUT_TOOL_CALL, block, name, args}); p->tool_calls++; }
+            else { p->at_start = false; out_emit(ev, OUT_CONTENT, block); p->content_sent = true; }
+            p->mode = OUT_CONTENT;
+            p->at_start = true;  // whitespace between and after tool calls is dropped
+            continue;
+        }
+        const bool reasoning = p->mode == OUT_REASONING;
+        // a <think> at the very start of the content opens the reasoning
+        if (!reasoning && p->initial) {
+            size_t k = p->buf.find_first_not_of('\n');
+            if (k != std::string::npos) {
+                if (p->buf.compare(k, THINK_OPEN.size(), THINK_OPEN) == 0) {
+                    p->buf.erase(0, k + THINK_OPEN.size());
+                    p->mode = OUT_REASONING;
+                    continue;
+                }
+                if (!final && p->buf.size() - k < THINK_OPEN.size() && THINK_OPEN.compare(0, p->buf.size() - k, p->buf, k, std::string::npos) == 0)
+                    return;  // could still become <think>
+            }
+        }
+        std::vector<const std::string*> markers;
+        if (reasoning) markers.push_back(&THINK_CLOSE);
+        else if (p->parse_tools) markers.push_back(&TOOL_OPEN);
+        size_t nfixed = markers.size();
+        for (const std::string& s : reasoning ? p->reasoning_stop : p->stop) markers.push_back(&s);
+        size_t which = 0;
+        size_t pos = out_find(p->buf, markers, &which);
+        // a stop string that starts at the same byte as a marker wins only if listed first;
+        // markers are listed first, so a tie goes to </think> / <tool_call>
+        if (pos != std::string::npos) {
+            std::string before = p->buf.substr(0, pos);
+            if (which >= nfixed) {  // stop string
+                out_send(p, ev, p->mode, before);
+                p->stopped = true;
+                p->stop_hit = *markers[which];
+                p->buf.clear();
+                return;
+            }
+            if (reasoning) {  // </think>
+                out_send(p, ev, OUT_REASONING, before);
+                p->buf.erase(0, pos + THINK_CLOSE.size());
+                p->mode = OUT_CONTENT;
+                p->at_start = true;
+                p->initial = false;
+            } else {  // <tool_call>: content before it, without its trailing whitespace
+                out_send(p, ev, OUT_CONTENT, py_strip(before, nullptr, false, true));
+                p->initial = false;
+                p->buf.erase(0, pos);
+                p->mode = OUT_TOOL_CALL;
+            }
+            continue;
+        }
+        if (final) {
+            std::string rest = p->buf;
+            // trailing whitespace after the last tool call is not content
+            if (!reasoning && p->tool_calls > 0 && py_strip(rest).empty()) rest.clear();
+            out_send(p, ev, p->mode, rest);
+            p->buf.clear();
+            return;
+        }
+        size_t hold = 0;
+        for (const std::string* m : markers) hold = std::max(hold, stop_holdback(p->buf, *m));
+        size_t cut = p->buf.size() - hold;
+        if (!reasoning && p->parse_tools) {
+            // hold trailing whitespace too: it is dropped if a <tool_call> follows
+            size_t k = cut;
+            while (k > 0 && (p->buf[k - 1] == ' ' || p->buf[k - 1] == '\n' || p->buf[k - 1] == '\r' || p->buf[k - 1] == '\t')) k--;
+            cut = k;
+        }
+        out_send(p, ev, p->mode, p->buf.substr(0, cut));
+        p->buf.erase(0, cut);
+        return;
+    }
+}
+
+// feed the next decoded text; decided events are appended to *ev. returns false once a stop
+// string has matched (generation should end; later text is ignored).
+static bool output_parser_feed(OutputParser* p, const std::string& text, std::vector<OutEvent>* ev) {
+    if (p->stopped) return false;
+    p->buf += text;
+    output_parser_run(p, ev, false);
+    return !p->stopped;
+}
+
+// end of generation (a stop token, the length limit): everything held back is decided now
+static void output_parser_finish(OutputParser* p, std::vector<OutEvent>* ev) {
+    if (p->stopped) return;
+    output_parser_run(p, ev, true);
+}

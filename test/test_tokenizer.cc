@@ -416,3 +416,176 @@ TEST(Template, PythonValues) {
     py_str(j, &s);
     EXPECT_EQ(s, "[1, 2.5, None, True, 'x\\'\"', \"it's\"]");
 }
+
+// ----------------------------------------------------------------------------
+// output parser
+
+struct Parsed { std::string reasoning, content; std::vector<std::pair<std::string, std::string>> calls; bool stopped = false; };
+
+// feed text in chunks of the given sizes (cycled); collect the events
+static Parsed parse_chunks(const std::string& text, bool think_open, std::vector<size_t> sizes,
+                           std::vector<std::string> stop = {}, std::vector<std::string> rstop = {}) {
+    OutputParser p;
+    output_parser_init(&p, think_open);
+    p.stop = stop;
+    p.reasoning_stop = rstop;
+    std::vector<OutEvent> ev;
+    size_t i = 0, k = 0;
+    bool go = true;
+    while (i < text.size() && go) {
+        size_t n = std::min(sizes[k++ % sizes.size()], text.size() - i);
+        go = output_parser_feed(&p, text.substr(i, n), &ev);
+        i += n;
+    }
+    output_parser_finish(&p, &ev);
+    Parsed r;
+    r.stopped = p.stopped;
+    for (auto& e : ev) {
+        if (e.kind == OUT_REASONING) r.reasoning += e.text;
+        else if (e.kind == OUT_CONTENT) r.content += e.text;
+        else r.calls.emplace_back(e.name, e.arguments);
+    }
+    return r;
+}
+static Parsed parse_all_ways(const std::string& text, bool think_open, std::vector<std::string> stop = {}, std::vector<std::string> rstop = {}) {
+    Parsed one = parse_chunks(text, think_open, {text.size() + 1}, stop, rstop);
+    for (std::vector<size_t> sz : std::vector<std::vector<size_t>>{{1}, {2}, {3}, {1, 4, 2}, {7}, {5, 1}}) {
+        Parsed p = parse_chunks(text, think_open, sz, stop, rstop);
+        EXPECT_EQ(p.reasoning, one.reasoning) << "chunking changes the reasoning of " << json_text(text);
+        EXPECT_EQ(p.content, one.content) << "chunking changes the content of " << json_text(text);
+        EXPECT_EQ(p.calls, one.calls) << json_text(text);
+        EXPECT_EQ(p.stopped, one.stopped);
+    }
+    return one;
+}
+
+TEST(OutputParser, ReasoningThenContent) {
+    Parsed r = parse_all_ways("I think\nabout it.\n</think>\n\nThe answer is 4.", true);
+    EXPECT_EQ(r.reasoning, "I think\nabout it.\n");
+    EXPECT_EQ(r.content, "The answer is 4.");
+    r = parse_all_ways("no close tag, all reasoning </thin", true);
+    EXPECT_EQ(r.reasoning, "no close tag, all reasoning </thin");
+    EXPECT_EQ(r.content, "");
+    r = parse_all_ways("plain answer", false);
+    EXPECT_EQ(r.content, "plain answer");
+    r = parse_all_ways("<think>\nopened by the model\n</think>\n\nanswer", false);
+    EXPECT_EQ(r.reasoning, "opened by the model\n");
+    EXPECT_EQ(r.content, "answer");
+    r = parse_all_ways("<thinking is not a tag", false);
+    EXPECT_EQ(r.content, "<thinking is not a tag");
+    r = parse_all_ways("a</think>b</think>c", true);  // only the first closes the reasoning
+    EXPECT_EQ(r.reasoning, "a");
+    EXPECT_EQ(r.content, "b</think>c");
+    EXPECT_TRUE(chat_thinking_open("<|im_start|>assistant\n<think>\n"));
+    EXPECT_FALSE(chat_thinking_open("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+TEST(OutputParser, ToolCalls) {
+    std::string out = "r\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                      "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1, 2.5]}\n</parameter>\n<parameter=note>\nline one\nline two\n"
+                      "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=ping>\n</function>\n</tool_call>";
+    Parsed r = parse_all_ways(out, true);
+    EXPECT_EQ(r.reasoning, "r\n");
+    EXPECT_EQ(r.content, "Let me check.");
+    ASSERT_EQ(r.calls.size(), 2u);
+    EXPECT_EQ(r.calls[0].first, "get_weather");
+    EXPECT_EQ(r.calls[0].second, "{\"city\":\"Paris\",\"days\":3,\"opts\":{\"a\":[1,2.5]},\"note\":\"line one\\nline two\"}");
+    EXPECT_EQ(r.calls[1].first, "ping");
+    EXPECT_EQ(r.calls[1].second, "{}");
+    // values: json stays json, anything else is a string
+    std::string name, args;
+    ASSERT_TRUE(tool_call_parse("<tool_call>\n<function=f>\n<parameter=a>\ntrue\n</parameter>\n<parameter=b>\nnull\n</parameter>\n"
+                                "<parameter=c>\n\"q\"\n</parameter>\n<parameter=d>\n12abc\n</parameter>\n</function>\n</tool_call>", &name, &args));
+    EXPECT_EQ(args, "{\"a\":true,\"b\":null,\"c\":\"q\",\"d\":\"12abc\"}");
+}
+
+TEST(OutputParser, MalformedToolCallsKeptAsText) {
+    Parsed r = parse_all_ways("x <tool_call>\n<function=f\nbroken</tool_call> y", false);
+    EXPECT_EQ(r.calls.size(), 0u);
+    EXPECT_EQ(r.content, "x<tool_call>\n<function=f\nbroken</tool_call> y");
+    r = parse_all_ways("<tool_call>\n<function=f>\n<parameter=a>\n1", false);  // cut off: text
+    EXPECT_EQ(r.calls.size(), 0u);
+    EXPECT_EQ(r.content, "<tool_call>\n<function=f>\n<parameter=a>\n1");
+    r = parse_all_ways("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>", false);  // no </tool_call>: accepted
+    ASSERT_EQ(r.calls.size(), 1u);
+    EXPECT_EQ(r.calls[0].second, "{\"a\":1}");
+    r = parse_all_ways("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\nx\n</function>\n</tool_call>", false);  // no </parameter>
+    ASSERT_EQ(r.calls.size(), 1u);
+    EXPECT_EQ(r.calls[0].second, "{\"a\":1,\"b\":\"x\"}");
+    r = parse_all_ways("<tool_call>junk</tool_call>", false);
+    EXPECT_EQ(r.content, "<tool_call>junk</tool_call>");
+}
+
+TEST(OutputParser, StopStrings) {
+    // holdback: "EN" could start "END", so it is not sent until decided
+    OutputParser p;
+    output_parser_init(&p, false);
+    p.stop = {"END"};
+    std::vector<OutEvent> ev;
+    EXPECT_TRUE(output_parser_feed(&p, "abcEN", &ev));
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].text, "abc");
+    EXPECT_FALSE(output_parser_feed(&p, "D more", &ev));
+    EXPECT_EQ(p.stop_hit, "END");
+    output_parser_finish(&p, &ev);
+    EXPECT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].text, "abc");
+
+    Parsed r = parse_all_ways("hello wor", false, {"world"});
+    EXPECT_EQ(r.content, "hello wor");  // never completed: sent at finish
+    EXPECT_FALSE(r.stopped);
+    r = parse_all_ways("one two three", false, {"three", "two"});  // earliest position wins
+    EXPECT_EQ(r.content, "one ");
+    EXPECT_TRUE(r.stopped);
+    r = parse_all_ways("think STOP more</think>answer", true, {"STOP"});  // content stops don't apply to reasoning
+    EXPECT_EQ(r.reasoning, "think STOP more");
+    EXPECT_EQ(r.content, "answer");
+    r = parse_all_ways("think STOP more</think>answer", true, {}, {"STOP"});
+    EXPECT_EQ(r.reasoning, "think ");
+    EXPECT_TRUE(r.stopped);
+    r = parse_all_ways("caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC!", false, {"\xE6\x97\xA5\xE6\x9C\xAC"});
+    EXPECT_EQ(r.content, "caf\xC3\xA9 ");
+    EXPECT_EQ(stop_holdback("abcab", "abd"), 2u);
+    EXPECT_EQ(stop_holdback("abc", "xyz"), 0u);
+    EXPECT_EQ(stop_holdback("a", "abc"), 1u);
+}
+
+// nothing is lost: text without markers comes out whole, whatever the chunking
+TEST(OutputParser, NothingLost) {
+    uint64_t x = 12345;
+    const char* alphabet[] = {"a", " ", "\n", "<", ">", "/", "t", "\xC3\xA9", "think", "tool", "_", "call", "="};
+    for (int k = 0; k < 300; k++) {
+        std::string s;
+        int n = 1 + (int)(x % 60);
+        for (int i = 0; i < n; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; s += alphabet[x % 13]; }
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        Parsed r = parse_all_ways(s, false);
+        std::string all = r.content;
+        for (auto& c : r.calls) all += c.first;
+        if (r.calls.empty() && r.reasoning.empty()) {
+            size_t lead = s.find_first_not_of('\n');
+            EXPECT_EQ(r.content, lead == std::string::npos ? "" : s.substr(lead)) << json_text(s);
+        }
+    }
+}
+
+// the template's rendering of a tool call parses back to the same call
+TEST(OutputParser, TemplateRoundTrip) {
+    Json msgs;
+    std::string err, out;
+    ASSERT_TRUE(json_parse("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"Sure.\",\"reasoning_content\":\"plan\","
+                           "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"s\":\"multi\\nline\","
+                           "\"n\":-2,\"b\":false,\"l\":[1,\"x\"],\"d\":{\"k\":null}}}}]}]", &msgs, &err));
+    ChatOptions o;
+    o.add_generation_prompt = false;
+    ASSERT_TRUE(chat_render(msgs, nullptr, o, &out, &err)) << err;
+    std::string gen = out.substr(out.find("<think>\n") + 8);
+    gen = gen.substr(0, gen.find("<|im_end|>"));
+    Parsed r = parse_all_ways(gen, true);
+    EXPECT_EQ(r.reasoning, "plan\n");
+    EXPECT_EQ(r.content, "Sure.");
+    ASSERT_EQ(r.calls.size(), 1u);
+    EXPECT_EQ(r.calls[0].first, "f");
+    // the template prints booleans the python way ("False"), which is not json: it comes back a string
+    EXPECT_EQ(r.calls[0].second, "{\"s\":\"multi\\nline\",\"n\":-2,\"b\":\"False\",\"l\":[1,\"x\"],\"d\":{\"k\":null}}");
+}
