@@ -26,7 +26,6 @@
 #  10. inspect (a reader that validates like format.md §3-§5)
 #  11. cli
 
-import hashlib
 import json
 import math
 import mmap
@@ -1383,7 +1382,17 @@ def write_synthetic_dir(name, seed, out, jobs):
     try:
         t0 = time.time()
         log("writing %s/model.safetensors: %d tensors, %s bytes" % (out, len(tensors), "{:,}".format(len(head) + data_bytes)))
-        write_atomically(os.path.join(out, "model.safetensors"), len(head) + data_bytes, [(0, head)], tasks, fn, jobs, lambda t: None)
+        left = {}
+        for t in tasks:
+            left[t[0]] = left.get(t[0], 0) + 1
+
+        def on_done(t):
+            left[t[0]] -= 1
+            if left[t[0]] == 0:
+                n, dt, shape = tensors[t[0]]
+                log("[%d/%d] %s %s %s (%.0fs)" % (len(tensors) - sum(1 for v in left.values() if v), len(tensors),
+                                                   n, fmt_shape(shape), dt, time.time() - t0))
+        write_atomically(os.path.join(out, "model.safetensors"), len(head) + data_bytes, [(0, head)], tasks, fn, jobs, on_done)
         written.append(os.path.join(out, "model.safetensors"))
         for fname in ["config.json"] + RESOURCE_FILES:
             path = os.path.join(out, fname)
@@ -1567,6 +1576,9 @@ def main(argv=None):
         return 0
     except ConvertError as e:
         print("convert.py: error: %s" % e, file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. the output directory does not exist, or the disk is full
+        print("convert.py: error: %s%s" % (e.filename + ": " if e.filename else "", e.strerror or e), file=sys.stderr)
         return 1
 
 if __name__ == "__main__":

@@ -379,7 +379,7 @@ def test_fusions_and_formats_against_the_source(work):
     ident, objs, by, blob, data, payload = read_artifact(work / "tiny.ninfer")
     src = cv.SafetensorsSource([str(work / "tiny" / "model.safetensors")])
     P = "model.language_model.layers."
-    H, Hq, Hkv, Hv = 128, 2, 1, 4
+    H, Hq, Hv = 128, 2, 4
 
     def check_q(name, want):
         o = by[name]
