@@ -389,6 +389,19 @@ def parse_config(cfg):
     expect(tc, where, "attention_bias", False)
     if "num_experts" in tc:
         die("config.json: %snum_experts present: MoE checkpoints are not dense Qwen3.5" % where)
+    # family constants the artifact cannot express (ninfer keeps them in its per-size table)
+    expect(tc, where, "hidden_act", "silu")
+    eps = tc.get("rms_norm_eps", 1e-6)
+    if eps != 1e-6:
+        die("config.json: %srms_norm_eps = %r, expected 1e-06" % (where, eps))
+    rope = tc.get("rope_parameters") or tc.get("rope_scaling") or {}  # rope_scaling: the pre-5.x spelling
+    if not isinstance(rope, dict):
+        die("config.json: %srope_parameters is not an object" % where)
+    for key, want in (("rope_type", "default"), ("rope_theta", 10000000), ("partial_rotary_factor", 0.25),
+                      ("mrope_section", [11, 11, 10]), ("mrope_interleaved", True)):
+        v = rope.get(key, tc.get(key, want))  # older configs keep rope_theta / partial_rotary_factor at the top
+        if v != want:
+            die("config.json: %srope_parameters.%s = %r, expected %r (not supported by the artifact)" % (where, key, v, want))
     g.hd, g.dk, g.dv, g.conv = 256, 128, 128, 4
     if g.Hq % g.Hkv:
         die("config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d" % (g.Hq, g.Hkv))
@@ -430,6 +443,7 @@ def parse_config(cfg):
         expect(vc, w, "temporal_patch_size", 2)
         expect(vc, w, "spatial_merge_size", 2)
         expect(vc, w, "in_channels", 3)
+        expect(vc, w, "hidden_act", "gelu_pytorch_tanh")
         if v.out != g.H:
             die("config.json: vision_config.out_hidden_size %d != text hidden_size %d" % (v.out, g.H))
         if v.Dv % v.heads:

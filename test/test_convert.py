@@ -539,6 +539,9 @@ def expect_failure(args, out, *needles):
     (lambda c: c["text_config"].update(num_hidden_layers=9, layer_types=None, full_attention_interval=4), "missing"),
     (lambda c: c["text_config"].update(intermediate_size=512), "mlp.gate_proj.weight"),
     (lambda c: c["vision_config"].update(out_hidden_size=64), "out_hidden_size"),
+    (lambda c: c["text_config"]["rope_parameters"].update(rope_type="yarn", factor=4.0), "rope_type"),
+    (lambda c: c["text_config"]["rope_parameters"].update(rope_theta=1000000), "rope_theta"),
+    (lambda c: c["text_config"].update(rms_norm_eps=1e-5), "rms_norm_eps"),
 ])
 def test_bad_config(work, tmp_path, edit, needle):
     d = tmp_path / "ck"
