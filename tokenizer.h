@@ -1457,3 +1457,48 @@ static void output_parser_finish(OutputParser* p, std::vector<OutEvent>* ev) {
     if (p->stopped) return;
     output_parser_run(p, ev, true);
 }
+
+// ----------------------------------------------------------------------------
+// the text side of generation in one place: token ids in, reasoning / content / tool-call
+// events out. the generation loop calls text_out_push for every sampled id that is not a
+// stop id, and text_out_finish once at the end. raw mode (--raw-output) skips the parser and
+// special-token skipping: every token's text comes out as OUT_CONTENT.
+
+struct TextOut {
+    StreamDecoder dec;
+    OutputParser parser;
+    bool raw = false;
+};
+
+static void text_out_init(TextOut* t, bool thinking_open, bool raw = false) {
+    t->dec = StreamDecoder();
+    t->dec.skip_special = !raw;
+    t->raw = raw;
+    output_parser_init(&t->parser, thinking_open);
+}
+
+// returns false when a stop string has matched: stop generating
+static bool text_out_push(TextOut* t, const Tokenizer* tok, int id, std::vector<OutEvent>* ev) {
+    std::string piece;
+    stream_decoder_push(&t->dec, tok, id, &piece);
+    if (t->raw) { out_emit(ev, OUT_CONTENT, piece); return true; }
+    return output_parser_feed(&t->parser, piece, ev);
+}
+
+static void text_out_finish(TextOut* t, std::vector<OutEvent>* ev) {
+    std::string piece;
+    stream_decoder_flush(&t->dec, &piece);
+    if (t->raw) { out_emit(ev, OUT_CONTENT, piece); return; }
+    if (!t->parser.stopped) output_parser_feed(&t->parser, piece, ev);
+    output_parser_finish(&t->parser, ev);
+}
+
+// --prompt TEXT as a conversation: one user message
+static Json chat_messages_from_prompt(const std::string& text) {
+    Json m = Json::object();
+    m.set("role", Json::string("user"));
+    m.set("content", Json::string(text));
+    Json msgs = Json::array();
+    msgs.push(std::move(m));
+    return msgs;
+}

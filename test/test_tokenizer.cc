@@ -589,3 +589,58 @@ TEST(OutputParser, TemplateRoundTrip) {
     // the template prints booleans the python way ("False"), which is not json: it comes back a string
     EXPECT_EQ(r.calls[0].second, "{\"s\":\"multi\\nline\",\"n\":-2,\"b\":\"False\",\"l\":[1,\"x\"],\"d\":{\"k\":null}}");
 }
+
+// ----------------------------------------------------------------------------
+// the whole text path: template -> tokenizer -> ids one at a time -> stream decoder -> parser
+
+TEST(TextPath, EndToEnd) {
+    ASSERT_TRUE(toks().ok);
+    const Tokenizer* tok = &toks().q3;
+    Json msgs = chat_messages_from_prompt("What's the weather in \xE6\x97\xA5\xE6\x9C\xAC? \xF0\x9F\x98\x80");
+    ChatOptions o;
+    std::string prompt, err;
+    ASSERT_TRUE(chat_render(msgs, nullptr, o, &prompt, &err)) << err;
+    EXPECT_EQ(prompt, "<|im_start|>user\nWhat's the weather in \xE6\x97\xA5\xE6\x9C\xAC? \xF0\x9F\x98\x80<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    std::vector<int> pids;
+    tokenizer_encode(tok, prompt, &pids);
+    EXPECT_EQ(pids[0], 151644);  // <|im_start|>
+    EXPECT_EQ(pids.back(), 198);  // "\n" after <think>
+    EXPECT_EQ(pids[pids.size() - 2], 151667);  // <think>
+    EXPECT_EQ(tokenizer_decode(tok, pids), prompt);
+
+    // a "generated" continuation: reasoning, </think>, content with emoji split across tokens, a tool call
+    std::string gen = "Let me look it up \xF0\x9F\x94\x8D.\n</think>\n\nChecking \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80.\n\n<tool_call>\n<function=weather>\n"
+                      "<parameter=city>\n\xE6\x9D\xB1\xE4\xBA\xAC\n</parameter>\n</function>\n</tool_call>";
+    std::vector<int> gids;
+    tokenizer_encode(tok, gen, &gids);
+    gids.push_back(151645);  // <|im_end|>: special, skipped by the decoder
+    TextOut to;
+    text_out_init(&to, chat_thinking_open(prompt));
+    std::vector<OutEvent> ev;
+    for (int id : gids) {
+        size_t before = ev.size();
+        ASSERT_TRUE(text_out_push(&to, tok, id, &ev));
+        for (size_t k = before; k < ev.size(); k++) EXPECT_TRUE(utf8_valid(ev[k].text.data(), ev[k].text.size()));
+    }
+    text_out_finish(&to, &ev);
+    std::string reasoning, content;
+    std::vector<OutEvent> calls;
+    for (auto& e : ev) {
+        if (e.kind == OUT_REASONING) reasoning += e.text;
+        else if (e.kind == OUT_CONTENT) content += e.text;
+        else calls.push_back(e);
+    }
+    EXPECT_EQ(reasoning, "Let me look it up \xF0\x9F\x94\x8D.\n");
+    EXPECT_EQ(content, "Checking \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80.");
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].name, "weather");
+    EXPECT_EQ(calls[0].arguments, "{\"city\":\"\xE6\x9D\xB1\xE4\xBA\xAC\"}");
+
+    // raw mode: everything, special tokens included, as content
+    text_out_init(&to, true, true);
+    ev.clear();
+    for (int id : gids) text_out_push(&to, tok, id, &ev);
+    text_out_finish(&to, &ev);
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].text, gen + "<|im_end|>");
+}
