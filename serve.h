@@ -1,0 +1,2455 @@
+// serve.h: ninfer-serve, an http/1.1 server speaking openai chat completions and anthropic
+// messages over plain posix sockets. it parses and validates requests, queues them for one
+// engine thread, and streams what the engine produces back as json or server-sent events.
+//
+// defines:
+//   engine interface: ServeChat, ServePrompt, ServeSampling, ServeEvent, ServeSink,
+//                     ServeResult, ServeError, ServeEngine, ServeBackend
+//   options:          ServeOptions, serve_parse_args, serve_check_features, serve_usage
+//   http:             HttpLimits, HttpRequest, http_parse_head, ChunkedDecoder, chunked_feed,
+//                     http_status_text
+//   output:           utf8_take (hold back a split code point), sse_data, sse_event
+//   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat)
+//   server:           serve_main
+//
+// depends only on the c/c++ standard library, posix sockets / pthreads and format.h (Json).
+// it never includes ninfer.cu or tokenizer.h: ninfer.cu implements ServeEngine and calls
+// serve_main from its main when argv[0] is ninfer-serve.
+//
+// the shape of the server (see shared/docs/server.md for the checklist it follows):
+//   - the main thread accepts; one detached thread per connection reads requests, answers
+//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare);
+//   - one engine thread owns the model and runs queued requests one at a time in fifo order
+//     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
+//     and a request that waits longer than --pending-timeout-ms gets 503;
+//   - events flow engine -> connection thread through the job (one mutex for all jobs);
+//     the connection thread writes them and polls its socket: a client that goes away sets
+//     the job's cancel flag, which the engine reads at the next token;
+//   - stop strings, the reasoning/content split and tool-call parsing are the engine's job
+//     (tokenizer.h's output parser, reference-engine.md 10): only the engine knows token
+//     boundaries, so only it can stop at the right token and count usage exactly. serve.h
+//     still never emits a broken code point: a multi-byte sequence split across events is
+//     held back per channel until it completes (utf8_take), and ill-formed bytes become
+//     U+FFFD, so json output is always valid utf-8 whatever the engine sends.
+//
+// behaviour contract: stdout stays empty; stderr carries one "listening" line, one line per
+// request (no prompt or output text), periodic stats, and errors. exit 0 after a signal.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <limits.h>
+#include <errno.h>
+#include <time.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <strings.h>
+#include <string>
+#include <vector>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <atomic>
+#include <condition_variable>
+#include <chrono>
+#include "format.h"
+
+// ----------------------------------------------------------------------------
+// engine interface: what ninfer.cu (or test/serve_fake.cc) implements
+
+// one chat request, validated, in openai shape (anthropic requests are converted to this):
+//   messages: [{role: system|developer|user|assistant|tool,
+//               content: string | [{type:"text",text} | {type:"image_url",image_url:{url}} | ...] | null,
+//               reasoning_content?: string (assistant), tool_calls?: [{id, type:"function",
+//               function:{name, arguments: "<json object text>"}}] (assistant),
+//               tool_call_id?: string (tool)}]
+//   tools:    null, or [{type:"function", function:{name, description?, parameters}}]
+struct ServeChat {
+    Json messages;
+    Json tools;                    // null when the request declares none
+    bool enable_thinking = true;   // false renders the non-thinking prompt
+    bool preserve_thinking = false;// keep closed-turn reasoning in history
+    std::string reasoning_effort;  // "" unless the client asked for one (never "none": that is enable_thinking=false)
+};
+
+// what prepare makes and generate consumes. serve.h reads only tokens.size() (usage, context
+// check); the rest is the engine's.
+struct ServePrompt {
+    std::vector<int> tokens;       // the rendered, tokenized prompt
+    bool thinking = true;          // the prompt opens a <think> block: output starts on the reasoning channel
+    bool tools = false;            // tools were declared: parse tool calls
+};
+
+// sampler and limits for one request, already resolved (engine preset < flags < request <
+// --greedy) and range-checked
+struct ServeSampling {
+    int max_tokens = 0;            // output limit, > 0, already clamped to the context left
+    float temperature = 0.6f;      // <= 0: argmax
+    float top_p = 0.95f;
+    int top_k = 20;
+    float min_p = 0.0f;
+    float presence_penalty = 1.0f;
+    float frequency_penalty = 0.0f;
+    uint64_t seed = 0;
+    std::vector<std::pair<int, float>> logit_bias;  // (token id, bias in [-100, 100])
+    std::vector<std::string> stop; // content-channel stop strings: generation ends at the
+                                   // earliest match, the match is not emitted
+};
+
+enum ServeEventKind { SERVE_REASONING = 0, SERVE_CONTENT = 1, SERVE_TOOL_CALL = 2 };
+struct ServeEvent {
+    ServeEventKind kind = SERVE_CONTENT;
+    std::string text;              // REASONING / CONTENT: the next bytes of that channel
+    std::string tool_name;         // TOOL_CALL: one complete call
+    std::string tool_args;         // TOOL_CALL: its arguments, a json object as text
+};
+
+// how generate talks back. both functions are called on the engine thread only.
+struct ServeSink {
+    bool (*emit)(void* ctx, const ServeEvent& ev);  // false: the client is gone, stop now
+    bool (*cancelled)(void* ctx);  // poll once per token (and per prefill chunk): true = stop now
+    void* ctx;
+};
+
+struct ServeResult {
+    std::string finish = "stop";   // "stop" (eos, stop string, cancel) | "length" (max_tokens or
+                                   // context full) | "tool_calls"
+    std::string stop_string;       // the stop string that ended generation; "" if none
+    int prompt_tokens = 0;         // = prompt.tokens.size()
+    int completion_tokens = 0;     // every sampled id, a withheld stop token included
+    double prefill_s = 0, decode_s = 0;
+    std::string error;             // non-empty: generation failed (500, or an sse error event)
+};
+
+// a request the engine or the parser refuses: status, openai-style code, a fixed message
+// (never user bytes), the offending field
+struct ServeError {
+    int status = 400;
+    std::string code = "invalid_request_error";
+    std::string message;
+    std::string param;
+};
+
+struct ServeEngine {
+    void* self = nullptr;
+    std::string model_id;          // the artifact's identity model id: the default --model-id
+    int max_context = 0;           // tokens; prompt + output must fit
+    bool vision = false;           // image / video parts accepted (else 400 vision_disabled)
+    ServeSampling defaults;        // the model's sampler preset (max_tokens and stop unused)
+    // render and tokenize a chat. runs on a connection thread (requests and count_tokens),
+    // possibly while generate runs on the engine thread; serve.h never runs two prepares at
+    // once. bad input: false and *err (status 400, a code such as unsupported_role,
+    // reasoning_effort_not_supported, a one-line message).
+    bool (*prepare)(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) = nullptr;
+    // generate on the engine thread: emit reasoning / content / tool calls through the sink,
+    // stop at eos, a stop string, max_tokens, the context end, or when the sink says so, and
+    // fill *out.
+    void (*generate)(void* self, const ServePrompt& prompt, const ServeSampling& s,
+                     const ServeSink& sink, ServeResult* out) = nullptr;
+    void (*close)(void* self) = nullptr;  // optional, at exit
+};
+
+struct ServeOptions;
+// what serve_main needs from the binary that embeds it
+struct ServeBackend {
+    // is the feature behind a flag built? called before loading, with the flag and its value
+    // as typed: "--spec mtp", "--spec dflash", "--lm-head-draft", "--vision", "--kv-dtype int8",
+    // "--kv-dtype fp8", "--kv-capacity", "--preserve-thinking", "--default-thinking-budget",
+    // "--context-cost-presets", "--media-cache-mib", "--media-live-mib",
+    // "--media-preprocess-threads", "--device-state-slots", "--host-state-slots",
+    // "--host-kv-mib", "--max-private-continuations", "--max-shared-prefixes",
+    // "--max-long-anchors-per-continuation", "--max-cache-markers-per-request".
+    // false -> "ninfer-serve: error: <feature> is not supported yet", exit 1.
+    bool (*supports)(const char* feature);
+    // load the model (may take long); nullptr and *err on failure
+    ServeEngine* (*load)(const char* model_path, const ServeOptions& opt, std::string* err);
+};
+
+// ----------------------------------------------------------------------------
+// options: NInfer's server flags (reference-engine.md 3.1 and 3.2), plus a few of ours for
+// the http layer (timeouts, connection cap), marked "ninfer" in the usage text
+
+struct ServeOptions {
+    std::string model_path;
+    std::string host = "127.0.0.1";
+    int port = 8080;                 // 0: an ephemeral port (printed on the listening line)
+    std::string api_key;             // "" = no auth
+    std::string model_id;            // "" = the artifact's model id
+    int max_context = 8192;
+    int prefill_chunk = 1024;        // positive multiple of 128
+    int device = 0;
+    int max_request_mib = 384;       // body limit, checked before json parsing
+    std::string request_log_jsonl;   // "" = off
+    std::string kv_dtype = "bf16";   // bf16 | int8 | fp8
+    std::string spec;                // "" | mtp | dflash
+    int draft_tokens = 0;            // required with --spec
+    bool lm_head_draft = false;
+    int default_max_tokens = 8192;
+    bool vision = false, no_cuda_graph = false, no_prefix_reuse = false, no_thinking = false;
+    bool cors = false, greedy = false, preserve_thinking = false;
+    // sampler flags; NAN / INT_MIN / has_seed=false when not given (then the engine preset)
+    double temperature = NAN, top_p = NAN, min_p = NAN, presence_penalty = NAN, frequency_penalty = NAN;
+    int top_k = INT_MIN;
+    bool has_seed = false;
+    uint64_t seed = 0;
+    // v2 capacity and media flags; kept as typed, the engine reads them
+    std::string kv_capacity;         // "" = max-context, N or auto
+    int max_concurrency = 1;
+    int max_pending_requests = 16;
+    int pending_timeout_ms = 30000;
+    int log_stats_interval_ms = 5000;  // 0 = off
+    std::string context_cost_presets;
+    int media_cache_mib = 1024, media_live_mib = 2048, media_preprocess_threads = 0;
+    int response_store_max_records = 1024, response_store_max_mib = 256;
+    int default_thinking_budget = -1;
+    int device_state_slots = -1, host_state_slots = 8, host_kv_mib = 8192;
+    int max_private_continuations = -1, max_shared_prefixes = -1;
+    int max_long_anchors_per_continuation = 2, max_cache_markers_per_request = 4;
+    // ninfer's http layer
+    int read_timeout_ms = 10000;     // a request's head must arrive within this; its body at >= 1 MiB/s after it
+    int idle_timeout_ms = 5000;      // keep-alive: time allowed between requests
+    int write_timeout_ms = 30000;    // a blocked write (slow reader) longer than this drops the client
+    int drain_timeout_ms = 10000;    // on SIGINT/SIGTERM: time given to running requests
+    int max_connections = 256;       // more are answered 503 and closed
+    std::vector<std::string> given;  // every flag given, as typed (without values)
+    bool has(const char* flag) const {
+        for (const auto& g : given) if (g == flag) return true;
+        return false;
+    }
+};
+
+static void serve_usage(FILE* f) {
+    fprintf(f,
+        "usage: ninfer-serve MODEL.ninfer [options]\n"
+        "\n"
+        "http:\n"
+        "  --host H                      bind address (127.0.0.1; 0.0.0.0 to expose)\n"
+        "  --port N                      port, 1..65535 (8080; 0 = any free port, printed at start)\n"
+        "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (off)\n"
+        "  --model-id ID                 public model id; openai requests must name it (the artifact's)\n"
+        "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off)\n"
+        "  --max-request-mib N           request body limit, 413 above it (384)\n"
+        "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
+        "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
+        "  --pending-timeout-ms N        a queued request waits at most this, then 503 (30000)\n"
+        "  --request-log-jsonl FILE      append structured request events to FILE (off)\n"
+        "  --log-stats-interval-ms N     stats line on stderr while busy, 0 = off (5000)\n"
+        "  --read-timeout-ms N           ninfer: request head deadline; body at >= 1 MiB/s after it (10000)\n"
+        "  --idle-timeout-ms N           ninfer: keep-alive idle time between requests (5000)\n"
+        "  --write-timeout-ms N          ninfer: a write blocked this long drops the client (30000)\n"
+        "  --drain-timeout-ms N          ninfer: on SIGINT/SIGTERM, time for running requests (10000)\n"
+        "  --max-connections N           ninfer: open connections; more get 503 (256)\n"
+        "model and memory:\n"
+        "  --max-context N               context capacity in tokens (8192)\n"
+        "  --prefill-chunk N             prefill chunk, a positive multiple of 128 (1024)\n"
+        "  --device N                    cuda device (0)\n"
+        "  --kv-dtype bf16|int8|fp8      kv cache storage (bf16)\n"
+        "  --kv-capacity N|auto          kv pool in tokens (= max-context)\n"
+        "  --spec mtp|dflash             speculative decoding (off); needs --draft-tokens\n"
+        "  --draft-tokens N              draft window: mtp 1..5, dflash 1..15\n"
+        "  --lm-head-draft               the reduced proposal head for drafts (off; needs --spec)\n"
+        "  --vision                      load the vision tower, accept images and video (off)\n"
+        "  --no-cuda-graph               eager decode (graphs on)\n"
+        "  --no-prefix-reuse             never reuse a cached prefix (reuse on)\n"
+        "  --device-state-slots N, --host-state-slots N (8), --host-kv-mib N (8192),\n"
+        "  --max-private-continuations N, --max-shared-prefixes N,\n"
+        "  --max-long-anchors-per-continuation N (2), --max-cache-markers-per-request N (4)\n"
+        "                                prefix-cache capacities\n"
+        "  --context-cost-presets FILE, --media-cache-mib N (1024), --media-live-mib N (2048),\n"
+        "  --media-preprocess-threads N (0 = auto), --response-store-max-records N (1024),\n"
+        "  --response-store-max-mib N (256)\n"
+        "generation defaults (request fields override them unless --greedy):\n"
+        "  --default-max-tokens N        output limit when a request gives none (8192)\n"
+        "  --no-thinking                 render the non-thinking prompt by default (thinking on)\n"
+        "  --preserve-thinking           keep closed-turn reasoning in history (off)\n"
+        "  --default-thinking-budget N   reasoning token budget (none)\n"
+        "  --greedy                      argmax for every request (off)\n"
+        "  --temperature F (0..2), --top-p F (0..1), --top-k N, --min-p F (0..1),\n"
+        "  --presence-penalty F (-2..2), --frequency-penalty F (-2..2), --seed N\n"
+        "                                sampler defaults (the model's preset; seed: random per request)\n"
+        "  -h, --help                    this text\n");
+}
+
+// strict number parsing: the whole string, inside [lo, hi]
+static bool serve_parse_long(const char* s, long long lo, long long hi, long long* out) {
+    if (!s || !*s) return false;
+    char* end = nullptr; errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) return false;
+    *out = v; return true;
+}
+static bool serve_parse_double(const char* s, double lo, double hi, double* out) {
+    if (!s || !*s) return false;
+    char* end = nullptr; errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi)) return false;
+    *out = v; return true;
+}
+
+// parse argv (argv[0] is the program). returns 0 to go on, 1 on error (*err says why),
+// 2 for --help.
+static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string* err) {
+    auto fail = [&](const std::string& m) { *err = m; return 1; };
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i], val;
+        bool inline_val = false;
+        if (a.size() > 2 && a[0] == '-' && a[1] == '-') {  // --flag=value
+            size_t eq = a.find('=');
+            if (eq != std::string::npos) { val = a.substr(eq + 1); a = a.substr(0, eq); inline_val = true; }
+        }
+        if (a == "-h" || a == "--help") return 2;
+        if (a.size() < 2 || a[0] != '-') {
+            if (!o->model_path.empty()) return fail("unexpected argument '" + a + "' (the model path was already given)");
+            o->model_path = a;
+            continue;
+        }
+        bool bad_value = false;
+        // the next value: inline or the following argument
+        auto value = [&](std::string* out) {
+            if (inline_val) { *out = val; return true; }
+            if (i + 1 >= argc) return false;
+            *out = argv[++i]; return true;
+        };
+        auto s_ = [&](std::string* dst) {
+            std::string v;
+            if (!value(&v)) { bad_value = true; return; }
+            *dst = v;
+        };
+        auto i_ = [&](int* dst, long long lo, long long hi) {
+            std::string v; long long x;
+            if (!value(&v) || !serve_parse_long(v.c_str(), lo, hi, &x)) { bad_value = true; return; }
+            *dst = (int)x;
+        };
+        auto f_ = [&](double* dst, double lo, double hi) {
+            std::string v;
+            if (!value(&v) || !serve_parse_double(v.c_str(), lo, hi, dst)) bad_value = true;
+        };
+        auto b_ = [&](bool* dst) {
+            if (inline_val) { bad_value = true; return; }
+            *dst = true;
+        };
+        const char* range = "";
+        if (a == "--host") s_(&o->host);
+        else if (a == "--port") { i_(&o->port, 0, 65535); range = " (0..65535)"; }
+        else if (a == "--api-key") s_(&o->api_key);
+        else if (a == "--model-id") s_(&o->model_id);
+        else if (a == "--max-context") { i_(&o->max_context, 1, 1 << 20); range = " (1..1048576)"; }
+        else if (a == "--prefill-chunk") {
+            i_(&o->prefill_chunk, 128, 1 << 20); range = " (a positive multiple of 128)";
+            if (!bad_value && o->prefill_chunk % 128) bad_value = true;
+        }
+        else if (a == "--device") { i_(&o->device, 0, 1023); range = " (>= 0)"; }
+        else if (a == "--max-request-mib") { i_(&o->max_request_mib, 1, 65536); range = " (1..65536)"; }
+        else if (a == "--request-log-jsonl") s_(&o->request_log_jsonl);
+        else if (a == "--kv-dtype") {
+            s_(&o->kv_dtype); range = " (bf16, int8 or fp8)";
+            if (o->kv_dtype != "bf16" && o->kv_dtype != "int8" && o->kv_dtype != "fp8") bad_value = true;
+        }
+        else if (a == "--spec") {
+            s_(&o->spec); range = " (mtp or dflash)";
+            if (o->spec != "mtp" && o->spec != "dflash") bad_value = true;
+        }
+        else if (a == "--draft-tokens") { i_(&o->draft_tokens, 1, 15); range = " (mtp 1..5, dflash 1..15)"; }
+        else if (a == "--lm-head-draft") b_(&o->lm_head_draft);
+        else if (a == "--default-max-tokens") { i_(&o->default_max_tokens, 1, 1 << 20); range = " (1..1048576)"; }
+        else if (a == "--vision") b_(&o->vision);
+        else if (a == "--no-cuda-graph") b_(&o->no_cuda_graph);
+        else if (a == "--no-prefix-reuse") b_(&o->no_prefix_reuse);
+        else if (a == "--no-thinking") b_(&o->no_thinking);
+        else if (a == "--cors") b_(&o->cors);
+        else if (a == "--greedy") b_(&o->greedy);
+        else if (a == "--preserve-thinking") b_(&o->preserve_thinking);
+        else if (a == "--temperature") { f_(&o->temperature, 0, 2); range = " (0..2)"; }
+        else if (a == "--top-p") { f_(&o->top_p, 0, 1); range = " (0..1)"; }
+        else if (a == "--top-k") { i_(&o->top_k, 0, 1 << 20); range = " (>= 0)"; }
+        else if (a == "--min-p") { f_(&o->min_p, 0, 1); range = " (0..1)"; }
+        else if (a == "--presence-penalty") { f_(&o->presence_penalty, -2, 2); range = " (-2..2)"; }
+        else if (a == "--frequency-penalty") { f_(&o->frequency_penalty, -2, 2); range = " (-2..2)"; }
+        else if (a == "--seed") {
+            std::string v; range = " (an unsigned 64-bit integer)";
+            char* end = nullptr;
+            if (!value(&v) || v.empty() || v[0] == '-') bad_value = true;
+            else { errno = 0; o->seed = strtoull(v.c_str(), &end, 10); if (errno || *end) bad_value = true; o->has_seed = true; }
+        }
+        else if (a == "--kv-capacity") {
+            s_(&o->kv_capacity); range = " (a token count or auto)";
+            long long x;
+            if (!bad_value && o->kv_capacity != "auto" && !serve_parse_long(o->kv_capacity.c_str(), 1, 1 << 30, &x)) bad_value = true;
+        }
+        else if (a == "--max-concurrency") { i_(&o->max_concurrency, 1, 8); range = " (1..8)"; }
+        else if (a == "--max-pending-requests") { i_(&o->max_pending_requests, 0, 1 << 20); range = " (>= 0)"; }
+        else if (a == "--pending-timeout-ms") { i_(&o->pending_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
+        else if (a == "--log-stats-interval-ms") { i_(&o->log_stats_interval_ms, 0, INT_MAX); range = " (>= 0)"; }
+        else if (a == "--context-cost-presets") s_(&o->context_cost_presets);
+        else if (a == "--media-cache-mib") { i_(&o->media_cache_mib, 0, 1 << 30); range = " (>= 0)"; }
+        else if (a == "--media-live-mib") { i_(&o->media_live_mib, 0, 1 << 30); range = " (>= 0)"; }
+        else if (a == "--media-preprocess-threads") { i_(&o->media_preprocess_threads, 0, 16); range = " (0..16)"; }
+        else if (a == "--response-store-max-records") { i_(&o->response_store_max_records, 0, 1 << 30); range = " (>= 0)"; }
+        else if (a == "--response-store-max-mib") { i_(&o->response_store_max_mib, 0, 1 << 30); range = " (>= 0)"; }
+        else if (a == "--default-thinking-budget") { i_(&o->default_thinking_budget, 1, 1 << 30); range = " (>= 1)"; }
+        else if (a == "--device-state-slots") { i_(&o->device_state_slots, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--host-state-slots") { i_(&o->host_state_slots, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--host-kv-mib") { i_(&o->host_kv_mib, 0, 1 << 30); range = " (>= 0)"; }
+        else if (a == "--max-private-continuations") { i_(&o->max_private_continuations, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--max-shared-prefixes") { i_(&o->max_shared_prefixes, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--max-long-anchors-per-continuation") { i_(&o->max_long_anchors_per_continuation, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--max-cache-markers-per-request") { i_(&o->max_cache_markers_per_request, 0, 1 << 16); range = " (>= 0)"; }
+        else if (a == "--read-timeout-ms") { i_(&o->read_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
+        else if (a == "--idle-timeout-ms") { i_(&o->idle_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
+        else if (a == "--write-timeout-ms") { i_(&o->write_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
+        else if (a == "--drain-timeout-ms") { i_(&o->drain_timeout_ms, 0, INT_MAX); range = " (>= 0)"; }
+        else if (a == "--max-connections") { i_(&o->max_connections, 1, 1 << 16); range = " (>= 1)"; }
+        else return fail("unknown option '" + a + "' (ninfer-serve --help lists them)");
+        if (bad_value) return fail((a == "--lm-head-draft" || a == "--vision" || a == "--no-cuda-graph" ||
+                                    a == "--no-prefix-reuse" || a == "--no-thinking" || a == "--cors" ||
+                                    a == "--greedy" || a == "--preserve-thinking")
+                                   ? a + " takes no value" : "missing or bad value for " + a + range);
+        o->given.push_back(a);
+    }
+    if (o->model_path.empty()) return fail("no model given (usage: ninfer-serve MODEL.ninfer [options])");
+    // combinations
+    if (!o->spec.empty() && !o->has("--draft-tokens")) return fail("--spec " + o->spec + " needs --draft-tokens");
+    if (o->spec.empty() && o->has("--draft-tokens")) return fail("--draft-tokens needs --spec");
+    if (o->spec == "mtp" && o->draft_tokens > 5) return fail("--draft-tokens for --spec mtp is 1..5");
+    if (o->spec.empty() && o->lm_head_draft) return fail("--lm-head-draft needs --spec");
+    if (o->spec == "dflash" && o->vision) return fail("--spec dflash cannot be combined with --vision");
+    static const char* const cache_flags[] = {"--device-state-slots", "--host-state-slots", "--host-kv-mib",
+        "--max-private-continuations", "--max-shared-prefixes", "--max-long-anchors-per-continuation",
+        "--max-cache-markers-per-request"};
+    if (o->no_prefix_reuse)
+        for (const char* f : cache_flags)
+            if (o->has(f)) return fail(std::string("--no-prefix-reuse cannot be combined with ") + f);
+    return 0;
+}
+
+// every flag whose feature lives in the engine is checked with the backend before loading;
+// features the server itself lacks are refused here. returns false with *err naming the
+// first one that is not built.
+static bool serve_check_features(const ServeOptions& o, bool (*supports)(const char*), std::string* err) {
+    if (o.max_concurrency > 1) { *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " is not supported yet (one request decodes at a time)"; return false; }
+    for (const char* f : {"--response-store-max-records", "--response-store-max-mib"})
+        if (o.has(f)) { *err = std::string(f) + " is not supported yet (no /v1/responses)"; return false; }
+    std::vector<std::string> feats;
+    if (!o.spec.empty()) feats.push_back("--spec " + o.spec);
+    if (o.lm_head_draft) feats.push_back("--lm-head-draft");
+    if (o.vision) feats.push_back("--vision");
+    if (o.kv_dtype != "bf16") feats.push_back("--kv-dtype " + o.kv_dtype);
+    if (!o.kv_capacity.empty() && o.kv_capacity != std::to_string(o.max_context)) feats.push_back("--kv-capacity");
+    if (o.preserve_thinking) feats.push_back("--preserve-thinking");
+    for (const char* f : {"--default-thinking-budget", "--context-cost-presets", "--media-cache-mib",
+                          "--media-live-mib", "--media-preprocess-threads", "--device-state-slots",
+                          "--host-state-slots", "--host-kv-mib", "--max-private-continuations",
+                          "--max-shared-prefixes", "--max-long-anchors-per-continuation",
+                          "--max-cache-markers-per-request"})
+        if (o.has(f)) feats.push_back(f);
+    for (const auto& f : feats)
+        if (!supports || !supports(f.c_str())) { *err = f + " is not supported yet"; return false; }
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// http/1.1 request parsing, as pure functions over bytes (test/test_serve.cc feeds them
+// byte streams). strict where leniency enables request smuggling: both framings at once,
+// odd content-length values, obs-fold, whitespace before a colon, a bare cr.
+
+struct HttpLimits {
+    size_t max_head = 64 << 10;    // request line + headers, bytes
+    int max_headers = 100;
+    uint64_t max_body = 384ull << 20;
+};
+
+struct HttpRequest {
+    std::string method, target, path, query;
+    int minor = 1;                 // HTTP/1.minor
+    std::vector<std::pair<std::string, std::string>> headers;  // names lowercased, values trimmed
+    int64_t content_length = -1;   // -1: none
+    bool chunked = false;
+    bool keep_alive = true;
+    bool expect_continue = false;
+    const std::string* header(const char* name) const {
+        for (const auto& h : headers) if (h.first == name) return &h.second;
+        return nullptr;
+    }
+};
+
+static inline bool http_tchar(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+static inline std::string lower(std::string s) {
+    for (auto& c : s) if (c >= 'A' && c <= 'Z') c += 32;
+    return s;
+}
+static inline std::string trim_ows(const std::string& s) {
+    size_t a = 0, b = s.size();
+    while (a < b && (s[a] == ' ' || s[a] == '\t')) a++;
+    while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t')) b--;
+    return s.substr(a, b - a);
+}
+// split a comma list into lowercased trimmed non-empty tokens
+static std::vector<std::string> http_list(const std::string& v) {
+    std::vector<std::string> out;
+    size_t s = 0;
+    for (;;) {
+        size_t c = v.find(',', s);
+        std::string t = lower(trim_ows(v.substr(s, c == std::string::npos ? std::string::npos : c - s)));
+        if (!t.empty()) out.push_back(t);
+        if (c == std::string::npos) break;
+        s = c + 1;
+    }
+    return out;
+}
+
+// parse the head of one request in buf[0..n). returns its length (> 0) once complete, 0 when
+// more bytes are needed, or -status: 400 (malformed, conflicting framing), 413 (head too
+// large, too many headers, body over the limit), 417 (unknown expectation), 501 (a
+// transfer coding other than chunked), 505 (not http/1.x). empty lines before the request
+// line are skipped (and counted in the length).
+static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, HttpRequest* rq) {
+    size_t p = 0;
+    while (p < n && (buf[p] == '\r' || buf[p] == '\n')) {  // stray crlf between requests
+        if (buf[p] == '\r' && p + 1 < n && buf[p + 1] != '\n') return -400;
+        p++;
+        if (p > lim.max_head) return -413;
+    }
+    size_t start = p;
+    // find the end of the head: an empty line
+    size_t end = 0;
+    {
+        size_t q = start;
+        for (;;) {
+            const void* nl = memchr(buf + q, '\n', n - q);
+            if (!nl) { if (n - start > lim.max_head) return -413; return 0; }
+            size_t e = (const char*)nl - buf;
+            size_t len = e - q;
+            if (len == 0 || (len == 1 && buf[q] == '\r')) { end = e + 1; break; }
+            q = e + 1;
+            if (q - start > lim.max_head) return -413;
+        }
+        if (end - start > lim.max_head) return -413;
+    }
+    *rq = HttpRequest();
+    // split into lines (crlf or lf); a bare cr, a nul or another control byte is malformed
+    std::vector<std::string> lines;
+    size_t q = start;
+    while (q < end) {
+        size_t e = (const char*)memchr(buf + q, '\n', end - q) - buf;
+        size_t le = e;
+        if (le > q && buf[le - 1] == '\r') le--;
+        std::string line(buf + q, le - q);
+        for (unsigned char c : line) if ((c < 0x20 && c != '\t') || c == 0x7f) return -400;
+        lines.push_back(line);
+        q = e + 1;
+    }
+    lines.pop_back();  // the empty line
+    if (lines.empty()) return -400;
+    // request line: METHOD SP target SP HTTP/1.x
+    const std::string& rl = lines[0];
+    size_t s1 = rl.find(' '), s2 = s1 == std::string::npos ? s1 : rl.find(' ', s1 + 1);
+    if (s1 == std::string::npos || s2 == std::string::npos || rl.find(' ', s2 + 1) != std::string::npos) return -400;
+    rq->method = rl.substr(0, s1);
+    rq->target = rl.substr(s1 + 1, s2 - s1 - 1);
+    std::string ver = rl.substr(s2 + 1);
+    if (rq->method.empty() || rq->target.empty()) return -400;
+    for (unsigned char c : rq->method) if (!http_tchar(c)) return -400;
+    for (unsigned char c : rq->target) if (c <= 0x20 || c >= 0x7f) return -400;
+    if (ver.size() != 8 || ver.compare(0, 5, "HTTP/") || ver[6] != '.' || ver[5] < '0' || ver[5] > '9' || ver[7] < '0' || ver[7] > '9') return -400;
+    if (ver[5] != '1') return -505;
+    rq->minor = ver[7] - '0';
+    if (rq->target[0] == '/') {
+        size_t qm = rq->target.find('?');
+        rq->path = rq->target.substr(0, qm);
+        if (qm != std::string::npos) rq->query = rq->target.substr(qm + 1);
+    } else if (rq->target == "*") {
+        rq->path = "*";
+    } else if (!rq->target.compare(0, 7, "http://") || !rq->target.compare(0, 8, "https://")) {  // absolute-form
+        size_t sl = rq->target.find('/', rq->target.find("//") + 2);
+        std::string t = sl == std::string::npos ? "/" : rq->target.substr(sl);
+        size_t qm = t.find('?');
+        rq->path = t.substr(0, qm);
+        if (qm != std::string::npos) rq->query = t.substr(qm + 1);
+    } else return -400;
+    // headers
+    if ((int)lines.size() - 1 > lim.max_headers) return -413;
+    bool te_seen = false;
+    std::vector<std::string> te;
+    std::string connection;
+    for (size_t k = 1; k < lines.size(); k++) {
+        const std::string& l = lines[k];
+        if (l[0] == ' ' || l[0] == '\t') return -400;  // obs-fold
+        size_t c = l.find(':');
+        if (c == std::string::npos || c == 0) return -400;
+        for (size_t j = 0; j < c; j++) if (!http_tchar((unsigned char)l[j])) return -400;  // also rejects "name :"
+        std::string name = lower(l.substr(0, c)), value = trim_ows(l.substr(c + 1));
+        if (name == "content-length") {
+            // "5", or a list of equal values "5, 5"; anything else is malformed
+            std::vector<std::string> vals = http_list(value);
+            if (vals.empty()) return -400;
+            for (const auto& t : vals) {
+                if (t.find_first_not_of("0123456789") != std::string::npos) return -400;
+                if (t.size() > 18) return -413;
+                int64_t v = strtoll(t.c_str(), nullptr, 10);
+                if (rq->content_length >= 0 && rq->content_length != v) return -400;
+                rq->content_length = v;
+            }
+        } else if (name == "transfer-encoding") {
+            te_seen = true;
+            for (const auto& t : http_list(value)) te.push_back(t);
+        } else if (name == "connection") {
+            connection += "," + value;
+        } else if (name == "expect") {
+            if (lower(value) != "100-continue") return -417;
+            if (rq->minor >= 1) rq->expect_continue = true;
+        }
+        rq->headers.emplace_back(name, value);
+    }
+    if (te_seen) {
+        if (rq->content_length >= 0) return -400;         // smuggling: both framings
+        if (te.size() != 1 || te[0] != "chunked") return te.empty() ? -400 : -501;
+        if (rq->minor == 0) return -400;                  // http/1.0 has no chunked bodies
+        rq->chunked = true;
+    }
+    if (rq->content_length >= 0 && (uint64_t)rq->content_length > lim.max_body) return -413;
+    bool close = false, keep = false;
+    for (const auto& t : http_list(connection)) { if (t == "close") close = true; if (t == "keep-alive") keep = true; }
+    rq->keep_alive = rq->minor >= 1 ? !close : (keep && !close);
+    return (long)end;
+}
+
+// incremental chunked-body decoder. strict: hex sizes (no sign, at most 15 digits), crlf
+// line ends, chunk extensions skipped, trailers read and dropped.
+struct ChunkedDecoder {
+    enum { SIZE, EXT, SIZE_LF, DATA, DATA_CR, DATA_LF, TRAILER, TRAILER_LF, DONE } state = SIZE;
+    uint64_t size = 0;             // current chunk size / bytes left in it
+    int digits = 0;
+    size_t line = 0;               // bytes in the current size or trailer line
+    size_t trailer = 0;            // trailer bytes so far
+};
+// feed p[0..n): chunk data is appended to *body. returns 1 when the body is complete (*used
+// = bytes consumed, the rest belongs to the next request), 0 when all n bytes were consumed
+// and more are needed, -400 (malformed) or -413 (over max_body or the head limit).
+static int chunked_feed(ChunkedDecoder* d, const char* p, size_t n, std::string* body,
+                        uint64_t max_body, size_t max_line, size_t* used) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)p[i];
+        switch (d->state) {
+            case ChunkedDecoder::SIZE: {
+                int h = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+                if (h >= 0) {
+                    if (++d->digits > 15) return -400;
+                    d->size = d->size * 16 + h; i++; break;
+                }
+                if (d->digits == 0) return -400;
+                if (c == ';' || c == ' ' || c == '\t') { d->state = ChunkedDecoder::EXT; d->line = 0; i++; break; }
+                if (c == '\r') { d->state = ChunkedDecoder::SIZE_LF; i++; break; }
+                return -400;
+            }
+            case ChunkedDecoder::EXT:
+                if (c == '\r') { d->state = ChunkedDecoder::SIZE_LF; i++; break; }
+                if (c == '\n' || (c < 0x20 && c != '\t') || ++d->line > max_line) return -400;
+                i++; break;
+            case ChunkedDecoder::SIZE_LF:
+                if (c != '\n') return -400;
+                i++;
+                if (d->size == 0) { d->state = ChunkedDecoder::TRAILER; d->line = 0; break; }
+                if (body->size() + d->size > max_body) return -413;
+                d->state = ChunkedDecoder::DATA;
+                break;
+            case ChunkedDecoder::DATA: {
+                size_t take = (size_t)std::min<uint64_t>(d->size, n - i);
+                body->append(p + i, take);
+                i += take; d->size -= take;
+                if (d->size == 0) d->state = ChunkedDecoder::DATA_CR;
+                break;
+            }
+            case ChunkedDecoder::DATA_CR:
+                if (c != '\r') return -400;
+                d->state = ChunkedDecoder::DATA_LF; i++; break;
+            case ChunkedDecoder::DATA_LF:
+                if (c != '\n') return -400;
+                d->state = ChunkedDecoder::SIZE; d->digits = 0; d->size = 0; i++; break;
+            case ChunkedDecoder::TRAILER:
+                if (c == '\r') { d->state = ChunkedDecoder::TRAILER_LF; i++; break; }
+                if (c == '\n' || (c < 0x20 && c != '\t')) return -400;
+                d->line++; i++;
+                if (++d->trailer > max_line) return -413;
+                break;
+            case ChunkedDecoder::TRAILER_LF:
+                if (c != '\n') return -400;
+                i++;
+                if (d->line == 0) { d->state = ChunkedDecoder::DONE; *used = i; return 1; }
+                d->line = 0; d->state = ChunkedDecoder::TRAILER;
+                break;
+            case ChunkedDecoder::DONE:
+                *used = i; return 1;
+        }
+    }
+    *used = n;
+    return d->state == ChunkedDecoder::DONE ? 1 : 0;
+}
+
+static const char* http_status_text(int s) {
+    switch (s) {
+        case 100: return "Continue"; case 200: return "OK"; case 204: return "No Content";
+        case 400: return "Bad Request"; case 401: return "Unauthorized"; case 404: return "Not Found";
+        case 405: return "Method Not Allowed"; case 408: return "Request Timeout";
+        case 413: return "Content Too Large"; case 417: return "Expectation Failed";
+        case 429: return "Too Many Requests"; case 500: return "Internal Server Error";
+        case 501: return "Not Implemented"; case 503: return "Service Unavailable";
+        case 505: return "HTTP Version Not Supported";
+    }
+    return "Unknown";
+}
+
+// ----------------------------------------------------------------------------
+// output helpers
+
+// append the complete, well-formed part of *carry + in to *out. an incomplete sequence at
+// the end stays in *carry (unless final, when it becomes U+FFFD); ill-formed bytes become
+// U+FFFD, one per maximal subpart, so whatever comes in, what goes out is valid utf-8.
+static void utf8_take(std::string* carry, const char* in, size_t n, std::string* out, bool final) {
+    carry->append(in, n);
+    const unsigned char* s = (const unsigned char*)carry->data();
+    size_t len = carry->size(), i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            size_t r = i;
+            while (i < len && s[i] < 0x80) i++;
+            out->append((const char*)s + r, i - r);
+            continue;
+        }
+        int need; unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) need = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { need = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { need = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else { out->append("\xEF\xBF\xBD"); i++; continue; }
+        int k = 1;
+        while (k < need && i + k < len) {
+            unsigned b = s[i + k];
+            if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+            k++;
+        }
+        if (k == need) { out->append((const char*)s + i, need); i += need; continue; }
+        if (i + k == len && !final) break;  // a possible sequence cut by the end: wait
+        out->append("\xEF\xBF\xBD"); i += k;
+    }
+    carry->erase(0, i);
+}
+static std::string utf8_fix(const std::string& s) {
+    std::string carry, out;
+    utf8_take(&carry, s.data(), s.size(), &out, true);
+    return out;
+}
+
+// one server-sent event: "data: <json>\n\n", or with an event name
+static std::string sse_data(const std::string& json) { return "data: " + json + "\n\n"; }
+static std::string sse_event(const char* name, const std::string& json) {
+    return std::string("event: ") + name + "\ndata: " + json + "\n\n";
+}
+
+// ----------------------------------------------------------------------------
+// request parsing: openai chat completions and anthropic messages into one shape
+
+struct ApiRequest {
+    bool anthropic = false;
+    std::string model;             // the label the client sent
+    ServeChat chat;
+    bool stream = false, include_usage = false;
+    int max_tokens = 0;            // 0: --default-max-tokens
+    double temperature = NAN, top_p = NAN, min_p = NAN, presence = NAN, frequency = NAN;
+    int top_k = INT_MIN;
+    bool has_seed = false;
+    uint64_t seed = 0;
+    std::vector<std::pair<int, float>> logit_bias;
+    std::vector<std::string> stop;
+};
+
+// what the parsers need to know about the server
+struct ApiContext {
+    std::string model_id;          // openai requests must name it
+    bool thinking = true;          // the default (--no-thinking turns it off)
+    bool preserve_thinking = false;
+    bool vision = false;
+};
+
+static bool api_fail(ServeError* e, const char* param, const std::string& msg,
+                     const char* code = "invalid_request_error", int status = 400) {
+    e->status = status; e->code = code; e->message = msg; e->param = param ? param : "";
+    return false;
+}
+
+// an optional number field: 0 absent (or null), 1 set, -1 wrong type or range
+static int api_number(const Json& o, const char* key, double lo, double hi, double* out, ServeError* e) {
+    const Json* v = o.get(key);
+    if (!v || v->is_null()) return 0;
+    if (!v->is_number() || !(v->num >= lo && v->num <= hi)) {
+        char m[160]; snprintf(m, sizeof m, "'%s' must be a number in [%g, %g]", key, lo, hi);
+        api_fail(e, key, m); return -1;
+    }
+    *out = v->num; return 1;
+}
+static int api_int(const Json& o, const char* key, int64_t lo, int64_t hi, int64_t* out, ServeError* e) {
+    const Json* v = o.get(key);
+    if (!v || v->is_null()) return 0;
+    if (!v->is_number() || !v->is_int || v->i < lo || v->i > hi) {
+        char m[160]; snprintf(m, sizeof m, "'%s' must be an integer in [%lld, %lld]", key, (long long)lo, (long long)hi);
+        api_fail(e, key, m); return -1;
+    }
+    *out = v->i; return 1;
+}
+static int api_bool(const Json& o, const char* key, bool* out, ServeError* e) {
+    const Json* v = o.get(key);
+    if (!v || v->is_null()) return 0;
+    if (!v->is_bool()) { api_fail(e, key, std::string("'") + key + "' must be a boolean"); return -1; }
+    *out = v->b; return 1;
+}
+
+static bool tool_name_ok(const std::string& s) {
+    if (s.empty() || s.size() > 64) return false;
+    for (char c : s) if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+    return true;
+}
+
+// stop: a string or an array of non-empty strings (at most 16)
+static bool api_stop(const Json* v, const char* key, std::vector<std::string>* out, ServeError* e) {
+    if (!v || v->is_null()) return true;
+    if (v->is_string()) { if (!v->str.empty()) out->push_back(v->str); return true; }
+    if (!v->is_array() || v->size() > 16) return api_fail(e, key, std::string("'") + key + "' must be a string or an array of at most 16 strings");
+    for (const auto& s : v->arr) {
+        if (!s.is_string() || s.str.empty() || s.str.size() > 4096) return api_fail(e, key, std::string("'") + key + "' entries must be non-empty strings");
+        out->push_back(s.str);
+    }
+    return true;
+}
+
+// a content part list: text parts always, media only with vision
+static bool check_parts(const Json& parts, bool vision, bool text_only, ServeError* e) {
+    for (const auto& p : parts.arr) {
+        const Json* t = p.get("type");
+        if (!p.is_object() || !t || !t->is_string()) return api_fail(e, "messages", "a content part must be an object with a 'type'");
+        const std::string& ty = t->str;
+        if (ty == "text") {
+            const Json* tx = p.get("text");
+            if (!tx || !tx->is_string()) return api_fail(e, "messages", "a text part needs a string 'text'");
+        } else if (ty == "image_url" || ty == "video_url" || ty == "image" || ty == "video") {
+            if (text_only) return api_fail(e, "messages", "only text parts are allowed here");
+            if (!vision) return api_fail(e, "messages", "images and video need a server started with --vision", "vision_disabled");
+        } else {
+            return api_fail(e, "messages", "unsupported content part type");
+        }
+    }
+    return true;
+}
+
+static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) {
+    if (!msgs || !msgs->is_array() || msgs->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
+    for (const auto& m : msgs->arr) {
+        const Json* role = m.get("role");
+        if (!m.is_object() || !role || !role->is_string()) return api_fail(e, "messages", "each message must be an object with a string 'role'");
+        const std::string& r = role->str;
+        if (r == "function") return api_fail(e, "messages", "role 'function' is not supported; use tools", "unsupported_role");
+        if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+            return api_fail(e, "messages", "role must be system, developer, user, assistant or tool", "unsupported_role");
+        const Json* c = m.get("content");
+        bool has_calls = false;
+        if (r == "assistant") {
+            const Json* rc = m.get("reasoning_content");
+            if (rc && !rc->is_null() && !rc->is_string()) return api_fail(e, "messages", "'reasoning_content' must be a string");
+            const Json* tc = m.get("tool_calls");
+            if (tc && !tc->is_null()) {
+                if (!tc->is_array()) return api_fail(e, "messages", "'tool_calls' must be an array");
+                for (const auto& call : tc->arr) {
+                    const Json* f = call.get("function");
+                    const Json* nm = f ? f->get("name") : nullptr;
+                    const Json* ar = f ? f->get("arguments") : nullptr;
+                    if (!f || !f->is_object() || !nm || !nm->is_string()) return api_fail(e, "messages", "a tool call needs function.name");
+                    if (ar && !ar->is_string() && !ar->is_object()) return api_fail(e, "messages", "function.arguments must be a json object or its text");
+                }
+                has_calls = !tc->arr.empty();
+            }
+        }
+        if (!c || c->is_null()) {
+            if (r == "assistant") continue;  // tool calls or an empty turn
+            return api_fail(e, "messages", "'content' is required for this role");
+        }
+        if (c->is_string()) continue;
+        if (!c->is_array()) return api_fail(e, "messages", "'content' must be a string or an array of parts");
+        if (!check_parts(*c, vision, r != "user", e)) return false;
+        (void)has_calls;
+    }
+    return true;
+}
+
+// tools: [{type:"function", function:{name, description?, parameters?, strict?}}] -> the
+// same with parameters always present; an empty array means none
+static bool check_openai_tools(const Json* tools, Json* out, ServeError* e) {
+    *out = Json();
+    if (!tools || tools->is_null()) return true;
+    if (!tools->is_array()) return api_fail(e, "tools", "'tools' must be an array");
+    if (tools->arr.empty()) return true;
+    *out = Json::array();
+    for (const auto& t : tools->arr) {
+        const Json* ty = t.get("type");
+        if (!t.is_object() || !ty || !ty->is_string()) return api_fail(e, "tools", "each tool must be an object with a 'type'");
+        if (ty->str != "function") return api_fail(e, "tools", "only function tools are supported", "tool_type_not_supported");
+        const Json* f = t.get("function");
+        const Json* nm = f ? f->get("name") : nullptr;
+        if (!f || !f->is_object() || !nm || !nm->is_string() || !tool_name_ok(nm->str))
+            return api_fail(e, "tools", "function.name must match [A-Za-z0-9_-]{1,64}");
+        const Json* d = f->get("description");
+        if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "function.description must be a string");
+        const Json* p = f->get("parameters");
+        if (p && !p->is_null() && !p->is_object()) return api_fail(e, "tools", "function.parameters must be a json schema object");
+        const Json* st = f->get("strict");
+        if (st && !st->is_null() && !st->is_bool()) return api_fail(e, "tools", "function.strict must be a boolean");
+        Json fn = *f;
+        if (!p || p->is_null()) {
+            Json schema = Json::object();
+            schema.set("type", Json::string("object"));
+            schema.set("properties", Json::object());
+            fn.set("parameters", schema);
+        }
+        Json tool = Json::object();
+        tool.set("type", Json::string("function"));
+        tool.set("function", fn);
+        out->push(tool);
+    }
+    return true;
+}
+
+static bool known_key(const std::string& k, const char* const* keys) {
+    for (; *keys; keys++) if (k == *keys) return true;
+    return false;
+}
+
+// thinking switches from several fields: they must agree
+static bool merge_switch(int* have, bool v, const char* param, ServeError* e) {
+    if (*have >= 0 && *have != (int)v) return api_fail(e, param, "conflicting thinking options", "conflicting_template_option");
+    *have = v; return true;
+}
+
+// POST /v1/chat/completions body -> ApiRequest
+static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+        "stop", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
+        "logit_bias", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens", "enable_thinking",
+        "chat_template_kwargs", "preserve_thinking", "reasoning_effort", "response_format", "functions",
+        "function_call", "user", "metadata", "store", "service_tier", "logprobs", "top_logprobs", nullptr};
+    *r = ApiRequest();
+    if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
+    for (const auto& kv : body.obj)
+        if (!known_key(kv.first, keys)) return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
+    const Json* model = body.get("model");
+    if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
+    if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
+    r->model = model->str;
+    if (body.get("functions") || body.get("function_call")) return api_fail(e, "functions", "functions / function_call are not supported; use tools", "tools_not_supported");
+    const Json* msgs = body.get("messages");
+    if (!check_openai_messages(msgs, ctx.vision, e)) return false;
+    r->chat.messages = *msgs;
+    if (!check_openai_tools(body.get("tools"), &r->chat.tools, e)) return false;
+    if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
+        if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
+        else if (tc->is_string() && tc->str == "auto") {}
+        else if ((tc->is_string() && tc->str == "required") || tc->is_object())
+            return api_fail(e, "tool_choice", "only tool_choice 'auto' and 'none' are supported", "tool_choice_not_supported");
+        else return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+    }
+    if (const Json* ptc = body.get("parallel_tool_calls"); ptc && !ptc->is_null() && !ptc->is_bool())
+        return api_fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
+    if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
+    if (api_number(body, "top_p", 0, 1, &r->top_p, e) < 0) return false;
+    int64_t x;
+    int k = api_int(body, "top_k", -1, 1 << 20, &x, e);
+    if (k < 0) return false;
+    if (k > 0) r->top_k = (int)x;
+    if (api_number(body, "min_p", 0, 1, &r->min_p, e) < 0) return false;
+    if (api_number(body, "presence_penalty", -2, 2, &r->presence, e) < 0) return false;
+    if (api_number(body, "frequency_penalty", -2, 2, &r->frequency, e) < 0) return false;
+    k = api_int(body, "seed", 0, INT64_MAX, &x, e);
+    if (k < 0) return false;
+    if (k > 0) { r->has_seed = true; r->seed = (uint64_t)x; }
+    if (const Json* lb = body.get("logit_bias"); lb && !lb->is_null()) {
+        if (!lb->is_object()) return api_fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+        for (const auto& kv : lb->obj) {
+            long long id;
+            if (!serve_parse_long(kv.first.c_str(), 0, INT_MAX, &id) || !kv.second.is_number() || !(fabs(kv.second.num) <= 100))
+                return api_fail(e, "logit_bias", "'logit_bias' maps token ids to numbers in [-100, 100]");
+            r->logit_bias.emplace_back((int)id, (float)kv.second.num);
+        }
+    }
+    k = api_int(body, "n", 1, INT_MAX, &x, e);
+    if (k < 0 && e->code == "invalid_request_error") { e->code = "n_not_supported"; return false; }
+    if (k > 0 && x != 1) return api_fail(e, "n", "only n = 1 is supported", "n_not_supported");
+    if (api_bool(body, "stream", &r->stream, e) < 0) return false;
+    if (const Json* so = body.get("stream_options"); so && !so->is_null()) {
+        if (!so->is_object()) return api_fail(e, "stream_options", "'stream_options' must be an object");
+        if (api_bool(*so, "include_usage", &r->include_usage, e) < 0) { e->param = "stream_options.include_usage"; return false; }
+    }
+    int64_t mt = 0;
+    k = api_int(body, "max_completion_tokens", 1, INT_MAX, &mt, e);
+    if (k < 0) return false;
+    if (k == 0) { k = api_int(body, "max_tokens", 1, INT_MAX, &mt, e); if (k < 0) return false; }
+    if (k > 0) r->max_tokens = (int)mt;
+    // thinking: enable_thinking, chat_template_kwargs.enable_thinking, reasoning_effort none
+    int think = -1, preserve = -1;
+    bool b;
+    if ((k = api_bool(body, "enable_thinking", &b, e)) < 0) return false;
+    if (k > 0 && !merge_switch(&think, b, "enable_thinking", e)) return false;
+    if ((k = api_bool(body, "preserve_thinking", &b, e)) < 0) return false;
+    if (k > 0 && !merge_switch(&preserve, b, "preserve_thinking", e)) return false;
+    if (const Json* kw = body.get("chat_template_kwargs"); kw && !kw->is_null()) {
+        if (!kw->is_object()) return api_fail(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if ((k = api_bool(*kw, "enable_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.enable_thinking"; return false; }
+        if (k > 0 && !merge_switch(&think, b, "chat_template_kwargs.enable_thinking", e)) return false;
+        if ((k = api_bool(*kw, "preserve_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.preserve_thinking"; return false; }
+        if (k > 0 && !merge_switch(&preserve, b, "chat_template_kwargs.preserve_thinking", e)) return false;
+    }
+    if (const Json* re = body.get("reasoning_effort"); re && !re->is_null()) {
+        static const char* const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", nullptr};
+        if (!re->is_string() || !known_key(re->str, efforts)) return api_fail(e, "reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max");
+        if (re->str == "none") { if (!merge_switch(&think, false, "reasoning_effort", e)) return false; }
+        else { if (!merge_switch(&think, true, "reasoning_effort", e)) return false; r->chat.reasoning_effort = re->str; }
+    }
+    r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
+    r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
+    if (const Json* rf = body.get("response_format"); rf && !rf->is_null()) {
+        const Json* t = rf->get("type");
+        if (!rf->is_object() || !t || !t->is_string() || t->str != "text")
+            return api_fail(e, "response_format", "only response_format {\"type\":\"text\"} is supported", "response_format_not_supported");
+    }
+    if (const Json* lp = body.get("logprobs"); lp && !lp->is_null() && !(lp->is_bool() && !lp->b))
+        return api_fail(e, "logprobs", "logprobs are not supported");
+    if (const Json* tl = body.get("top_logprobs"); tl && !tl->is_null() && !(tl->is_number() && tl->num == 0))
+        return api_fail(e, "top_logprobs", "logprobs are not supported");
+    return true;
+}
+
+// anthropic text: a string or [{type:"text", text}] joined
+static bool anthropic_text(const Json* v, const char* param, std::string* out, ServeError* e) {
+    out->clear();
+    if (!v || v->is_null()) return true;
+    if (v->is_string()) { *out = v->str; return true; }
+    if (!v->is_array()) return api_fail(e, param, "expected a string or an array of text blocks");
+    for (const auto& b : v->arr) {
+        const Json* t = b.get("type");
+        const Json* tx = b.get("text");
+        if (!b.is_object() || !t || !t->is_string() || t->str != "text" || !tx || !tx->is_string())
+            return api_fail(e, param, "expected text blocks");
+        if (!out->empty()) out->append("\n");  // blocks are separate paragraphs
+        out->append(tx->str);
+    }
+    return true;
+}
+
+// an anthropic image block -> an openai image_url part (data uri or url)
+static bool anthropic_image(const Json& b, Json* part, ServeError* e) {
+    const Json* src = b.get("source");
+    const Json* ty = src ? src->get("type") : nullptr;
+    std::string url;
+    if (!src || !ty || !ty->is_string()) return api_fail(e, "messages", "an image block needs a source");
+    if (ty->str == "base64") {
+        const Json* mt = src->get("media_type");
+        const Json* data = src->get("data");
+        if (!mt || !mt->is_string() || !data || !data->is_string()) return api_fail(e, "messages", "a base64 image needs media_type and data");
+        url = "data:" + mt->str + ";base64," + data->str;
+    } else if (ty->str == "url") {
+        const Json* u = src->get("url");
+        if (!u || !u->is_string()) return api_fail(e, "messages", "a url image needs a url");
+        url = u->str;
+    } else return api_fail(e, "messages", "unsupported image source");
+    *part = Json::object();
+    part->set("type", Json::string("image_url"));
+    Json iu = Json::object();
+    iu.set("url", Json::string(url));
+    part->set("image_url", iu);
+    return true;
+}
+
+// POST /v1/messages (and count_tokens, with counting = true) body -> ApiRequest. the chat is
+// converted: system -> a system message, thinking blocks -> reasoning_content, tool_use ->
+// tool_calls, tool_result -> tool messages (before the user text of the same turn).
+static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counting, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequences",
+        "stream", "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
+        "output_config", "container", "context_management", nullptr};
+    static const char* const count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+        "output_config", "context_management", nullptr};
+    *r = ApiRequest();
+    r->anthropic = true;
+    if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
+    for (const auto& kv : body.obj)
+        if (!known_key(kv.first, counting ? count_keys : keys))
+            return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
+    const Json* model = body.get("model");
+    if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
+    r->model = model->str;  // a label only
+    Json msgs = Json::array();
+    std::string sys;
+    if (!anthropic_text(body.get("system"), "system", &sys, e)) return false;
+    if (body.get("system") && !body.get("system")->is_null()) {
+        Json m = Json::object();
+        m.set("role", Json::string("system"));
+        m.set("content", Json::string(sys));
+        msgs.push(m);
+    }
+    const Json* in = body.get("messages");
+    if (!in || !in->is_array() || in->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
+    for (const auto& m : in->arr) {
+        const Json* role = m.get("role");
+        if (!m.is_object() || !role || !role->is_string() || (role->str != "user" && role->str != "assistant"))
+            return api_fail(e, "messages", "each message needs role 'user' or 'assistant'");
+        const Json* c = m.get("content");
+        if (!c || (!c->is_string() && !c->is_array())) return api_fail(e, "messages", "'content' must be a string or an array of blocks");
+        bool user = role->str == "user";
+        if (c->is_string()) {
+            Json o = Json::object();
+            o.set("role", Json::string(role->str));
+            o.set("content", Json::string(c->str));
+            msgs.push(o);
+            continue;
+        }
+        Json parts = Json::array(), calls = Json::array();
+        std::string text, reasoning;
+        std::vector<Json> tool_msgs;
+        for (const auto& b : c->arr) {
+            const Json* t = b.get("type");
+            if (!b.is_object() || !t || !t->is_string()) return api_fail(e, "messages", "each content block needs a 'type'");
+            const std::string& ty = t->str;
+            if (ty == "text") {
+                const Json* tx = b.get("text");
+                if (!tx || !tx->is_string()) return api_fail(e, "messages", "a text block needs 'text'");
+                if (user) {
+                    Json p = Json::object();
+                    p.set("type", Json::string("text"));
+                    p.set("text", Json::string(tx->str));
+                    parts.push(p);
+                } else text += tx->str;
+            } else if (ty == "image" && user) {
+                if (!ctx.vision) return api_fail(e, "messages", "images need a server started with --vision", "vision_disabled");
+                Json p;
+                if (!anthropic_image(b, &p, e)) return false;
+                parts.push(p);
+            } else if (ty == "tool_result" && user) {
+                const Json* id = b.get("tool_use_id");
+                if (!id || !id->is_string()) return api_fail(e, "messages", "a tool_result needs 'tool_use_id'");
+                std::string out;
+                const Json* rc = b.get("content");
+                if (rc && rc->is_array()) {  // text blocks (images in results are not supported)
+                    for (const auto& rb : rc->arr) {
+                        const Json* rt = rb.get("type");
+                        const Json* tx = rb.get("text");
+                        if (!rt || !rt->is_string() || rt->str != "text" || !tx || !tx->is_string())
+                            return api_fail(e, "messages", "tool_result content must be text");
+                        if (!out.empty()) out += "\n";
+                        out += tx->str;
+                    }
+                } else if (rc && rc->is_string()) out = rc->str;
+                else if (rc && !rc->is_null()) return api_fail(e, "messages", "tool_result content must be text");
+                const Json* err = b.get("is_error");
+                if (err && err->is_bool() && err->b) out = "Error: " + out;
+                Json tm = Json::object();
+                tm.set("role", Json::string("tool"));
+                tm.set("tool_call_id", Json::string(id->str));
+                tm.set("content", Json::string(out));
+                tool_msgs.push_back(tm);
+            } else if (ty == "tool_use" && !user) {
+                const Json* id = b.get("id");
+                const Json* nm = b.get("name");
+                const Json* input = b.get("input");
+                if (!nm || !nm->is_string()) return api_fail(e, "messages", "a tool_use needs 'name'");
+                if (input && !input->is_object()) return api_fail(e, "messages", "tool_use input must be an object");
+                Json call = Json::object();
+                call.set("id", Json::string(id && id->is_string() ? id->str : ""));
+                call.set("type", Json::string("function"));
+                Json fn = Json::object();
+                fn.set("name", Json::string(nm->str));
+                fn.set("arguments", Json::string(input ? json_dump(*input) : "{}"));
+                call.set("function", fn);
+                calls.push(call);
+            } else if (ty == "thinking" && !user) {
+                const Json* th = b.get("thinking");
+                if (!th || !th->is_string()) return api_fail(e, "messages", "a thinking block needs 'thinking'");
+                reasoning += th->str;
+            } else if (ty == "redacted_thinking" && !user) {
+                // opaque to us: dropped
+            } else {
+                return api_fail(e, "messages", "unsupported content block type");
+            }
+        }
+        for (auto& tm : tool_msgs) msgs.push(tm);
+        Json o = Json::object();
+        o.set("role", Json::string(role->str));
+        if (user) {
+            if (parts.arr.empty()) continue;  // only tool results
+            if (parts.arr.size() == 1 && parts.arr[0].get("text")) o.set("content", *parts.arr[0].get("text"));
+            else o.set("content", parts);
+        } else {
+            o.set("content", Json::string(text));
+            if (!reasoning.empty()) o.set("reasoning_content", Json::string(reasoning));
+            if (!calls.arr.empty()) o.set("tool_calls", calls);
+        }
+        msgs.push(o);
+    }
+    r->chat.messages = msgs;
+    // tools
+    if (const Json* tl = body.get("tools"); tl && !tl->is_null()) {
+        if (!tl->is_array()) return api_fail(e, "tools", "'tools' must be an array");
+        if (!tl->arr.empty()) r->chat.tools = Json::array();
+        for (const auto& t : tl->arr) {
+            const Json* ty = t.get("type");
+            if (!t.is_object()) return api_fail(e, "tools", "each tool must be an object");
+            if (ty && !ty->is_null() && !(ty->is_string() && ty->str == "custom"))
+                return api_fail(e, "tools", "only client tools are supported", "tool_type_not_supported");
+            const Json* nm = t.get("name");
+            if (!nm || !nm->is_string() || !tool_name_ok(nm->str)) return api_fail(e, "tools", "tool name must match [A-Za-z0-9_-]{1,64}");
+            const Json* d = t.get("description");
+            const Json* sc = t.get("input_schema");
+            if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "tool description must be a string");
+            if (!sc || !sc->is_object()) return api_fail(e, "tools", "a tool needs an input_schema object");
+            Json fn = Json::object();
+            fn.set("name", Json::string(nm->str));
+            if (d && d->is_string()) fn.set("description", *d);
+            fn.set("parameters", *sc);
+            Json tool = Json::object();
+            tool.set("type", Json::string("function"));
+            tool.set("function", fn);
+            r->chat.tools.push(tool);
+        }
+    }
+    if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
+        const Json* ty = tc->get("type");
+        if (!tc->is_object() || !ty || !ty->is_string()) return api_fail(e, "tool_choice", "'tool_choice' must be an object with a 'type'");
+        if (ty->str == "none") r->chat.tools = Json();
+        else if (ty->str == "any" || ty->str == "tool") return api_fail(e, "tool_choice", "only tool_choice auto and none are supported", "tool_choice_not_supported");
+        else if (ty->str != "auto") return api_fail(e, "tool_choice", "unknown tool_choice type");
+    }
+    // thinking: {type: "disabled"} turns it off, other types turn it on
+    r->chat.enable_thinking = ctx.thinking;
+    r->chat.preserve_thinking = ctx.preserve_thinking;
+    if (const Json* th = body.get("thinking"); th && !th->is_null()) {
+        const Json* ty = th->get("type");
+        if (!th->is_object() || !ty || !ty->is_string()) return api_fail(e, "thinking", "'thinking' must be an object with a 'type'");
+        r->chat.enable_thinking = ty->str != "disabled";
+        if (const Json* bt = th->get("budget_tokens"); bt && !bt->is_null() && !(bt->is_number() && bt->is_int && bt->i >= 0))
+            return api_fail(e, "thinking.budget_tokens", "'budget_tokens' must be a non-negative integer");
+    }
+    if (const Json* oc = body.get("output_config"); oc && !oc->is_null()) {
+        const Json* ef = oc->is_object() ? oc->get("effort") : nullptr;
+        if (!oc->is_object()) return api_fail(e, "output_config", "'output_config' must be an object");
+        if (ef && !ef->is_null()) {
+            if (!ef->is_string()) return api_fail(e, "output_config.effort", "'effort' must be a string");
+            r->chat.reasoning_effort = ef->str;
+        }
+    }
+    if (counting) return true;
+    int64_t x;
+    int k = api_int(body, "max_tokens", 1, INT_MAX, &x, e);
+    if (k < 0) return false;
+    if (k > 0) r->max_tokens = (int)x;
+    if (!api_stop(body.get("stop_sequences"), "stop_sequences", &r->stop, e)) return false;
+    if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
+    if (api_number(body, "top_p", 0, 1, &r->top_p, e) < 0) return false;
+    k = api_int(body, "top_k", -1, 1 << 20, &x, e);
+    if (k < 0) return false;
+    if (k > 0) r->top_k = (int)x;
+    if (api_bool(body, "stream", &r->stream, e) < 0) return false;
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// the server runtime: connections, the queue, the engine thread
+
+static double serve_now() {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// one queued generation, shared by its connection thread and the engine thread. everything
+// but cancel is guarded by g_serve.mu.
+struct ServeJob {
+    ServePrompt prompt;
+    ServeSampling sampling;
+    std::atomic<bool> cancel{false};     // the client is gone, or the server stops
+    std::condition_variable cv;          // engine -> connection: started, events, done
+    std::deque<ServeEvent> events;
+    bool started = false, done = false;
+    ServeResult result;
+    double t_enqueue = 0, t_start = 0, t_first = 0, t_done = 0;
+};
+
+struct ServeState {
+    ServeOptions opt;
+    ServeEngine* eng = nullptr;
+    std::string model_id;                // the public id
+    ApiContext api;
+    HttpLimits lim;
+    int listen_fd = -1;
+    int stop_pipe[2] = {-1, -1};         // a byte is written on every signal; never read, so it
+                                         // stays readable and wakes every idle poll at once
+    volatile sig_atomic_t signals = 0;   // 1: drain, 2+: cancel everything now
+    std::atomic<bool> force_cancel{false};
+    std::mutex mu;                       // the queue, jobs, counters
+    std::condition_variable engine_cv;   // work for the engine thread
+    std::condition_variable conns_cv;    // a connection ended
+    std::deque<std::shared_ptr<ServeJob>> queue;
+    bool engine_exit = false;
+    bool engine_busy = false;
+    int n_conns = 0;
+    std::mutex prepare_mu;               // prepare never runs twice at once
+    std::mutex log_mu;
+    FILE* jsonl = nullptr;
+    long created = 0;                    // unix time at start
+    std::atomic<uint64_t> rng{0};
+    // stats since the last stats line
+    long st_requests = 0, st_prompt = 0, st_completion = 0;
+    double st_decode_s = 0;
+};
+static ServeState g_serve;
+
+static uint64_t serve_rand() {  // splitmix64 over an atomic counter seeded at start
+    uint64_t z = g_serve.rng.fetch_add(0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static std::string serve_rand_hex(int n) {
+    static const char* hex = "0123456789abcdef";
+    std::string s;
+    while ((int)s.size() < n) { uint64_t r = serve_rand(); for (int k = 0; k < 16 && (int)s.size() < n; k++) s.push_back(hex[(r >> (4 * k)) & 15]); }
+    return s;
+}
+
+static bool serve_stopping() { return g_serve.signals > 0; }
+static bool serve_cancel_all() { return g_serve.signals > 1 || g_serve.force_cancel.load(); }
+
+// ---- the request log
+
+struct ReqLog {
+    std::string method, path, id, code, finish, api;
+    int status = 0;
+    bool stream = false;
+    int prompt = -1, completion = -1;
+    double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
+};
+
+// a printable, bounded copy of a request path for the log
+static std::string log_path(const std::string& p) {
+    std::string s;
+    for (char c : p) { if (s.size() >= 80) { s += "..."; break; } s.push_back((c > 0x20 && c < 0x7f) ? c : '?'); }
+    return s.empty() ? "-" : s;
+}
+
+static void serve_jsonl(Json ev) {
+    if (!g_serve.jsonl) return;
+    struct timespec t; clock_gettime(CLOCK_REALTIME, &t);
+    Json o = Json::object();
+    o.set("schema", Json::string("ninfer_serve_request_log"));
+    o.set("version", Json::integer(1));
+    o.set("time", Json::number(t.tv_sec + t.tv_nsec * 1e-9));
+    for (auto& kv : ev.obj) o.set(kv.first, kv.second);
+    std::string s = json_dump(o);
+    std::lock_guard<std::mutex> lk(g_serve.log_mu);
+    fprintf(g_serve.jsonl, "%s\n", s.c_str());
+    fflush(g_serve.jsonl);
+}
+
+// one line per request on stderr (and request_done / request_error / request_rejected in
+// the jsonl log): status, route, id, token counts, timings, finish reason. never text.
+static void log_request(const ReqLog& l) {
+    double total = serve_now() - l.t0;
+    char buf[768];
+    int n = snprintf(buf, sizeof buf, "ninfer-serve: %d %s %s", l.status, l.method.c_str(), log_path(l.path).c_str());
+    auto add = [&](const char* fmt, auto... v) { if (n < (int)sizeof buf) n += snprintf(buf + n, sizeof buf - n, fmt, v...); };
+    if (!l.id.empty()) add(" id=%s", l.id.c_str());
+    if (!l.api.empty()) add(" stream=%d", (int)l.stream);
+    if (l.prompt >= 0) add(" prompt=%d", l.prompt);
+    if (l.completion >= 0) add(" completion=%d", l.completion);
+    if (!l.finish.empty()) add(" finish=%s", l.finish.c_str());
+    if (!l.code.empty()) add(" code=%s", l.code.c_str());
+    if (l.queue_s >= 0) add(" queue_ms=%.1f", l.queue_s * 1e3);
+    if (l.ttft_s >= 0) add(" ttft_ms=%.1f", l.ttft_s * 1e3);
+    if (l.prefill_s >= 0) add(" prefill_ms=%.1f", l.prefill_s * 1e3);
+    if (l.decode_s >= 0) add(" decode_ms=%.1f", l.decode_s * 1e3);
+    if (l.decode_s > 0 && l.completion > 1) add(" decode_tok_s=%.1f", (l.completion - 1) / l.decode_s);
+    add(" total_ms=%.1f", total * 1e3);
+    fprintf(stderr, "%s\n", buf);
+    if (g_serve.jsonl && !l.api.empty()) {
+        Json e = Json::object();
+        bool rejected = l.status == 429 || (l.status == 503 && l.prompt >= 0 && l.completion < 0);
+        e.set("event", Json::string(l.status == 200 ? "request_done" : rejected ? "request_rejected" : "request_error"));
+        if (!l.id.empty()) e.set("id", Json::string(l.id));
+        e.set("api", Json::string(l.api));
+        e.set("status", Json::integer(l.status));
+        if (!l.code.empty()) e.set("code", Json::string(l.code));
+        if (!l.finish.empty()) e.set("finish_reason", Json::string(l.finish));
+        if (l.prompt >= 0) e.set("prompt_tokens", Json::integer(l.prompt));
+        if (l.completion >= 0) e.set("completion_tokens", Json::integer(l.completion));
+        Json t = Json::object();
+        if (l.queue_s >= 0) t.set("queue", Json::number(l.queue_s));
+        if (l.ttft_s >= 0) t.set("ttft", Json::number(l.ttft_s));
+        if (l.prefill_s >= 0) t.set("prefill", Json::number(l.prefill_s));
+        if (l.decode_s >= 0) t.set("decode", Json::number(l.decode_s));
+        t.set("total", Json::number(total));
+        e.set("timings_seconds", t);
+        serve_jsonl(e);
+    }
+}
+
+// ---- the engine thread
+
+static bool job_cancelled(void* ctx) { return ((ServeJob*)ctx)->cancel.load() || serve_cancel_all(); }
+static bool job_emit(void* ctx, const ServeEvent& ev) {
+    ServeJob* j = (ServeJob*)ctx;
+    {
+        std::lock_guard<std::mutex> lk(g_serve.mu);
+        if (j->t_first == 0) j->t_first = serve_now();
+        j->events.push_back(ev);
+    }
+    j->cv.notify_all();
+    return !job_cancelled(ctx);
+}
+
+static void stats_line() {  // called with g_serve.mu held
+    ServeState& s = g_serve;
+    if (s.st_requests == 0 && !s.engine_busy && s.queue.empty()) return;  // quiet when idle
+    fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d\n",
+            s.st_requests, s.st_prompt, s.st_completion, s.st_decode_s > 0 ? s.st_completion / s.st_decode_s : 0.0,
+            (int)s.engine_busy, s.queue.size(), s.n_conns);
+    s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
+}
+
+static void* engine_main(void*) {
+    ServeState& s = g_serve;
+    std::unique_lock<std::mutex> lk(s.mu);
+    double interval = s.opt.log_stats_interval_ms / 1e3, next_stats = serve_now() + interval;
+    for (;;) {
+        if (interval > 0 && serve_now() >= next_stats) { stats_line(); next_stats = serve_now() + interval; }
+        if (s.queue.empty()) {
+            if (s.engine_exit) break;
+            s.engine_cv.wait_for(lk, std::chrono::milliseconds(interval > 0 ? std::min(1000, s.opt.log_stats_interval_ms) : 1000));
+            continue;
+        }
+        std::shared_ptr<ServeJob> j = s.queue.front();
+        s.queue.pop_front();
+        j->started = true; j->t_start = serve_now();
+        s.engine_busy = true;
+        j->cv.notify_all();
+        lk.unlock();
+        ServeResult res;
+        res.prompt_tokens = (int)j->prompt.tokens.size();
+        if (!job_cancelled(j.get())) {
+            ServeSink sink{job_emit, job_cancelled, j.get()};
+            try { s.eng->generate(s.eng->self, j->prompt, j->sampling, sink, &res); }
+            catch (...) { res.error = "generation failed"; }
+        }
+        lk.lock();
+        j->result = res; j->done = true; j->t_done = serve_now();
+        s.engine_busy = false;
+        s.st_requests++; s.st_prompt += res.prompt_tokens; s.st_completion += res.completion_tokens; s.st_decode_s += res.decode_s;
+        j->cv.notify_all();
+    }
+    return nullptr;
+}
+
+// ---- connections
+
+struct Conn {
+    int fd = -1;
+    std::string in;                // received bytes not consumed yet
+    bool broken = false;           // a write failed or the peer left: no more writes
+    bool chunked_out = false;      // the streaming response in progress is chunk-framed
+};
+
+// read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof,
+// -1 on timeout or error, -2 when idle and the server stops.
+static int conn_read(Conn* c, double deadline, bool idle) {
+    for (;;) {
+        double left = deadline - serve_now();
+        if (left <= 0) return -1;
+        struct pollfd p[2] = {{c->fd, POLLIN, 0}, {g_serve.stop_pipe[0], POLLIN, 0}};
+        int r = poll(p, idle ? 2 : 1, (int)std::min(left * 1e3 + 1, 1e9));
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        if (idle && (p[1].revents & POLLIN)) return -2;
+        if (r == 0) continue;
+        char buf[65536];
+        ssize_t k = recv(c->fd, buf, sizeof buf, 0);
+        if (k > 0) { c->in.append(buf, k); return (int)k; }
+        if (k == 0) return 0;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        return -1;
+    }
+}
+
+// write everything or give up: a write that makes no progress for --write-timeout-ms, or
+// any socket error (the peer left), marks the connection broken. never raises SIGPIPE.
+static bool conn_write(Conn* c, const char* p, size_t n) {
+    if (c->broken) return false;
+    double deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3;
+    while (n > 0) {
+        ssize_t k = send(c->fd, p, n, MSG_NOSIGNAL);
+        if (k > 0) { p += k; n -= k; deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3; continue; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double left = deadline - serve_now();
+            if (left <= 0) { c->broken = true; return false; }
+            struct pollfd pf = {c->fd, POLLOUT, 0};
+            poll(&pf, 1, (int)(left * 1e3) + 1);
+            continue;
+        }
+        c->broken = true;
+        return false;
+    }
+    return true;
+}
+static bool conn_write(Conn* c, const std::string& s) { return conn_write(c, s.data(), s.size()); }
+
+// has the client gone? (eof or reset; pipelined bytes waiting to be read mean it is alive)
+static bool conn_peer_gone(Conn* c) {
+    if (c->broken) return true;
+    char b;
+    ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k == 0) return true;
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    return false;
+}
+
+// close so that the client reads our last response: stop writing, drain what it still sends
+// for a moment (closing with unread input would reset the connection), then close
+static void conn_close(Conn* c) {
+    if (c->fd < 0) return;
+    shutdown(c->fd, SHUT_WR);
+    double deadline = serve_now() + 1.0;
+    size_t drained = 0;
+    char buf[65536];
+    while (drained < (64u << 20)) {
+        double left = deadline - serve_now();
+        if (left <= 0) break;
+        struct pollfd pf = {c->fd, POLLIN, 0};
+        if (poll(&pf, 1, (int)(left * 1e3) + 1) <= 0) break;
+        ssize_t k = recv(c->fd, buf, sizeof buf, 0);
+        if (k <= 0) break;
+        drained += k;
+    }
+    close(c->fd);
+    c->fd = -1;
+}
+
+// a response head. clen >= 0: content-length; -1: chunked (http/1.1 streams); -2: delimited
+// by close (http/1.0 streams)
+static std::string http_head(int status, const char* ctype, long long clen, bool keep, const std::string& extra = "") {
+    std::string h = "HTTP/1.1 " + std::to_string(status) + " " + http_status_text(status) + "\r\n";
+    if (ctype) h += std::string("Content-Type: ") + ctype + "\r\n";
+    if (clen >= 0) h += "Content-Length: " + std::to_string(clen) + "\r\n";
+    else if (clen == -1) h += "Transfer-Encoding: chunked\r\n";
+    h += keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+    if (g_serve.opt.cors)
+        h += "Access-Control-Allow-Origin: *\r\n"
+             "Access-Control-Allow-Headers: Authorization, Content-Type, x-api-key, anthropic-version\r\n"
+             "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n";
+    h += extra;
+    h += "\r\n";
+    return h;
+}
+
+static void conn_send(Conn* c, int status, const char* ctype, const std::string& body, bool keep,
+                      bool head_only = false, const std::string& extra = "") {
+    std::string r = http_head(status, ctype, (long long)body.size(), keep, extra);
+    if (!head_only) r += body;
+    conn_write(c, r);  // one write: with TCP_NODELAY, head and body leave in one segment
+}
+
+// error bodies: openai {"error":{message,type,param,code}}, anthropic {"type":"error","error":{type,message}}
+static std::string error_body(bool anthropic, const ServeError& e) {
+    Json err = Json::object();
+    if (anthropic) {
+        const char* t = e.status == 401 ? "authentication_error" : e.status == 404 ? "not_found_error"
+                      : e.status == 413 ? "request_too_large" : e.status == 429 ? "rate_limit_error"
+                      : e.status == 503 ? "overloaded_error" : e.status >= 500 ? "api_error" : "invalid_request_error";
+        err.set("type", Json::string(t));
+        err.set("message", Json::string(e.message + " (" + e.code + ")"));
+        Json o = Json::object();
+        o.set("type", Json::string("error"));
+        o.set("error", err);
+        return json_dump(o);
+    }
+    const char* t = e.status == 401 ? "authentication_error" : e.status == 429 ? "rate_limit_error"
+                  : e.status >= 500 ? "server_error" : "invalid_request_error";
+    err.set("message", Json::string(e.message));
+    err.set("type", Json::string(t));
+    err.set("param", e.param.empty() ? Json() : Json::string(e.param));
+    err.set("code", Json::string(e.code));
+    Json o = Json::object();
+    o.set("error", err);
+    return json_dump(o);
+}
+static void conn_send_error(Conn* c, bool anthropic, const ServeError& e, bool keep, ReqLog* lg,
+                            const std::string& extra = "") {
+    conn_send(c, e.status, "application/json", error_body(anthropic, e), keep, false, extra);
+    if (lg) { lg->status = e.status; lg->code = e.code; }
+}
+static ServeError make_error(int status, const char* code, const char* msg, const char* param = "") {
+    ServeError e; e.status = status; e.code = code; e.message = msg; e.param = param; return e;
+}
+// the error for a framing / limit status found while reading a request
+static ServeError http_error(int status) {
+    switch (status) {
+        case 413: return make_error(413, "request_too_large", "request too large");
+        case 408: return make_error(408, "request_timeout", "the request did not arrive in time");
+        case 417: return make_error(417, "invalid_request_error", "only 'Expect: 100-continue' is supported");
+        case 501: return make_error(501, "invalid_request_error", "only the chunked transfer coding is supported");
+        case 505: return make_error(505, "invalid_request_error", "only HTTP/1.0 and HTTP/1.1 are supported");
+    }
+    return make_error(400, "invalid_request_error", "malformed http request");
+}
+
+// streaming responses: the body is written in pieces, chunk-framed on http/1.1
+static bool stream_begin(Conn* c, const HttpRequest& rq, bool keep) {
+    c->chunked_out = rq.minor >= 1;
+    return conn_write(c, http_head(200, "text/event-stream", c->chunked_out ? -1 : -2, keep && c->chunked_out,
+                                   "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"));
+}
+static bool stream_write(Conn* c, const std::string& data) {
+    if (data.empty()) return true;
+    if (!c->chunked_out) return conn_write(c, data);
+    char h[32]; snprintf(h, sizeof h, "%zx\r\n", data.size());
+    return conn_write(c, h + data + "\r\n");
+}
+static bool stream_end(Conn* c) { return c->chunked_out ? conn_write(c, "0\r\n\r\n") : true; }
+
+// read the body the head announced into *body. returns 0, an http status (400, 408, 413),
+// or -1 when the connection died.
+static int conn_read_body(Conn* c, const HttpRequest& rq, double t0, std::string* body) {
+    const double rate = 1 << 20;  // bytes/s a body must keep up after the read timeout
+    const double T = g_serve.opt.read_timeout_ms / 1e3;
+    if (rq.expect_continue && (rq.chunked || c->in.size() < (size_t)std::max<int64_t>(rq.content_length, 0)))
+        if (!conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n")) return -1;
+    if (!rq.chunked) {
+        size_t need = (size_t)std::max<int64_t>(rq.content_length, 0);
+        if (c->in.capacity() < need) c->in.reserve(need);
+        while (c->in.size() < need) {
+            int r = conn_read(c, t0 + T + c->in.size() / rate, false);
+            if (r == -1) return c->in.empty() ? -1 : 408;
+            if (r <= 0) return -1;
+        }
+        body->assign(c->in, 0, need);
+        c->in.erase(0, need);
+        return 0;
+    }
+    ChunkedDecoder d;
+    for (;;) {
+        size_t used = 0;
+        int r = chunked_feed(&d, c->in.data(), c->in.size(), body, g_serve.lim.max_body, 4096, &used);
+        if (r < 0) return -r;
+        c->in.erase(0, used);
+        if (r == 1) return 0;
+        int k = conn_read(c, t0 + T + body->size() / rate, false);
+        if (k == -1) return 408;
+        if (k <= 0) return -1;
+    }
+}
+
+// ---- generation: one request from queue to response
+
+struct GenState {
+    bool anthropic = false, stream = false, include_usage = false;
+    std::string id, model;
+    long created = 0;
+    int prompt_tokens = 0;
+    std::string carry[2];          // a split code point held back, per channel
+    std::string text[2];           // reasoning, content (accumulated for the final response)
+    struct Call { std::string id, name, args; };
+    std::vector<Call> calls;
+    int block = -1, block_kind = -1;  // anthropic: the open content block (0 thinking, 1 text, 2 tool)
+};
+
+static Json oa_chunk(GenState* g, Json delta, const char* finish) {
+    Json ch = Json::object();
+    ch.set("index", Json::integer(0));
+    ch.set("delta", delta);
+    ch.set("logprobs", Json());
+    ch.set("finish_reason", finish ? Json::string(finish) : Json());
+    Json choices = Json::array();
+    choices.push(ch);
+    Json o = Json::object();
+    o.set("id", Json::string(g->id));
+    o.set("object", Json::string("chat.completion.chunk"));
+    o.set("created", Json::integer(g->created));
+    o.set("model", Json::string(g->model));
+    o.set("choices", choices);
+    if (g->include_usage) o.set("usage", Json());
+    return o;
+}
+
+static std::string an_event(const char* type, Json o) {
+    Json e = Json::object();
+    e.set("type", Json::string(type));
+    for (auto& kv : o.obj) e.set(kv.first, kv.second);
+    return sse_event(type, json_dump(e));
+}
+static void an_close_block(Conn* c, GenState* g) {
+    if (g->block < 0 || g->block_kind < 0) return;
+    if (g->block_kind == 0) {  // thinking blocks end with their (empty) signature
+        Json d = Json::object();
+        d.set("type", Json::string("signature_delta"));
+        d.set("signature", Json::string(""));
+        Json o = Json::object();
+        o.set("index", Json::integer(g->block));
+        o.set("delta", d);
+        stream_write(c, an_event("content_block_delta", o));
+    }
+    Json o = Json::object();
+    o.set("index", Json::integer(g->block));
+    stream_write(c, an_event("content_block_stop", o));
+    g->block_kind = -1;
+}
+static void an_open_block(Conn* c, GenState* g, int kind, Json block) {
+    an_close_block(c, g);
+    g->block++;
+    g->block_kind = kind;
+    Json o = Json::object();
+    o.set("index", Json::integer(g->block));
+    o.set("content_block", block);
+    stream_write(c, an_event("content_block_start", o));
+}
+
+// text on a channel, already complete code points: stream it or keep it
+static void gen_text(Conn* c, GenState* g, int ch, const std::string& t) {
+    if (t.empty()) return;
+    g->text[ch] += t;
+    if (!g->stream) return;
+    if (!g->anthropic) {
+        Json d = Json::object();
+        d.set(ch == 0 ? "reasoning_content" : "content", Json::string(t));
+        stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+        return;
+    }
+    if (g->block_kind != ch) {
+        Json b = Json::object();
+        b.set("type", Json::string(ch == 0 ? "thinking" : "text"));
+        b.set(ch == 0 ? "thinking" : "text", Json::string(""));
+        if (ch == 0) b.set("signature", Json::string(""));
+        an_open_block(c, g, ch, b);
+    }
+    Json d = Json::object();
+    d.set("type", Json::string(ch == 0 ? "thinking_delta" : "text_delta"));
+    d.set(ch == 0 ? "thinking" : "text", Json::string(t));
+    Json o = Json::object();
+    o.set("index", Json::integer(g->block));
+    o.set("delta", d);
+    stream_write(c, an_event("content_block_delta", o));
+}
+
+static Json parse_args_object(const std::string& args) {
+    Json v; std::string err;
+    if (json_parse(args, &v, &err) && v.is_object()) return v;
+    return Json::object();
+}
+
+static void gen_event(Conn* c, GenState* g, const ServeEvent& ev) {
+    if (ev.kind == SERVE_TOOL_CALL) {
+        for (int ch = 0; ch < 2; ch++) {  // text before the call is complete
+            std::string t;
+            utf8_take(&g->carry[ch], "", 0, &t, true);
+            gen_text(c, g, ch, t);
+        }
+        GenState::Call call;
+        call.id = (g->anthropic ? "toolu_" : "call_") + serve_rand_hex(g->anthropic ? 24 : 16);
+        call.name = utf8_fix(ev.tool_name);
+        call.args = utf8_fix(ev.tool_args.empty() ? std::string("{}") : ev.tool_args);
+        g->calls.push_back(call);
+        if (!g->stream) return;
+        if (!g->anthropic) {
+            Json fn = Json::object();
+            fn.set("name", Json::string(call.name));
+            fn.set("arguments", Json::string(call.args));
+            Json tc = Json::object();
+            tc.set("index", Json::integer((int64_t)g->calls.size() - 1));
+            tc.set("id", Json::string(call.id));
+            tc.set("type", Json::string("function"));
+            tc.set("function", fn);
+            Json arr = Json::array();
+            arr.push(tc);
+            Json d = Json::object();
+            d.set("tool_calls", arr);
+            stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+            return;
+        }
+        Json b = Json::object();
+        b.set("type", Json::string("tool_use"));
+        b.set("id", Json::string(call.id));
+        b.set("name", Json::string(call.name));
+        b.set("input", Json::object());
+        an_open_block(c, g, 2, b);
+        Json d = Json::object();
+        d.set("type", Json::string("input_json_delta"));
+        d.set("partial_json", Json::string(json_dump(parse_args_object(call.args))));
+        Json o = Json::object();
+        o.set("index", Json::integer(g->block));
+        o.set("delta", d);
+        stream_write(c, an_event("content_block_delta", o));
+        an_close_block(c, g);
+        return;
+    }
+    int ch = ev.kind == SERVE_REASONING ? 0 : 1;
+    std::string t;
+    utf8_take(&g->carry[ch], ev.text.data(), ev.text.size(), &t, false);
+    gen_text(c, g, ch, t);
+}
+
+static const char* anthropic_stop_reason(const ServeResult& r, bool calls) {
+    if (calls || r.finish == "tool_calls") return "tool_use";
+    if (r.finish == "length") return "max_tokens";
+    if (!r.stop_string.empty()) return "stop_sequence";
+    return "end_turn";
+}
+
+// the end of a generation: flush held bytes, then the closing events or the whole response
+static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
+    for (int ch = 0; ch < 2; ch++) {
+        std::string t;
+        utf8_take(&g->carry[ch], "", 0, &t, true);
+        gen_text(c, g, ch, t);
+    }
+    std::string finish = r.finish;
+    if (!g->calls.empty() && finish == "stop") finish = "tool_calls";
+    if (finish != "stop" && finish != "length" && finish != "tool_calls") finish = "stop";
+    int completion = r.completion_tokens;
+    if (!g->anthropic) {
+        Json usage = Json::object();
+        usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
+        usage.set("completion_tokens", Json::integer(completion));
+        usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
+        if (g->stream) {
+            stream_write(c, sse_data(json_dump(oa_chunk(g, Json::object(), finish.c_str()))));
+            if (g->include_usage) {
+                Json o = oa_chunk(g, Json::object(), nullptr);
+                o.set("choices", Json::array());
+                o.set("usage", usage);
+                stream_write(c, sse_data(json_dump(o)));
+            }
+            stream_write(c, "data: [DONE]\n\n");
+            stream_end(c);
+            return;
+        }
+        Json msg = Json::object();
+        msg.set("role", Json::string("assistant"));
+        msg.set("content", (g->calls.empty() || !g->text[1].empty()) ? Json::string(g->text[1]) : Json());
+        if (!g->text[0].empty()) msg.set("reasoning_content", Json::string(g->text[0]));
+        if (!g->calls.empty()) {
+            Json arr = Json::array();
+            for (const auto& call : g->calls) {
+                Json fn = Json::object();
+                fn.set("name", Json::string(call.name));
+                fn.set("arguments", Json::string(call.args));
+                Json tc = Json::object();
+                tc.set("id", Json::string(call.id));
+                tc.set("type", Json::string("function"));
+                tc.set("function", fn);
+                arr.push(tc);
+            }
+            msg.set("tool_calls", arr);
+        }
+        Json ch = Json::object();
+        ch.set("index", Json::integer(0));
+        ch.set("message", msg);
+        ch.set("logprobs", Json());
+        ch.set("finish_reason", Json::string(finish));
+        Json choices = Json::array();
+        choices.push(ch);
+        Json o = Json::object();
+        o.set("id", Json::string(g->id));
+        o.set("object", Json::string("chat.completion"));
+        o.set("created", Json::integer(g->created));
+        o.set("model", Json::string(g->model));
+        o.set("choices", choices);
+        o.set("usage", usage);
+        conn_send(c, 200, "application/json", json_dump(o), keep);
+        return;
+    }
+    const char* stop_reason = anthropic_stop_reason(r, !g->calls.empty());
+    Json stop_seq = r.stop_string.empty() || r.finish == "length" ? Json() : Json::string(utf8_fix(r.stop_string));
+    if (g->stream) {
+        an_close_block(c, g);
+        Json d = Json::object();
+        d.set("stop_reason", Json::string(stop_reason));
+        d.set("stop_sequence", stop_seq);
+        Json u = Json::object();
+        u.set("input_tokens", Json::integer(g->prompt_tokens));
+        u.set("output_tokens", Json::integer(completion));
+        Json o = Json::object();
+        o.set("delta", d);
+        o.set("usage", u);
+        stream_write(c, an_event("message_delta", o));
+        stream_write(c, an_event("message_stop", Json::object()));
+        stream_end(c);
+        return;
+    }
+    Json content = Json::array();
+    if (!g->text[0].empty()) {
+        Json b = Json::object();
+        b.set("type", Json::string("thinking"));
+        b.set("thinking", Json::string(g->text[0]));
+        b.set("signature", Json::string(""));
+        content.push(b);
+    }
+    if (!g->text[1].empty() || g->calls.empty()) {
+        Json b = Json::object();
+        b.set("type", Json::string("text"));
+        b.set("text", Json::string(g->text[1]));
+        content.push(b);
+    }
+    for (const auto& call : g->calls) {
+        Json b = Json::object();
+        b.set("type", Json::string("tool_use"));
+        b.set("id", Json::string(call.id));
+        b.set("name", Json::string(call.name));
+        b.set("input", parse_args_object(call.args));
+        content.push(b);
+    }
+    Json u = Json::object();
+    u.set("input_tokens", Json::integer(g->prompt_tokens));
+    u.set("output_tokens", Json::integer(completion));
+    u.set("cache_creation_input_tokens", Json::integer(0));
+    u.set("cache_read_input_tokens", Json::integer(0));
+    Json o = Json::object();
+    o.set("id", Json::string(g->id));
+    o.set("type", Json::string("message"));
+    o.set("role", Json::string("assistant"));
+    o.set("model", Json::string(g->model));
+    o.set("content", content);
+    o.set("stop_reason", Json::string(stop_reason));
+    o.set("stop_sequence", stop_seq);
+    o.set("usage", u);
+    conn_send(c, 200, "application/json", json_dump(o), keep);
+}
+
+static void gen_begin(Conn* c, GenState* g) {
+    if (!g->anthropic) {
+        Json d = Json::object();
+        d.set("role", Json::string("assistant"));
+        d.set("content", Json::string(""));
+        stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+        return;
+    }
+    Json u = Json::object();
+    u.set("input_tokens", Json::integer(g->prompt_tokens));
+    u.set("output_tokens", Json::integer(0));
+    Json m = Json::object();
+    m.set("id", Json::string(g->id));
+    m.set("type", Json::string("message"));
+    m.set("role", Json::string("assistant"));
+    m.set("model", Json::string(g->model));
+    m.set("content", Json::array());
+    m.set("stop_reason", Json());
+    m.set("stop_sequence", Json());
+    m.set("usage", u);
+    Json o = Json::object();
+    o.set("message", m);
+    stream_write(c, an_event("message_start", o));
+    stream_write(c, an_event("ping", Json::object()));
+}
+
+// an error after the stream started: the status is sent already, so it travels as an event
+static void gen_stream_error(Conn* c, GenState* g, const ServeError& e) {
+    if (g->anthropic) {
+        std::string b = error_body(true, e);
+        stream_write(c, sse_event("error", b));
+    } else {
+        stream_write(c, sse_data(error_body(false, e)));
+    }
+    stream_end(c);
+}
+
+// the resolved sampler: engine preset < flags < request fields < --greedy
+static ServeSampling resolve_sampling(const ApiRequest& ar, int max_tokens) {
+    const ServeOptions& o = g_serve.opt;
+    ServeSampling s = g_serve.eng->defaults;
+    s.stop.clear(); s.logit_bias.clear();
+    auto pick = [](float* dst, double flag, double req) { if (!isnan(flag)) *dst = (float)flag; if (!isnan(req)) *dst = (float)req; };
+    pick(&s.temperature, o.temperature, ar.temperature);
+    pick(&s.top_p, o.top_p, ar.top_p);
+    pick(&s.min_p, o.min_p, ar.min_p);
+    pick(&s.presence_penalty, o.presence_penalty, ar.presence);
+    pick(&s.frequency_penalty, o.frequency_penalty, ar.frequency);
+    if (o.top_k != INT_MIN) s.top_k = o.top_k;
+    if (ar.top_k != INT_MIN) s.top_k = ar.top_k;
+    s.seed = ar.has_seed ? ar.seed : o.has_seed ? o.seed : serve_rand();
+    if (o.greedy) { s.temperature = 0; s.top_k = 1; s.top_p = 1; s.min_p = 0; }
+    s.stop = ar.stop;
+    s.logit_bias = ar.logit_bias;
+    s.max_tokens = max_tokens;
+    return s;
+}
+
+enum { ROUTE_NONE, ROUTE_HEALTH, ROUTE_MODELS, ROUTE_MODEL, ROUTE_CHAT, ROUTE_MESSAGES, ROUTE_COUNT };
+
+// chat completions, messages and count_tokens. returns whether the connection may be reused.
+static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std::string& body, bool keep, ReqLog* lg) {
+    ServeState& s = g_serve;
+    bool anth = route != ROUTE_CHAT;
+    lg->api = anth ? "anthropic" : "openai";
+    Json j; std::string jerr;
+    if (!json_parse(body, &j, &jerr, 64)) {
+        conn_send_error(c, anth, make_error(400, "invalid_request_error", ("invalid json: " + jerr).c_str()), keep, lg);
+        return keep;
+    }
+    ApiRequest ar; ServeError e;
+    bool ok = anth ? anthropic_parse(j, s.api, route == ROUTE_COUNT, &ar, &e) : openai_chat_parse(j, s.api, &ar, &e);
+    if (!ok) { conn_send_error(c, anth, e, keep, lg); return keep; }
+    lg->stream = ar.stream;
+    ServePrompt pr;
+    {
+        std::lock_guard<std::mutex> lk(s.prepare_mu);
+        try { ok = s.eng->prepare(s.eng->self, ar.chat, &pr, &e); }
+        catch (...) { ok = false; e = make_error(500, "internal_error", "prompt preparation failed"); }
+    }
+    if (!ok) {
+        if (e.status < 400) e.status = 400;
+        if (e.message.empty()) e.message = "the request could not be rendered";
+        conn_send_error(c, anth, e, keep, lg);
+        return keep;
+    }
+    int n = (int)pr.tokens.size();
+    lg->prompt = n;
+    if (route == ROUTE_COUNT) {
+        Json o = Json::object();
+        o.set("input_tokens", Json::integer(n));
+        conn_send(c, 200, "application/json", json_dump(o), keep);
+        lg->status = 200;
+        return keep;
+    }
+    int max_ctx = s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context;
+    if (n >= max_ctx) {
+        conn_send_error(c, anth, make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)", "messages"), keep, lg);
+        return keep;
+    }
+    int want = ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
+    auto job = std::make_shared<ServeJob>();
+    job->sampling = resolve_sampling(ar, std::min(want, max_ctx - n));
+    job->prompt = std::move(pr);
+    GenState g;
+    g.anthropic = anth; g.stream = ar.stream; g.include_usage = ar.include_usage;
+    g.id = anth ? "msg_" + serve_rand_hex(24) : "chatcmpl-" + serve_rand_hex(16);
+    g.model = anth ? ar.model : s.model_id;
+    g.created = (long)time(nullptr);
+    g.prompt_tokens = n;
+    lg->id = g.id;
+    // admission: a bounded fifo
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (serve_stopping()) { e = make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
+        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.engine_busy || !s.queue.empty())) {
+            e = make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
+        } else {
+            job->t_enqueue = serve_now();
+            s.queue.push_back(job);
+            s.engine_cv.notify_one();
+        }
+    }
+    if (!ok) { conn_send_error(c, anth, e, keep && !serve_stopping(), lg); return keep && !serve_stopping(); }
+    if (s.jsonl) {
+        Json ev = Json::object();
+        ev.set("event", Json::string("request_start"));
+        ev.set("id", Json::string(g.id));
+        ev.set("api", Json::string(lg->api));
+        ev.set("stream", Json::boolean(ar.stream));
+        ev.set("prompt_tokens", Json::integer(n));
+        ev.set("max_tokens", Json::integer(job->sampling.max_tokens));
+        serve_jsonl(ev);
+    }
+    // wait for the engine to take it, watching the client, the pending timeout and shutdown
+    int why = 0;  // 503 queue timeout, 499 client gone
+    {
+        std::unique_lock<std::mutex> lk(s.mu);
+        double deadline = job->t_enqueue + s.opt.pending_timeout_ms / 1e3;
+        while (!job->started) {
+            bool timeout = serve_now() >= deadline, cancel = serve_cancel_all();
+            lk.unlock();
+            bool gone = conn_peer_gone(c);
+            lk.lock();
+            if (job->started) break;
+            if (timeout || cancel || gone) {
+                for (auto it = s.queue.begin(); it != s.queue.end(); ++it)
+                    if (it->get() == job.get()) { s.queue.erase(it); break; }
+                why = gone ? 499 : 503;
+                if (cancel && !gone) e = make_error(503, "server_shutting_down", "the server is shutting down");
+                else e = make_error(503, "request_queue_timeout", "the request waited too long in the queue (see --pending-timeout-ms)");
+                break;
+            }
+            job->cv.wait_for(lk, std::chrono::milliseconds(50));
+        }
+    }
+    if (why == 499) { lg->status = 499; lg->code = "client_closed"; return false; }
+    if (why == 503) { conn_send_error(c, anth, e, keep, lg); return keep; }
+    lg->queue_s = job->t_start - job->t_enqueue;
+    if (g.stream) {
+        stream_begin(c, rq, keep);
+        gen_begin(c, &g);
+    }
+    // relay events until the engine is done; a client that leaves cancels at the next token
+    for (;;) {
+        std::deque<ServeEvent> evs;
+        bool done;
+        {
+            std::unique_lock<std::mutex> lk(s.mu);
+            if (job->events.empty() && !job->done) job->cv.wait_for(lk, std::chrono::milliseconds(100));
+            evs.swap(job->events);
+            done = job->done;
+        }
+        if (!c->broken) for (const auto& ev : evs) gen_event(c, &g, ev);
+        if (done) break;
+        if (c->broken || conn_peer_gone(c)) { c->broken = true; job->cancel = true; }
+        if (serve_cancel_all()) job->cancel = true;
+    }
+    const ServeResult& r = job->result;
+    lg->completion = r.completion_tokens;
+    lg->finish = r.finish;
+    lg->prefill_s = r.prefill_s; lg->decode_s = r.decode_s;
+    if (job->t_first > 0) lg->ttft_s = job->t_first - job->t_enqueue;
+    if (c->broken) { lg->status = 499; lg->code = "client_closed"; return false; }
+    if (!r.error.empty() || (serve_cancel_all() && job->cancel)) {
+        ServeError fe = r.error.empty() ? make_error(503, "server_shutting_down", "the server is shutting down; generation stopped")
+                                        : make_error(500, "internal_error", "generation failed");
+        if (g.stream) { gen_stream_error(c, &g, fe); lg->status = fe.status; lg->code = fe.code; return keep && c->chunked_out; }
+        conn_send_error(c, anth, fe, keep, lg);
+        return keep;
+    }
+    gen_finish(c, &g, r, keep);
+    lg->status = 200;
+    if (g.stream && !c->chunked_out) return false;  // http/1.0: the stream ended with the connection
+    return keep && !c->broken;
+}
+
+static std::string url_decode(const std::string& s) {
+    std::string o;
+    for (size_t i = 0; i < s.size(); i++) {
+        auto hv = [](char ch) { return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1; };
+        if (s[i] == '%' && i + 2 < s.size() && hv(s[i + 1]) >= 0 && hv(s[i + 2]) >= 0) { o.push_back((char)(hv(s[i + 1]) * 16 + hv(s[i + 2]))); i += 2; }
+        else o.push_back(s[i]);
+    }
+    return o;
+}
+
+static Json model_object() {
+    ServeState& s = g_serve;
+    char iso[32];
+    time_t t = (time_t)s.created;
+    struct tm tm; gmtime_r(&t, &tm);
+    strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    Json m = Json::object();  // openai's fields and anthropic's, so both sdks read it
+    m.set("id", Json::string(s.model_id));
+    m.set("object", Json::string("model"));
+    m.set("created", Json::integer(s.created));
+    m.set("owned_by", Json::string("ninfer"));
+    m.set("type", Json::string("model"));
+    m.set("display_name", Json::string(s.model_id));
+    m.set("created_at", Json::string(iso));
+    m.set("max_context", Json::integer(s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context));
+    return m;
+}
+
+// constant-time comparison for the api key
+static bool key_equal(const std::string& a, const std::string& b) {
+    unsigned char d = a.size() != b.size();
+    for (size_t i = 0; i < a.size(); i++) d |= (unsigned char)(a[i] ^ (i < b.size() ? b[i] : 0));
+    return d == 0;
+}
+static bool authorized(const HttpRequest& rq) {
+    const std::string& key = g_serve.opt.api_key;
+    if (key.empty()) return true;
+    if (const std::string* h = rq.header("authorization"))
+        if (h->size() > 7 && !strncasecmp(h->c_str(), "Bearer ", 7) && key_equal(trim_ows(h->substr(7)), key)) return true;
+    if (const std::string* h = rq.header("x-api-key"))
+        if (key_equal(*h, key)) return true;
+    return false;
+}
+
+// one request whose head is parsed (and consumed from c->in). returns whether to keep the
+// connection for another request.
+static bool handle_request(Conn* c, const HttpRequest& rq, double t0) {
+    ServeState& s = g_serve;
+    ReqLog lg;
+    lg.t0 = t0; lg.method = rq.method; lg.path = rq.path;
+    bool has_body = rq.chunked || rq.content_length > 0;
+    bool keep = rq.keep_alive && !serve_stopping();
+    const std::string& p = rq.path;
+    int route = p == "/health" ? ROUTE_HEALTH : p == "/v1/models" ? ROUTE_MODELS
+              : !p.compare(0, 11, "/v1/models/") && p.size() > 11 ? ROUTE_MODEL
+              : p == "/v1/chat/completions" ? ROUTE_CHAT : p == "/v1/messages" ? ROUTE_MESSAGES
+              : p == "/v1/messages/count_tokens" ? ROUTE_COUNT : ROUTE_NONE;
+    bool anth = route == ROUTE_MESSAGES || route == ROUTE_COUNT;
+    bool is_get = rq.method == "GET" || rq.method == "HEAD";
+    bool post_route = route == ROUTE_CHAT || route == ROUTE_MESSAGES || route == ROUTE_COUNT;
+    // answered from the head alone: the body (if any) is not read, so the connection closes
+    auto early = [&](const ServeError& e, const std::string& extra = "") {
+        conn_send_error(c, anth, e, keep && !has_body, &lg, extra);
+        log_request(lg);
+        return keep && !has_body;
+    };
+    if (rq.method == "OPTIONS") {
+        conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
+        lg.status = 204; log_request(lg);
+        return keep && !has_body;
+    }
+    if (route == ROUTE_NONE) return early(make_error(404, "not_found", "no such endpoint"));
+    if (post_route ? rq.method != "POST" : !is_get)
+        return early(make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
+                     post_route ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
+    if (route != ROUTE_HEALTH && !authorized(rq))
+        return early(make_error(401, "invalid_api_key", "missing or invalid api key"), "WWW-Authenticate: Bearer\r\n");
+    if (post_route && serve_stopping()) return early(make_error(503, "server_shutting_down", "the server is shutting down"));
+    std::string body;
+    if (has_body) {
+        int r = conn_read_body(c, rq, t0, &body);
+        if (r == -1) { lg.status = 499; lg.code = "client_closed"; log_request(lg); return false; }
+        if (r > 0) {
+            conn_send_error(c, anth, http_error(r), false, &lg);
+            log_request(lg);
+            return false;
+        }
+    }
+    bool head_only = rq.method == "HEAD";
+    if (route == ROUTE_HEALTH) {
+        conn_send(c, 200, "application/json", "{\"status\":\"ok\"}", keep, head_only);
+        lg.status = 200;
+    } else if (route == ROUTE_MODELS) {
+        Json data = Json::array();
+        data.push(model_object());
+        Json o = Json::object();
+        o.set("object", Json::string("list"));
+        o.set("data", data);
+        o.set("has_more", Json::boolean(false));
+        o.set("first_id", Json::string(s.model_id));
+        o.set("last_id", Json::string(s.model_id));
+        conn_send(c, 200, "application/json", json_dump(o), keep, head_only);
+        lg.status = 200;
+    } else if (route == ROUTE_MODEL) {
+        std::string id = url_decode(p.substr(11));
+        if (id != s.model_id) conn_send_error(c, false, make_error(404, "model_not_found", "model not found"), keep, &lg);
+        else { conn_send(c, 200, "application/json", json_dump(model_object()), keep, head_only); lg.status = 200; }
+    } else {
+        keep = handle_generate(c, rq, route, body, keep, &lg);
+    }
+    log_request(lg);
+    return keep && !c->broken;
+}
+
+static void conn_serve(Conn* c) {
+    ServeState& s = g_serve;
+    int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    for (;;) {
+        // wait for the next request (keep-alive idle time); a stop signal closes idle connections
+        if (c->in.empty()) {
+            if (serve_stopping()) return;
+            int r = conn_read(c, serve_now() + s.opt.idle_timeout_ms / 1e3, true);
+            if (r <= 0) return;
+        }
+        double t0 = serve_now();
+        HttpRequest rq;
+        long hl;
+        for (;;) {
+            hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
+            if (hl != 0) break;
+            int r = conn_read(c, t0 + s.opt.read_timeout_ms / 1e3, false);
+            if (r == -1 && c->in.find_first_not_of("\r\n") != std::string::npos) {  // slow or stalled client
+                ReqLog lg; lg.t0 = t0; lg.method = "-"; lg.path = "-";
+                conn_send_error(c, false, http_error(408), false, &lg);
+                log_request(lg);
+                return;
+            }
+            if (r <= 0) return;
+        }
+        if (hl < 0) {
+            ReqLog lg; lg.t0 = t0; lg.method = rq.method.empty() ? "-" : rq.method; lg.path = rq.path;
+            bool anth = !rq.path.compare(0, 12, "/v1/messages");
+            conn_send_error(c, anth, http_error((int)-hl), false, &lg);
+            log_request(lg);
+            return;  // after a parse error the stream is out of sync: close
+        }
+        c->in.erase(0, (size_t)hl);
+        if (!handle_request(c, rq, t0)) return;
+    }
+}
+
+static void* conn_main(void* arg) {
+    Conn* c = (Conn*)arg;
+    conn_serve(c);
+    conn_close(c);
+    delete c;
+    {
+        std::lock_guard<std::mutex> lk(g_serve.mu);
+        g_serve.n_conns--;
+    }
+    g_serve.conns_cv.notify_all();
+    return nullptr;
+}
+
+static void serve_on_signal(int) {
+    g_serve.signals = g_serve.signals + 1;
+    char b = 1;
+    ssize_t w = write(g_serve.stop_pipe[1], &b, 1);
+    (void)w;
+}
+
+// ----------------------------------------------------------------------------
+// entry point: parse flags, check features, load, listen, serve until a signal
+
+static int serve_main(int argc, char** argv, const ServeBackend& backend) {
+    ServeState& s = g_serve;
+    ServeOptions& o = s.opt;
+    std::string err;
+    int pr = serve_parse_args(argc, argv, &o, &err);
+    if (pr == 2) { serve_usage(stdout); return 0; }
+    if (pr != 0) { fprintf(stderr, "ninfer-serve: error: %s\n", err.c_str()); return 1; }
+    if (!serve_check_features(o, backend.supports, &err)) { fprintf(stderr, "ninfer-serve: error: %s\n", err.c_str()); return 1; }
+    if (!o.request_log_jsonl.empty()) {
+        s.jsonl = fopen(o.request_log_jsonl.c_str(), "a");
+        if (!s.jsonl) { fprintf(stderr, "ninfer-serve: error: cannot open %s: %s\n", o.request_log_jsonl.c_str(), strerror(errno)); return 1; }
+    }
+    signal(SIGPIPE, SIG_IGN);
+    {
+        uint64_t seed = (uint64_t)time(nullptr) ^ ((uint64_t)getpid() << 32);
+        int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) { uint64_t r; if (read(fd, &r, sizeof r) == (ssize_t)sizeof r) seed ^= r; close(fd); }
+        s.rng = seed;
+    }
+    // the model first: the port opens only when requests can be served
+    ServeEngine* eng = backend.load(o.model_path.c_str(), o, &err);
+    if (!eng) { fprintf(stderr, "ninfer-serve: error: %s\n", err.empty() ? "cannot load the model" : err.c_str()); return 1; }
+    s.eng = eng;
+    s.model_id = !o.model_id.empty() ? o.model_id : !eng->model_id.empty() ? eng->model_id : "ninfer";
+    s.api.model_id = s.model_id;
+    s.api.thinking = !o.no_thinking;
+    s.api.preserve_thinking = o.preserve_thinking;
+    s.api.vision = eng->vision;
+    s.lim.max_body = (uint64_t)o.max_request_mib << 20;
+    s.created = (long)time(nullptr);
+    // listen
+    struct addrinfo hints, *res = nullptr;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM; hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    std::string port = std::to_string(o.port);
+    int gai = getaddrinfo(o.host.c_str(), port.c_str(), &hints, &res);
+    if (gai != 0) { fprintf(stderr, "ninfer-serve: error: cannot resolve --host %s: %s\n", o.host.c_str(), gai_strerror(gai)); return 1; }
+    int lfd = -1, bind_errno = 0;
+    for (struct addrinfo* a = res; a && lfd < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) { bind_errno = errno; continue; }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) lfd = fd;
+        else { bind_errno = errno; close(fd); }
+    }
+    freeaddrinfo(res);
+    if (lfd < 0) { fprintf(stderr, "ninfer-serve: error: cannot listen on %s:%d: %s\n", o.host.c_str(), o.port, strerror(bind_errno)); return 1; }
+    s.listen_fd = lfd;
+    struct sockaddr_storage sa; socklen_t sl = sizeof sa;
+    int bound_port = o.port;
+    if (getsockname(lfd, (struct sockaddr*)&sa, &sl) == 0)
+        bound_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port : ((struct sockaddr_in*)&sa)->sin_port);
+    if (pipe2(s.stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) { fprintf(stderr, "ninfer-serve: error: pipe: %s\n", strerror(errno)); return 1; }
+    struct sigaction sa_sig;
+    memset(&sa_sig, 0, sizeof sa_sig);
+    sa_sig.sa_handler = serve_on_signal;  // no SA_RESTART: poll returns EINTR
+    sigemptyset(&sa_sig.sa_mask);
+    sigaction(SIGINT, &sa_sig, nullptr);
+    sigaction(SIGTERM, &sa_sig, nullptr);
+    pthread_t engine_thread;
+    if (pthread_create(&engine_thread, nullptr, engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
+    fprintf(stderr, "ninfer-serve: listening on http://%s:%d (model %s, max context %d)\n",
+            o.host.find(':') != std::string::npos ? ("[" + o.host + "]").c_str() : o.host.c_str(), bound_port,
+            s.model_id.c_str(), eng->max_context > 0 ? eng->max_context : o.max_context);
+    if (s.jsonl) {
+        Json ev = Json::object();
+        ev.set("event", Json::string("server_start"));
+        ev.set("model_id", Json::string(s.model_id));
+        ev.set("host", Json::string(o.host));
+        ev.set("port", Json::integer(bound_port));
+        ev.set("max_context", Json::integer(eng->max_context));
+        ev.set("api_key", Json::string(o.api_key.empty() ? "" : "[redacted]"));
+        serve_jsonl(ev);
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    // accept until a signal
+    for (;;) {
+        struct pollfd p[2] = {{lfd, POLLIN, 0}, {s.stop_pipe[0], POLLIN, 0}};
+        int r = poll(p, 2, -1);
+        if (serve_stopping()) break;
+        if (r < 0) { if (errno == EINTR) continue; fprintf(stderr, "ninfer-serve: poll: %s\n", strerror(errno)); break; }
+        if (!(p[0].revents & POLLIN)) continue;
+        int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(10000);
+            continue;
+        }
+        bool full;
+        {
+            std::lock_guard<std::mutex> lk(s.mu);
+            full = s.n_conns >= o.max_connections;
+            if (!full) s.n_conns++;
+        }
+        if (full) {  // one best-effort write, no waiting: the main thread never blocks on a client
+            std::string b = error_body(false, make_error(503, "server_overloaded", "too many open connections"));
+            std::string resp = http_head(503, "application/json", (long long)b.size(), false) + b;
+            ssize_t w = send(fd, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w;
+            close(fd);
+            continue;
+        }
+        Conn* c = new Conn;
+        c->fd = fd;
+        pthread_t t;
+        if (pthread_create(&t, &attr, conn_main, c) != 0) {
+            close(fd); delete c;
+            std::lock_guard<std::mutex> lk(s.mu);
+            s.n_conns--;
+        }
+    }
+    // drain: no new connections; idle ones close; running and queued requests get
+    // --drain-timeout-ms to finish (a second signal cuts it short), then are cancelled
+    close(lfd);
+    {
+        std::unique_lock<std::mutex> lk(s.mu);
+        fprintf(stderr, "ninfer-serve: shutting down: %d connection(s), %zu queued, %s\n", s.n_conns, s.queue.size(),
+                s.engine_busy ? "one running" : "none running");
+        double deadline = serve_now() + o.drain_timeout_ms / 1e3;
+        while (s.n_conns > 0 && serve_now() < deadline && s.signals < 2) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
+        s.force_cancel = true;
+        for (auto& j : s.queue) j->cv.notify_all();
+        deadline = serve_now() + 3.0;
+        while (s.n_conns > 0 && serve_now() < deadline) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
+        s.engine_exit = true;
+        s.engine_cv.notify_all();
+    }
+    bool engine_idle;
+    {
+        std::unique_lock<std::mutex> lk(s.mu);
+        double deadline = serve_now() + 2.0;
+        while (s.engine_busy && serve_now() < deadline) { lk.unlock(); usleep(10000); lk.lock(); }
+        engine_idle = !s.engine_busy;
+    }
+    if (engine_idle) {
+        pthread_join(engine_thread, nullptr);
+        if (eng->close) eng->close(eng->self);
+    }
+    if (s.jsonl) fclose(s.jsonl);
+    fprintf(stderr, "ninfer-serve: stopped\n");
+    return 0;
+}
