@@ -75,7 +75,13 @@ $(BUILD)/test/test_format: test/test_format.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_format.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format
+# the cpu reference path: against itself, and against the hf goldens in test/golden
+# (test/reference/make_goldens.py); golden tests skip while their files are missing
+$(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
+
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu
 
 # what the tests need: python packages pinned in test/requirements.txt (installed when missing)
 deps:

@@ -6,8 +6,17 @@
 //   2. geometry              the model's dimensions, read from the artifact's tensor shapes
 //   3. weights               plain structs of views into the mmap'd artifact; the binder
 //                            that validates the whole inventory
-//   4. info                  --info: identity, geometry, object classes, resources
-//   5. cli                   poor man's argparse and main (left out when NINFER_TESTING)
+//   4. reference path (cpu)  the model math in fp32, the oracle for every kernel:
+//                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
+//                            recurrent state; snapshot/restore) and RunState, 4.4 attention
+//                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
+//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu
+//   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
+//                            counter-based rng
+//   6. generation (cpu)      token domain and stop ids from the artifact, the generation
+//                            loop, perplexity
+//   7. info                  --info: identity, geometry, object classes, resources
+//   8. cli                   poor man's argparse and main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
@@ -22,6 +31,9 @@
 #include <string.h>    // defines: strcmp, memcpy
 #include <math.h>      // defines: expf, sqrtf
 #include <time.h>      // defines: clock_gettime
+#include <ctype.h>     // defines: isspace
+#include <errno.h>     // defines: errno
+#include <omp.h>       // defines: omp_get_max_threads
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
@@ -468,7 +480,839 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 // place, when both land. keep this include here, after the cpu reference.
 #include "gpu_wip.cuh"
 
-// === 4. info =================================================================
+// === 4. reference path (cpu) ==================================================
+//
+// the readable statement of the model math (model.md 2-5), and the oracle every gpu kernel is
+// tested against. float32 throughout: weights are decoded exactly from the mmap'd artifact a
+// row at a time (bf16 -> fp32, or fp16 scale * integer code, both exact in fp32), activations
+// and sums are fp32, the deltanet state is fp32. nothing is rounded to bf16: what this matches
+// is hugging face in float32 with the artifact's weights (bf16 values or dequantized codes).
+//
+// one forward call runs a piece of T tokens of one sequence through the text model:
+//
+//   x = token_embedding[ids]                 (no scaling; rows may be given by the caller)
+//   for each layer l:
+//     x += mixer(rmsnorm(x; 1 + input_norm))   gated attention (4.4) or gated deltanet (4.5)
+//     x += mlp(rmsnorm(x; 1 + post_norm))      swiglu (4.6)
+//   h = rmsnorm(x; 1 + final_norm), logits = head(h)   (head = embedding when tied)
+//
+// the deltanet uses its chunked form (model.md 3.6) for pieces of more than one token and its
+// recurrent form (3.5) for single tokens; the two are tested to agree. everything a sequence
+// carries from one call to the next (kv cache rows, conv windows, recurrent states, position)
+// lives in one block, SeqState, so it can be snapshot and restored with one memcpy. the
+// scratch activations of a call live in RunState. both are allocated once; nothing is
+// allocated per token.
+//
+// parallelism is plain openmp: over output rows in the products, over heads in attention and
+// the deltanet. results do not depend on the thread count.
+
+// ---- 4.1 products with stored weights --------------------------------------------------
+
+enum { KBLOCK = 1024 };  // columns decoded at a time; a multiple of every group size (32, 64)
+// below about this many multiply-adds a loop runs on one thread: waking the team costs more
+// than it saves (and much more on a busy machine)
+static const int64_t PARALLEL_MIN = 1 << 18;
+
+// decode columns [k0, k0+n) of row r of m into out[0..n), exactly. k0 is a multiple of
+// KBLOCK, so decoding always starts on a group boundary.
+static void row_decode(const Mat& m, int64_t r, int64_t k0, int64_t n, float* out) {
+    if (m.format == FMT_BF16) {
+        const uint16_t* w = (const uint16_t*)(m.base + r * m.base_row) + k0;
+        for (int64_t j = 0; j < n; j++) out[j] = bf16_to_f32(w[j]);
+        return;
+    }
+    if (m.format == FMT_FP32) { memcpy(out, (const float*)(m.base + r * m.base_row) + k0, n * 4); return; }
+    CHECK(format_grouped(m.format), "row_decode: format %s is not a weight format", format_name(m.format));
+    // grouped (format.md 7.2): per group 32 base bytes (two 4-bit lanes per byte, or one
+    // signed byte per lane for w8), a high-bit stream for q5/q6, one fp16 scale.
+    const int G = group_size(m.format), hb = high_bytes(m.format);
+    const uint8_t* base = m.base + r * m.base_row;
+    const uint8_t* high = m.high + r * m.high_row;
+    const uint16_t* scales = (const uint16_t*)(m.scale + r * m.scale_row);
+    for (int64_t g = k0 / G; g * G < k0 + n; g++) {
+        const uint8_t* b = base + g * 32;
+        const uint8_t* h = high + g * hb;
+        int code[64];  // the unsigned b-bit words, then the signed codes
+        if (m.format == FMT_W8) {
+            for (int j = 0; j < 32; j++) code[j] = (int8_t)b[j];
+        } else {
+            for (int j = 0; j < 32; j++) { code[2 * j] = b[j] & 15; code[2 * j + 1] = b[j] >> 4; }
+            if (m.format == FMT_Q5)  // high byte i holds bit 4 of lanes 8i..8i+7
+                for (int i = 0; i < 8; i++)
+                    for (int k = 0; k < 8; k++) code[8 * i + k] |= ((h[i] >> k) & 1) << 4;
+            if (m.format == FMT_Q6)  // high byte i holds bits 4-5 of lanes 4i..4i+3
+                for (int i = 0; i < 16; i++)
+                    for (int k = 0; k < 4; k++) code[4 * i + k] |= ((h[i] >> (2 * k)) & 3) << 4;
+            const int sign = 1 << (code_bits(m.format) - 1);  // sign-extend from b bits
+            for (int j = 0; j < 64; j++) code[j] = (code[j] ^ sign) - sign;
+        }
+        const float s = f16_to_f32(scales[g]);
+        float* o = out + (g * G - k0);
+        int64_t cnt = k0 + n - g * G < G ? k0 + n - g * G : G;
+        for (int j = 0; j < cnt; j++) o[j] = s * (float)code[j];
+    }
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// y[t, r] = W[r, :] . x[t, :] for t < T, r < W.rows. x rows have stride ldx (>= W.cols),
+// y rows stride ldy (>= W.rows). each weight row is decoded once and used for all T tokens,
+// so one product costs one pass over the weights whatever T is; and every (t, r) is summed in
+// the same order whatever T is, so splitting a prefill does not change these results.
+static void matmul(float* y, int64_t ldy, const float* x, int64_t ldx, const Mat& W, int T) {
+    #pragma omp parallel for schedule(static) if (W.rows * W.cols * T >= PARALLEL_MIN)
+    for (int64_t r = 0; r < W.rows; r++) {
+        float w[KBLOCK];
+        for (int64_t k0 = 0; k0 < W.cols; k0 += KBLOCK) {
+            int64_t n = W.cols - k0 < KBLOCK ? W.cols - k0 : KBLOCK;
+            row_decode(W, r, k0, n, w);
+            for (int t = 0; t < T; t++) {
+                float s = dot(w, x + t * ldx + k0, n);
+                y[t * ldy + r] = k0 ? y[t * ldy + r] + s : s;
+            }
+        }
+    }
+}
+
+// ---- 4.2 elementwise pieces and norms ----------------------------------------------------
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x * sigmoid(x); }
+static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  // torch's threshold
+
+// zero-centred rmsnorm (model.md 4.1): out = x / sqrt(mean(x^2) + eps) * (1 + w). in place ok.
+static void rmsnorm(float* out, const float* x, const Vec& w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * r) * (1.0f + w.at(i));
+}
+
+// the deltanet's q/k normalisation (model.md 3.4): x / sqrt(sum(x^2) + eps), eps on the sum
+static void l2norm(float* x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss + eps);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+// ---- 4.3 sequence state and scratch ----------------------------------------------------
+//
+// SeqState is everything a sequence carries between forward calls, in one float block:
+//   per full-attention layer: key and value cache rows [capacity, Hkv, head_dim] (k after
+//     norm and rope, v as projected; model.md 2.4)
+//   per deltanet layer: conv window [conv_dim, 3] (the last three raw in_proj_qkv outputs,
+//     oldest first; 3.7) and the recurrent state [Hv, dk, dv] (3.5)
+//   the mtp layer's own key/value cache (model.md 5.1), when the model has one
+// a copy of the block plus the scalars is a complete snapshot (speculative decoding, prefix
+// reuse). kv rows are position-addressed: restoring an older snapshot and writing again
+// simply overwrites the rows past its position.
+
+struct SeqState {
+    int capacity = 0;     // kv rows, = --max-context
+    int pos = 0;          // tokens processed: the next kv row
+    int rope_delta = 0;   // m-rope: a text token at kv row p rotates by position p + rope_delta (model.md 6.7)
+    int mtp_pos = 0;      // rows in the mtp kv cache
+    size_t n_floats = 0;
+    float* block = nullptr;                  // the one allocation; the views below point into it
+    float* key[MAX_LAYERS] = {};             // full layers: [capacity, Hkv, hd]
+    float* value[MAX_LAYERS] = {};
+    float* conv[MAX_LAYERS] = {};            // gdn layers: [conv_dim, 3]
+    float* rec[MAX_LAYERS] = {};             // gdn layers: [Hv, dk, dv]
+    float* mtp_key = nullptr, *mtp_value = nullptr;  // [capacity, Hkv, hd]
+};
+
+static void seq_build(SeqState* s, const Geometry& g, int capacity) {
+    CHECK(capacity > 0, "capacity %d", capacity);
+    *s = SeqState();
+    s->capacity = capacity;
+    size_t kv = (size_t)capacity * g.Hkv * g.head_dim;
+    size_t conv = (size_t)g.conv_dim * 3, rec = (size_t)g.Hv * g.dk * g.dv;
+    s->n_floats = (size_t)g.n_full * 2 * kv + (size_t)g.n_gdn * (conv + rec) + (g.has_mtp ? 2 * kv : 0);
+    s->block = (float*)calloc(s->n_floats, sizeof(float));
+    CHECK(s->block, "out of memory for the sequence state (%zu MiB)", s->n_floats * 4 >> 20);
+    float* p = s->block;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) { s->key[l] = p; p += kv; s->value[l] = p; p += kv; }
+        else { s->conv[l] = p; p += conv; s->rec[l] = p; p += rec; }
+    }
+    if (g.has_mtp) { s->mtp_key = p; p += kv; s->mtp_value = p; p += kv; }
+}
+
+static void seq_free(SeqState* s) { free(s->block); *s = SeqState(); }
+
+// forget the sequence: position 0, zero conv and recurrent states (kv rows are overwritten)
+static void seq_reset(SeqState* s) {
+    memset(s->block, 0, s->n_floats * sizeof(float));
+    s->pos = s->rope_delta = s->mtp_pos = 0;
+}
+
+// dst := src. both were built for the same model and capacity (dst keeps its own block).
+static void seq_copy(SeqState* dst, const SeqState* src) {
+    CHECK(dst->n_floats == src->n_floats && dst->capacity == src->capacity, "seq_copy between different shapes");
+    memcpy(dst->block, src->block, src->n_floats * sizeof(float));
+    dst->pos = src->pos; dst->rope_delta = src->rope_delta; dst->mtp_pos = src->mtp_pos;
+}
+static void seq_snapshot(const SeqState* s, SeqState* snap) { seq_copy(snap, s); }
+static void seq_restore(SeqState* s, const SeqState* snap) { seq_copy(s, snap); }
+
+// the activations of one forward call of up to T_max tokens, allocated once
+enum { GDN_CHUNK = 64 };  // chunk length of the chunked delta rule (model.md 3.6)
+
+struct RunState {
+    int T_max = 0;          // most tokens per forward call (the prefill piece)
+    int capacity = 0;       // kv rows (sizes the attention scores)
+    float* x = nullptr;     // [T, H] the residual stream
+    float* xb = nullptr;    // [T, H] normed input of a block; after the layers, the final hidden
+    float* out = nullptr;   // [T, H] output of a block
+    float* qk = nullptr;    // [T, (Hq+Hkv)*hd] query | key rows
+    float* gv = nullptr;    // [T, (Hq+Hkv)*hd] gate | value rows
+    float* att = nullptr;   // [T, Hq*hd] attention output per head, gated
+    float* scores = nullptr;// [Hq, capacity]
+    float* qkv = nullptr;   // [T, conv_dim] raw in_proj_qkv output (the conv input)
+    float* conv = nullptr;  // [T, conv_dim] after conv + silu: q | k | v
+    float* z = nullptr;     // [T, Hv*dv] output gate
+    float* ga = nullptr;    // [T, Hv] in_proj_a, then the log-decay g
+    float* gb = nullptr;    // [T, Hv] in_proj_b, then beta
+    float* core = nullptr;  // [T, Hv*dv] delta rule output, then gated-normed
+    float* chunk = nullptr; // [Hv, GDN_CHUNK*(GDN_CHUNK+1+dk+dv)] chunked delta rule scratch per head
+    float* mlp = nullptr;   // [T, 2I] gate | up
+    float* hb = nullptr;    // [T, I] silu(gate) * up
+    float* mtp_in = nullptr;// [T, 2H] mtp: [norm(embedding) | norm(hidden)]
+    float* rope_cos = nullptr, *rope_sin = nullptr;  // [T, rope_dim/2] per token
+    float inv_freq[64] = {};  // rope_dim/2 frequencies (model.md 2.3)
+};
+
+static size_t gdn_chunk_scratch(const Geometry& g) { return (size_t)GDN_CHUNK * (GDN_CHUNK + 1 + g.dk + g.dv); }
+
+static void run_build(RunState* r, const Geometry& g, int T_max, int capacity) {
+    CHECK(T_max > 0 && capacity > 0, "T_max %d capacity %d", T_max, capacity);
+    CHECK(g.rope_dim / 2 <= 64, "rope dim %d", g.rope_dim);
+    *r = RunState();
+    r->T_max = T_max; r->capacity = capacity;
+    size_t T = T_max, qkd = (size_t)(g.Hq + g.Hkv) * g.head_dim;
+    size_t sizes[] = {
+        T * g.H, T * g.H, T * g.H, T * qkd, T * qkd, T * g.Hq * g.head_dim, (size_t)g.Hq * capacity,
+        T * g.conv_dim, T * g.conv_dim, T * g.Hv * g.dv, T * g.Hv, T * g.Hv, T * g.Hv * g.dv,
+        (size_t)g.Hv * gdn_chunk_scratch(g), T * 2 * g.I, T * g.I, T * 2 * g.H, T * g.rope_dim / 2, T * g.rope_dim / 2};
+    float** views[] = {&r->x, &r->xb, &r->out, &r->qk, &r->gv, &r->att, &r->scores, &r->qkv, &r->conv, &r->z,
+                       &r->ga, &r->gb, &r->core, &r->chunk, &r->mlp, &r->hb, &r->mtp_in, &r->rope_cos, &r->rope_sin};
+    static_assert(sizeof sizes / sizeof sizes[0] == sizeof views / sizeof views[0], "one size per view");
+    size_t n = 0;
+    for (size_t s : sizes) n += s;
+    float* p = (float*)calloc(n, sizeof(float));
+    CHECK(p, "out of memory for the cpu activations (%zu MiB)", n * 4 >> 20);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) { *views[k] = p; p += sizes[k]; }
+    // inv_freq_j = 1 / theta^(2j / rope_dim), in fp32 as hf computes it
+    for (int j = 0; j < g.rope_dim / 2; j++) r->inv_freq[j] = 1.0f / powf(g.rope_theta, (float)(2 * j) / (float)g.rope_dim);
+}
+
+static void run_free(RunState* r) { free(r->x); *r = RunState(); }
+
+// ---- 4.4 gated full attention (model.md 2) ---------------------------------------------
+
+// cos/sin of every rotated frequency for T tokens. pos3 is [3, T] (axes t, h, w; model.md
+// 6.7) or null for text, where all three axes are base + t. interleaved m-rope (2.3): with
+// mrope_section [11, 11, 10], frequency j takes axis h when j % 3 == 1 and j < 33, axis w
+// when j % 3 == 2 and j < 30, else axis t.
+static void rope_tables(RunState* r, const Geometry& g, const int* pos3, int base, int T) {
+    const int half = g.rope_dim / 2;
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < half; j++) {
+            int axis = 0;
+            if (j % 3 == 1 && j < 3 * g.mrope_section[1]) axis = 1;
+            else if (j % 3 == 2 && j < 3 * g.mrope_section[2]) axis = 2;
+            int p = pos3 ? pos3[axis * T + t] : base + t;
+            float phi = (float)p * r->inv_freq[j];
+            r->rope_cos[t * half + j] = cosf(phi);
+            r->rope_sin[t * half + j] = sinf(phi);
+        }
+    }
+}
+
+// rotate the first rope_dim dims of one head, rotate_half (neox) style; the rest pass
+static void rope_apply(float* x, const float* cos, const float* sin, int half) {
+    for (int i = 0; i < half; i++) {
+        float x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * cos[i] - x1 * sin[i];
+        x[i + half] = x1 * cos[i] + x0 * sin[i];
+    }
+}
+
+// attention over T new tokens whose kv rows start at row0. reads r->xb, writes r->out.
+static void attention_cpu(const Geometry& g, RunState* r, const AttnWeights& w, float* kcache, float* vcache, int row0, int T) {
+    const int hd = g.head_dim, half = g.rope_dim / 2;
+    const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
+    // 1. projections: [q | k] and [gate | v] (the artifact already de-interleaved q and gate)
+    matmul(r->qk, ld, r->xb, g.H, w.query_key, T);
+    matmul(r->gv, ld, r->xb, g.H, w.gate_value, T);
+    // 2. per-head q/k rmsnorm (1+w), then rope; k and v go to the cache
+    #pragma omp parallel for schedule(static) if ((int64_t)T * ld * 8 >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        const float* c = r->rope_cos + t * half; const float* s = r->rope_sin + t * half;
+        for (int h = 0; h < g.Hq; h++) {
+            float* q = r->qk + (size_t)t * ld + h * hd;
+            rmsnorm(q, q, w.query_norm, hd, g.eps);
+            rope_apply(q, c, s, half);
+        }
+        for (int h = 0; h < g.Hkv; h++) {
+            float* k = r->qk + (size_t)t * ld + qd + h * hd;
+            rmsnorm(k, k, w.key_norm, hd, g.eps);
+            rope_apply(k, c, s, half);
+            memcpy(kcache + ((size_t)(row0 + t) * g.Hkv + h) * hd, k, hd * sizeof(float));
+            memcpy(vcache + ((size_t)(row0 + t) * g.Hkv + h) * hd, r->gv + (size_t)t * ld + qd + h * hd, hd * sizeof(float));
+        }
+    }
+    // 3. causal softmax attention, query head h reading kv head h / (Hq/Hkv); then the
+    //    sigmoid output gate
+    const float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for schedule(static) if ((int64_t)T * (row0 + T) * qd * 2 >= PARALLEL_MIN)
+    for (int h = 0; h < g.Hq; h++) {
+        const int kvh = h / (g.Hq / g.Hkv);
+        float* sc = r->scores + (size_t)h * r->capacity;
+        for (int t = 0; t < T; t++) {
+            const float* q = r->qk + (size_t)t * ld + h * hd;
+            const int n = row0 + t + 1;  // rows visible to this token
+            float mx = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                sc[j] = dot(q, kcache + ((size_t)j * g.Hkv + kvh) * hd, hd) * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+            float* o = r->att + (size_t)t * qd + h * hd;
+            for (int d = 0; d < hd; d++) o[d] = 0.0f;
+            for (int j = 0; j < n; j++) {
+                const float p = sc[j] / sum;
+                const float* v = vcache + ((size_t)j * g.Hkv + kvh) * hd;
+                for (int d = 0; d < hd; d++) o[d] += p * v[d];
+            }
+            const float* gate = r->gv + (size_t)t * ld + h * hd;
+            for (int d = 0; d < hd; d++) o[d] *= sigmoid(gate[d]);
+        }
+    }
+    // 4. output projection
+    matmul(r->out, g.H, r->att, qd, w.output, T);
+}
+
+// ---- 4.5 gated deltanet (model.md 3) -----------------------------------------------------
+
+// causal depthwise conv, kernel 4, then silu (3.2), over T tokens of C channels. the window
+// before the first token comes from state [C, 3] (oldest first), which then takes the last
+// three raw inputs. w is tap-major [4, C]; tap 3 multiplies the current token.
+static void gdn_conv(float* y, const float* u, float* state, const Vec& w, int T, int C) {
+    #pragma omp parallel for schedule(static) if ((int64_t)T * C * 4 >= PARALLEL_MIN)
+    for (int c = 0; c < C; c++) {
+        float* st = state + (size_t)c * 3;
+        auto in = [&](int s) { return s >= 0 ? u[(size_t)s * C + c] : st[3 + s]; };  // s >= -3
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f;
+            for (int tau = 0; tau < 4; tau++) acc += w.at((int64_t)tau * C + c) * in(t - 3 + tau);
+            y[(size_t)t * C + c] = silu(acc);
+        }
+        for (int i = 0; i < 3; i++) st[i] = in(T - 3 + i);  // reads column i+T >= i: not yet overwritten
+    }
+}
+
+// one token of the gated delta rule for one value head (3.5), state S [dk, dv]:
+//   S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+static void gdn_recurrent_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
+                               float* o, int dk, int dv) {
+    float decay = expf(g);
+    float m[128];
+    CHECK(dv <= 128, "dv %d", dv);
+    for (int j = 0; j < dv; j++) m[j] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float* Si = S + (size_t)i * dv;
+        for (int j = 0; j < dv; j++) { Si[j] *= decay; m[j] += Si[j] * k[i]; }
+    }
+    for (int j = 0; j < dv; j++) m[j] = beta * (v[j] - m[j]);  // m becomes delta
+    for (int j = 0; j < dv; j++) o[j] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float* Si = S + (size_t)i * dv;
+        for (int j = 0; j < dv; j++) { Si[j] += k[i] * m[j]; o[j] += Si[j] * q[i]; }
+    }
+}
+
+// the same recurrence over T tokens in chunks of 64 (3.6, the wy/ut form hf's torch path
+// uses): equal to T recurrent steps up to fp32 rounding, with matrix products in place of
+// the serial scan inside a chunk. token t's q, k, v are at q + t*ldq (etc.); g, beta at
+// t*ldg; o at t*ldo. scratch holds gdn_chunk_scratch floats.
+static void gdn_chunked(float* S, const float* q, const float* k, const float* v, int ldq, const float* g,
+                        const float* beta, int ldg, float* o, int ldo, int T, int dk, int dv, float* scratch) {
+    const int C = GDN_CHUNK;
+    float* A = scratch;             // [C, C]: A, then T = (I + A)^-1, then the masked decayed q.k
+    float* G = A + C * C;           // [C] cumulative log-decay within the chunk
+    float* W = G + C;               // [C, dk] decayed keys
+    float* U = W + (size_t)C * dk;  // [C, dv] pseudo-values, then the corrected values
+    for (int c0 = 0; c0 < T; c0 += C) {
+        const int n = T - c0 < C ? T - c0 : C;
+        auto K = [&](int r) { return k + (size_t)(c0 + r) * ldq; };
+        auto Q = [&](int r) { return q + (size_t)(c0 + r) * ldq; };
+        auto V = [&](int r) { return v + (size_t)(c0 + r) * ldq; };
+        auto B = [&](int r) { return beta[(size_t)(c0 + r) * ldg]; };
+        // 1. Gamma_r = sum_{s <= r} g_s
+        float acc = 0.0f;
+        for (int r = 0; r < n; r++) { acc += g[(size_t)(c0 + r) * ldg]; G[r] = acc; }
+        // 2-3. T = (I + A)^-1 with A[r][s] = beta_r (k_r . k_s) e^(G_r - G_s) for s < r, by
+        //      forward substitution: T[r][s] = -A[r][s] - sum_{s<m<r} A[r][m] T[m][s]. row r is
+        //      first filled with -A[r][:], then finished in place in increasing s (T[r][s]
+        //      only reads -A[r][m] for m > s, not yet overwritten). T's unit diagonal is implicit.
+        for (int r = 0; r < n; r++) {
+            float* Ar = A + r * C;
+            for (int s = 0; s < r; s++) Ar[s] = -(B(r) * dot(K(r), K(s), dk)) * expf(G[r] - G[s]);
+            for (int s = 0; s < r; s++) {
+                float t = Ar[s];
+                for (int m = s + 1; m < r; m++) t += Ar[m] * A[m * C + s];
+                Ar[s] = t;
+            }
+        }
+        // 4. U = T diag(beta) V, W = T diag(beta e^Gamma) K
+        for (int r = 0; r < n; r++) {
+            float* Ur = U + (size_t)r * dv; float* Wr = W + (size_t)r * dk;
+            for (int j = 0; j < dv; j++) Ur[j] = B(r) * V(r)[j];
+            for (int i = 0; i < dk; i++) Wr[i] = B(r) * expf(G[r]) * K(r)[i];
+            for (int s = 0; s < r; s++) {
+                const float a = A[r * C + s] * B(s), b = A[r * C + s] * B(s) * expf(G[s]);
+                for (int j = 0; j < dv; j++) Ur[j] += a * V(s)[j];
+                for (int i = 0; i < dk; i++) Wr[i] += b * K(s)[i];
+            }
+        }
+        // 5. corrected values V_new = U - W S_in (in U)
+        for (int r = 0; r < n; r++) {
+            float* Ur = U + (size_t)r * dv; const float* Wr = W + (size_t)r * dk;
+            for (int i = 0; i < dk; i++) {
+                const float* Si = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) Ur[j] -= Wr[i] * Si[j];
+            }
+        }
+        // 6. O_r = e^Gamma_r q_r S_in + sum_{s <= r} (q_r . k_s) e^(Gamma_r - Gamma_s) V_new_s
+        for (int r = 0; r < n; r++) {
+            float* Or = o + (size_t)(c0 + r) * ldo;
+            for (int j = 0; j < dv; j++) Or[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                const float qi = Q(r)[i] * expf(G[r]); const float* Si = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) Or[j] += qi * Si[j];
+            }
+            for (int s = 0; s <= r; s++) {
+                const float a = dot(Q(r), K(s), dk) * expf(G[r] - G[s]); const float* Us = U + (size_t)s * dv;
+                for (int j = 0; j < dv; j++) Or[j] += a * Us[j];
+            }
+        }
+        // 7. S_out = e^Gamma_last S_in + sum_s e^(Gamma_last - Gamma_s) k_s V_new_s^T
+        const float last = G[n - 1], dlast = expf(last);
+        for (int i = 0; i < dk; i++) {
+            float* Si = S + (size_t)i * dv;
+            for (int j = 0; j < dv; j++) Si[j] *= dlast;
+            for (int s = 0; s < n; s++) {
+                const float a = expf(last - G[s]) * K(s)[i]; const float* Us = U + (size_t)s * dv;
+                for (int j = 0; j < dv; j++) Si[j] += a * Us[j];
+            }
+        }
+    }
+}
+
+// a deltanet layer over T tokens (3.9). reads r->xb, writes r->out; conv_state [conv_dim, 3]
+// and S [Hv, dk, dv] carry over between calls.
+static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* conv_state, float* S, int T) {
+    const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv;
+    // 1. projections: u = [q | k | v] (the conv input), z, a, b
+    matmul(r->qkv, C, r->xb, g.H, w.query_key, T);
+    matmul(r->qkv + 2 * kd, C, r->xb, g.H, mat_rows(w.value_z, 0, vd), T);
+    matmul(r->z, vd, r->xb, g.H, mat_rows(w.value_z, vd, vd), T);
+    matmul(r->ga, g.Hv, r->xb, g.H, w.a_proj, T);
+    matmul(r->gb, g.Hv, r->xb, g.H, w.b_proj, T);
+    // 2. causal conv + silu, carrying the conv window
+    gdn_conv(r->conv, r->qkv, conv_state, w.convolution, T, C);
+    // 3-4. l2-normalise q and k per head, scale q; gates beta = sigmoid(b) and
+    //      g = -exp(A_log) softplus(a + dt_bias)
+    const float qscale = 1.0f / sqrtf((float)g.dk);
+    for (int t = 0; t < T; t++) {
+        float* row = r->conv + (size_t)t * C;
+        for (int h = 0; h < 2 * g.Hk; h++) l2norm(row + h * g.dk, g.dk, 1e-6f);
+        for (int i = 0; i < kd; i++) row[i] *= qscale;
+        for (int h = 0; h < g.Hv; h++) {
+            float* a = r->ga + (size_t)t * g.Hv + h; float* b = r->gb + (size_t)t * g.Hv + h;
+            *a = -expf(w.a_log.at(h)) * softplus(*a + w.dt_bias.at(h));
+            *b = sigmoid(*b);
+        }
+    }
+    // 5. the delta rule per value head; value head h reads key head h / (Hv/Hk)
+    #pragma omp parallel for schedule(static) if ((int64_t)T * g.Hv * g.dk * g.dv * 3 >= PARALLEL_MIN)
+    for (int h = 0; h < g.Hv; h++) {
+        const int kh = h / (g.Hv / g.Hk);
+        const float* q = r->conv + kh * g.dk;
+        const float* k = r->conv + kd + kh * g.dk;
+        const float* v = r->conv + 2 * kd + h * g.dv;
+        float* Sh = S + (size_t)h * g.dk * g.dv;
+        float* o = r->core + h * g.dv;
+        if (T == 1) gdn_recurrent_step(Sh, q, k, v, r->ga[h], r->gb[h], o, g.dk, g.dv);
+        else gdn_chunked(Sh, q, k, v, C, r->ga + h, r->gb + h, g.Hv, o, vd, T, g.dk, g.dv, r->chunk + h * gdn_chunk_scratch(g));
+    }
+    // 6. gated rmsnorm per head (plain w, 3.8): o / rms(o) * w * silu(z); then the output projection
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < g.Hv; h++) {
+            float* o = r->core + (size_t)t * vd + h * g.dv;
+            const float* z = r->z + (size_t)t * vd + h * g.dv;
+            float ss = 0.0f;
+            for (int j = 0; j < g.dv; j++) ss += o[j] * o[j];
+            const float rs = 1.0f / sqrtf(ss / g.dv + g.eps);
+            for (int j = 0; j < g.dv; j++) o[j] = (w.norm.at(j) * (o[j] * rs)) * silu(z[j]);
+        }
+    }
+    matmul(r->out, g.H, r->core, vd, w.output, T);
+}
+
+// ---- 4.6 mlp, layer, forward -------------------------------------------------------------
+
+// swiglu (4.2): down(silu(gate x) * up x). reads r->xb, writes r->out
+static void mlp_cpu(const Geometry& g, RunState* r, const LayerWeights& w, int T) {
+    matmul(r->mlp, 2 * g.I, r->xb, g.H, w.gate_up, T);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < g.I; i++)
+            r->hb[(size_t)t * g.I + i] = silu(r->mlp[(size_t)t * 2 * g.I + i]) * r->mlp[(size_t)t * 2 * g.I + g.I + i];
+    matmul(r->out, g.H, r->hb, g.I, w.down, T);
+}
+
+// one decoder layer (4.3) on r->x [T, H]. full layers use kcache/vcache from kv row row0 on;
+// deltanet layers use conv_state and S.
+static void layer_cpu(const Geometry& g, RunState* r, const LayerWeights& w, float* kcache, float* vcache,
+                      float* conv_state, float* S, int row0, int T) {
+    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, w.input_norm, g.H, g.eps);
+    if (w.full) attention_cpu(g, r, w.attn, kcache, vcache, row0, T);
+    else gdn_cpu(g, r, w.gdn, conv_state, S, T);
+    for (size_t i = 0; i < (size_t)T * g.H; i++) r->x[i] += r->out[i];
+    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, w.post_norm, g.H, g.eps);
+    mlp_cpu(g, r, w, T);
+    for (size_t i = 0; i < (size_t)T * g.H; i++) r->x[i] += r->out[i];
+}
+
+// rows of x: the embedding of ids[t], or row t of embed_override where ids is null or
+// ids[t] < 0 (how the vision tower's outputs replace placeholder tokens, model.md 6.6)
+static void embed_cpu(const Model* m, float* x, const int* ids, const float* embed_override, int T) {
+    const int H = m->geo.H;
+    for (int t = 0; t < T; t++) {
+        float* row = x + (size_t)t * H;
+        if (embed_override && (!ids || ids[t] < 0)) { memcpy(row, embed_override + (size_t)t * H, H * sizeof(float)); continue; }
+        CHECK(ids && ids[t] >= 0 && ids[t] < m->geo.vocab, "token id %d outside the embedding", ids ? ids[t] : -1);
+        for (int64_t k0 = 0; k0 < H; k0 += KBLOCK)
+            row_decode(m->w.token_embedding, ids[t], k0, H - k0 < KBLOCK ? H - k0 : KBLOCK, row + k0);
+    }
+}
+
+// final norm of the T rows of r->x into r->xb (and hidden_out), then the head: logits of all
+// T rows ([T, vocab]) or of the last one ([vocab])
+static void head_cpu(const Model* m, RunState* r, const Vec& norm, int T, float* logits, bool all_logits, float* hidden_out) {
+    const Geometry& g = m->geo;
+    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, norm, g.H, g.eps);
+    if (hidden_out) memcpy(hidden_out, r->xb, (size_t)T * g.H * sizeof(float));
+    if (!logits) return;
+    if (all_logits) matmul(logits, g.vocab, r->xb, g.H, m->w.output_head, T);
+    else matmul(logits, g.vocab, r->xb + (size_t)(T - 1) * g.H, g.H, m->w.output_head, 1);
+}
+
+// the text model on T tokens of a sequence, continuing from st (model.md 4.4; appendix b).
+//   ids             [T] token ids (may be null, or < 0 per row, with embed_override)
+//   embed_override  [T, H] or null: input rows that replace the embedding (vision)
+//   pos3            [3, T] m-rope positions or null: text positions st->pos + t + rope_delta
+//   logits          [T, vocab] when all_logits, else [vocab] for the last token; may be null
+//   hidden_out      [T, H] final-normed hidden (what the head and the mtp read), or null
+// T > 1 runs the chunked deltanet, T == 1 the recurrent one. st->pos advances by T.
+static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
+                        const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
+    const Geometry& g = m->geo;
+    CHECK(T >= 1 && T <= r->T_max, "forward of %d tokens (at most %d per call)", T, r->T_max);
+    CHECK(st->pos + T <= st->capacity && r->capacity >= st->capacity, "context overflow: %d + %d > %d", st->pos, T, st->capacity);
+    embed_cpu(m, r->x, ids, embed_override, T);
+    rope_tables(r, g, pos3, st->pos + st->rope_delta, T);
+    for (int l = 0; l < g.L; l++)
+        layer_cpu(g, r, m->w.layers[l], st->key[l], st->value[l], st->conv[l], st->rec[l], st->pos, T);
+    head_cpu(m, r, m->w.final_norm, T, logits, all_logits, hidden_out);
+    st->pos += T;
+}
+
+// the mtp module on T rows (model.md 5.1). row t pairs the token ids[t] (= x_{p+1}) with the
+// main model's final-normed hidden hidden[t] (= h_p, or the mtp's own previous hidden when
+// drafting further) at position p = st->mtp_pos + t (+ rope_delta; or pos3):
+//   c = input_projection([rmsnorm(embed(x_{p+1})) | rmsnorm(h_p)])   (embedding first)
+//   c = decoder layer (full attention with the mtp's own kv cache, mlp)
+//   hidden_out = rmsnorm(c; 1 + mtp final_norm), logits = head(hidden_out) (draft for x_{p+2})
+// st->mtp_pos advances by T.
+static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
+                            const float* hidden, const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
+    const Geometry& g = m->geo;
+    const MtpWeights& w = m->w.mtp;
+    CHECK(g.has_mtp, "the model has no mtp module");
+    CHECK(T >= 1 && T <= r->T_max, "mtp forward of %d rows (at most %d per call)", T, r->T_max);
+    CHECK(st->mtp_pos + T <= st->capacity, "mtp context overflow: %d + %d > %d", st->mtp_pos, T, st->capacity);
+    embed_cpu(m, r->x, ids, embed_override, T);
+    for (int t = 0; t < T; t++) {
+        rmsnorm(r->mtp_in + (size_t)t * 2 * g.H, r->x + (size_t)t * g.H, w.embedding_norm, g.H, g.eps);
+        rmsnorm(r->mtp_in + (size_t)t * 2 * g.H + g.H, hidden + (size_t)t * g.H, w.hidden_norm, g.H, g.eps);
+    }
+    matmul(r->x, g.H, r->mtp_in, 2 * g.H, w.input_projection, T);
+    rope_tables(r, g, pos3, st->mtp_pos + st->rope_delta, T);
+    layer_cpu(g, r, w.layer, st->mtp_key, st->mtp_value, nullptr, nullptr, st->mtp_pos, T);
+    head_cpu(m, r, w.final_norm, T, logits, all_logits, hidden_out);
+    st->mtp_pos += T;
+}
+
+// a whole prompt, in pieces of at most r->T_max tokens (--prefill-chunk): the same results as
+// one piece up to fp32 rounding. logits as in forward_cpu (all rows, or the last row's).
+static void prefill_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, int n, float* logits, bool all_logits,
+                        float* hidden_out) {
+    for (int i = 0; i < n; i += r->T_max) {
+        int T = n - i < r->T_max ? n - i : r->T_max;
+        bool last = i + T == n;
+        float* lg = all_logits ? (logits ? logits + (size_t)i * m->geo.vocab : nullptr) : (last ? logits : nullptr);
+        forward_cpu(m, r, st, ids + i, nullptr, nullptr, T, lg, all_logits, hidden_out ? hidden_out + (size_t)i * m->geo.H : nullptr);
+    }
+}
+
+// === 5. sampler ==============================================================
+//
+// NInfer's semantics (reference-engine.md 16.5), over the token domain only (the ids the
+// tokenizer can produce; the embedding has padding rows past it, model.md 4.4):
+//   temperature <= 0 (or --greedy): argmax of the raw logits, lowest id on ties
+//   otherwise: adj = logit - presence*[count > 0] - frequency*count, counts over the tokens
+//     generated so far; candidates sorted by adj descending (ties: lower id first); keep the
+//     top_k (<= 0: all. NInfer caps its candidate set at 20; we do not); weights
+//     w = exp(adj/T - max); min_p drops the tail below min_p * max weight; top_p keeps the
+//     shortest prefix reaching top_p of the candidates' total weight; renormalise; draw.
+// the random number is counter-based, a hash of (seed, position, purpose): no mutable rng
+// state, so a run is reproducible from its seed and a snapshot/restore replays exactly.
+
+struct SamplerParams {
+    float temperature = 0.6f;  // <= 0: greedy
+    float top_p = 0.95f;
+    int top_k = 20;            // <= 0: no limit
+    float min_p = 0.0f;
+    float presence = 1.0f;     // presence penalty
+    float frequency = 0.0f;    // frequency penalty
+    uint64_t seed = 0;
+};
+
+enum { RNG_PREFILL = 0, RNG_DECODE = 1 };  // the purpose key: first token after a prefill, later tokens
+
+struct Sampler {
+    SamplerParams p;
+    int domain = 0;                         // sample ids [0, domain)
+    std::vector<int> counts;                // [domain] times each id was generated
+    std::vector<std::pair<float, int>> cand;  // scratch: (adjusted logit, id)
+};
+
+static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
+    s->p = p; s->domain = domain;
+    s->counts.assign(domain, 0);
+    s->cand.reserve(domain);
+}
+
+// record a generated token (for the penalties)
+static void sampler_accept(Sampler* s, int id) { if (id >= 0 && id < s->domain) s->counts[id]++; }
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+// uniform in [0, 1) from (seed, position, purpose)
+static float rng_uniform(uint64_t seed, uint64_t position, int purpose) {
+    uint64_t x = splitmix64(splitmix64(splitmix64(seed) ^ position) ^ (uint64_t)purpose);
+    return (float)(x >> 40) * (1.0f / 16777216.0f);
+}
+
+static int argmax(const float* x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;  // strict: the lowest id wins ties
+    return best;
+}
+
+// pick the next token from logits [>= domain] for sequence position `position`
+static int sample(Sampler* s, const float* logits, uint64_t position, int purpose) {
+    const SamplerParams& p = s->p;
+    if (p.temperature <= 0.0f) return argmax(logits, s->domain);
+    auto& c = s->cand;
+    c.clear();
+    for (int i = 0; i < s->domain; i++) {
+        float adj = logits[i];
+        if (s->counts[i]) adj -= p.presence + p.frequency * (float)s->counts[i];
+        c.emplace_back(adj, i);
+    }
+    auto before = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    size_t n = c.size();
+    if (p.top_k > 0 && (size_t)p.top_k < n) {
+        n = p.top_k;
+        std::partial_sort(c.begin(), c.begin() + n, c.end(), before);
+    } else {
+        std::sort(c.begin(), c.end(), before);
+    }
+    // weights relative to the best candidate, written over the logits
+    const float inv_t = 1.0f / p.temperature, top = c[0].first * inv_t;
+    float total = 0.0f;
+    for (size_t i = 0; i < n; i++) { c[i].first = expf(c[i].first * inv_t - top); total += c[i].first; }
+    size_t keep = n;
+    if (p.min_p > 0.0f) {  // weights are sorted and the best is 1
+        size_t k = 1;
+        while (k < n && c[k].first >= p.min_p) k++;
+        keep = std::min(keep, k);
+    }
+    if (p.top_p < 1.0f) {
+        float cum = 0.0f; size_t k = 0;
+        while (k < n && (k == 0 || cum < p.top_p * total)) cum += c[k++].first;
+        keep = std::min(keep, k);
+    }
+    float mass = 0.0f;
+    for (size_t i = 0; i < keep; i++) mass += c[i].first;
+    float u = rng_uniform(p.seed, position, purpose) * mass;
+    for (size_t i = 0; i < keep; i++) {
+        u -= c[i].first;
+        if (u < 0.0f) return c[i].second;
+    }
+    return c[keep - 1].second;  // u landed on the rounding edge
+}
+
+// === 6. generation (cpu) =====================================================
+//
+// what the cli runs on the reference path: the token domain and stop ids from the artifact's
+// frontend resources, a generation loop, --logits-out and --perplexity.
+
+// the number of ids the tokenizer can produce: 1 + the largest id in frontend/tokenizer.json
+// (model.vocab and added_tokens), capped at the embedding rows; all rows when there is no
+// tokenizer. for qwen3.5 this is 248077 of 248320 rows.
+static int token_domain(const Model* m, std::string* err) {
+    std::string text = artifact_resource(&m->art, "frontend/tokenizer.json");
+    if (text.empty()) return m->geo.vocab;
+    Json j;
+    std::string jerr;
+    if (!json_parse(text, &j, &jerr)) { *err = m->art.path + ": frontend/tokenizer.json: " + jerr; return -1; }
+    int64_t top = -1;
+    const Json* model = j.get("model");
+    const Json* vocab = model ? model->get("vocab") : nullptr;
+    if (vocab && vocab->is_object())
+        for (auto& kv : vocab->obj) if (kv.second.is_int && kv.second.i > top) top = kv.second.i;
+    const Json* added = j.get("added_tokens");
+    if (added && added->is_array())
+        for (const Json& t : added->arr) {
+            const Json* id = t.get("id");
+            if (id && id->is_int && id->i > top) top = id->i;
+        }
+    if (top < 0) { *err = m->art.path + ": frontend/tokenizer.json has no model.vocab or added_tokens ids"; return -1; }
+    return (int)std::min<int64_t>(top + 1, m->geo.vocab);
+}
+
+// the model's default stop ids: generation_config.json eos_token_id (an int or a list)
+static bool default_stop_ids(const Model* m, std::vector<int>* ids, std::string* err) {
+    std::string text = artifact_resource(&m->art, "frontend/generation_config.json");
+    if (text.empty()) return true;
+    Json j;
+    std::string jerr;
+    if (!json_parse(text, &j, &jerr)) { *err = m->art.path + ": frontend/generation_config.json: " + jerr; return false; }
+    const Json* eos = j.get("eos_token_id");
+    if (!eos || eos->is_null()) return true;
+    std::vector<const Json*> list;
+    if (eos->is_array()) for (const Json& e : eos->arr) list.push_back(&e);
+    else list.push_back(eos);
+    for (const Json* e : list) {
+        if (!e->is_int) { *err = m->art.path + ": frontend/generation_config.json: eos_token_id must be an integer or a list of integers"; return false; }
+        ids->push_back((int)e->i);
+    }
+    return true;
+}
+
+// token ids separated by commas and/or whitespace; false if anything else is there
+static bool parse_ids(const char* s, std::vector<int>* ids) {
+    ids->clear();
+    while (*s) {
+        if (*s == ',' || isspace((unsigned char)*s)) { s++; continue; }
+        if (*s < '0' || *s > '9') return false;
+        long long v = 0;
+        while (*s >= '0' && *s <= '9') { v = v * 10 + (*s++ - '0'); if (v > INT32_MAX) return false; }
+        if (*s && *s != ',' && !isspace((unsigned char)*s)) return false;
+        ids->push_back((int)v);
+    }
+    return true;
+}
+
+// tokens per forward call when every row's logits are kept: the prefill piece, but at most
+// ~256 MiB of logits (a 1024-token piece of a 248320-row vocabulary would be 1 GiB)
+static int logits_piece(const RunState* r, int vocab) {
+    return (int)std::max<int64_t>(1, std::min<int64_t>(r->T_max, (256ll << 20) / ((int64_t)vocab * 4)));
+}
+
+struct GenStats { int prompt = 0, generated = 0; double prefill_s = 0, decode_s = 0; bool stopped = false; int stop_id = -1; };
+
+// generate up to max_new tokens after the prompt. each id is passed to emit as it is
+// sampled; a stop id ends generation and is not emitted. generation also ends when the
+// sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+template <typename Emit>
+static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
+                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit) {
+    const Geometry& g = m->geo;
+    GenStats s;
+    s.prompt = (int)prompt.size();
+    const int piece = logits_out ? logits_piece(r, g.vocab) : r->T_max;
+    std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
+    double t0 = now_s();
+    for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
+        int T = std::min(piece, s.prompt - i);
+        forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
+        if (!logits_out) continue;
+        CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
+        if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
+    }
+    s.prefill_s = now_s() - t0;
+    t0 = now_s();
+    for (int n = 0; n < max_new; n++) {
+        int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
+        sampler_accept(smp, id);
+        emit(id);
+        s.generated++;
+        if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
+        forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
+    }
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
+// mean negative log-likelihood over a token sequence, NInfer-style perplexity: the ids are
+// cut into non-overlapping windows of `window` tokens; in each window every token after the
+// first is scored given the window's prefix (a fresh sequence per window). returns the total
+// nll and the number of scored tokens; ppl = exp(nll / n).
+static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const std::vector<int>& ids, int window, int64_t* scored) {
+    const Geometry& g = m->geo;
+    const int piece = logits_piece(r, g.vocab);
+    std::vector<float> logits((size_t)piece * g.vocab);
+    double nll = 0.0;
+    *scored = 0;
+    for (size_t w0 = 0; w0 < ids.size(); w0 += window) {
+        int n = (int)std::min<size_t>(window, ids.size() - w0);
+        seq_reset(st);
+        for (int i = 0; i < n; i += piece) {
+            int T = std::min(piece, n - i);
+            forward_cpu(m, r, st, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true, nullptr);
+            for (int t = 0; t < T && i + t + 1 < n; t++) {  // row t predicts token i+t+1 of the window
+                const float* lg = logits.data() + (size_t)t * g.vocab;
+                float mx = lg[argmax(lg, g.vocab)];
+                double sum = 0.0;
+                for (int v = 0; v < g.vocab; v++) sum += exp((double)(lg[v] - mx));
+                nll += log(sum) + mx - lg[ids[w0 + i + t + 1]];
+                (*scored)++;
+            }
+        }
+    }
+    return nll;
+}
+
+// === 7. info =================================================================
 
 static const char* const kResourceNames[] = {
     "frontend/tokenizer.json", "frontend/tokenizer_config.json", "frontend/chat_template.jinja",
@@ -530,7 +1374,7 @@ static void print_info(FILE* f, const Model* m) {
     }
 }
 
-// === 5. cli ==================================================================
+// === 8. cli ==================================================================
 
 #ifndef NINFER_TESTING
 
@@ -539,28 +1383,201 @@ static void usage(FILE* f) {
         "usage: ninfer MODEL.ninfer [options]\n"
         "       ninfer-serve MODEL.ninfer [server options]\n"
         "\n"
+        "input (until the tokenizer lands, prompts are token ids):\n"
+        "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3\n"
+        "  --perplexity FILE      perplexity over a file of token ids (whitespace or comma separated),\n"
+        "                         in non-overlapping windows of --max-context tokens\n"
+        "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "\n"
+        "generation:\n"
+        "  --max-new N            output token limit (128)\n"
+        "  --max-context N        sequence capacity in tokens (2048)\n"
+        "  --prefill-chunk N      prompt tokens per forward call (1024)\n"
+        "  --greedy               exact argmax (ignores the sampling flags)\n"
+        "  --temperature F        [0, 2], 0 = greedy (0.6)\n"
+        "  --top-p F              [0, 1] (0.95)\n"
+        "  --top-k N              <= 0 = no limit (20; NInfer caps its candidates at 20, ninfer does not)\n"
+        "  --min-p F              [0, 1] (0)\n"
+        "  --presence-penalty F   [-2, 2], over generated tokens (1.0)\n"
+        "  --frequency-penalty F  [-2, 2], over generated tokens (0)\n"
+        "  --seed N               u64 (0)\n"
+        "  --stop-token-id N      extra stop token id, repeatable (the model's eos ids always stop)\n"
+        "\n"
+        "execution:\n"
+        "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"
+        "\n"
         "diagnostics:\n"
+        "  --print-token-ids      also print the prompt and generated ids on stderr\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
-        "  -h, --help             this text\n");
+        "  -h, --help             this text\n"
+        "\n"
+        "stdout carries only the output (generated ids, or the perplexity line); progress, stats and\n"
+        "errors go to stderr; the exit code is 0 only on success.\n");
+}
+
+// whole-string numbers in [lo, hi], else one line naming the flag and exit 1
+static long long parse_int(const char* flag, const char* s, long long lo, long long hi) {
+    char* end; errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) die("%s: '%s' is not an integer", flag, s);
+    if (v < lo || v > hi) die("%s: %lld is outside [%lld, %lld]", flag, v, lo, hi);
+    return v;
+}
+static float parse_float(const char* flag, const char* s, double lo, double hi) {
+    char* end; errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) die("%s: '%s' is not a number", flag, s);
+    if (v < lo || v > hi) die("%s: %g is outside [%g, %g]", flag, v, lo, hi);
+    return (float)v;
+}
+static uint64_t parse_u64(const char* flag, const char* s) {
+    char* end; errno = 0;
+    if (*s == '-') die("%s: '%s' is not an unsigned integer", flag, s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) die("%s: '%s' is not an unsigned integer", flag, s);
+    return v;
+}
+
+static std::string read_file(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) die("%s: cannot open: %s", path, strerror(errno));
+    std::string s;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    fclose(f);
+    return s;
 }
 
 int main(int argc, char** argv) {
+    // defaults: NInfer's (reference-engine.md 2.1)
     const char* model_path = nullptr;
     bool info = false;
+    bool cpu = false;                  // force the reference path; automatic without a gpu
+    const char* prompt_arg = nullptr;  // --prompt-ids; --prompt / --messages arrive with the tokenizer
+    const char* logits_path = nullptr;
+    const char* ppl_path = nullptr;
+    int max_new = 128;                 // output token limit
+    int max_context = 2048;            // sequence capacity (kv rows)
+    int prefill_chunk = 1024;          // prompt tokens per forward call
+    SamplerParams sp;                  // temperature 0.6, top-p 0.95, top-k 20, min-p 0, presence 1.0, frequency 0, seed 0
+    bool greedy = false;
+    std::vector<int> user_stops;
+    bool print_ids = false;
+
+    // poor man's argparse
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
+        auto value = [&]() -> const char* { if (i + 1 >= argc) die("%s needs a value", a); return argv[++i]; };
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--info")) info = true;
+        else if (!strcmp(a, "--cpu")) cpu = true;
+        else if (!strcmp(a, "--prompt-ids")) prompt_arg = value();
+        else if (!strcmp(a, "--logits-out")) logits_path = value();
+        else if (!strcmp(a, "--perplexity")) ppl_path = value();
+        else if (!strcmp(a, "--max-new")) max_new = (int)parse_int(a, value(), 0, INT32_MAX);
+        else if (!strcmp(a, "--max-context")) max_context = (int)parse_int(a, value(), 1, INT32_MAX);
+        else if (!strcmp(a, "--prefill-chunk")) prefill_chunk = (int)parse_int(a, value(), 1, INT32_MAX);
+        else if (!strcmp(a, "--greedy")) greedy = true;
+        else if (!strcmp(a, "--temperature")) sp.temperature = parse_float(a, value(), 0, 2);
+        else if (!strcmp(a, "--top-p")) sp.top_p = parse_float(a, value(), 0, 1);
+        else if (!strcmp(a, "--top-k")) sp.top_k = (int)parse_int(a, value(), INT32_MIN, INT32_MAX);
+        else if (!strcmp(a, "--min-p")) sp.min_p = parse_float(a, value(), 0, 1);
+        else if (!strcmp(a, "--presence-penalty")) sp.presence = parse_float(a, value(), -2, 2);
+        else if (!strcmp(a, "--frequency-penalty")) sp.frequency = parse_float(a, value(), -2, 2);
+        else if (!strcmp(a, "--seed")) sp.seed = parse_u64(a, value());
+        else if (!strcmp(a, "--stop-token-id")) user_stops.push_back((int)parse_int(a, value(), 0, INT32_MAX));
+        else if (!strcmp(a, "--print-token-ids")) print_ids = true;
         else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); return 1; }
         else if (!model_path) model_path = a;
         else die("unexpected argument '%s' (the model path was already given as '%s')", a, model_path);
     }
     if (!model_path) { usage(stderr); return 1; }
+    if (greedy) sp.temperature = 0.0f;
+    std::vector<int> prompt;
+    if (prompt_arg && (!parse_ids(prompt_arg, &prompt) || prompt.empty()))
+        die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", prompt_arg);
+    if (prompt_arg && ppl_path) die("give either --prompt-ids or --perplexity, not both");
+    if (logits_path && !prompt_arg) die("--logits-out needs --prompt-ids");
+
     Model m;
     std::string err;
     if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
     if (info) { print_info(stdout, &m); model_close(&m); return 0; }
-    die("nothing to do: give --info (generation arrives with the cpu reference path)");
+    if (!prompt_arg && !ppl_path) die("nothing to do: give --prompt-ids IDS, --perplexity FILE or --info");
+
+    // the reference path runs on the cpu; the gpu path arrives in a later build
+    if (!cpu) {
+        if (gpu_count() == 0) fprintf(stderr, "ninfer: no gpu found: running the cpu reference path\n");
+        else fprintf(stderr, "ninfer: this build has no gpu path yet: running the cpu reference path\n");
+    }
+    const Geometry& g = m.geo;
+    int domain = token_domain(&m, &err);
+    if (domain < 0) die("%s", err.c_str());
+    std::vector<int> stops;
+    if (!default_stop_ids(&m, &stops, &err)) die("%s", err.c_str());
+    // a default eos id outside the domain can never be sampled (synthetic models keep the real
+    // generation config with a smaller vocabulary): drop it. a user's is an error.
+    stops.erase(std::remove_if(stops.begin(), stops.end(), [&](int id) { return id < 0 || id >= domain; }), stops.end());
+    for (int id : user_stops) {
+        if (id >= domain) die("--stop-token-id %d is outside the token domain [0, %d)", id, domain);
+        stops.push_back(id);
+    }
+
+    SeqState st;
+    RunState rs;
+    seq_build(&st, g, max_context);
+    run_build(&rs, g, std::min(prefill_chunk, max_context), max_context);
+
+    if (ppl_path) {
+        std::vector<int> ids;
+        if (!parse_ids(read_file(ppl_path).c_str(), &ids))
+            die("%s: not a file of token ids; perplexity over text needs the tokenizer, which is not in this build yet", ppl_path);
+        if (ids.size() < 2) die("%s: needs at least 2 token ids, has %zu", ppl_path, ids.size());
+        for (size_t i = 0; i < ids.size(); i++)
+            if (ids[i] >= g.vocab) die("%s: token %zu is id %d, outside the vocabulary [0, %d)", ppl_path, i, ids[i], g.vocab);
+        double t0 = now_s();
+        int64_t n = 0;
+        double nll = perplexity_cpu(&m, &rs, &st, ids, max_context, &n);
+        if (n == 0) die("%s: no token was scored (every window has one token; raise --max-context)", ppl_path);
+        printf("perplexity: %.6f over %lld tokens\n", exp(nll / n), (long long)n);
+        fprintf(stderr, "ninfer: %zu tokens in windows of %d, %.2f s\n", ids.size(), max_context, now_s() - t0);
+    } else {
+        for (size_t i = 0; i < prompt.size(); i++)
+            if (prompt[i] >= domain) die("--prompt-ids: id %d (position %zu) is outside the token domain [0, %d)", prompt[i], i, domain);
+        if ((int)prompt.size() > max_context)
+            die("the prompt has %zu tokens, more than --max-context %d", prompt.size(), max_context);
+        if (print_ids) {
+            fprintf(stderr, "prompt ids:");
+            for (int id : prompt) fprintf(stderr, " %d", id);
+            fprintf(stderr, "\n");
+        }
+        FILE* lf = nullptr;
+        if (logits_path && !(lf = fopen(logits_path, "wb"))) die("%s: cannot create: %s", logits_path, strerror(errno));
+        Sampler smp;
+        sampler_build(&smp, sp, domain);
+        std::vector<int> out;
+        GenStats s = generate_cpu(&m, &rs, &st, &smp, prompt, max_new, stops, lf, [&](int id) {
+            printf(out.empty() ? "%d" : " %d", id);
+            fflush(stdout);
+            out.push_back(id);
+        });
+        if (!out.empty()) printf("\n");
+        if (lf && fclose(lf) != 0) die("%s: write failed: %s", logits_path, strerror(errno));
+        if (print_ids) {
+            fprintf(stderr, "generated ids:");
+            for (int id : out) fprintf(stderr, " %d", id);
+            fprintf(stderr, "\n");
+        }
+        fprintf(stderr, "ninfer: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
+                s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
+                s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
+                s.stopped ? ", stopped on a stop id" : st.pos == st.capacity ? ", context full" : "");
+    }
+    run_free(&rs);
+    seq_free(&st);
+    model_close(&m);
+    return 0;
 }
 
 #endif  // NINFER_TESTING
