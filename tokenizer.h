@@ -1077,12 +1077,19 @@ static bool chat_render(const Json& messages, const Json* tools, const ChatOptio
             py_str(m, &r, true);
             return chat_error(err, "Chat messages should be dicts, dataclasses or pydantic models, but got " + r + ".");
         }
+    // transformers iterates tools: each must be a dict (iterating a dict or a string yields strings)
+    static const char* TOOLS_ERR = "Tools should either be a JSON schema, or a callable function with type hints and a "
+                                   "docstring suitable for auto-conversion to a schema.";
+    bool has_tools = false;
     if (tools && !tools->is_null()) {
-        if (!tools->is_array()) return chat_error(err, "tools must be a list of JSON schemas");
-        for (const Json& t : tools->arr)
-            if (!t.is_object())
-                return chat_error(err, "Tools should either be a JSON schema, or a callable function with type hints and a "
-                                       "docstring suitable for auto-conversion to a schema.");
+        if (tools->is_object() || tools->is_string()) {
+            if (py_truthy(tools)) return chat_error(err, TOOLS_ERR);
+        } else if (!tools->is_array()) {
+            return chat_error(err, std::string("'") + py_type_name(*tools) + "' object is not iterable");
+        } else {
+            for (const Json& t : tools->arr) if (!t.is_object()) return chat_error(err, TOOLS_ERR);
+            has_tools = !tools->arr.empty();
+        }
     }
     const std::vector<Json>& msgs = messages.arr;
     const size_t n = msgs.size();
@@ -1091,7 +1098,7 @@ static bool chat_render(const Json& messages, const Json* tools, const ChatOptio
     if (n == 0) return chat_error(err, "No messages provided.");
 
     // system block, with the tool list when there are tools
-    if (tools && tools->is_array() && !tools->arr.empty()) {
+    if (has_tools) {
         out->append("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
         for (const Json& t : tools->arr) { out->push_back('\n'); py_tojson(t, out); }
         out->append("\n</tools>");
