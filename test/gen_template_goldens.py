@@ -10,7 +10,7 @@
 # reasoning_content alias). each line: {"name", "messages", "tools"?, "options",
 # "output"} or {..., "error", "error_type"} (the python exception's class and message; the c++
 # renderer reproduces the message verbatim).
-import json, os, sys
+import json, os, random, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPL = os.path.join(ROOT, "..", "shared", "fixtures", "qwen3.5", "chat_template.jinja")
@@ -160,12 +160,66 @@ def cases():
     add("err_tool_not_dict", [U("q")], GEN, ["not a schema"])
     return c
 
+def random_cases(n, seed):
+    # random conversations from building blocks, valid and broken, for branch coverage
+    rnd = random.Random(seed)
+    texts = ["", " ", "hi", "  padded \n", "<think>r</think>c", "a</think>b", "<think>\n\nx\n\n</think>\n\ny", "<tool_response>\nz\n</tool_response>",
+             "\u3000x\x1c", "multi\nline", "\u00e9\U0001F600", "</think>", "<think>", "x<tool_response>y"]
+    vals = [1, -2, 0.5, 1e16, 1e-7, True, False, None, "s", "", "with \"q\" and \\", [1, "a", None], {"k": {"n": [True]}}, {}, [], 12345678901234567890]
+    def content():
+        r = rnd.random()
+        if r < 0.6: return rnd.choice(texts)
+        if r < 0.63: return None
+        if r < 0.65: return rnd.choice([5, {"a": 1}, True, 1.5])
+        parts = []
+        for _ in range(rnd.randint(0, 4)):
+            q = rnd.random()
+            if q < 0.4: parts.append({"type": "text", "text": rnd.choice(texts)})
+            elif q < 0.5: parts.append({"text": rnd.choice(vals)})
+            elif q < 0.6: parts.append({"type": "image"})
+            elif q < 0.65: parts.append({"image_url": {"url": "u"}})
+            elif q < 0.7: parts.append({"type": "video", "video": "v"})
+            elif q < 0.75: parts.append({"video": "v"})
+            elif q < 0.8: parts.append(rnd.choice(["text", "image", "plain", "video x"]))
+            elif q < 0.81: parts.append(rnd.choice([None, 3, ["image"], {"type": "audio"}]))
+            else: parts.append({"type": "text", "text": "<tool_response>"})
+        return parts
+    def call():
+        args = {rnd.choice(["a", "b", "\u00e9", "k k"]): rnd.choice(vals) for _ in range(rnd.randint(0, 3))}
+        r = rnd.random()
+        name = rnd.choice(["f", "get_weather", "\u5de5\u5177"]) if r > 0.03 else rnd.choice([5, None])
+        c = {"name": name}
+        if rnd.random() > 0.1: c["arguments"] = args if rnd.random() > 0.03 else "{\"x\": 1}"
+        return {"type": "function", "function": c} if rnd.random() < 0.5 else c
+    def message():
+        role = rnd.choice(["user"] * 4 + ["assistant"] * 4 + ["tool"] * 3 + (["system"] if rnd.random() < 0.1 else []) + (["developer", None] if rnd.random() < 0.05 else []))
+        m = {"role": role} if role else {}
+        if rnd.random() > 0.05: m["content"] = content()
+        if role == "assistant":
+            for k in ["reasoning_content", "thinking", "reasoning"]:
+                if rnd.random() < 0.15: m[k] = rnd.choice(["r", "  rr  ", "", None, 7])
+            if rnd.random() < 0.4: m["tool_calls"] = [call() for _ in range(rnd.randint(0, 3))]
+            elif rnd.random() < 0.03: m["tool_calls"] = rnd.choice(["x", {"a": 1}, 5])
+        return m
+    cases = []
+    for _ in range(n):
+        msgs = [message() for _ in range(rnd.randint(0, 7))]
+        if rnd.random() < 0.85: msgs.insert(rnd.randint(0, len(msgs)), {"role": "user", "content": rnd.choice(texts)})
+        if msgs and rnd.random() < 0.4: msgs[0] = {"role": "system", "content": content()}
+        tools = None
+        if rnd.random() < 0.3: tools = rnd.choice([[WEATHER], [SEARCH, ODD], [], [{"name": "t", "x": vals[:8]}]])
+        opts = {"add_generation_prompt": rnd.random() < 0.7}
+        if rnd.random() < 0.5: opts["enable_thinking"] = rnd.random() < 0.5
+        if rnd.random() < 0.2: opts["add_vision_id"] = True
+        cases.append({"name": "random_%d" % len(cases), "messages": msgs, "tools": tools, "options": opts})
+    return cases
+
 def main():
     template = open(TPL, encoding="utf-8").read()
     render, how = make_renderer(template)
     from jinja2.exceptions import TemplateError
     lines = []
-    for case in cases():
+    for case in cases() + random_cases(150, 7):
         case = json.loads(json.dumps(case))  # exactly what the c++ side parses
         kw = dict(case["options"])
         try:
