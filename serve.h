@@ -615,7 +615,8 @@ static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, Ht
     }
     if (te_seen) {
         if (rq->content_length >= 0) return -400;         // smuggling: both framings
-        if (te.size() != 1 || te[0] != "chunked") return te.empty() ? -400 : -501;
+        for (const auto& t : te) if (t != "chunked") return -501;  // codings we do not implement
+        if (te.size() != 1) return -400;                  // none, or chunked applied twice
         if (rq->minor == 0) return -400;                  // http/1.0 has no chunked bodies
         rq->chunked = true;
     }
@@ -1085,9 +1086,10 @@ static bool anthropic_image(const Json& b, Json* part, ServeError* e) {
 static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counting, ApiRequest* r, ServeError* e) {
     static const char* const keys[] = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequences",
         "stream", "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
-        "output_config", "container", "context_management", nullptr};
+        "output_config", "container", "context_management", "cache_control", "inference_geo", "speed",
+        "diagnostics", "user_profile_id", "workspace_id", nullptr};
     static const char* const count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
-        "output_config", "context_management", nullptr};
+        "output_config", "context_management", "cache_control", nullptr};
     *r = ApiRequest();
     r->anthropic = true;
     if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
@@ -1411,7 +1413,11 @@ static void log_request(const ReqLog& l) {
 
 // ---- the engine thread
 
-static bool job_cancelled(void* ctx) { return ((ServeJob*)ctx)->cancel.load() || serve_cancel_all(); }
+static bool job_cancelled(void* ctx) {
+    ServeJob* j = (ServeJob*)ctx;
+    if (serve_cancel_all()) j->cancel = true;  // remembered: the response says why it ended
+    return j->cancel.load();
+}
 static bool job_emit(void* ctx, const ServeEvent& ev) {
     ServeJob* j = (ServeJob*)ctx;
     {

@@ -99,7 +99,8 @@ static bool fake_prepare(void*, const ServeChat& chat, ServePrompt* out, ServeEr
     return true;
 }
 
-// one scripted step: a token on a channel (-1 silent), or a tool call
+// one scripted step: a token on a channel (-1 silent, 0 reasoning, 1 content, 3 content
+// exempt from stop strings), or a tool call (2)
 struct FakeStep { int ch; std::string text, tool_name, tool_args; int cost = 1; };
 
 static double fake_now() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
@@ -148,22 +149,23 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
         int n = atoi(v.c_str());
         for (int k = 0; k < n; k++) script.push_back({1, (k ? " w" : "w") + std::to_string(k)});
     } else if (directive("params", nullptr)) {
+        auto num = [](float x) { char b[32]; snprintf(b, sizeof b, "%g", x); return Json::number(atof(b)); };
         Json o = Json::object();
-        o.set("temperature", Json::number(s.temperature));
-        o.set("top_p", Json::number(s.top_p));
+        o.set("temperature", num(s.temperature));
+        o.set("top_p", num(s.top_p));
         o.set("top_k", Json::integer(s.top_k));
-        o.set("min_p", Json::number(s.min_p));
-        o.set("presence_penalty", Json::number(s.presence_penalty));
-        o.set("frequency_penalty", Json::number(s.frequency_penalty));
+        o.set("min_p", num(s.min_p));
+        o.set("presence_penalty", num(s.presence_penalty));
+        o.set("frequency_penalty", num(s.frequency_penalty));
         o.set("seed", Json::string(std::to_string(s.seed)));
         o.set("max_tokens", Json::integer(s.max_tokens));
         Json stop = Json::array();
         for (const auto& x : s.stop) stop.push(Json::string(x));
         o.set("stop", stop);
         Json lb = Json::array();
-        for (const auto& x : s.logit_bias) { Json p = Json::array(); p.push(Json::integer(x.first)); p.push(Json::number(x.second)); lb.push(p); }
+        for (const auto& x : s.logit_bias) { Json p = Json::array(); p.push(Json::integer(x.first)); p.push(num(x.second)); lb.push(p); }
         o.set("logit_bias", lb);
-        script.push_back({1, json_dump(o)});
+        script.push_back({3, json_dump(o)});  // not subject to the stop strings it lists
     } else if (prompt.tools) {
         // the first tool and its first property, from the rendered <tools> block
         size_t b = text.find("<tools>\n") + 8, e = text.find('\n', b);
@@ -206,6 +208,7 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
         count += st.cost;
         bool alive = true;
         if (st.ch == 0) alive = emit(SERVE_REASONING, st.text);
+        else if (st.ch == 3) alive = emit(SERVE_CONTENT, st.text);
         else if (st.ch == 2) {
             ServeEvent ev; ev.kind = SERVE_TOOL_CALL; ev.tool_name = st.tool_name; ev.tool_args = st.tool_args;
             alive = sink.emit(sink.ctx, ev);
