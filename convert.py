@@ -12,6 +12,15 @@
 # docs/format.md (section numbers below refer to it); the HF names and shapes in docs/model.md §1.
 # only numpy and the standard library: the safetensors reader/writer is the 30 lines below.
 #
+# weights profiles: groupwise-int is NInfer's mixed Q4/Q5/Q6/W8 contract (§8.2-§8.5); bf16 is our
+# extension: every matrix BF16, vectors as in groupwise-int (norms/biases BF16, a_log/dt_bias FP32,
+# draft ids I32). the draft head has min(131072, token domain) rows, ranked by --draft-ranking
+# (§8.10) or, without one, the lowest ids; special ids are always forced in.
+# behaviour: nothing is written until config.json, every tensor shape and the whole layout are
+# validated; the artifact goes to OUT.tmp and is renamed at the end; stdout is only for --plan and
+# --inspect, progress goes to stderr; any failure is one line "convert.py: error: ..." and exit 1,
+# with the partial file removed.
+#
 # contents:
 #   1. errors and small helpers
 #   2. float words (bf16 <-> f32)
