@@ -196,7 +196,7 @@ TEST(Tokenizer, Nfc) {
         nfc_normalize(s.data(), s.size(), &n);
         std::string want = r.get("nfc") ? r.get("nfc")->str : s;
         EXPECT_EQ(n, want) << json_text(s);
-        if (!r.get("nfc")) EXPECT_TRUE(nfc_quick_check(s.data(), s.size()) || n == s);
+        if (!r.get("nfc")) { EXPECT_TRUE(nfc_quick_check(s.data(), s.size()) || n == s); }
     }
     // hangul: decomposed jamo recompose, and lvt syllables round trip
     std::string k = "\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB", n;  // U+1112 U+1161 U+11AB
@@ -305,6 +305,48 @@ TEST(Tokenizer, HandmadeLoader) {
     EXPECT_FALSE(tokenizer_load(&t, bad.data(), bad.size(), &err));
     EXPECT_FALSE(tokenizer_load(&t, "{", 1, &err));
     EXPECT_FALSE(tokenizer_load(&t, "{}", 2, &err));
+}
+
+// the third-party qwen3.5 goldens of shared/docs/fixtures.md appendix a (hf tokenizers on
+// Qwen/Qwen3.5-0.8B's tokenizer.json). the real qwen3.5 tokenizer.json is not available
+// offline: set NINFER_QWEN35_TOKENIZER to its path (e.g. extracted from a .ninfer artifact).
+TEST(Tokenizer, Qwen35RealAppendixA) {
+    const char* path = getenv("NINFER_QWEN35_TOKENIZER");
+    if (!path) GTEST_SKIP() << "NINFER_QWEN35_TOKENIZER not set";
+    std::string raw, err;
+    ASSERT_TRUE(read_file(path, &raw)) << path;
+    static Tokenizer t;
+    ASSERT_TRUE(tokenizer_load(&t, raw.data(), raw.size(), &err)) << err;
+    EXPECT_EQ(t.flavour, PRETOK_QWEN35);
+    struct Case { const char* text; std::vector<int> ids; };
+    const Case cases[] = {
+        {"Hola mundo", {65717, 27429}},
+        {"\xC2""\xBF""A qu\xC3""\xA9"" hora abren los lunes?", {29197, 32, 40883, 32991, 650, 1388, 2398, 176565, 30}},
+        {"Se\xC3""\xB1""or Mu\xC3""\xB1""oz \xE2""\x80""\x94"" \xC3""\xAD""tem \xE2""\x80""\x9C""caf\xC3""\xA9"" org\xC3""\xA1""nico\xE2""\x80""\x9D"" \xC2""\xBF""1.250 \xE2""\x82""\xAC""? \xC2""\xA1""S\xC3""\xAD""!", {1460, 5476, 269, 229724, 1892, 38804, 844, 1001, 895, 56868, 1198, 184590, 828, 27368, 16, 13, 17, 20, 15, 12612, 30, 47180, 220645, 0}},
+        {"\xC3""\xA9"" decomposed \xC3""\xA9""", {933, 27572, 3736, 3825}},
+        {"\xC3""\xB1"" and \xC3""\x91""", {5476, 321, 1624, 239}},
+        {"I'm here, they've gone, it's OK", {40, 2688, 1532, 11, 781, 2908, 7795, 11, 424, 579, 10092}},
+        {"DON'T SHOUT", {81720, 16813, 6232, 3531}},
+        {"x=12345; y = 3.14159", {87, 28, 16, 17, 18, 19, 20, 26, 374, 283, 220, 18, 13, 16, 19, 16, 20, 24}},
+        {"  leading spaces", {220, 6187, 12258}},
+        {"trailing spaces   ", {371, 13868, 12258, 262}},
+        {"tabs\tand\nnewlines\n\n\nend", {29975, 50711, 198, 902, 7718, 1358, 400}},
+        {"emoji \xF0""\x9F""\x98""\x80"" ok", {36280, 87209, 5226}},
+        {"\xE6""\x97""\xA5""\xE6""\x9C""\xAC""\xE8""\xAA""\x9E""\xE3""\x81""\xAE""\xE3""\x83""\x86""\xE3""\x82""\xAD""\xE3""\x82""\xB9""\xE3""\x83""\x88""", {247359, 15303, 210342}},
+        {"code: func main() { fmt.Println(\"hi\") }", {1787, 25, 2821, 1822, 363, 313, 8611, 12063, 437, 5834, 871, 333}},
+        {"a\r\nb\rc", {64, 317, 65, 201, 66}},
+        {" ", {220}},
+        {"123abc456", {16, 17, 18, 13290, 19, 20, 21}},
+        {"\xC2""\xA1""\xC2""\xA1""\xC2""\xA1""!!!", {38511, 38511, 38511, 11726}},
+        {"C'est d\xC3""\xA9""j\xC3""\xA0"" l'\xC3""\xA9""t\xC3""\xA9""", {34, 16811, 44311, 324, 6, 37500}},
+    };
+    for (const Case& c : cases) {
+        std::vector<int> ids;
+        tokenizer_encode(&t, c.text, &ids);
+        EXPECT_EQ(ids, c.ids) << json_text(c.text);
+    }
+    EXPECT_EQ(tokenizer_find(&t, "<|im_end|>"), 248046);
+    EXPECT_EQ(tokenizer_find(&t, "<think>"), 248068);
 }
 
 // never crashes on arbitrary bytes; output always decodes back to valid utf-8
