@@ -55,7 +55,7 @@ struct UnicodeTable {
     std::unordered_map<uint64_t, uint32_t> comp;  // (a << 21 | b) -> composite
 };
 
-static const UnicodeTable& unicode_table() {
+static inline const UnicodeTable& unicode_table() {
     static const UnicodeTable t = [] {
         UnicodeTable u;
         const size_t nruns = sizeof(unicode_runs) / sizeof(unicode_runs[0]);
@@ -136,7 +136,7 @@ static inline size_t utf8_lossy(std::string* out, const char* s, size_t n, bool 
 }
 
 // canonical decomposition of one code point, recursively, appended to out
-static void nfc_decompose(uint32_t cp, std::vector<uint32_t>* out) {
+static inline void nfc_decompose(uint32_t cp, std::vector<uint32_t>* out) {
     if (cp >= 0xAC00 && cp < 0xAC00 + 11172) {  // hangul syllable: algorithmic
         uint32_t s = cp - 0xAC00;
         out->push_back(0x1100 + s / 588);
@@ -152,7 +152,7 @@ static void nfc_decompose(uint32_t cp, std::vector<uint32_t>* out) {
     if (d->b) nfc_decompose(d->b, out);
 }
 
-static uint32_t nfc_compose_pair(uint32_t a, uint32_t b) {
+static inline uint32_t nfc_compose_pair(uint32_t a, uint32_t b) {
     if (a >= 0x1100 && a < 0x1113 && b >= 0x1161 && b < 0x1176)  // hangul L + V
         return 0xAC00 + ((a - 0x1100) * 21 + (b - 0x1161)) * 28;
     if (a >= 0xAC00 && a < 0xAC00 + 11172 && (a - 0xAC00) % 28 == 0 && b > 0x11A7 && b < 0x11C3)  // LV + T
@@ -180,7 +180,7 @@ static inline bool nfc_quick_check(const char* s, size_t n) {
 
 // nfc of s[0..n) (valid utf-8), appended to out: full canonical decomposition, canonical
 // ordering of combining marks, then canonical composition.
-static void nfc_normalize(const char* s, size_t n, std::string* out) {
+static inline void nfc_normalize(const char* s, size_t n, std::string* out) {
     std::vector<uint32_t> d;
     d.reserve(n + 8);
     for (size_t i = 0; i < n;) nfc_decompose(utf8_next(s, &i), &d);
@@ -248,7 +248,7 @@ static inline int pretok_class(uint32_t c) {
 }
 
 // split s[0..n) (valid utf-8) into pieces; each piece is appended to *cuts as its end offset.
-static void pretokenize_scan(int flavour, const char* s, size_t n, std::vector<uint32_t>* cuts) {
+static inline void pretokenize_scan(int flavour, const char* s, size_t n, std::vector<uint32_t>* cuts) {
     static const struct Ascii { uint8_t c[128]; Ascii() { for (int k = 0; k < 128; k++) c[k] = (uint8_t)pretok_class(k); } } ascii;
     // classify every code point first: cls[k] and its byte offset off[k], off[ncp] = n
     std::vector<uint8_t> cls;
@@ -428,7 +428,7 @@ static inline void byte_level_tables(uint32_t byte_to_cp[256]) {
 }
 
 // undo the byte-level mapping of one vocab string; false if a character is not in the table
-static bool byte_level_unmap(const std::string& s, const int cp_to_byte[324], std::string* out) {
+static inline bool byte_level_unmap(const std::string& s, const int cp_to_byte[324], std::string* out) {
     out->clear();
     if (!utf8_valid(s.data(), s.size())) return false;
     for (size_t i = 0; i < s.size();) {
@@ -441,7 +441,7 @@ static bool byte_level_unmap(const std::string& s, const int cp_to_byte[324], st
 
 // load a tokenizer.json (hf tokenizers format, bpe, byte-level, the qwen Split regex).
 // on failure returns false with one line in *err.
-static bool tokenizer_load(Tokenizer* t, const char* json_bytes, size_t n, std::string* err) {
+static inline bool tokenizer_load(Tokenizer* t, const char* json_bytes, size_t n, std::string* err) {
     Json root;
     std::string perr;
     if (!json_parse(json_bytes, n, &root, &perr)) { *err = "tokenizer.json: " + perr; return false; }
@@ -588,7 +588,7 @@ static bool tokenizer_load(Tokenizer* t, const char* json_bytes, size_t n, std::
 }
 
 // bpe of one pre-token (raw bytes); ids appended to out
-static void bpe_word(const Tokenizer* t, const char* s, size_t n, std::vector<int>* out) {
+static inline void bpe_word(const Tokenizer* t, const char* s, size_t n, std::vector<int>* out) {
     if (n == 1) { out->push_back(t->byte_id[(unsigned char)s[0]]); return; }
     if (t->ignore_merges) {
         auto it = t->vocab.find(std::string(s, n));
@@ -648,7 +648,7 @@ static void bpe_word(const Tokenizer* t, const char* s, size_t n, std::vector<in
 }
 
 // the pieces of one normalized segment: pre-tokenize and bpe each piece (with the cache)
-static void encode_segment(const Tokenizer* t, const char* s, size_t n, std::vector<int>* ids, WordCache* cache,
+static inline void encode_segment(const Tokenizer* t, const char* s, size_t n, std::vector<int>* ids, WordCache* cache,
                            std::vector<uint32_t>* cuts) {
     cuts->clear();
     pretokenize_scan(t->flavour, s, n, cuts);
@@ -674,7 +674,7 @@ static void encode_segment(const Tokenizer* t, const char* s, size_t n, std::vec
 // split text into added-token matches and plain segments (leftmost-longest, as hf's
 // aho-corasick); calls seg(begin, end) for plain text and tok(id) for matches
 template <class Seg, class Tok>
-static void split_added(const Tokenizer* t, const std::string& text, bool parse_special, Seg seg, Tok tok) {
+static inline void split_added(const Tokenizer* t, const std::string& text, bool parse_special, Seg seg, Tok tok) {
     size_t start = 0, i = 0, n = text.size();
     if (parse_special && !t->added.empty()) {
         while (i < n) {
@@ -695,7 +695,7 @@ static void split_added(const Tokenizer* t, const std::string& text, bool parse_
 // text -> ids, appended to *ids. parse_special: match added tokens in the text (hf's default;
 // the chat template's output needs it); false treats every byte as plain text. invalid utf-8
 // is replaced by U+FFFD first, as hf sees text decoded with errors='replace'.
-static void tokenizer_encode(const Tokenizer* t, const std::string& text, std::vector<int>* ids, bool parse_special = true) {
+static inline void tokenizer_encode(const Tokenizer* t, const std::string& text, std::vector<int>* ids, bool parse_special = true) {
     std::string clean;
     const std::string* src = &text;
     if (!utf8_valid(text.data(), text.size())) { utf8_lossy(&clean, text.data(), text.size()); src = &clean; }
@@ -718,7 +718,7 @@ static void tokenizer_encode(const Tokenizer* t, const std::string& text, std::v
 
 // the pre-tokens hf would produce (after added-token splitting and nfc); added tokens
 // come out as their own pieces. for tests and debugging.
-static void tokenizer_pretokenize(const Tokenizer* t, const std::string& text, std::vector<std::string>* pieces, bool parse_special = true) {
+static inline void tokenizer_pretokenize(const Tokenizer* t, const std::string& text, std::vector<std::string>* pieces, bool parse_special = true) {
     std::string clean;
     const std::string* src = &text;
     if (!utf8_valid(text.data(), text.size())) { utf8_lossy(&clean, text.data(), text.size()); src = &clean; }
@@ -750,7 +750,7 @@ static inline int tokenizer_find(const Tokenizer* t, const std::string& s) {
 
 // ids -> text, as hf's decode: token bytes concatenated, invalid utf-8 replaced by U+FFFD.
 // skip_special drops added tokens marked special (not <think>, <tool_call>, ...).
-static std::string tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, bool skip_special = false) {
+static inline std::string tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, bool skip_special = false) {
     std::string bytes, out;
     for (size_t k = 0; k < n; k++) {
         if (skip_special && tokenizer_is_special(t, ids[k])) continue;
@@ -790,7 +790,7 @@ static inline void stream_decoder_flush(StreamDecoder* d, std::string* out) {
 
 // object members as a python dict built by json.loads sees them: a repeated key keeps the
 // position of its first occurrence and the value of its last
-static std::vector<std::pair<const std::string*, const Json*>> py_items(const Json& o) {
+static inline std::vector<std::pair<const std::string*, const Json*>> py_items(const Json& o) {
     std::vector<std::pair<const std::string*, const Json*>> v;
     for (const auto& kv : o.obj) {
         bool dup = false;
@@ -806,7 +806,7 @@ static inline bool py_number_is_int(const Json& v) {  // json.loads gives an int
 
 // python's repr(float): shortest round-trip digits; fixed notation when the decimal
 // exponent is in [-4, 16), else d.ddde+XX
-static void py_float_repr(double v, std::string* out) {
+static inline void py_float_repr(double v, std::string* out) {
     if (std::isnan(v)) { out->append("nan"); return; }
     if (std::isinf(v)) { out->append(v < 0 ? "-inf" : "inf"); return; }
     char buf[64];
@@ -834,7 +834,7 @@ static void py_float_repr(double v, std::string* out) {
 }
 
 // a json number as python prints it (str and repr agree for int and float)
-static void py_number(const Json& v, std::string* out, bool json_style) {
+static inline void py_number(const Json& v, std::string* out, bool json_style) {
     if (py_number_is_int(v)) {
         bool zero = v.str.find_first_not_of("-0") == std::string::npos;
         out->append(zero ? "0" : v.str);  // python ints are exact: keep the digits ("-0" is 0)
@@ -845,7 +845,7 @@ static void py_number(const Json& v, std::string* out, bool json_style) {
 }
 
 // json.dumps(v, ensure_ascii=False): python escapes only '"', '\\' and control characters
-static void py_json_string(const std::string& s, std::string* out) {
+static inline void py_json_string(const std::string& s, std::string* out) {
     out->push_back('"');
     for (unsigned char c : s) {
         switch (c) {
@@ -864,7 +864,7 @@ static void py_json_string(const std::string& s, std::string* out) {
     out->push_back('"');
 }
 
-static void py_tojson(const Json& v, std::string* out) {
+static inline void py_tojson(const Json& v, std::string* out) {
     switch (v.type) {
         case JSON_NULL: out->append("null"); break;
         case JSON_BOOL: out->append(v.b ? "true" : "false"); break;
@@ -892,7 +892,7 @@ static void py_tojson(const Json& v, std::string* out) {
 }
 
 // python's repr(str): quotes chosen as python does, non-printable characters escaped
-static void py_string_repr(const std::string& s, std::string* out) {
+static inline void py_string_repr(const std::string& s, std::string* out) {
     char q = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
     out->push_back(q);
     for (size_t i = 0; i < s.size();) {
@@ -918,7 +918,7 @@ static void py_string_repr(const std::string& s, std::string* out) {
     out->push_back(q);
 }
 
-static void py_str(const Json& v, std::string* out, bool repr = false) {
+static inline void py_str(const Json& v, std::string* out, bool repr = false) {
     switch (v.type) {
         case JSON_NULL: out->append("None"); break;
         case JSON_BOOL: out->append(v.b ? "True" : "False"); break;
@@ -966,7 +966,7 @@ static inline bool py_isspace(uint32_t c) {
 }
 // python's s.strip() (chars = nullptr: whitespace) or s.strip(chars) for ascii chars;
 // left/right pick lstrip / rstrip
-static std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+static inline std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
     size_t a = 0, b = s.size();
     auto strip_at = [&](uint32_t c) { return chars ? (c < 0x80 && strchr(chars, (int)c) && c) : py_isspace(c); };
     if (left)
@@ -1006,9 +1006,9 @@ struct ChatOptions {
 
 struct ChatState { const ChatOptions* opt; int images, videos; std::string* err; };
 
-static bool chat_error(std::string* err, const std::string& m) { *err = m; return false; }
+static inline bool chat_error(std::string* err, const std::string& m) { *err = m; return false; }
 
-static const char* py_type_name(const Json& v) {
+static inline const char* py_type_name(const Json& v) {
     switch (v.type) {
         case JSON_NULL: return "NoneType"; case JSON_BOOL: return "bool";
         case JSON_NUMBER: return py_number_is_int(v) ? "int" : "float";
@@ -1018,7 +1018,7 @@ static const char* py_type_name(const Json& v) {
 }
 
 // python's `key in item`: a dict key, a substring, a list element; 1/0, or -1 with *err set
-static int py_in(const char* key, const Json& item, std::string* err) {
+static inline int py_in(const char* key, const Json& item, std::string* err) {
     switch (item.type) {
         case JSON_OBJECT: return item.get(key) != nullptr;
         case JSON_STRING: return item.str.find(key) != std::string::npos;
@@ -1032,7 +1032,7 @@ static int py_in(const char* key, const Json& item, std::string* err) {
 }
 
 // the template's render_content macro. content == nullptr is undefined.
-static bool chat_render_content(ChatState* st, const Json* content, bool count, bool is_system, std::string* out) {
+static inline bool chat_render_content(ChatState* st, const Json* content, bool count, bool is_system, std::string* out) {
     if (!content || content->is_null()) return true;
     if (content->is_string()) { out->append(content->str); return true; }
     if (!content->is_array()) return chat_error(st->err, "Unexpected content type.");
@@ -1075,7 +1075,7 @@ static inline bool role_is(const Json& m, const char* role, bool developer_as_sy
 
 // render messages (+ tools, nullptr or null for none) into the prompt text. false with a
 // one-line *err when the template (or python under it) would raise.
-static bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err) {
+static inline bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err) {
     out->clear();
     if (!messages.is_array()) return chat_error(err, "messages must be a list");
     for (const Json& m : messages.arr)
@@ -1217,7 +1217,7 @@ static bool chat_render(const Json& messages, const Json* tools, const ChatOptio
 
 // a --messages file / request body: a json array of messages, or {"messages": [...],
 // "tools": [...]}. *tools is set to null when there are none.
-static bool chat_parse_request(const std::string& text, Json* messages, Json* tools, std::string* err) {
+static inline bool chat_parse_request(const std::string& text, Json* messages, Json* tools, std::string* err) {
     Json root;
     if (!json_parse(text, &root, err)) return false;
     *tools = Json();
@@ -1275,7 +1275,7 @@ static inline bool chat_thinking_open(const std::string& prompt) {
     return o != std::string::npos && (c == std::string::npos || c < o);
 }
 
-static void output_parser_init(OutputParser* p, bool thinking_open) {
+static inline void output_parser_init(OutputParser* p, bool thinking_open) {
     p->mode = thinking_open ? OUT_REASONING : OUT_CONTENT;
     p->buf.clear();
     p->at_start = true;
@@ -1298,7 +1298,7 @@ static inline size_t stop_holdback(const std::string& s, const std::string& m) {
 // a value that parses as json stays json, anything else becomes a string. lenient where it
 // costs nothing: a missing </parameter> ends at the next <parameter= or </function>, and
 // the </tool_call> may be missing. false if the block is not a tool call.
-static bool tool_call_parse(const std::string& block, std::string* name, std::string* arguments) {
+static inline bool tool_call_parse(const std::string& block, std::string* name, std::string* arguments) {
     std::string s = py_strip(block);
     if (s.compare(0, 11, "<tool_call>") == 0) s = s.substr(11);
     if (s.size() >= 12 && s.compare(s.size() - 12, 12, "</tool_call>") == 0) s.resize(s.size() - 12);
@@ -1340,14 +1340,14 @@ static bool tool_call_parse(const std::string& block, std::string* name, std::st
     return true;
 }
 
-static void out_emit(std::vector<OutEvent>* ev, int kind, const std::string& text) {
+static inline void out_emit(std::vector<OutEvent>* ev, int kind, const std::string& text) {
     if (text.empty()) return;
     if (!ev->empty() && ev->back().kind == kind && kind != OUT_TOOL_CALL) { ev->back().text += text; return; }
     ev->push_back(OutEvent{kind, text, "", ""});
 }
 
 // earliest occurrence of any marker in s (ties: the first marker listed); npos if none
-static size_t out_find(const std::string& s, const std::vector<const std::string*>& markers, size_t* which) {
+static inline size_t out_find(const std::string& s, const std::vector<const std::string*>& markers, size_t* which) {
     size_t best = std::string::npos;
     for (size_t k = 0; k < markers.size(); k++) {
         if (markers[k]->empty()) continue;
@@ -1358,7 +1358,7 @@ static size_t out_find(const std::string& s, const std::vector<const std::string
 }
 
 // send text of the current channel, dropping leading newlines at the start of a section
-static void out_send(OutputParser* p, std::vector<OutEvent>* ev, int kind, std::string text) {
+static inline void out_send(OutputParser* p, std::vector<OutEvent>* ev, int kind, std::string text) {
     if (p->at_start) {
         size_t k = text.find_first_not_of('\n');
         text.erase(0, k == std::string::npos ? text.size() : k);
@@ -1371,7 +1371,7 @@ static void out_send(OutputParser* p, std::vector<OutEvent>* ev, int kind, std::
 }
 
 // process p->buf as far as it is decided. final: no more text will come.
-static void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev, bool final) {
+static inline void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev, bool final) {
     static const std::string THINK_OPEN = "<think>", THINK_CLOSE = "</think>", TOOL_OPEN = "<tool_call>", TOOL_CLOSE = "</tool_call>";
     while (!p->stopped) {
         if (p->mode == OUT_TOOL_CALL) {
@@ -1459,7 +1459,7 @@ static void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev, bool f
 
 // feed the next decoded text; decided events are appended to *ev. returns false once a stop
 // string has matched (generation should end; later text is ignored).
-static bool output_parser_feed(OutputParser* p, const std::string& text, std::vector<OutEvent>* ev) {
+static inline bool output_parser_feed(OutputParser* p, const std::string& text, std::vector<OutEvent>* ev) {
     if (p->stopped) return false;
     p->buf += text;
     output_parser_run(p, ev, false);
@@ -1467,7 +1467,7 @@ static bool output_parser_feed(OutputParser* p, const std::string& text, std::ve
 }
 
 // end of generation (a stop token, the length limit): everything held back is decided now
-static void output_parser_finish(OutputParser* p, std::vector<OutEvent>* ev) {
+static inline void output_parser_finish(OutputParser* p, std::vector<OutEvent>* ev) {
     if (p->stopped) return;
     output_parser_run(p, ev, true);
 }
@@ -1484,7 +1484,7 @@ struct TextOut {
     bool raw = false;
 };
 
-static void text_out_init(TextOut* t, bool thinking_open, bool raw = false) {
+static inline void text_out_init(TextOut* t, bool thinking_open, bool raw = false) {
     t->dec = StreamDecoder();
     t->dec.skip_special = !raw;
     t->raw = raw;
@@ -1492,14 +1492,14 @@ static void text_out_init(TextOut* t, bool thinking_open, bool raw = false) {
 }
 
 // returns false when a stop string has matched: stop generating
-static bool text_out_push(TextOut* t, const Tokenizer* tok, int id, std::vector<OutEvent>* ev) {
+static inline bool text_out_push(TextOut* t, const Tokenizer* tok, int id, std::vector<OutEvent>* ev) {
     std::string piece;
     stream_decoder_push(&t->dec, tok, id, &piece);
     if (t->raw) { out_emit(ev, OUT_CONTENT, piece); return true; }
     return output_parser_feed(&t->parser, piece, ev);
 }
 
-static void text_out_finish(TextOut* t, std::vector<OutEvent>* ev) {
+static inline void text_out_finish(TextOut* t, std::vector<OutEvent>* ev) {
     std::string piece;
     stream_decoder_flush(&t->dec, &piece);
     if (t->raw) { out_emit(ev, OUT_CONTENT, piece); return; }
@@ -1508,7 +1508,7 @@ static void text_out_finish(TextOut* t, std::vector<OutEvent>* ev) {
 }
 
 // --prompt TEXT as a conversation: one user message
-static Json chat_messages_from_prompt(const std::string& text) {
+static inline Json chat_messages_from_prompt(const std::string& text) {
     Json m = Json::object();
     m.set("role", Json::string("user"));
     m.set("content", Json::string(text));
