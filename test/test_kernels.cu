@@ -1,0 +1,1037 @@
+// tests for the gpu kernel layer (gpu_wip.cuh): every kernel against a cpu twin on fresh
+// random inputs at the 9b and 0.8b layer sizes and at odd sizes, outputs poisoned (0xff bytes:
+// nan in bf16 and fp32) before each launch so an unwritten element fails.
+//
+// tolerances are stated per op, next to the check. the general rule: a cpu twin that rounds
+// to bf16 at the same points as the kernel may differ only where fp32 summation order or a
+// libm-vs-cuda ulp of exp/sin/rsqrt moves a value across a bf16 rounding boundary, i.e. by one
+// bf16 ulp per rounding point; reductions against a float64 reference are held to a bound
+// relative to sum |terms| (what fp32 accumulation can lose) plus the output rounding.
+//
+// the seed is fresh every run and printed; NINFER_SEED=... reproduces a run.
+// benches: `build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='*Bench*'`
+// (they print a table; NINFER_BENCH_LOG=path appends it to a file).
+#define NINFER_TESTING
+#include "../ninfer.cu"
+#include <gtest/gtest.h>
+#include <random>
+#include <functional>
+#include <omp.h>
+
+// ---- helpers -------------------------------------------------------------------
+
+static uint64_t g_seed = 0;
+static uint64_t test_seed() {
+    if (!g_seed) {
+        const char* e = getenv("NINFER_SEED");
+        g_seed = e ? strtoull(e, nullptr, 10) : ((uint64_t)std::random_device{}() << 32 | std::random_device{}());
+        if (!g_seed) g_seed = 1;
+        fprintf(stderr, "test_kernels: seed %llu (NINFER_SEED=%llu reproduces)\n", (unsigned long long)g_seed, (unsigned long long)g_seed);
+    }
+    return g_seed;
+}
+static uint64_t splitmix(uint64_t& s) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t stream) : s(test_seed() ^ (stream * 0xD1B54A32D192ED03ull)) { splitmix(s); }
+    uint64_t u64() { return splitmix(s); }
+    double uni() { return (u64() >> 11) * (1.0 / 9007199254740992.0); }         // [0,1)
+    float uniform(float a, float b) { return a + (b - a) * (float)uni(); }
+    int below(int n) { return (int)(u64() % (uint64_t)n); }
+    float normal() { double u = uni() + 1e-300, v = uni(); return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v)); }
+};
+static uint64_t g_stream = 1;  // each call site draws its own stream
+static Rng rng() { return Rng(g_stream++); }
+
+static float bfr(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+static std::vector<uint16_t> rand_bf16(Rng& r, size_t n, float scale) {
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) { float f = r.normal() * scale; x = f32_to_bf16(f == 0.f ? scale * 0.5f : f); }
+    return v;
+}
+static std::vector<float> to_f32(const std::vector<uint16_t>& v) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = bf16_to_f32(v[i]);
+    return o;
+}
+
+// a device buffer; poisoned with 0xff bytes on request
+struct Dev {
+    void* p = nullptr; size_t n = 0;
+    Dev() {}
+    explicit Dev(size_t bytes) : n(bytes) { cudaCheck(cudaMalloc(&p, bytes ? bytes : 1)); }
+    ~Dev() { if (p) cudaFree(p); }
+    Dev(const Dev&) = delete; Dev& operator=(const Dev&) = delete;
+    template <typename T> T* as() const { return (T*)p; }
+    void poison() { cudaCheck(cudaMemset(p, 0xFF, n)); }
+};
+template <typename T> static void up(Dev& d, const std::vector<T>& v) { cudaCheck(cudaMemcpy(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+template <typename T> static Dev* upn(const std::vector<T>& v) { Dev* d = new Dev(v.size() * sizeof(T)); up(*d, v); return d; }
+template <typename T> static std::vector<T> down(const Dev& d, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(v.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// bf16 values as ordered integers: the ulp distance between two bf16 words
+static int bf16_ulps(uint16_t a, uint16_t b) {
+    auto ord = [](uint16_t x) { return (x & 0x8000) ? -(int)(x & 0x7fff) : (int)x; };
+    return abs(ord(a) - ord(b));
+}
+static bool bf16_finite(uint16_t x) { return (x & 0x7f80) != 0x7f80; }
+
+// compare bf16 outputs with a twin that rounds at the same points: every element finite and
+// at most max_ulps apart; report how many differ at all
+static void expect_bf16_ulps(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref, int max_ulps,
+                             double max_diff_frac = 0.02) {
+    ASSERT_EQ(got.size(), ref.size());
+    size_t bad = 0, diff = 0, shown = 0; int worst = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        int u = bf16_finite(got[i]) ? bf16_ulps(got[i], ref[i]) : 1 << 20;
+        if (u) diff++;
+        worst = std::max(worst, u);
+        if (u > max_ulps) {
+            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << bf16_to_f32(got[i]) << " want " << bf16_to_f32(ref[i]) << " (" << u << " ulps)";
+            bad++;
+        }
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements more than " << max_ulps << " ulps off";
+    EXPECT_LE((double)diff, max_diff_frac * got.size() + 2) << what << ": " << diff << " of " << got.size() << " differ by an ulp";
+    fprintf(stderr, "  %-28s n=%zu  differing=%zu  worst=%d ulp\n", what, got.size(), diff, worst);
+}
+
+// |got - ref| <= atol[i] + rtol |ref|, nan never passes
+static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& atol,
+                         double rtol) {
+    ASSERT_EQ(got.size(), ref.size());
+    size_t bad = 0, shown = 0; double worst = 0, l2e = 0, l2r = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = fabs((double)got[i] - ref[i]), tol = atol[i] + rtol * fabs(ref[i]);
+        if (!(e <= tol)) {
+            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << ref[i] << " (tol " << tol << ")";
+            bad++;
+        }
+        if (tol > 0 && e == e) worst = std::max(worst, e / tol);
+        l2e += (got[i] - ref[i]) * (got[i] - ref[i]); l2r += ref[i] * ref[i];
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " out of tolerance";
+    fprintf(stderr, "  %-28s n=%zu  worst err/tol=%.3f  rel-l2=%.2e\n", what, got.size(), worst, sqrt(l2e / (l2r + 1e-300)));
+}
+
+#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; } while (0)
+
+// ---- random row-split matrices ------------------------------------------------------
+
+// a [rows, cols] matrix in `f` with random codes and scales, padding per format.md 7.2
+// (padding lanes code 0, padding groups scale 0); a few whole groups get scale 0 and zero
+// codes (legal, the encoder writes them for all-zero groups). bf16: random normal values.
+struct HostMat {
+    NumFormat f; int64_t rows, cols;
+    std::vector<uint8_t> bytes;
+    TensorObject obj;
+    Mat host() const { return mat_from(&obj, bytes.data()); }
+};
+static HostMat make_mat(NumFormat f, int64_t rows, int64_t cols, uint64_t stream) {
+    HostMat m; m.f = f; m.rows = rows; m.cols = cols;
+    m.obj.format = f; m.obj.shape = {rows, cols};
+    m.obj.layout = f == FMT_BF16 ? LAYOUT_CONTIGUOUS : LAYOUT_ROW_SPLIT;
+    uint64_t nbytes = 0; EXPECT_TRUE(encoded_size(f, m.obj.layout, m.obj.shape, &nbytes));
+    m.bytes.assign(nbytes, 0);
+    m.obj.bytes = nbytes;
+    uint64_t seed = test_seed() ^ (stream * 0x9E3779B97F4A7C15ull);
+    if (f == FMT_BF16) {
+        uint16_t* w = (uint16_t*)m.bytes.data();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            uint64_t s = seed + (uint64_t)r * 0x632BE59BD9B4E019ull;
+            for (int64_t k = 0; k < cols; k++) {
+                uint64_t z = splitmix(s);
+                float u = ((z >> 40) * (1.0f / 16777216.0f)) * 2.f - 1.f;
+                w[r * cols + k] = f32_to_bf16(u * 0.05f + (u >= 0 ? 1e-4f : -1e-4f));
+            }
+        }
+        return m;
+    }
+    RowSplitGeom g; row_split_geom(f, rows, cols, &g);
+    int G = group_size(f), hb = high_bytes(f);
+    uint8_t* base = m.bytes.data(); uint8_t* high = base + g.high_offset; uint16_t* sc = (uint16_t*)(base + g.scale_offset);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t s = seed + (uint64_t)r * 0x632BE59BD9B4E019ull;
+        uint8_t* br = base + r * g.base_row; uint8_t* hr = high + r * g.high_row;
+        for (uint64_t i = 0; i < g.base_row; i += 8) { uint64_t z = splitmix(s); memcpy(br + i, &z, 8); }
+        for (uint64_t i = 0; i < g.high_row; i += 8) { uint64_t z = splitmix(s); memcpy(hr + i, &z, 8); }
+        if (f == FMT_W8) for (uint64_t i = 0; i < g.base_row; i++) if (br[i] == 0x80) br[i] = 0x81;  // -128 is illegal
+        for (uint64_t grp = 0; grp < g.gpr; grp++) {
+            int64_t real = cols - (int64_t)grp * G; real = real < 0 ? 0 : real > G ? G : real;
+            uint64_t z = splitmix(s);
+            bool zero_group = real == 0 || (z & 63) == 0;  // padding, or a legal all-zero group
+            float scale = (0.5f + (float)((z >> 8) & 0xFFFF) / 65536.f) * (f == FMT_W8 ? 2e-4f : 4e-3f);
+            sc[r * g.gpr + grp] = zero_group ? 0 : f32_to_f16(scale);
+            int from = zero_group ? 0 : (int)real;
+            for (int j = from; j < G; j++) {  // codes of padding lanes (and zero groups) are 0
+                uint8_t* b = br + grp * 32;
+                if (f == FMT_W8) b[j] = 0;
+                else b[j >> 1] &= (j & 1) ? 0x0F : 0xF0;
+                if (f == FMT_Q5) hr[grp * hb + (j >> 3)] &= ~(1u << (j & 7));
+                if (f == FMT_Q6) hr[grp * hb + (j >> 2)] &= ~(3u << ((j & 3) * 2));
+            }
+        }
+    }
+    return m;
+}
+
+// ---- gemv ------------------------------------------------------------------------
+
+struct GemvCase {
+    NumFormat f; int64_t rows, cols; int C;
+    bool f32, resid;
+    int sample;  // check this many random rows (+ the first and last 16); 0: all rows
+    const char* name;
+};
+
+// y = W x against float64 dots of mat_row_dequant rows (format.h's decoder, independent of
+// the kernel's bit tricks).
+// tolerance: per element atol = 1e-5 * sum_k |w_k x_k|: the fp32 accumulation (tensor-core
+// sums inside a group, fp32 fma across <= 192 groups and 8 warps) loses at most ~2^-23 per
+// addition relative to the running magnitude, i.e. ~1e-6 of sum |terms| for these k; 1e-5
+// leaves 10x room and still catches any wrong code, lane or scale (errors of order
+// |w_k x_k| itself). bf16 output adds its rounding: rtol 2^-8 (a half ulp is <= 2^-9; the
+// residual path rounds twice). fp32 output: rtol 1e-6.
+static void run_gemv_case(const GemvCase& tc, int variant) {
+    SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
+    HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+    Rng r = rng();
+    int ldx = (int)align_up(tc.cols, 8) + 8;  // padded, and the padding is nan: never read
+    std::vector<uint16_t> x((size_t)tc.C * ldx, 0x7fc1);
+    for (int c = 0; c < tc.C; c++) for (int64_t k = 0; k < tc.cols; k++) { float v = r.normal(); x[(size_t)c * ldx + k] = f32_to_bf16(v == 0 ? 0.5f : v); }
+    int ldy = (int)tc.rows + 3;
+    std::vector<uint16_t> res((size_t)tc.C * ldy);
+    for (auto& v : res) v = f32_to_bf16(r.normal() * 0.5f);
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dr(res.size() * 2); up(dr, res);
+    size_t ysz = (size_t)tc.C * ldy * (tc.f32 ? 4 : 2);
+    Dev dy(ysz); dy.poison();
+    Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
+    gemv_variant(variant, dm, dx.as<bf16_t>(), ldx, tc.C, dy.p, ldy, tc.f32, tc.resid ? dr.as<bf16_t>() : nullptr, ldy, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    // rows to check
+    std::vector<int64_t> rows;
+    if (!tc.sample) for (int64_t i = 0; i < tc.rows; i++) rows.push_back(i);
+    else {
+        for (int64_t i = 0; i < 16 && i < tc.rows; i++) { rows.push_back(i); rows.push_back(tc.rows - 1 - i); }
+        for (int i = 0; i < tc.sample; i++) rows.push_back((int64_t)(r.u64() % (uint64_t)tc.rows));
+    }
+    Mat hmat = hm.host();
+    std::vector<double> ref(rows.size() * tc.C), atol(rows.size() * tc.C);
+    std::vector<float> xf = to_f32(x);
+#pragma omp parallel
+    {
+        std::vector<float> wrow(tc.cols);
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t ri = 0; ri < (int64_t)rows.size(); ri++) {
+            mat_row_dequant(hmat, rows[ri], wrow.data());
+            for (int c = 0; c < tc.C; c++) {
+                double s = 0, sa = 0;
+                const float* xc = &xf[(size_t)c * ldx];
+                for (int64_t k = 0; k < tc.cols; k++) { double t = (double)wrow[k] * xc[k]; s += t; sa += fabs(t); }
+                double rv = tc.resid ? bf16_to_f32(res[(size_t)c * ldy + rows[ri]]) : 0.0;
+                ref[ri * tc.C + c] = s + rv;
+                atol[ri * tc.C + c] = 1e-5 * sa + 1e-30;
+            }
+        }
+    }
+    // every output element written and finite (rows beyond the checked sample too)
+    std::vector<float> got(ref.size());
+    size_t nonfinite = 0;
+    if (tc.f32) {
+        auto y = down<float>(dy, (size_t)tc.C * ldy);
+        for (int c = 0; c < tc.C; c++) for (int64_t i = 0; i < tc.rows; i++) nonfinite += !std::isfinite(y[(size_t)c * ldy + i]);
+        for (size_t ri = 0; ri < rows.size(); ri++) for (int c = 0; c < tc.C; c++) got[ri * tc.C + c] = y[(size_t)c * ldy + rows[ri]];
+    } else {
+        auto y = down<uint16_t>(dy, (size_t)tc.C * ldy);
+        for (int c = 0; c < tc.C; c++) for (int64_t i = 0; i < tc.rows; i++) nonfinite += !bf16_finite(y[(size_t)c * ldy + i]);
+        for (size_t ri = 0; ri < rows.size(); ri++) for (int c = 0; c < tc.C; c++) got[ri * tc.C + c] = bf16_to_f32(y[(size_t)c * ldy + rows[ri]]);
+    }
+    EXPECT_EQ(nonfinite, 0u) << "unwritten or non-finite outputs";
+    // the gap after each column's rows (ldy > rows) must stay poisoned: nothing written outside
+    if (tc.f32) { auto y = down<uint32_t>(dy, (size_t)tc.C * ldy); for (int c = 0; c < tc.C; c++) EXPECT_EQ(y[(size_t)c * ldy + tc.rows], 0xFFFFFFFFu); }
+    else { auto y = down<uint16_t>(dy, (size_t)tc.C * ldy); for (int c = 0; c < tc.C; c++) EXPECT_EQ(y[(size_t)c * ldy + tc.rows], 0xFFFF); }
+    char what[96]; snprintf(what, sizeof what, "%s v%d", tc.name, variant);
+    expect_close(what, got, ref, atol, tc.f32 ? 1e-6 : 1.0 / 256);
+}
+
+static const GemvCase kGemvCases[] = {
+    // 9b layer shapes (format.md 8.2)
+    {FMT_Q5, 4096, 4096, 1, false, false, 0, "9b gdn out q5 4096x4096"},
+    {FMT_Q5, 4096, 4096, 8, true, true, 0, "9b q5 4096x4096 c8 f32+res"},
+    {FMT_Q4, 24576, 4096, 1, false, true, 0, "9b gate_up q4 24576x4096"},
+    {FMT_Q4, 24576, 4096, 4, true, false, 4096, "9b gate_up q4 c4 f32"},
+    {FMT_Q5, 4096, 12288, 3, false, false, 0, "9b down q5 4096x12288 c3"},
+    {FMT_Q5, 8192, 4096, 2, false, false, 0, "9b value_z q5 8192x4096"},
+    {FMT_Q4, 5120, 4096, 1, false, false, 0, "9b attn qk q4 5120x4096"},
+    {FMT_Q6, 248320, 4096, 1, true, false, 3000, "9b head q6 248320x4096"},
+    {FMT_Q6, 248320, 4096, 2, false, false, 1000, "9b head q6 c2 bf16"},
+    {FMT_W8, 10240, 4096, 1, false, false, 0, "9b mtp qkgv w8 10240x4096"},
+    {FMT_W8, 10240, 4096, 5, true, false, 2048, "9b w8 c5 f32"},
+    {FMT_BF16, 32, 4096, 1, true, false, 0, "9b gdn a_proj bf16 32x4096"},
+    {FMT_BF16, 32, 4096, 8, false, false, 0, "9b bf16 32x4096 c8"},
+    // 0.8b (H 1024, I 3584, Hv 16)
+    {FMT_Q4, 4096, 1024, 1, false, false, 0, "0.8b gdn qk q4 4096x1024"},
+    {FMT_Q5, 4096, 1024, 2, false, false, 0, "0.8b value_z q5 4096x1024"},
+    {FMT_Q5, 1024, 2048, 1, false, true, 0, "0.8b gdn out q5 1024x2048"},
+    {FMT_Q4, 7168, 1024, 4, false, false, 0, "0.8b gate_up q4 7168x1024"},
+    {FMT_Q5, 1024, 3584, 1, true, false, 0, "0.8b down q5 1024x3584"},
+    {FMT_Q6, 248320, 1024, 1, true, false, 3000, "0.8b head q6 248320x1024"},
+    // odd sizes: padded k (partial and whole padding groups), rows not a multiple of 16,
+    // more than 8 columns (chunked launches)
+    {FMT_Q5, 2, 130, 1, false, false, 0, "odd q5 2x130"},
+    {FMT_Q4, 37, 130, 3, true, false, 0, "odd q4 37x130"},
+    {FMT_Q6, 19, 200, 8, false, true, 0, "odd q6 19x200"},
+    {FMT_W8, 23, 130, 2, true, false, 0, "odd w8 23x130"},
+    {FMT_W8, 45, 4000, 1, false, false, 0, "odd w8 45x4000"},
+    {FMT_BF16, 17, 136, 3, false, false, 0, "odd bf16 17x136"},
+    {FMT_BF16, 70, 1000, 2, true, false, 0, "odd bf16 70x1000"},
+    {FMT_Q4, 100, 384, 1, false, false, 0, "odd q4 100x384"},
+    {FMT_Q5, 1, 128, 1, true, false, 0, "odd q5 1x128"},
+    {FMT_Q6, 33, 4224, 7, false, false, 0, "odd q6 33x4224"},
+    {FMT_Q4, 50, 256, 11, true, false, 0, "odd q4 50x256 c11"},
+};
+
+TEST(Gemv, MatchesDequantizedReference) {
+    NEED_GPU();
+    for (const GemvCase& tc : kGemvCases)
+        for (int v = 0; v < GEMV_VARIANTS; v++) run_gemv_case(tc, v);
+}
+
+// in-place residual (y aliases resid): x += W h, the way the forward adds a mixer output
+TEST(Gemv, InPlaceResidual) {
+    NEED_GPU();
+    HostMat hm = make_mat(FMT_Q5, 4096, 4096, g_stream++);
+    Rng r = rng();
+    int C = 3, ld = 4096;
+    auto x = rand_bf16(r, (size_t)C * ld, 1.f), res = rand_bf16(r, (size_t)C * ld, 1.f);
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dy(res.size() * 2); up(dy, res);
+    gemv(mat_from(&hm.obj, dw.as<uint8_t>()), dx.as<bf16_t>(), ld, C, dy.p, ld, false, dy.as<bf16_t>(), ld, 0);
+    auto y = down<uint16_t>(dy, res.size());
+    Mat hmat = hm.host();
+    std::vector<float> wrow(4096), got; std::vector<double> ref, atol;
+    for (int64_t row = 0; row < 4096; row += 7) {
+        mat_row_dequant(hmat, row, wrow.data());
+        for (int c = 0; c < C; c++) {
+            double s = 0, sa = 0;
+            for (int k = 0; k < 4096; k++) { double t = (double)wrow[k] * bf16_to_f32(x[(size_t)c * ld + k]); s += t; sa += fabs(t); }
+            ref.push_back(s + bf16_to_f32(res[(size_t)c * ld + row]));
+            atol.push_back(1e-5 * sa);
+            got.push_back(bf16_to_f32(y[(size_t)c * ld + row]));
+        }
+    }
+    expect_close("q5 in-place residual", got, ref, atol, 1.0 / 256);
+}
+
+// ---- norms -----------------------------------------------------------------------
+
+// cpu twin: same rounding points (fp32 math, one rounding at the end)
+static std::vector<uint16_t> rmsnorm_cpu(const std::vector<uint16_t>& x, int ldx, const std::vector<uint16_t>& w, int n, int rows,
+                                         int heads, float eps, bool plain, int ldy) {
+    std::vector<uint16_t> y((size_t)(rows / heads) * ldy, 0);
+    for (int r = 0; r < rows; r++) {
+        int t = r / heads, h = r % heads;
+        const uint16_t* xr = &x[(size_t)t * ldx + (size_t)h * n];
+        float ss = 0; for (int i = 0; i < n; i++) { float v = bf16_to_f32(xr[i]); ss += v * v; }
+        float inv = 1.0f / sqrtf(ss / n + eps);
+        for (int i = 0; i < n; i++) {
+            float wv = bf16_to_f32(w[i]);
+            y[(size_t)t * ldy + (size_t)h * n + i] = f32_to_bf16(bf16_to_f32(xr[i]) * inv * (plain ? wv : 1.f + wv));
+        }
+    }
+    return y;
+}
+
+// tolerance: 1 ulp (only the fp32 sum order and rsqrtf vs 1/sqrtf differ)
+TEST(Norms, RmsNorm) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { int n, T, heads, ld; bool plain; const char* name; } cases[] = {
+        {4096, 3, 1, 4096, false, "9b hidden 4096"},
+        {1024, 5, 1, 1032, false, "0.8b hidden 1024"},
+        {256, 2, 16, 5120, false, "q_norm 16 heads of 256"},
+        {256, 3, 4, 5120, false, "k_norm 4 heads of 256"},
+        {1000, 2, 1, 1000, true, "plain w 1000"},
+    };
+    for (auto& c : cases) {
+        int rows = c.T * c.heads;
+        auto x = rand_bf16(r, (size_t)c.T * c.ld, 3.f);
+        auto w = rand_bf16(r, c.n, 0.3f);
+        Dev dx(x.size() * 2); up(dx, x);
+        Dev dw(w.size() * 2); up(dw, w);
+        Dev dy(x.size() * 2); dy.poison();
+        rmsnorm(dx.as<bf16_t>(), c.ld, dy.as<bf16_t>(), c.ld, dw.as<bf16_t>(), c.n, rows, c.heads, 1e-6f, c.plain, 0);
+        auto got = down<uint16_t>(dy, x.size());
+        auto ref = rmsnorm_cpu(x, c.ld, w, c.n, rows, c.heads, 1e-6f, c.plain, c.ld);
+        // compare only the normalized spans
+        std::vector<uint16_t> g2, r2;
+        for (int t = 0; t < c.T; t++) for (int i = 0; i < c.heads * c.n; i++) { g2.push_back(got[(size_t)t * c.ld + i]); r2.push_back(ref[(size_t)t * c.ld + i]); }
+        expect_bf16_ulps(c.name, g2, r2, 1);
+        // in place
+        rmsnorm(dx.as<bf16_t>(), c.ld, dx.as<bf16_t>(), c.ld, dw.as<bf16_t>(), c.n, rows, c.heads, 1e-6f, c.plain, 0);
+        auto got2 = down<uint16_t>(dx, x.size());
+        std::vector<uint16_t> g3;
+        for (int t = 0; t < c.T; t++) for (int i = 0; i < c.heads * c.n; i++) g3.push_back(got2[(size_t)t * c.ld + i]);
+        EXPECT_EQ(g3, g2) << c.name << ": in-place result differs";
+    }
+}
+
+// twin with hf's three roundings; tolerance 2 ulps: a one-ulp flip of the normalized value
+// carries through the weight product into the final rounding
+TEST(Norms, GatedRmsNorm) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { int T, Hv, n; } cases[] = {{3, 32, 128}, {2, 16, 128}};
+    for (auto& c : cases) {
+        int ldo = c.Hv * c.n, ldz = 2 * c.Hv * c.n;
+        auto o = rand_bf16(r, (size_t)c.T * ldo, 0.7f);
+        auto z = rand_bf16(r, (size_t)c.T * ldz, 2.f);
+        auto w = rand_bf16(r, c.n, 1.f);
+        Dev dO(o.size() * 2); up(dO, o);
+        Dev dz(z.size() * 2); up(dz, z);
+        Dev dw(w.size() * 2); up(dw, w);
+        Dev dy(o.size() * 2); dy.poison();
+        // z is the second half of value_z's output: offset Hv*n, row stride 2*Hv*n
+        gated_rmsnorm(dO.as<bf16_t>(), ldo, dz.as<bf16_t>() + ldo, ldz, dy.as<bf16_t>(), ldo, dw.as<bf16_t>(), c.n, c.T, c.Hv, 1e-6f, 0);
+        auto got = down<uint16_t>(dy, o.size());
+        std::vector<uint16_t> ref(o.size());
+        for (int t = 0; t < c.T; t++) for (int h = 0; h < c.Hv; h++) {
+            const uint16_t* orow = &o[(size_t)t * ldo + h * c.n];
+            float ss = 0; for (int i = 0; i < c.n; i++) { float v = bf16_to_f32(orow[i]); ss += v * v; }
+            float inv = 1.0f / sqrtf(ss / c.n + 1e-6f);
+            for (int i = 0; i < c.n; i++) {
+                float nrm = bfr(bf16_to_f32(orow[i]) * inv);
+                float p = bfr(bf16_to_f32(w[i]) * nrm);
+                float zz = bf16_to_f32(z[(size_t)t * ldz + ldo + h * c.n + i]);
+                ref[(size_t)t * ldo + h * c.n + i] = f32_to_bf16(p * (zz / (1.f + expf(-zz))));
+            }
+        }
+        expect_bf16_ulps(c.Hv == 32 ? "gated norm 9b" : "gated norm 0.8b", got, ref, 2);
+    }
+}
+
+// fp32 output against float64: rtol 1e-5 (128-term fp32 sum, rsqrtf's 2 ulps)
+TEST(Norms, L2Norm) {
+    NEED_GPU();
+    Rng r = rng();
+    int T = 3, heads = 16, n = 128, ldx = 8192, ldy = heads * n;
+    auto x = rand_bf16(r, (size_t)T * ldx, 1.f);
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dy((size_t)T * ldy * 4); dy.poison();
+    float scale = 0.08838834764831845f;
+    l2norm(dx.as<bf16_t>() + 2048, ldx, dy.as<float>(), ldy, n, T, heads, 1e-6f, scale, 0);  // the k part of a conv row
+    auto got = down<float>(dy, (size_t)T * ldy);
+    std::vector<double> ref(got.size()), atol(got.size(), 1e-9);
+    for (int t = 0; t < T; t++) for (int h = 0; h < heads; h++) {
+        const uint16_t* xr = &x[(size_t)t * ldx + 2048 + h * n];
+        double ss = 0; for (int i = 0; i < n; i++) ss += (double)bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+        for (int i = 0; i < n; i++) ref[(size_t)t * ldy + h * n + i] = bf16_to_f32(xr[i]) / sqrt(ss + 1e-6) * scale;
+    }
+    expect_close("l2norm 16x128", got, ref, atol, 1e-5);
+}
+
+// ---- elementwise -------------------------------------------------------------------
+
+// twin rounds silu to bf16 then the product: 1 ulp (expf ulps)
+TEST(Elementwise, SwiGLU) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { int I, T; } cases[] = {{12288, 3}, {3584, 2}, {1000, 1}};
+    for (auto& c : cases) {
+        int ld = 2 * c.I + 8;
+        auto gu = rand_bf16(r, (size_t)c.T * ld, 3.f);
+        Dev dg(gu.size() * 2); up(dg, gu);
+        Dev dy((size_t)c.T * c.I * 2); dy.poison();
+        swiglu(dg.as<bf16_t>(), ld, dy.as<bf16_t>(), c.I, c.I, c.T, 0);
+        auto got = down<uint16_t>(dy, (size_t)c.T * c.I);
+        std::vector<uint16_t> ref(got.size());
+        for (int t = 0; t < c.T; t++) for (int i = 0; i < c.I; i++) {
+            float g = bf16_to_f32(gu[(size_t)t * ld + i]), u = bf16_to_f32(gu[(size_t)t * ld + c.I + i]);
+            ref[(size_t)t * c.I + i] = f32_to_bf16(bfr(g / (1.f + expf(-g))) * u);
+        }
+        expect_bf16_ulps("swiglu", got, ref, 1);
+    }
+}
+
+// exact: the kernel computes fp32(scale) * code and rounds once, as mat_row_dequant + rne
+TEST(Elementwise, EmbedGather) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { NumFormat f; int rows, cols; } cases[] = {
+        {FMT_Q6, 3000, 4096}, {FMT_Q6, 3000, 1024}, {FMT_W8, 500, 4096}, {FMT_Q5, 77, 130}, {FMT_Q4, 64, 256}, {FMT_BF16, 100, 1024}};
+    for (auto& c : cases) {
+        HostMat hm = make_mat(c.f, c.rows, c.cols, g_stream++);
+        int T = 6, ld = c.cols + 8;
+        std::vector<int> ids = {r.below(c.rows), 0, c.rows - 1, -1, r.below(c.rows), -2};  // -1, -2: override rows 0, 1
+        auto ovr = rand_bf16(r, (size_t)2 * c.cols, 1.f);
+        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+        Dev di(ids.size() * 4); up(di, ids);
+        Dev dov(ovr.size() * 2); up(dov, ovr);
+        Dev dy((size_t)T * ld * 2); dy.poison();
+        embed_gather(mat_from(&hm.obj, dw.as<uint8_t>()), di.as<int>(), T, dov.as<bf16_t>(), c.cols, dy.as<bf16_t>(), ld, 0);
+        auto got = down<uint16_t>(dy, (size_t)T * ld);
+        Mat hmat = hm.host();
+        std::vector<float> row(c.cols);
+        std::vector<uint16_t> g2, r2;
+        for (int t = 0; t < T; t++) {
+            if (ids[t] >= 0) mat_row_dequant(hmat, ids[t], row.data());
+            for (int k = 0; k < c.cols; k++) {
+                r2.push_back(ids[t] >= 0 ? f32_to_bf16(row[k]) : ovr[(size_t)(-1 - ids[t]) * c.cols + k]);
+                g2.push_back(got[(size_t)t * ld + k]);
+            }
+        }
+        expect_bf16_ulps(format_name(c.f), g2, r2, 0, 0.0);
+    }
+}
+
+// twin: host sincosf, same bf16 roundings. up to 2 ulps where cuda's and libm's sin/cos
+// round a value to different bf16 neighbours (then the product and the sum can each move)
+TEST(Elementwise, MRope) {
+    NEED_GPU();
+    Rng r = rng();
+    int T = 7, nheads = 20, hd = 256, rot = 64, ld = 5120 + 64;
+    const int sec[3] = {11, 11, 10};
+    auto x = rand_bf16(r, (size_t)T * ld, 2.f);
+    std::vector<int> pos(T * 3);
+    for (int t = 0; t < T; t++) {
+        if (t < 3) { int p = t == 0 ? 0 : t == 1 ? 5 : 262143; pos[t * 3] = pos[t * 3 + 1] = pos[t * 3 + 2] = p; }  // text
+        else for (int a = 0; a < 3; a++) pos[t * 3 + a] = r.below(100000);                                    // vision-like
+    }
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dp(pos.size() * 4); up(dp, pos);
+    mrope(dx.as<bf16_t>(), ld, T, nheads, hd, rot, dp.as<int>(), 1e7f, sec, 0);
+    auto got = down<uint16_t>(dx, x.size());
+    float inv[32]; rope_inv_freq(1e7f, rot, inv);
+    std::vector<uint16_t> ref = x;
+    for (int t = 0; t < T; t++) for (int h = 0; h < nheads; h++) for (int i = 0; i < 32; i++) {
+        int axis = (i % 3 == 1 && i < 33) ? 1 : (i % 3 == 2 && i < 30) ? 2 : 0;
+        float ang = (float)pos[t * 3 + axis] * inv[i];
+        float c = bfr(cosf(ang)), s = bfr(sinf(ang));
+        size_t o = (size_t)t * ld + (size_t)h * hd;
+        float x1 = bf16_to_f32(x[o + i]), x2 = bf16_to_f32(x[o + i + 32]);
+        ref[o + i] = f32_to_bf16(bfr(x1 * c) - bfr(x2 * s));
+        ref[o + i + 32] = f32_to_bf16(bfr(x2 * c) + bfr(x1 * s));
+    }
+    expect_bf16_ulps("mrope (whole rows: pass-through untouched)", got, ref, 2);
+}
+
+// ---- gated deltanet -----------------------------------------------------------------
+
+static float silu_h(float x) { return x / (1.f + expf(-x)); }
+
+// conv twin: the same fmaf order, silu in fp32, one rounding: 1 ulp (expf)
+TEST(Gdn, ConvStepSlots) {
+    NEED_GPU();
+    Rng r = rng();
+    for (int conv_dim : {8192, 6144, 200}) {
+        int C = 4, ld = conv_dim + 16;
+        int64_t slot = 3 * conv_dim;
+        int nslots = 6;
+        auto u = rand_bf16(r, (size_t)C * ld, 1.f);
+        auto w = rand_bf16(r, (size_t)4 * conv_dim, 0.5f);
+        auto st = rand_bf16(r, (size_t)nslots * slot, 1.f);
+        // mtp verification: read slot 1, snapshot every column into slots 2..5
+        std::vector<int> slots = {1, -1, -1, -1, 2, 3, 4, 5};
+        Dev du(u.size() * 2); up(du, u);
+        Dev dw(w.size() * 2); up(dw, w);
+        Dev ds(st.size() * 2); up(ds, st);
+        Dev dsl(slots.size() * 4); up(dsl, slots);
+        Dev dy((size_t)C * ld * 2); dy.poison();
+        conv_step(du.as<bf16_t>(), ld, dw.as<bf16_t>(), ds.as<bf16_t>(), slot, dsl.as<int>(), dy.as<bf16_t>(), ld, C, conv_dim, 0);
+        auto got = down<uint16_t>(dy, (size_t)C * ld);
+        auto gst = down<uint16_t>(ds, st.size());
+        std::vector<uint16_t> gy, ry, gs, rs;
+        for (int ch = 0; ch < conv_dim; ch++) {
+            float s0 = bf16_to_f32(st[slot + ch]), s1 = bf16_to_f32(st[slot + conv_dim + ch]), s2 = bf16_to_f32(st[slot + 2 * conv_dim + ch]);
+            float w0 = bf16_to_f32(w[ch]), w1 = bf16_to_f32(w[conv_dim + ch]), w2 = bf16_to_f32(w[2 * conv_dim + ch]), w3 = bf16_to_f32(w[3 * conv_dim + ch]);
+            for (int c = 0; c < C; c++) {
+                float x = bf16_to_f32(u[(size_t)c * ld + ch]);
+                float acc = fmaf(w3, x, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
+                ry.push_back(f32_to_bf16(silu_h(acc))); gy.push_back(got[(size_t)c * ld + ch]);
+                s0 = s1; s1 = s2; s2 = x;
+                for (int j = 0; j < 3; j++) {
+                    rs.push_back(f32_to_bf16(j == 0 ? s0 : j == 1 ? s1 : s2));
+                    gs.push_back(gst[(size_t)(2 + c) * slot + j * conv_dim + ch]);
+                }
+            }
+        }
+        expect_bf16_ulps("conv step outputs", gy, ry, 1);
+        expect_bf16_ulps("conv step snapshots", gs, rs, 0, 0.0);
+        // the source slot and the untouched slot 0 are unchanged
+        for (int64_t i = 0; i < 2 * slot; i++) ASSERT_EQ(gst[i], st[i]) << "conv state slot " << i / slot << " was modified";
+    }
+}
+
+TEST(Gdn, ConvPrefill) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { int conv_dim, T; bool has_state; } cases[] = {{8192, 37, true}, {6144, 64, false}, {8192, 2, true}, {300, 1, false}};
+    for (auto& c : cases) {
+        int ld = c.conv_dim + 8, D = c.conv_dim;
+        auto u = rand_bf16(r, (size_t)c.T * ld, 1.f);
+        auto w = rand_bf16(r, (size_t)4 * D, 0.5f);
+        auto st = rand_bf16(r, (size_t)3 * D, 1.f);
+        Dev du(u.size() * 2); up(du, u);
+        Dev dw(w.size() * 2); up(dw, w);
+        Dev ds(st.size() * 2); up(ds, st);
+        Dev dso(st.size() * 2); dso.poison();
+        Dev dy((size_t)c.T * ld * 2); dy.poison();
+        conv_prefill(du.as<bf16_t>(), ld, dw.as<bf16_t>(), c.has_state ? ds.as<bf16_t>() : nullptr, dso.as<bf16_t>(), dy.as<bf16_t>(), ld,
+                     c.T, D, 0);
+        auto got = down<uint16_t>(dy, (size_t)c.T * ld);
+        auto gso = down<uint16_t>(dso, st.size());
+        std::vector<uint16_t> gy, ry, rs(st.size());
+        for (int ch = 0; ch < D; ch++) {
+            auto in = [&](int t) { return t >= 0 ? bf16_to_f32(u[(size_t)t * ld + ch]) : c.has_state ? bf16_to_f32(st[(3 + t) * D + ch]) : 0.f; };
+            float w0 = bf16_to_f32(w[ch]), w1 = bf16_to_f32(w[D + ch]), w2 = bf16_to_f32(w[2 * D + ch]), w3 = bf16_to_f32(w[3 * D + ch]);
+            for (int t = 0; t < c.T; t++) {
+                float acc = fmaf(w3, in(t), fmaf(w2, in(t - 1), fmaf(w1, in(t - 2), w0 * in(t - 3))));
+                ry.push_back(f32_to_bf16(silu_h(acc))); gy.push_back(got[(size_t)t * ld + ch]);
+            }
+            for (int j = 0; j < 3; j++) rs[j * D + ch] = f32_to_bf16(in(c.T - 3 + j));
+        }
+        expect_bf16_ulps("conv prefill outputs", gy, ry, 1);
+        expect_bf16_ulps("conv prefill state", gso, rs, 0, 0.0);
+    }
+}
+
+// beta: bf16 twin (1 ulp); g fp32 vs float64: rtol 1e-5 (expf, log1pf ulps)
+TEST(Gdn, Gates) {
+    NEED_GPU();
+    Rng r = rng();
+    int T = 5, Hv = 32, ld = 64;
+    auto a = rand_bf16(r, (size_t)T * ld, 4.f), b = rand_bf16(r, (size_t)T * ld, 4.f);
+    a[3] = f32_to_bf16(30.f);  // softplus's linear branch
+    std::vector<float> alog(Hv), dtb(Hv);
+    for (int h = 0; h < Hv; h++) { alog[h] = r.uniform(-3.f, 2.f); dtb[h] = r.uniform(-2.f, 2.f); }
+    Dev da(a.size() * 2); up(da, a);
+    Dev db(b.size() * 2); up(db, b);
+    Dev dal(Hv * 4); up(dal, alog);
+    Dev ddt(Hv * 4); up(ddt, dtb);
+    Dev dbeta(T * Hv * 4); dbeta.poison();
+    Dev dg(T * Hv * 4); dg.poison();
+    gdn_gates(da.as<bf16_t>(), ld, db.as<bf16_t>(), ld, dal.as<float>(), ddt.as<float>(), dbeta.as<float>(), dg.as<float>(), T, Hv, 0);
+    auto gbeta = down<float>(dbeta, T * Hv), gg = down<float>(dg, T * Hv);
+    std::vector<uint16_t> gb, rb; std::vector<double> rg(T * Hv), atol(T * Hv, 1e-30);
+    for (int t = 0; t < T; t++) for (int h = 0; h < Hv; h++) {
+        double bv = bf16_to_f32(b[t * ld + h]), av = bf16_to_f32(a[t * ld + h]) + (double)dtb[h];
+        rb.push_back(f32_to_bf16((float)(1 / (1 + exp(-bv))))); gb.push_back(f32_to_bf16(gbeta[t * Hv + h]));
+        EXPECT_EQ(gbeta[t * Hv + h], bf16_to_f32(gb.back())) << "beta is not bf16-rounded";
+        rg[t * Hv + h] = -exp((double)alog[h]) * (av > 20 ? av : log1p(exp(av)));
+    }
+    expect_bf16_ulps("gdn beta", gb, rb, 1);
+    expect_close("gdn g", gg, rg, atol, 1e-5);
+}
+
+// the recurrent step against a float64 twin (same bf16 inputs, beta rounded to bf16 as the
+// kernel does). state: fp32 with 128-term dots per column: atol 1e-5 * max|S| + rtol 1e-4.
+// o: bf16-rounded, rtol 2^-8 + atol 1e-4 * rms(o) (cancellation in S^T q).
+static void gdn_step_case(int Hk, int Hv, int C, bool mtp_slots) {
+    SCOPED_TRACE("gdn step Hk " + std::to_string(Hk) + " Hv " + std::to_string(Hv) + " C " + std::to_string(C));
+    Rng r = rng();
+    const int D = 128, conv_dim = 2 * Hk * D + Hv * D, ld = conv_dim + 8;
+    int64_t slot = (int64_t)Hv * D * D;
+    int nslots = C + 2;
+    auto qkv = rand_bf16(r, (size_t)C * ld, 1.f);
+    auto ab = rand_bf16(r, (size_t)C * 2 * Hv, 2.f);
+    std::vector<float> alog(Hv), dtb(Hv);
+    for (int h = 0; h < Hv; h++) { alog[h] = r.uniform(-4.f, 1.f); dtb[h] = r.uniform(-1.f, 1.f); }
+    std::vector<float> st((size_t)nslots * slot);
+    for (auto& v : st) v = r.normal() * 0.3f;
+    std::vector<int> slots(2 * C);
+    if (mtp_slots) { for (int c = 0; c < C; c++) { slots[c] = c == 0 ? 1 : -1; slots[C + c] = 2 + c; } }
+    else { for (int c = 0; c < C; c++) { slots[c] = c == 0 ? 1 : -1; slots[C + c] = c == C - 1 ? 1 : -1; } }  // in place
+    Dev dq(qkv.size() * 2); up(dq, qkv);
+    Dev dab(ab.size() * 2); up(dab, ab);
+    Dev dal(Hv * 4); up(dal, alog);
+    Dev ddt(Hv * 4); up(ddt, dtb);
+    Dev ds(st.size() * 4); up(ds, st);
+    Dev dsl(slots.size() * 4); up(dsl, slots);
+    int ldo = Hv * D;
+    Dev dout((size_t)C * ldo * 2); dout.poison();
+    GdnStepArgs a;
+    a.qkv = dq.as<bf16_t>(); a.ldqkv = ld; a.a = dab.as<bf16_t>(); a.b = dab.as<bf16_t>() + Hv; a.ldab = 2 * Hv;
+    a.a_log = dal.as<float>(); a.dt_bias = ddt.as<float>(); a.state = ds.as<float>(); a.slot_stride = slot; a.slots = dsl.as<int>();
+    a.out = dout.as<bf16_t>(); a.ldo = ldo; a.C = C; a.Hk = Hk; a.Hv = Hv;
+    gdn_step(a, 0);
+    auto gout = down<uint16_t>(dout, (size_t)C * ldo);
+    auto gst = down<float>(ds, st.size());
+    // twin
+    std::vector<double> S((size_t)Hv * D * D), ro((size_t)C * ldo), rstate;
+    std::vector<float> go, gs;
+    std::vector<double> rs;
+    for (size_t i = 0; i < S.size(); i++) S[i] = st[slot + i];
+    for (int c = 0; c < C; c++) {
+        const uint16_t* row = &qkv[(size_t)c * ld];
+        for (int h = 0; h < Hv; h++) {
+            int hk = h / (Hv / Hk);
+            double q[128], k[128], qq = 0, kk = 0;
+            for (int i = 0; i < D; i++) { q[i] = bf16_to_f32(row[hk * D + i]); k[i] = bf16_to_f32(row[(Hk + hk) * D + i]); qq += q[i] * q[i]; kk += k[i] * k[i]; }
+            for (int i = 0; i < D; i++) { q[i] = q[i] / sqrt(qq + 1e-6) / sqrt(128.0); k[i] = k[i] / sqrt(kk + 1e-6); }
+            double av = bf16_to_f32(ab[(size_t)c * 2 * Hv + h]) + (double)dtb[h];
+            double beta = bfr((float)(1 / (1 + exp(-(double)bf16_to_f32(ab[(size_t)c * 2 * Hv + Hv + h])))));
+            double g = -exp((double)alog[h]) * (av > 20 ? av : log1p(exp(av))), eg = exp(g);
+            double* Sh = &S[(size_t)h * D * D];
+            for (int j = 0; j < D; j++) {
+                double m = 0;
+                for (int i = 0; i < D; i++) { Sh[i * D + j] *= eg; m += Sh[i * D + j] * k[i]; }
+                double delta = beta * (bf16_to_f32(row[2 * Hk * D + h * D + j]) - m), o = 0;
+                for (int i = 0; i < D; i++) { Sh[i * D + j] += k[i] * delta; o += Sh[i * D + j] * q[i]; }
+                ro[(size_t)c * ldo + h * D + j] = o;
+            }
+        }
+        int so = slots[C + c];
+        if (so >= 0) for (size_t i = 0; i < S.size(); i++) { rs.push_back(S[i]); gs.push_back(gst[so * slot + i]); }
+    }
+    double smax = 0; for (double v : rs) smax = std::max(smax, fabs(v));
+    expect_close("gdn state snapshots", gs, rs, std::vector<double>(rs.size(), 1e-5 * smax), 1e-4);
+    double rms = 0; for (double v : ro) rms += v * v; rms = sqrt(rms / ro.size());
+    for (auto v : gout) go.push_back(bf16_to_f32(v));
+    expect_close("gdn outputs", go, ro, std::vector<double>(ro.size(), 1e-4 * rms), 1.0 / 256);
+    if (mtp_slots) for (int64_t i = 0; i < 2 * slot; i++) ASSERT_EQ(gst[i], st[i]) << "state slot " << i / slot << " was modified";
+}
+TEST(Gdn, RecurrentStep) {
+    NEED_GPU();
+    gdn_step_case(16, 32, 1, false);  // 9b decode, in place
+    gdn_step_case(16, 32, 4, true);   // 9b mtp verification (k = 3), snapshots per column
+    gdn_step_case(16, 16, 2, false);  // 0.8b
+    gdn_step_case(16, 48, 3, true);   // 27b grouping (3 value heads per key head)
+}
+
+// ---- attention -------------------------------------------------------------------
+
+// float64 twin on the same bf16 cache; the output rounds to bf16 and the gate multiplies
+// as in the kernel. tolerance: rtol 2^-7 (two bf16 roundings) + atol 1e-5 * max|v| (fp32
+// softmax sums over up to 64k keys).
+static void attn_case(int Hq, int Hkv, int C, int64_t cap, int base_len, int n_splits, bool gate) {
+    SCOPED_TRACE("attn Hq " + std::to_string(Hq) + " C " + std::to_string(C) + " len " + std::to_string(base_len) + " splits " + std::to_string(n_splits));
+    Rng r = rng();
+    const int HD = 256, G = Hq / Hkv;
+    int ldq = (Hq + Hkv) * HD, ldv = (Hq + Hkv) * HD;
+    // cache: valid rows below base_len are random; the rest is nan (must never be read)
+    std::vector<uint16_t> kc((size_t)Hkv * cap * HD, 0x7fc1), vc((size_t)Hkv * cap * HD, 0x7fc1);
+    for (int h = 0; h < Hkv; h++) for (int64_t t = 0; t < base_len; t++) for (int d = 0; d < HD; d++) {
+        kc[((size_t)h * cap + t) * HD + d] = f32_to_bf16(r.normal());
+        vc[((size_t)h * cap + t) * HD + d] = f32_to_bf16(r.normal());
+    }
+    auto qk = rand_bf16(r, (size_t)C * ldq, 1.f);   // [q heads | k heads] per column (query_key output)
+    auto gv = rand_bf16(r, (size_t)C * ldv, 1.f);   // [gate heads | v heads]
+    std::vector<int> pos(C);
+    for (int c = 0; c < C; c++) pos[c] = base_len + c;  // consecutive positions (mtp verification)
+    Dev dkc(kc.size() * 2); up(dkc, kc);
+    Dev dvc(vc.size() * 2); up(dvc, vc);
+    Dev dqk(qk.size() * 2); up(dqk, qk);
+    Dev dgv(gv.size() * 2); up(dgv, gv);
+    Dev dpos(C * 4); up(dpos, pos);
+    kv_append(dqk.as<bf16_t>() + Hq * HD, ldq, dgv.as<bf16_t>() + Hq * HD, ldv, dkc.as<bf16_t>(), dvc.as<bf16_t>(), cap, dpos.as<int>(), C, Hkv, 0);
+    int split_keys = attn_split_keys(base_len + C, n_splits);
+    Dev dscr(attn_scratch_floats(Hq, Hkv, n_splits) * 4); dscr.poison();
+    int ldy = Hq * HD;
+    Dev dy((size_t)C * ldy * 2); dy.poison();
+    attn_decode(dqk.as<bf16_t>(), ldq, dkc.as<bf16_t>(), dvc.as<bf16_t>(), cap, dpos.as<int>(), C, Hq, Hkv, n_splits, split_keys, dscr.as<float>(),
+                gate ? dgv.as<bf16_t>() : nullptr, ldv, dy.as<bf16_t>(), ldy, 0);
+    auto got = down<uint16_t>(dy, (size_t)C * ldy);
+    // the appended rows are exactly the new k, v
+    auto gkc = down<uint16_t>(dkc, kc.size());
+    for (int c = 0; c < C; c++) for (int h = 0; h < Hkv; h++) for (int d = 0; d < HD; d++) {
+        kc[((size_t)h * cap + pos[c]) * HD + d] = qk[(size_t)c * ldq + (Hq + h) * HD + d];
+        vc[((size_t)h * cap + pos[c]) * HD + d] = gv[(size_t)c * ldv + (Hq + h) * HD + d];
+    }
+    for (int c = 0; c < C; c++) for (int h = 0; h < Hkv; h++)
+        for (int d = 0; d < HD; d++) ASSERT_EQ(gkc[((size_t)h * cap + pos[c]) * HD + d], kc[((size_t)h * cap + pos[c]) * HD + d]);
+    std::vector<double> ref((size_t)C * ldy), atol((size_t)C * ldy, 0);
+    std::vector<float> gotf((size_t)C * ldy);
+#pragma omp parallel for collapse(2)
+    for (int c = 0; c < C; c++) for (int hq = 0; hq < Hq; hq++) {
+        int h = hq / G, L = pos[c] + 1;
+        std::vector<double> s(L), o(HD, 0.0);
+        double mx = -1e300, vmax = 0;
+        for (int t = 0; t < L; t++) {
+            double d = 0;
+            for (int e = 0; e < HD; e++) d += (double)bf16_to_f32(qk[(size_t)c * ldq + hq * HD + e]) * bf16_to_f32(kc[((size_t)h * cap + t) * HD + e]);
+            s[t] = d / 16.0; mx = std::max(mx, s[t]);
+        }
+        double l = 0;
+        for (int t = 0; t < L; t++) { s[t] = exp(s[t] - mx); l += s[t]; }
+        for (int t = 0; t < L; t++) for (int e = 0; e < HD; e++) {
+            double v = bf16_to_f32(vc[((size_t)h * cap + t) * HD + e]);
+            o[e] += s[t] * v; vmax = std::max(vmax, fabs(v));
+        }
+        for (int e = 0; e < HD; e++) {
+            double out = o[e] / l;
+            if (gate) {
+                float gg = bf16_to_f32(gv[(size_t)c * ldv + hq * HD + e]);
+                out = (double)bfr((float)out) * bfr(1.f / (1.f + expf(-gg)));
+            }
+            size_t i = (size_t)c * ldy + hq * HD + e;
+            ref[i] = out; atol[i] = 1e-5 * vmax;
+            gotf[i] = bf16_to_f32(got[i]);
+        }
+    }
+    expect_close("attention decode", gotf, ref, atol, 1.0 / 128);
+}
+TEST(Attention, DecodeSplitK) {
+    NEED_GPU();
+    attn_case(16, 4, 1, 4096, 1000, 8, true);     // 9b, one column
+    attn_case(16, 4, 4, 4096, 3001, 24, true);    // 9b mtp verification (k = 3)
+    attn_case(16, 4, 6, 2048, 127, 4, false);     // > 16 queries: two launches; short context
+    attn_case(8, 2, 2, 8192, 5000, 64, true);     // 0.8b heads, many splits (some empty)
+    attn_case(24, 4, 1, 1024, 0, 2, true);        // 27b grouping (6 per kv head), first token
+    attn_case(16, 4, 1, 70000, 65600, 128, true); // long context
+}
+
+// ---- argmax ----------------------------------------------------------------------
+
+TEST(Sampling, Argmax) {
+    NEED_GPU();
+    Rng r = rng();
+    int C = 3, V = 248320, n = 248077;
+    std::vector<float> lf((size_t)C * V);
+    for (auto& v : lf) v = r.normal() * 3.f;
+    std::vector<int> want(C);
+    for (int c = 0; c < C; c++) {
+        float* row = &lf[(size_t)c * V];
+        int a = r.below(n), b = r.below(n);
+        row[a] = row[b] = 50.f;                        // a tie: the lower id wins
+        row[n + 5] = 1e9f;                             // past the token domain: ignored
+        row[r.below(n)] = NAN;                         // nan never wins
+        want[c] = std::min(a, b);
+    }
+    Dev dl(lf.size() * 4); up(dl, lf);
+    Dev ds(argmax_scratch_bytes(C)); ds.poison();
+    Dev dout(C * 4); dout.poison();
+    argmax<float>(dl.as<float>(), V, n, C, ds.p, dout.as<int>(), 0);
+    auto got = down<int>(dout, C);
+    for (int c = 0; c < C; c++) EXPECT_EQ(got[c], want[c]) << "fp32 column " << c;
+    // bf16 logits
+    std::vector<uint16_t> lb(lf.size());
+    for (size_t i = 0; i < lf.size(); i++) lb[i] = f32_to_bf16(lf[i]);
+    Dev dlb(lb.size() * 2); up(dlb, lb);
+    dout.poison();
+    argmax<bf16_t>(dlb.as<bf16_t>(), V, n, C, ds.p, dout.as<int>(), 0);
+    got = down<int>(dout, C);
+    for (int c = 0; c < C; c++) EXPECT_EQ(got[c], want[c]) << "bf16 column " << c;
+}
+
+// ---- benches (disabled by default; run on the gpu machine) ------------------------------
+
+static FILE* bench_log() {
+    static FILE* f = nullptr;
+    static bool tried = false;
+    if (!tried) { tried = true; const char* p = getenv("NINFER_BENCH_LOG"); if (p) f = fopen(p, "a"); }
+    return f;
+}
+#define BENCH_PRINT(...) do { printf(__VA_ARGS__); if (bench_log()) { fprintf(bench_log(), __VA_ARGS__); fflush(bench_log()); } } while (0)
+
+// fill device bytes with a hash (fast, never zeros); scales must be finite fp16
+__global__ void bench_fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t z = (uint32_t)i * 0x9E3779B9u ^ seed;
+        z ^= z >> 16; z *= 0x85EBCA6Bu; z ^= z >> 13; z *= 0xC2B2AE35u; z ^= z >> 16;
+        p[i] = z;
+    }
+}
+__global__ void bench_fix_scales_kernel(uint16_t* s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) s[i] = (s[i] & 0x03FF) | 0x1C00;  // ~2^-8
+}
+__global__ void bench_fix_bf16_kernel(uint16_t* s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) s[i] = (s[i] & 0x807F) | 0x3C00;  // |x| in [2^-7, 2^-6)
+}
+static void bench_fill(void* p, size_t bytes, uint32_t seed) {
+    bench_fill_kernel<<<1024, 256>>>((uint32_t*)p, bytes / 4, seed);
+    cudaCheck(cudaGetLastError());
+}
+// a random matrix of the given format placed at dev (its encoded size)
+static Mat bench_mat(NumFormat f, int64_t rows, int64_t cols, uint8_t* dev, uint32_t seed) {
+    TensorObject t; t.format = f; t.shape = {rows, cols}; t.layout = f == FMT_BF16 ? LAYOUT_CONTIGUOUS : LAYOUT_ROW_SPLIT;
+    uint64_t bytes = 0; encoded_size(f, t.layout, t.shape, &bytes);
+    bench_fill(dev, bytes, seed);
+    Mat m = mat_from(&t, dev);
+    if (f == FMT_BF16) bench_fix_bf16_kernel<<<1024, 256>>>((uint16_t*)dev, bytes / 2);
+    else bench_fix_scales_kernel<<<1024, 256>>>((uint16_t*)m.scale, (size_t)rows * m.gpr);
+    cudaCheck(cudaGetLastError());
+    return m;
+}
+static uint64_t mat_bytes(NumFormat f, int64_t rows, int64_t cols) {
+    uint64_t b = 0; encoded_size(f, f == FMT_BF16 ? LAYOUT_CONTIGUOUS : LAYOUT_ROW_SPLIT, {rows, cols}, &b); return b;
+}
+
+// median time of one run of `fn` (ms): `reps` calls captured in a graph, replayed `iters` times
+static double time_graph_ms(const std::function<void(cudaStream_t, int)>& fn, int reps, int iters = 15) {
+    cudaStream_t s; cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 0; i < reps; i++) fn(s, i);  // warm
+    cudaCheck(cudaStreamSynchronize(s));
+    cudaGraph_t g; cudaGraphExec_t ge;
+    cudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < reps; i++) fn(s, i);
+    cudaCheck(cudaStreamEndCapture(s, &g));
+    cudaCheck(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1; cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<double> t;
+    cudaCheck(cudaGraphLaunch(ge, s));
+    for (int it = 0; it < iters; it++) {
+        cudaCheck(cudaEventRecord(e0, s));
+        cudaCheck(cudaGraphLaunch(ge, s));
+        cudaCheck(cudaEventRecord(e1, s));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms; cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms / reps);
+    }
+    std::sort(t.begin(), t.end());
+    cudaGraphExecDestroy(ge); cudaGraphDestroy(g); cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
+    return t[t.size() / 2];
+}
+
+static double g_copy_gbs = 0;
+static double copy_bandwidth() {
+    if (g_copy_gbs) return g_copy_gbs;
+    size_t n = 2ull << 30;
+    Dev a(n), b(n);
+    bench_fill(a.p, n, 1);
+    double ms = time_graph_ms([&](cudaStream_t s, int) { cudaCheck(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, s)); }, 4, 9);
+    g_copy_gbs = 2.0 * n / (ms * 1e-3) / 1e9;
+    cudaDeviceProp pr; cudaCheck(cudaGetDeviceProperties(&pr, 0));
+    BENCH_PRINT("device %s, %d sms, l2 %d MB\n", pr.name, pr.multiProcessorCount, pr.l2CacheSize >> 20);
+    BENCH_PRINT("copy bandwidth (cudaMemcpy d2d 2 GiB, read + write): %.0f GB/s\n", g_copy_gbs);
+    return g_copy_gbs;
+}
+
+TEST(Bench, DISABLED_CopyBandwidth) { NEED_GPU(); copy_bandwidth(); }
+
+// every gemv shape of the 9b decode, each variant and a few column counts; copies rotate
+// through >= 512 MB so the 50-60 MB l2 never holds the weights
+TEST(Bench, DISABLED_Gemv) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    struct { NumFormat f; int64_t rows, cols; const char* name; } shapes[] = {
+        {FMT_Q4, 4096, 4096, "gdn query_key q4"}, {FMT_Q5, 8192, 4096, "gdn value_z q5"}, {FMT_Q5, 4096, 4096, "gdn/attn output q5"},
+        {FMT_Q4, 5120, 4096, "attn query_key q4"}, {FMT_Q5, 5120, 4096, "attn gate_value q5"}, {FMT_Q4, 24576, 4096, "mlp gate_up q4"},
+        {FMT_Q5, 4096, 12288, "mlp down q5"}, {FMT_Q6, 248320, 4096, "output head q6"}, {FMT_W8, 10240, 4096, "mtp qkgv w8"},
+        {FMT_BF16, 32, 4096, "gdn a/b bf16"}, {FMT_Q4, 4096, 1024, "0.8b gdn qk q4"}, {FMT_Q4, 7168, 1024, "0.8b gate_up q4"},
+    };
+    BENCH_PRINT("%-20s %-14s %3s %2s %9s %8s %6s\n", "gemv", "shape", "var", "C", "us", "GB/s", "of cp");
+    size_t cols_max = 8;
+    Dev dx(cols_max * 12288 * 2), dy(cols_max * 248320 * 4);
+    bench_fill(dx.p, dx.n, 7);
+    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
+    for (auto& sh : shapes) {
+        uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
+        uint64_t stride = align_up(mb, 256);
+        int copies = (int)std::max<uint64_t>(1, std::min<uint64_t>(64, CEIL_DIV(512ull << 20, stride)));
+        Dev w(stride * copies);
+        std::vector<Mat> mats;
+        for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
+        int reps = std::max(copies, 8);
+        for (int v = 0; v < GEMV_VARIANTS; v++)
+            for (int C : {1, 4, 8}) {
+                if (v && C == 8) continue;
+                double ms = time_graph_ms([&](cudaStream_t s, int i) {
+                    gemv_variant(v, mats[i % copies], dx.as<bf16_t>(), (int)sh.cols, C, dy.p, (int)sh.rows, false, nullptr, 0, s);
+                }, reps);
+                double bytes = (double)mb + 2.0 * C * sh.cols + 2.0 * C * sh.rows;
+                double gbs = bytes / (ms * 1e-3) / 1e9;
+                char shape[32]; snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.rows, (long long)sh.cols);
+                BENCH_PRINT("%-20s %-14s %3d %2d %9.2f %8.0f %5.0f%%\n", sh.name, shape, v, C, ms * 1e3, gbs, 100 * gbs / bw);
+            }
+    }
+}
+
+// the gemv work of one 9b decode token (every layer's matrices, then the head), each matrix
+// its own memory as in the real model, replayed from one graph: the ceiling gemv alone sets
+// on tok/s (norms, gdn, attention and launch gaps of the other ops come on top)
+TEST(Bench, DISABLED_DecodeGemvChain9B) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    struct M { NumFormat f; int64_t rows, cols; };
+    std::vector<M> seq;
+    for (int l = 0; l < 32; l++) {
+        if ((l + 1) % 4 == 0) { seq.push_back({FMT_Q4, 5120, 4096}); seq.push_back({FMT_Q5, 5120, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
+        else { seq.push_back({FMT_Q4, 4096, 4096}); seq.push_back({FMT_Q5, 8192, 4096}); seq.push_back({FMT_BF16, 32, 4096});
+               seq.push_back({FMT_BF16, 32, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
+        seq.push_back({FMT_Q4, 24576, 4096}); seq.push_back({FMT_Q5, 4096, 12288});
+    }
+    seq.push_back({FMT_Q6, 248320, 4096});
+    uint64_t total = 0; std::vector<uint64_t> off;
+    for (auto& m : seq) { off.push_back(total); total += align_up(mat_bytes(m.f, m.rows, m.cols), 256); }
+    Dev w(total);
+    std::vector<Mat> mats;
+    for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
+    Dev dx(8 * 12288 * 2), dy(8 * 248320 * 4);
+    bench_fill(dx.p, dx.n, 9);
+    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
+    for (int v = 0; v < GEMV_VARIANTS; v++)
+        for (int C : {1, 4}) {
+            double ms = time_graph_ms([&](cudaStream_t s, int) {
+                for (size_t i = 0; i < seq.size(); i++)
+                    gemv_variant(v, mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
+            }, 1, 11);
+            double gbs = total / (ms * 1e-3) / 1e9;
+            BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, variant %d, C=%d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s (x%d cols)\n",
+                        seq.size(), total / 1e9, v, C, ms, gbs, 100 * gbs / bw, 1000.0 / ms, C);
+        }
+}
+
+// the other decode kernels at 9b sizes (C = 1): time per call and achieved bandwidth
+TEST(Bench, DISABLED_DecodeOps9B) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    // gdn recurrent step: 2 MB of state read + written per layer
+    {
+        int Hk = 16, Hv = 32, D = 128, conv_dim = 2 * Hk * D + Hv * D;
+        int64_t slot = (int64_t)Hv * D * D;
+        int layers = 24;
+        Dev st(slot * 4 * layers), qkv(conv_dim * 2), ab(2 * Hv * 2), alog(Hv * 4), dtb(Hv * 4), out(Hv * D * 2), sl(8);
+        bench_fill(st.p, st.n, 3); bench_fill(qkv.p, qkv.n, 4); bench_fill(ab.p, ab.n, 5);
+        bench_fix_bf16_kernel<<<64, 256>>>(qkv.as<uint16_t>(), qkv.n / 2); bench_fix_bf16_kernel<<<1, 64>>>(ab.as<uint16_t>(), ab.n / 2);
+        cudaCheck(cudaMemset(alog.p, 0, alog.n)); cudaCheck(cudaMemset(dtb.p, 0, dtb.n));
+        // state values: small finite floats
+        bench_fix_scales_kernel<<<1024, 256>>>(st.as<uint16_t>(), st.n / 2);
+        std::vector<int> slots = {0, 0}; up(sl, slots);
+        double ms = time_graph_ms([&](cudaStream_t s, int i) {
+            GdnStepArgs a;
+            a.qkv = qkv.as<bf16_t>(); a.ldqkv = conv_dim; a.a = ab.as<bf16_t>(); a.b = ab.as<bf16_t>() + Hv; a.ldab = 2 * Hv;
+            a.a_log = alog.as<float>(); a.dt_bias = dtb.as<float>(); a.state = st.as<float>() + (i % layers) * slot; a.slot_stride = slot;
+            a.slots = sl.as<int>(); a.out = out.as<bf16_t>(); a.ldo = Hv * D; a.C = 1; a.Hk = Hk; a.Hv = Hv;
+            gdn_step(a, s);
+        }, layers);
+        double gbs = 2.0 * slot * 4 / (ms * 1e-3) / 1e9;
+        BENCH_PRINT("gdn_step 9b C=1: %.2f us/layer, %.0f GB/s state traffic (%.0f%% of copy)\n", ms * 1e3, gbs, 100 * gbs / bw);
+    }
+    // attention decode at several context lengths
+    for (int len : {1024, 4096, 32768, 131072}) {
+        int Hq = 16, Hkv = 4, HD = 256;
+        int64_t cap = len + 128;
+        int layers = 8;
+        Dev kc((size_t)Hkv * cap * HD * 2 * layers), vc((size_t)Hkv * cap * HD * 2 * layers), q((Hq + Hkv) * HD * 2), gate(Hq * HD * 2),
+            y(Hq * HD * 2), pos(4);
+        bench_fill(kc.p, kc.n, 11); bench_fill(vc.p, vc.n, 12); bench_fill(q.p, q.n, 13); bench_fill(gate.p, gate.n, 14);
+        bench_fix_bf16_kernel<<<4096, 256>>>(kc.as<uint16_t>(), kc.n / 2); bench_fix_bf16_kernel<<<4096, 256>>>(vc.as<uint16_t>(), vc.n / 2);
+        bench_fix_bf16_kernel<<<16, 256>>>(q.as<uint16_t>(), q.n / 2); bench_fix_bf16_kernel<<<16, 256>>>(gate.as<uint16_t>(), gate.n / 2);
+        std::vector<int> p = {len - 1}; up(pos, p);
+        int n_splits = std::max(1, std::min(1024, len / 256)), split_keys = attn_split_keys(len, n_splits);
+        Dev scr(attn_scratch_floats(Hq, Hkv, n_splits) * 4);
+        double ms = time_graph_ms([&](cudaStream_t s, int i) {
+            size_t lo = (size_t)(i % layers) * Hkv * cap * HD;
+            attn_decode(q.as<bf16_t>(), (Hq + Hkv) * HD, kc.as<bf16_t>() + lo, vc.as<bf16_t>() + lo, cap, pos.as<int>(), 1, Hq, Hkv, n_splits,
+                        split_keys, scr.as<float>(), gate.as<bf16_t>(), Hq * HD, y.as<bf16_t>(), Hq * HD, s);
+        }, layers);
+        double gbs = 2.0 * Hkv * len * HD * 2 / (ms * 1e-3) / 1e9;
+        BENCH_PRINT("attn_decode 9b C=1 len %6d (%d splits): %.2f us/layer, %.0f GB/s kv traffic (%.0f%% of copy)\n", len, n_splits, ms * 1e3, gbs,
+                    100 * gbs / bw);
+    }
+}
