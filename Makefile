@@ -81,13 +81,28 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 
-# the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
-# benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
-$(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
-	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
+# the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
+# deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);
+# test_serve covers the pure parts (http parsing, chunked bodies, utf-8 holdback, flags).
+# make test-serve runs just these. build/test/ninfer-serve is the real server for
+# NINFER_SERVE_CMD="build/test/ninfer-serve build/models/tiny.ninfer" pytest test/test_serve.py
+SERVE_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -pthread
+$(BUILD)/test/serve_fake: test/serve_fake.cc serve.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(SERVE_CXXFLAGS) -o $@ test/serve_fake.cc
+$(BUILD)/test/test_serve: test/test_serve.cc serve.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(SERVE_CXXFLAGS) -o $@ test/test_serve.cc $(GTEST)
+$(BUILD)/test/ninfer-serve: $(BUILD)/test/ninfer
+	ln -sf ninfer $@
+TEST_BINS += $(BUILD)/test/test_serve
+test: $(BUILD)/test/serve_fake
+.PHONY: test-serve
+test-serve: deps $(BUILD)/test/serve_fake $(BUILD)/test/test_serve
+	$(BUILD)/test/test_serve
+	$(PYTHON) -m pytest -q test/test_serve.py
 
 # what the tests need: python packages pinned in test/requirements.txt (installed when missing)
 deps:
