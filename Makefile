@@ -81,7 +81,13 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu
+# the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
+# benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
+$(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
+
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
 
 # the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
 # deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);
