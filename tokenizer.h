@@ -210,6 +210,24 @@ static inline void nfc_normalize(const char* s, size_t n, std::string* out) {
     for (uint32_t cp : o) utf8_encode(out, cp);
 }
 
+// nfc of s[0..n) appended to out, normalizing only the stretches that fail the quick check.
+// nfc can be taken piecewise at a cut after an ascii character that starts no composition
+// (anything but a letter or one of < = >): nothing after the cut combines across it, and
+// the non-starters after it are reordered among themselves only.
+static inline void nfc_append(const char* s, size_t n, std::string* out) {
+    size_t a = 0;
+    while (a < n) {
+        size_t b = a;
+        while (b < n) {
+            unsigned char c = (unsigned char)s[b++];
+            if (c < 0x80 && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z') && c != '<' && c != '=' && c != '>') break;
+        }
+        if (nfc_quick_check(s + a, b - a)) out->append(s + a, b - a);
+        else nfc_normalize(s + a, b - a, out);
+        a = b;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // pre-tokenizer: the Split regex of tokenizer.json as a hand-written scanner.
 //
@@ -709,7 +727,7 @@ static inline void tokenizer_encode(const Tokenizer* t, const std::string& text,
             size_t n = b - a;
             if (t->nfc && !nfc_quick_check(s, n)) {
                 norm.clear();
-                nfc_normalize(s, n, &norm);
+                nfc_append(s, n, &norm);
                 encode_segment(t, norm.data(), norm.size(), ids, cache, &cuts);
             } else encode_segment(t, s, n, ids, cache, &cuts);
         },
@@ -725,7 +743,7 @@ static inline void tokenizer_pretokenize(const Tokenizer* t, const std::string& 
     split_added(t, *src, parse_special,
         [&](size_t a, size_t b) {
             std::string norm(src->data() + a, b - a);
-            if (t->nfc && !nfc_quick_check(norm.data(), norm.size())) { std::string x; nfc_normalize(norm.data(), norm.size(), &x); norm = x; }
+            if (t->nfc && !nfc_quick_check(norm.data(), norm.size())) { std::string x; nfc_append(norm.data(), norm.size(), &x); norm = x; }
             std::vector<uint32_t> cuts;
             pretokenize_scan(t->flavour, norm.data(), norm.size(), &cuts);
             size_t p = 0;

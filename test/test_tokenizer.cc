@@ -196,6 +196,9 @@ TEST(Tokenizer, Nfc) {
         nfc_normalize(s.data(), s.size(), &n);
         std::string want = r.get("nfc") ? r.get("nfc")->str : s;
         EXPECT_EQ(n, want) << json_text(s);
+        std::string pw;
+        nfc_append(s.data(), s.size(), &pw);  // piecewise: the same
+        EXPECT_EQ(pw, want) << json_text(s);
         if (!r.get("nfc")) { EXPECT_TRUE(nfc_quick_check(s.data(), s.size()) || n == s); }
     }
     // hangul: decomposed jamo recompose, and lvt syllables round trip
