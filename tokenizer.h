@@ -6,7 +6,7 @@
 //   tokenizer: Tokenizer, tokenizer_load, tokenizer_encode, tokenizer_pretokenize,
 //              tokenizer_decode, tokenizer_token_bytes, tokenizer_is_special, tokenizer_find,
 //              StreamDecoder, stream_decoder_push, stream_decoder_flush
-//   template:  ChatOptions, chat_render, chat_parse_request, chat_messages_from_prompt,
+//   template:  ChatOptions, chat_render, chat_parse_request, chat_from_openai, chat_messages_from_prompt,
 //              chat_thinking_open; python value printing: py_tojson, py_str, py_strip
 //   output:    OutEvent, OutputParser, output_parser_init, output_parser_feed,
 //              output_parser_finish, stop_holdback, tool_call_parse
@@ -1231,6 +1231,28 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
         out->append(opt.enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
     }
     return true;
+}
+
+// openai-shaped messages -> what the template expects: tool_calls[].function.arguments given
+// as json text (openai sends a string) are parsed into the object the template iterates, and
+// role "developer" becomes "system". in place; arguments that do not parse as a json object
+// are left alone (rendering then fails the way the template does).
+static inline void chat_from_openai(Json* messages) {
+    if (!messages->is_array()) return;
+    for (Json& m : messages->arr) {
+        if (!m.is_object()) continue;
+        Json* role = m.get("role");
+        if (role && role->is_string() && role->str == "developer") role->str = "system";
+        Json* calls = m.get("tool_calls");
+        if (!calls || !calls->is_array()) continue;
+        for (Json& c : calls->arr) {
+            Json* f = c.is_object() && c.get("function") ? c.get("function") : &c;
+            Json* a = f->is_object() ? f->get("arguments") : nullptr;
+            Json parsed;
+            std::string perr;
+            if (a && a->is_string() && json_parse(a->str, &parsed, &perr) && parsed.is_object()) *a = std::move(parsed);
+        }
+    }
 }
 
 // a --messages file / request body: a json array of messages, or {"messages": [...],

@@ -426,6 +426,22 @@ TEST(Template, DeveloperAsSystem) {
     EXPECT_EQ(a, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
 }
 
+TEST(Template, FromOpenai) {
+    Json m;
+    std::string err, out;
+    ASSERT_TRUE(json_parse("[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"q\"},"
+                           "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+                           "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": [1, 2], \\\"b\\\": \\\"x\\\"}\"}}]},"
+                           "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}]", &m, &err)) << err;
+    ChatOptions o;
+    EXPECT_FALSE(chat_render(m, nullptr, o, &out, &err));
+    chat_from_openai(&m);
+    ASSERT_TRUE(chat_render(m, nullptr, o, &out, &err)) << err;
+    EXPECT_EQ(out, "<|im_start|>system\nd<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                   "<tool_call>\n<function=f>\n<parameter=a>\n[1, 2]\n</parameter>\n<parameter=b>\nx\n</parameter>\n</function>\n"
+                   "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n");
+}
+
 TEST(Template, ParseRequest) {
     Json m, t;
     std::string err;
