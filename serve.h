@@ -145,6 +145,7 @@ struct ServeEngine {
     void* self = nullptr;
     std::string model_id;          // the artifact's identity model id: the default --model-id
     int max_context = 0;           // tokens; prompt + output must fit
+    int n_vocab = 0;               // logit_bias ids must be below it (0: not checked)
     bool vision = false;           // image / video parts accepted (else 400 vision_disabled)
     ServeSampling defaults;        // the model's sampler preset (max_tokens and stop unused)
     // render and tokenize a chat. runs on a connection thread (requests and count_tokens),
@@ -2043,6 +2044,11 @@ static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std
         conn_send_error(c, anth, make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)", "messages"), keep, lg);
         return keep;
     }
+    for (const auto& lb : ar.logit_bias)
+        if (s.eng->n_vocab > 0 && lb.first >= s.eng->n_vocab) {
+            conn_send_error(c, anth, make_error(400, "invalid_request_error", "logit_bias names a token id outside the vocabulary", "logit_bias"), keep, lg);
+            return keep;
+        }
     int want = ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
     auto job = std::make_shared<ServeJob>();
     job->sampling = resolve_sampling(ar, std::min(want, max_ctx - n));
@@ -2268,9 +2274,13 @@ static void conn_serve(Conn* c) {
         double t0 = serve_now();
         HttpRequest rq;
         long hl;
+        size_t scanned = 0;  // parse again only when a new line arrived (a head dribbled byte by byte stays linear)
         for (;;) {
-            hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
+            hl = 0;
+            if (memchr(c->in.data() + scanned, '\n', c->in.size() - scanned) || c->in.size() > s.lim.max_head)
+                hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
             if (hl != 0) break;
+            scanned = c->in.size();
             int r = conn_read(c, t0 + s.opt.read_timeout_ms / 1e3, false);
             if (r == -1 && c->in.find_first_not_of("\r\n") != std::string::npos) {  // slow or stalled client
                 ReqLog lg; lg.t0 = t0; lg.method = "-"; lg.path = "-";

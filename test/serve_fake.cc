@@ -261,6 +261,7 @@ static ServeEngine* fake_load(const char* path, const ServeOptions& o, std::stri
     const char* id = getenv("SERVE_FAKE_MODEL_ID");
     f->eng.model_id = id ? id : "fake-model";
     f->eng.max_context = o.max_context;
+    f->eng.n_vocab = 256;  // one token per byte
     const char* vis = getenv("SERVE_FAKE_VISION");
     f->eng.vision = vis && !strcmp(vis, "1");
     f->eng.prepare = fake_prepare;
