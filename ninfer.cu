@@ -511,11 +511,17 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 enum { KBLOCK = 1024 };  // columns decoded at a time; a multiple of every group size (32, 64)
 // below about this many multiply-adds a loop runs on one thread: waking the team costs more
 // than it saves (and much more on a busy machine)
-static const int64_t PARALLEL_MIN = 1 << 18;
+enum : int64_t { PARALLEL_MIN = 1 << 18 };
+// the hot loops are compiled twice, for avx2 and for any x86-64, and the loader picks one
+// (gcc function multiversioning): the build stays portable and the decode + dot of the
+// weights runs 8 floats wide where it can. the sum order, hence fp32 rounding, may differ
+// between the two versions; on one machine it is always the same.
+#define HOT_LOOP __attribute__((target_clones("avx2", "default")))
 
 // decode columns [k0, k0+n) of row r of m into out[0..n), exactly. k0 is a multiple of
-// KBLOCK, so decoding always starts on a group boundary.
-static void row_decode(const Mat& m, int64_t r, int64_t k0, int64_t n, float* out) {
+// KBLOCK, so decoding always starts on a group boundary. inlined into its callers (a call
+// per row would cost as much as decoding a short row).
+__attribute__((always_inline)) static inline void row_decode(const Mat& m, int64_t r, int64_t k0, int64_t n, float* out) {
     if (m.format == FMT_BF16) {
         const uint16_t* w = (const uint16_t*)(m.base + r * m.base_row) + k0;
         for (int64_t j = 0; j < n; j++) out[j] = bf16_to_f32(w[j]);
@@ -525,31 +531,34 @@ static void row_decode(const Mat& m, int64_t r, int64_t k0, int64_t n, float* ou
     CHECK(format_grouped(m.format), "row_decode: format %s is not a weight format", format_name(m.format));
     // grouped (format.md 7.2): per group 32 base bytes (two 4-bit lanes per byte, or one
     // signed byte per lane for w8), a high-bit stream for q5/q6, one fp16 scale.
-    const int G = group_size(m.format), hb = high_bytes(m.format);
+    const int G = group_size(m.format), hb = high_bytes(m.format), bits = code_bits(m.format);
     const uint8_t* base = m.base + r * m.base_row;
     const uint8_t* high = m.high + r * m.high_row;
     const uint16_t* scales = (const uint16_t*)(m.scale + r * m.scale_row);
     for (int64_t g = k0 / G; g * G < k0 + n; g++) {
         const uint8_t* b = base + g * 32;
         const uint8_t* h = high + g * hb;
-        int code[64];  // the unsigned b-bit words, then the signed codes
+        uint8_t u[64];  // the b-bit two's-complement words of the group's lanes
+        // (the inner loops have constant trip counts: they unroll into constant shifts, and
+        // the compiler vectorizes them; a per-lane formula with variable shifts would not)
         if (m.format == FMT_W8) {
-            for (int j = 0; j < 32; j++) code[j] = (int8_t)b[j];
-        } else {
-            for (int j = 0; j < 32; j++) { code[2 * j] = b[j] & 15; code[2 * j + 1] = b[j] >> 4; }
-            if (m.format == FMT_Q5)  // high byte i holds bit 4 of lanes 8i..8i+7
-                for (int i = 0; i < 8; i++)
-                    for (int k = 0; k < 8; k++) code[8 * i + k] |= ((h[i] >> k) & 1) << 4;
-            if (m.format == FMT_Q6)  // high byte i holds bits 4-5 of lanes 4i..4i+3
-                for (int i = 0; i < 16; i++)
-                    for (int k = 0; k < 4; k++) code[4 * i + k] |= ((h[i] >> (2 * k)) & 3) << 4;
-            const int sign = 1 << (code_bits(m.format) - 1);  // sign-extend from b bits
-            for (int j = 0; j < 64; j++) code[j] = (code[j] ^ sign) - sign;
+            memcpy(u, b, 32);
+        } else if (m.format == FMT_Q4) {
+            for (int j = 0; j < 32; j++) { u[2 * j] = b[j] & 15; u[2 * j + 1] = b[j] >> 4; }
+        } else if (m.format == FMT_Q5) {  // lanes 8i..8i+7: base bytes 4i..4i+3, bit 4 from high byte i
+            for (int i = 0; i < 8; i++)
+                for (int k = 0; k < 8; k++)
+                    u[8 * i + k] = ((b[4 * i + k / 2] >> (4 * (k & 1))) & 15) | (((h[i] >> k) & 1) << 4);
+        } else {                          // q6, lanes 4i..4i+3: base bytes 2i, 2i+1, bits 4-5 from high byte i
+            for (int i = 0; i < 16; i++)
+                for (int k = 0; k < 4; k++)
+                    u[4 * i + k] = ((b[2 * i + k / 2] >> (4 * (k & 1))) & 15) | (((h[i] >> (2 * k)) & 3) << 4);
         }
         const float s = f16_to_f32(scales[g]);
+        const int sh = 32 - bits;  // sign-extend from b bits
         float* o = out + (g * G - k0);
         int64_t cnt = k0 + n - g * G < G ? k0 + n - g * G : G;
-        for (int j = 0; j < cnt; j++) o[j] = s * (float)code[j];
+        for (int j = 0; j < cnt; j++) o[j] = s * (float)((int32_t)((uint32_t)u[j] << sh) >> sh);
     }
 }
 
@@ -564,7 +573,7 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // y rows stride ldy (>= W.rows). each weight row is decoded once and used for all T tokens,
 // so one product costs one pass over the weights whatever T is; and every (t, r) is summed in
 // the same order whatever T is, so splitting a prefill does not change these results.
-static void matmul(float* y, int64_t ldy, const float* x, int64_t ldx, const Mat& W, int T) {
+HOT_LOOP static void matmul(float* y, int64_t ldy, const float* x, int64_t ldx, const Mat& W, int T) {
     #pragma omp parallel for schedule(static) if (W.rows * W.cols * T >= PARALLEL_MIN)
     for (int64_t r = 0; r < W.rows; r++) {
         float w[KBLOCK];
@@ -658,8 +667,9 @@ static void seq_copy(SeqState* dst, const SeqState* src) {
     memcpy(dst->block, src->block, src->n_floats * sizeof(float));
     dst->pos = src->pos; dst->rope_delta = src->rope_delta; dst->mtp_pos = src->mtp_pos;
 }
-static void seq_snapshot(const SeqState* s, SeqState* snap) { seq_copy(snap, s); }
-static void seq_restore(SeqState* s, const SeqState* snap) { seq_copy(s, snap); }
+// ([[maybe_unused]]: callers so far are the tests; speculative decoding and prefix reuse come later)
+[[maybe_unused]] static void seq_snapshot(const SeqState* s, SeqState* snap) { seq_copy(snap, s); }
+[[maybe_unused]] static void seq_restore(SeqState* s, const SeqState* snap) { seq_copy(s, snap); }
 
 // the activations of one forward call of up to T_max tokens, allocated once
 enum { GDN_CHUNK = 64 };  // chunk length of the chunked delta rule (model.md 3.6)
@@ -1043,7 +1053,7 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
 //   c = decoder layer (full attention with the mtp's own kv cache, mlp)
 //   hidden_out = rmsnorm(c; 1 + mtp final_norm), logits = head(hidden_out) (draft for x_{p+2})
 // st->mtp_pos advances by T.
-static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
+[[maybe_unused]] static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
                             const float* hidden, const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
     const Geometry& g = m->geo;
     const MtpWeights& w = m->w.mtp;
@@ -1064,7 +1074,7 @@ static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int
 
 // a whole prompt, in pieces of at most r->T_max tokens (--prefill-chunk): the same results as
 // one piece up to fp32 rounding. logits as in forward_cpu (all rows, or the last row's).
-static void prefill_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, int n, float* logits, bool all_logits,
+[[maybe_unused]] static void prefill_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, int n, float* logits, bool all_logits,
                         float* hidden_out) {
     for (int i = 0; i < n; i += r->T_max) {
         int T = n - i < r->T_max ? n - i : r->T_max;
