@@ -89,6 +89,13 @@ $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
 
 TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
 
+# the tokenizer, chat template and output parser (tokenizer.h): host code only, checked
+# against hf tokenizers / transformers goldens in test/golden (test/gen_*_goldens.py)
+$(BUILD)/test/test_tokenizer: test/test_tokenizer.cc tokenizer.h unicode_tables.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/test_tokenizer.cc $(GTEST)
+TEST_BINS += $(BUILD)/test/test_tokenizer
+
 # the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
 # deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);
 # test_serve covers the pure parts (http parsing, chunked bodies, utf-8 holdback, flags).
