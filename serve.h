@@ -1303,7 +1303,7 @@ struct ServeState {
     int listen_fd = -1;
     int stop_pipe[2] = {-1, -1};         // a byte is written on every signal; never read, so it
                                          // stays readable and wakes every idle poll at once
-    volatile sig_atomic_t signals = 0;   // 1: drain, 2+: cancel everything now
+    std::atomic<int> signals{0};         // 1: drain, 2+: cancel everything now (lock-free: safe in a handler)
     std::atomic<bool> force_cancel{false};
     std::mutex mu;                       // the queue, jobs, counters
     std::condition_variable engine_cv;   // work for the engine thread
@@ -1321,7 +1321,9 @@ struct ServeState {
     long st_requests = 0, st_prompt = 0, st_completion = 0;
     double st_decode_s = 0;
 };
-static ServeState g_serve;
+// one server per process (signal handlers need a global). never destroyed: detached
+// connection threads may still be finishing when main returns.
+static ServeState& g_serve = *new ServeState;
 
 static uint64_t serve_rand() {  // splitmix64 over an atomic counter seeded at start
     uint64_t z = g_serve.rng.fetch_add(0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
@@ -2316,7 +2318,7 @@ static void* conn_main(void* arg) {
 }
 
 static void serve_on_signal(int) {
-    g_serve.signals = g_serve.signals + 1;
+    g_serve.signals.fetch_add(1);
     char b = 1;
     ssize_t w = write(g_serve.stop_pipe[1], &b, 1);
     (void)w;

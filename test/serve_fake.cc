@@ -20,7 +20,8 @@
 //                  counts 10 tokens
 //   a tool result  content "Result: " + the result text, one token per byte, then eos
 //   [[echo]]       content = the last user text without directives, one token per byte
-//   [[tokens=N]]   content = N tokens "w0 w1 w2 ..." (each " wK" one token), then eos
+//   [[tokens=N]]   content = N tokens "w0 w1 w2 ..." (each " wK" one token), then eos;
+//                  with [[pad=K]] each token carries K dots more (big writes)
 //   [[delay=MS]]   sleep MS milliseconds per token (for cancel / queue tests)
 //   [[fail]]       fail after 2 tokens (an engine error mid-stream)
 //   [[params]]     content = the resolved sampler as json (precedence tests)
@@ -147,7 +148,8 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
         for (char c : u) script.push_back({1, std::string(1, c)});
     } else if (directive("tokens", &v)) {
         int n = atoi(v.c_str());
-        for (int k = 0; k < n; k++) script.push_back({1, (k ? " w" : "w") + std::to_string(k)});
+        std::string pad = directive("pad", &v) ? std::string(atoi(v.c_str()), '.') : "";
+        for (int k = 0; k < n; k++) script.push_back({1, (k ? " w" : "w") + std::to_string(k) + pad});
     } else if (directive("params", nullptr)) {
         auto num = [](float x) { char b[32]; snprintf(b, sizeof b, "%g", x); return Json::number(atof(b)); };
         Json o = Json::object();
