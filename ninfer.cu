@@ -690,7 +690,7 @@ struct RunState {
     float* ga = nullptr;    // [T, Hv] in_proj_a, then the log-decay g
     float* gb = nullptr;    // [T, Hv] in_proj_b, then beta
     float* core = nullptr;  // [T, Hv*dv] delta rule output, then gated-normed
-    float* chunk = nullptr; // [Hv, GDN_CHUNK*(GDN_CHUNK+1+dk+dv)] chunked delta rule scratch per head
+    float* chunk = nullptr; // [Hv, GDN_CHUNK*(GDN_CHUNK+2+dk+dv)] chunked delta rule scratch per head
     float* mlp = nullptr;   // [T, 2I] gate | up
     float* hb = nullptr;    // [T, I] silu(gate) * up
     float* mtp_in = nullptr;// [T, 2H] mtp: [norm(embedding) | norm(hidden)]
@@ -698,7 +698,7 @@ struct RunState {
     float inv_freq[64] = {};  // rope_dim/2 frequencies (model.md 2.3)
 };
 
-static size_t gdn_chunk_scratch(const Geometry& g) { return (size_t)GDN_CHUNK * (GDN_CHUNK + 1 + g.dk + g.dv); }
+static size_t gdn_chunk_scratch(const Geometry& g) { return (size_t)GDN_CHUNK * (GDN_CHUNK + 2 + g.dk + g.dv); }
 
 static void run_build(RunState* r, const Geometry& g, int T_max, int capacity) {
     CHECK(T_max > 0 && capacity > 0, "T_max %d capacity %d", T_max, capacity);
@@ -856,9 +856,10 @@ static void gdn_recurrent_step(float* S, const float* q, const float* k, const f
 static void gdn_chunked(float* S, const float* q, const float* k, const float* v, int ldq, const float* g,
                         const float* beta, int ldg, float* o, int ldo, int T, int dk, int dv, float* scratch) {
     const int C = GDN_CHUNK;
-    float* A = scratch;             // [C, C]: A, then T = (I + A)^-1, then the masked decayed q.k
-    float* G = A + C * C;           // [C] cumulative log-decay within the chunk
-    float* W = G + C;               // [C, dk] decayed keys
+    float* A = scratch;             // [C, C]: A, then T = (I + A)^-1 (strictly lower part)
+    float* G = A + C * C;           // [C] cumulative log-decay within the chunk, Gamma
+    float* E = G + C;               // [C] e^Gamma, then e^(Gamma_last - Gamma)
+    float* W = E + C;               // [C, dk] decayed keys
     float* U = W + (size_t)C * dk;  // [C, dv] pseudo-values, then the corrected values
     for (int c0 = 0; c0 < T; c0 += C) {
         const int n = T - c0 < C ? T - c0 : C;
@@ -868,7 +869,7 @@ static void gdn_chunked(float* S, const float* q, const float* k, const float* v
         auto B = [&](int r) { return beta[(size_t)(c0 + r) * ldg]; };
         // 1. Gamma_r = sum_{s <= r} g_s
         float acc = 0.0f;
-        for (int r = 0; r < n; r++) { acc += g[(size_t)(c0 + r) * ldg]; G[r] = acc; }
+        for (int r = 0; r < n; r++) { acc += g[(size_t)(c0 + r) * ldg]; G[r] = acc; E[r] = expf(acc); }
         // 2-3. T = (I + A)^-1 with A[r][s] = beta_r (k_r . k_s) e^(G_r - G_s) for s < r, by
         //      forward substitution: T[r][s] = -A[r][s] - sum_{s<m<r} A[r][m] T[m][s]. row r is
         //      first filled with -A[r][:], then finished in place in increasing s (T[r][s]
@@ -886,9 +887,9 @@ static void gdn_chunked(float* S, const float* q, const float* k, const float* v
         for (int r = 0; r < n; r++) {
             float* Ur = U + (size_t)r * dv; float* Wr = W + (size_t)r * dk;
             for (int j = 0; j < dv; j++) Ur[j] = B(r) * V(r)[j];
-            for (int i = 0; i < dk; i++) Wr[i] = B(r) * expf(G[r]) * K(r)[i];
+            for (int i = 0; i < dk; i++) Wr[i] = B(r) * E[r] * K(r)[i];
             for (int s = 0; s < r; s++) {
-                const float a = A[r * C + s] * B(s), b = A[r * C + s] * B(s) * expf(G[s]);
+                const float a = A[r * C + s] * B(s), b = A[r * C + s] * B(s) * E[s];
                 for (int j = 0; j < dv; j++) Ur[j] += a * V(s)[j];
                 for (int i = 0; i < dk; i++) Wr[i] += b * K(s)[i];
             }
@@ -906,7 +907,7 @@ static void gdn_chunked(float* S, const float* q, const float* k, const float* v
             float* Or = o + (size_t)(c0 + r) * ldo;
             for (int j = 0; j < dv; j++) Or[j] = 0.0f;
             for (int i = 0; i < dk; i++) {
-                const float qi = Q(r)[i] * expf(G[r]); const float* Si = S + (size_t)i * dv;
+                const float qi = Q(r)[i] * E[r]; const float* Si = S + (size_t)i * dv;
                 for (int j = 0; j < dv; j++) Or[j] += qi * Si[j];
             }
             for (int s = 0; s <= r; s++) {
@@ -915,12 +916,13 @@ static void gdn_chunked(float* S, const float* q, const float* k, const float* v
             }
         }
         // 7. S_out = e^Gamma_last S_in + sum_s e^(Gamma_last - Gamma_s) k_s V_new_s^T
-        const float last = G[n - 1], dlast = expf(last);
+        const float dlast = E[n - 1];
+        for (int s = 0; s < n; s++) E[s] = expf(G[n - 1] - G[s]);
         for (int i = 0; i < dk; i++) {
             float* Si = S + (size_t)i * dv;
             for (int j = 0; j < dv; j++) Si[j] *= dlast;
             for (int s = 0; s < n; s++) {
-                const float a = expf(last - G[s]) * K(s)[i]; const float* Us = U + (size_t)s * dv;
+                const float a = E[s] * K(s)[i]; const float* Us = U + (size_t)s * dv;
                 for (int j = 0; j < dv; j++) Si[j] += a * Us[j];
             }
         }
@@ -1037,7 +1039,8 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
                         const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
     const Geometry& g = m->geo;
     CHECK(T >= 1 && T <= r->T_max, "forward of %d tokens (at most %d per call)", T, r->T_max);
-    CHECK(st->pos + T <= st->capacity && r->capacity >= st->capacity, "context overflow: %d + %d > %d", st->pos, T, st->capacity);
+    CHECK(r->capacity >= st->capacity, "run state for %d rows, sequence of %d", r->capacity, st->capacity);
+    CHECK(st->pos + T <= st->capacity, "context overflow: %d + %d > %d", st->pos, T, st->capacity);
     embed_cpu(m, r->x, ids, embed_override, T);
     rope_tables(r, g, pos3, st->pos + st->rope_delta, T);
     for (int l = 0; l < g.L; l++)

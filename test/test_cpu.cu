@@ -139,7 +139,8 @@ TEST(Gdn, ChunkedMatchesRecurrent) {
             if (from_zero) { std::fill(S_rec.begin(), S_rec.end(), 0.0f); S_chk = S_rec; }
             for (int t = 0; t < T; t++)
                 gdn_recurrent_step(S_rec.data(), &in.q[t * dk], &in.k[t * dk], &in.v[t * dv], in.g[t], in.beta[t], &o_rec[t * dv], dk, dv);
-            std::vector<float> scratch(GDN_CHUNK * (GDN_CHUNK + 1 + dk + dv));
+            Geometry geo; geo.dk = dk; geo.dv = dv;
+            std::vector<float> scratch(gdn_chunk_scratch(geo));
             gdn_chunked(S_chk.data(), in.q.data(), in.k.data(), in.v.data(), dk, in.g.data(), in.beta.data(), 1,
                         o_chk.data(), dv, T, dk, dv, scratch.data());
             // q/k and v share one stride in the layer; here they do too (dk == dv)
