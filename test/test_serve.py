@@ -73,10 +73,11 @@ class Server:
     def text(self):
         return "".join(self.log)
 
-    def wait_log(self, pattern, timeout=5.0):
+    def wait_log(self, pattern, timeout=5.0, since=0):
+        """the first stderr line from index `since` on matching pattern (waits for it)"""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            for line in list(self.log):
+            for line in list(self.log)[since:]:
                 if re.search(pattern, line):
                     return line
             time.sleep(0.02)
@@ -393,6 +394,46 @@ def test_usage_matches_count_tokens(oai, ant, mid):
     assert r.usage.completion_tokens == m.usage.output_tokens <= 4
     if FAKE:
         assert n.input_tokens == fake_prompt_tokens([{"role": "system", "content": "sys"}, {"role": "user", "content": "count me"}])
+
+
+def hf_dir():
+    """the hugging face directory the served .ninfer was made from (build/models/X-hf), if any"""
+    for a in server_cmd():
+        if a.endswith(".ninfer"):
+            d = a[:-len(".ninfer")]
+            d = d[:-len("-bf16")] if d.endswith("-bf16") else d
+            if os.path.exists(os.path.join(d + "-hf", "tokenizer.json")):
+                return d + "-hf"
+    return None
+
+
+@pytest.mark.skipif(FAKE, reason="the fake's counts are checked against its own rule above")
+def test_usage_equals_tokenizer_counts(oai, ant, mid):
+    # the real engine: prompt tokens = hf tokenizers over the chat template rendered the way
+    # transformers renders it (test/gen_template_goldens.py); completion tokens = max_tokens
+    # when the output is cut there
+    d = hf_dir()
+    if d is None:
+        pytest.skip("no tokenizer.json beside the served model")
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "test"))
+    from gen_template_goldens import make_renderer
+    from tokenizers import Tokenizer
+    render, _ = make_renderer(open(os.path.join(d, "chat_template.jinja")).read())
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    for msgs, think in (([{"role": "user", "content": "Hello, wörld! 你好 🙂"}], True),
+                        ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}], False)):
+        kw = {} if think else {"enable_thinking": False}
+        want = len(tok.encode(render(msgs, None, add_generation_prompt=True, **kw), add_special_tokens=False).ids)
+        r = oai.chat.completions.create(model=mid, messages=msgs, max_completion_tokens=5, extra_body=kw,
+                                        temperature=0, extra_headers={})
+        assert r.usage.prompt_tokens == want
+        if r.choices[0].finish_reason == "length":
+            assert r.usage.completion_tokens == 5
+        n = ant.messages.count_tokens(model=mid, messages=[m for m in msgs if m["role"] != "system"],
+                                      system=msgs[0]["content"] if msgs[0]["role"] == "system" else anthropic.NOT_GIVEN,
+                                      thinking={"type": "enabled", "budget_tokens": 1024} if think else {"type": "disabled"})
+        assert n.input_tokens == want
 
 
 @fake_only
@@ -931,6 +972,7 @@ def test_http10_stream(lim):
 @fake_only
 def test_client_closes_mid_stream(lim):
     mid = model_id(lim.port)
+    mark = len(lim.log)
     c = Conn(lim.port)
     c.send(http("POST", "/v1/chat/completions",
                 chat_body(mid, "[[tokens=300]][[delay=20]] long", stream=True, max_tokens=300, enable_thinking=False)))
@@ -939,7 +981,7 @@ def test_client_closes_mid_stream(lim):
     t0 = time.time()
     assert_healthy(lim.port, mid)  # would wait ~6 s behind the stream if it were not cancelled
     assert time.time() - t0 < 2
-    line = lim.wait_log(r" 499 POST /v1/chat/completions .*completion=(\d+)")
+    line = lim.wait_log(r" 499 POST /v1/chat/completions .*completion=(\d+)", since=mark)
     assert int(re.search(r"completion=(\d+)", line).group(1)) < 100
 
 
@@ -963,11 +1005,12 @@ def test_client_closes_while_queued(lim):
 def test_slow_reader_dropped(lim):
     # a client that never reads: the write timeout (1 s) drops it and cancels its generation
     mid = model_id(lim.port)
+    mark = len(lim.log)
     c = Conn(lim.port)
     c.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     c.send(http("POST", "/v1/chat/completions",
                 chat_body(mid, "[[tokens=100000]][[pad=4000]]", stream=True, max_tokens=100000, enable_thinking=False)))
-    lim.wait_log(r" 499 POST /v1/chat/completions .*completion=", timeout=15)
+    lim.wait_log(r" 499 POST /v1/chat/completions .*completion=", timeout=15, since=mark)
     c.close()
     assert_healthy(lim.port, mid)
 
