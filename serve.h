@@ -865,7 +865,6 @@ static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) 
         if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
             return api_fail(e, "messages", "role must be system, developer, user, assistant or tool", "unsupported_role");
         const Json* c = m.get("content");
-        bool has_calls = false;
         if (r == "assistant") {
             const Json* rc = m.get("reasoning_content");
             if (rc && !rc->is_null() && !rc->is_string()) return api_fail(e, "messages", "'reasoning_content' must be a string");
@@ -879,7 +878,6 @@ static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) 
                     if (!f || !f->is_object() || !nm || !nm->is_string()) return api_fail(e, "messages", "a tool call needs function.name");
                     if (ar && !ar->is_string() && !ar->is_object()) return api_fail(e, "messages", "function.arguments must be a json object or its text");
                 }
-                has_calls = !tc->arr.empty();
             }
         }
         if (!c || c->is_null()) {
@@ -889,7 +887,6 @@ static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) 
         if (c->is_string()) continue;
         if (!c->is_array()) return api_fail(e, "messages", "'content' must be a string or an array of parts");
         if (!check_parts(*c, vision, r != "user", e)) return false;
-        (void)has_calls;
     }
     return true;
 }
@@ -1377,7 +1374,7 @@ static void serve_jsonl(Json ev) {
 static void log_request(const ReqLog& l) {
     double total = serve_now() - l.t0;
     char buf[768];
-    int n = snprintf(buf, sizeof buf, "ninfer-serve: %d %s %s", l.status, l.method.c_str(), log_path(l.path).c_str());
+    int n = snprintf(buf, sizeof buf, "ninfer-serve: %d %s %s", l.status, log_path(l.method).c_str(), log_path(l.path).c_str());
     auto add = [&](const char* fmt, auto... v) { if (n < (int)sizeof buf) n += snprintf(buf + n, sizeof buf - n, fmt, v...); };
     if (!l.id.empty()) add(" id=%s", l.id.c_str());
     if (!l.api.empty()) add(" stream=%d", (int)l.stream);
@@ -2208,11 +2205,14 @@ static bool handle_request(Conn* c, const HttpRequest& rq, double t0) {
     bool anth = route == ROUTE_MESSAGES || route == ROUTE_COUNT;
     bool is_get = rq.method == "GET" || rq.method == "HEAD";
     bool post_route = route == ROUTE_CHAT || route == ROUTE_MESSAGES || route == ROUTE_COUNT;
-    // answered from the head alone: the body (if any) is not read, so the connection closes
+    // answered from the head alone: a body already received is skipped; one still on its
+    // way is not waited for, and the connection closes
     auto early = [&](const ServeError& e, const std::string& extra = "") {
-        conn_send_error(c, anth, e, keep && !has_body, &lg, extra);
+        bool k = keep && (!has_body || (!rq.chunked && (uint64_t)rq.content_length <= c->in.size()));
+        if (k && has_body) c->in.erase(0, (size_t)rq.content_length);
+        conn_send_error(c, anth, e, k, &lg, extra);
         log_request(lg);
-        return keep && !has_body;
+        return k;
     };
     if (rq.method == "OPTIONS") {
         conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");

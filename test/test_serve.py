@@ -849,6 +849,11 @@ def test_other_statuses(lim):
     assert st == 405 and "POST" in h["allow"]
     st, h, _ = request(lim.port, "DELETE", "/health")
     assert st == 405
+    # an error answered from the head skips a body already received and keeps the connection
+    c = Conn(lim.port)
+    c.send(http("POST", "/nope", b'{"x":1}') + http("GET", "/health"))
+    assert [c.response()[0] for _ in range(2)] == [404, 200]
+    c.close()
     st, h, _ = request(lim.port, "OPTIONS", "/v1/chat/completions")  # cors preflight (--cors)
     assert st == 204 and h["access-control-allow-origin"] == "*" and "POST" in h["access-control-allow-methods"]
     st, h, _ = request(lim.port, "GET", "/health")
