@@ -1160,33 +1160,39 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
     auto before = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
-    size_t n = c.size();
+    // the candidates c[0..n) are sorted only as far as needed: c[0..sorted) is the sorted head
+    size_t n = c.size(), sorted = 0;
+    auto sort_upto = [&](size_t k) {
+        k = std::min(k, n);
+        if (k > sorted) { std::partial_sort(c.begin() + sorted, c.begin() + k, c.begin() + n, before); sorted = k; }
+    };
     if (p.top_k > 0 && (size_t)p.top_k < n) {
-        n = p.top_k;
-        std::partial_sort(c.begin(), c.begin() + n, c.end(), before);
-    } else {
-        std::sort(c.begin(), c.end(), before);
+        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), before);
+        n = sorted = p.top_k;
     }
-    // weights relative to the best candidate, written over the logits
+    sort_upto(1);
+    // weights relative to the best candidate: w = exp(adj/T - max)
     const float inv_t = 1.0f / p.temperature, top = c[0].first * inv_t;
+    auto weight = [&](size_t i) { return expf(c[i].first * inv_t - top); };
     float total = 0.0f;
-    for (size_t i = 0; i < n; i++) { c[i].first = expf(c[i].first * inv_t - top); total += c[i].first; }
-    size_t keep = n;
-    if (p.min_p > 0.0f) {  // weights are sorted and the best is 1
-        size_t k = 1;
-        while (k < n && c[k].first >= p.min_p) k++;
+    size_t above_min_p = 0;  // the candidates with w >= min_p (the best has w = 1): a sorted prefix
+    for (size_t i = 0; i < n; i++) { float w = weight(i); total += w; above_min_p += w >= p.min_p; }
+    size_t keep = p.min_p > 0.0f ? std::max<size_t>(above_min_p, 1) : n;
+    if (p.top_p < 1.0f) {  // the shortest sorted prefix reaching top_p of the total
+        float cum = 0.0f;
+        size_t k = 0;
+        for (size_t chunk = 64; k < n && (k == 0 || cum < p.top_p * total); chunk *= 4) {
+            sort_upto(k + chunk);
+            while (k < sorted && (k == 0 || cum < p.top_p * total)) cum += weight(k++);
+        }
         keep = std::min(keep, k);
     }
-    if (p.top_p < 1.0f) {
-        float cum = 0.0f; size_t k = 0;
-        while (k < n && (k == 0 || cum < p.top_p * total)) cum += c[k++].first;
-        keep = std::min(keep, k);
-    }
+    if (keep < n) sort_upto(keep);  // the kept set is the best `keep` (the draw walks them in array order)
     float mass = 0.0f;
-    for (size_t i = 0; i < keep; i++) mass += c[i].first;
+    for (size_t i = 0; i < keep; i++) mass += weight(i);
     float u = rng_uniform(p.seed, position, purpose) * mass;
     for (size_t i = 0; i < keep; i++) {
-        u -= c[i].first;
+        u -= weight(i);
         if (u < 0.0f) return c[i].second;
     }
     return c[keep - 1].second;  // u landed on the rounding edge
