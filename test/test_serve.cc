@@ -344,3 +344,66 @@ TEST(Anthropic, Errors) {
     EXPECT_TRUE(anthropic_parse(J(R"({"model":"a","messages":[{"role":"user","content":"x"}]})"), ctx, true, &r, &e));
     EXPECT_FALSE(anthropic_parse(J(R"({"model":"a","max_tokens":3,"messages":[{"role":"user","content":"x"}]})"), ctx, true, &r, &e));
 }
+
+// ---- fuzz: mutated requests never crash a parser and always get a defined answer
+
+static uint64_t fuzz_rng = 0x243F6A8885A308D3ull;
+static uint32_t fuzz_next() { fuzz_rng ^= fuzz_rng << 13; fuzz_rng ^= fuzz_rng >> 7; fuzz_rng ^= fuzz_rng << 17; return (uint32_t)fuzz_rng; }
+static std::string mutate(std::string s) {
+    int n = 1 + fuzz_next() % 4;
+    static const char pool[] = "\r\n:; ,\t\"{}[]\\0aZ~\x80\xff\xc3";
+    for (int k = 0; k < n && !s.empty(); k++) {
+        size_t at = fuzz_next() % s.size();
+        switch (fuzz_next() % 4) {
+            case 0: s[at] = (char)(fuzz_next() & 0xFF); break;
+            case 1: s.insert(at, 1, pool[fuzz_next() % (sizeof pool - 1)]); break;
+            case 2: s.erase(at, 1 + fuzz_next() % 3); break;
+            case 3: s.insert(at, s.substr(fuzz_next() % s.size(), fuzz_next() % 16)); break;
+        }
+    }
+    return s;
+}
+
+TEST(Fuzz, HttpHeadAndChunked) {
+    const std::string seeds[] = {
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nExpect: 100-continue\r\n\r\n",
+        "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        "POST /v1/messages HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    };
+    for (int it = 0; it < 30000; it++) {
+        std::string s = mutate(seeds[it % 3]);
+        HttpRequest rq;
+        long r = http_parse_head(s.data(), s.size(), limits(), &rq);
+        ASSERT_TRUE(r == 0 || r == -400 || r == -413 || r == -417 || r == -501 || r == -505 || (r > 0 && (size_t)r <= s.size())) << r;
+        if (r > 0) { EXPECT_FALSE(rq.chunked && rq.content_length >= 0); }
+    }
+    const std::string body = "5\r\nhello\r\n3;x=y\r\nabc\r\n0\r\nT: v\r\n\r\n";
+    for (int it = 0; it < 30000; it++) {
+        std::string s = mutate(body), out; size_t used = 0;
+        int r = chunked_all(s, 1 + fuzz_next() % 8, &out, &used);
+        ASSERT_TRUE(r == 0 || r == 1 || r == -400 || r == -413);
+        ASSERT_LE(used, s.size());
+        ASSERT_LE(out.size(), 1000u);
+    }
+}
+
+TEST(Fuzz, ApiParsers) {
+    const std::string seeds[] = {
+        R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null,"reasoning_content":"r","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stop":["a"],"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"chat_template_kwargs":{"enable_thinking":false},"logit_bias":{"1":2}})",
+        R"({"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"tool_use","id":"u","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"u","content":"r","is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"thinking":{"type":"enabled","budget_tokens":10},"stop_sequences":["x"]})",
+    };
+    ApiContext ctx; ctx.model_id = "m";
+    int parsed = 0, accepted = 0;
+    for (int it = 0; it < 20000; it++) {
+        std::string s = mutate(seeds[it % 2]);
+        Json j; std::string err;
+        if (!json_parse(s, &j, &err)) continue;
+        parsed++;
+        ApiRequest r; ServeError e;
+        bool ok = (it % 2 == 0) ? openai_chat_parse(j, ctx, &r, &e) : anthropic_parse(j, ctx, it % 4 == 3, &r, &e);
+        if (ok) { accepted++; EXPECT_TRUE(r.chat.messages.is_array()); }
+        else { EXPECT_GE(e.status, 400); EXPECT_FALSE(e.message.empty()); EXPECT_TRUE(utf8_valid(e.message.data(), e.message.size())); }
+    }
+    EXPECT_GT(parsed, 1000);
+    EXPECT_GT(accepted, 100);
+}

@@ -830,6 +830,45 @@ def test_bad_framing_400_and_close(lim, head):
     assert_healthy(lim.port, mid)
 
 
+def test_random_garbage(lim):
+    # mutated requests on fresh connections (the client half-closes, so nothing waits for a
+    # deadline): every answer is a well-formed http response or a plain close
+    import random
+    mid = model_id(lim.port)
+    rnd = random.Random(1234)
+    seeds = [http("POST", "/v1/chat/completions", chat_body(mid, max_tokens=2)),
+             http("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2,
+                                                      "messages": [{"role": "user", "content": "x"}]}).encode()),
+             b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n"]
+    for it in range(60):
+        b = bytearray(seeds[it % 3])
+        for _ in range(rnd.randint(1, 6)):
+            i = rnd.randrange(len(b))
+            op = rnd.randrange(3)
+            if op == 0:
+                b[i] = rnd.randrange(256)
+            elif op == 1:
+                b.insert(i, rnd.choice(b"\r\n:{}[]\"\x00\xff "))
+            else:
+                del b[i]
+        c = Conn(lim.port)
+        try:
+            c.send(bytes(b))
+            c.s.shutdown(socket.SHUT_WR)
+            data = b""
+            while True:
+                d = c.s.recv(65536)
+                if not d:
+                    break
+                data += d
+        except ConnectionResetError:
+            data = b""
+        finally:
+            c.close()
+        assert data == b"" or re.match(rb"HTTP/1\.1 (200|400|401|404|405|408|413|417|501|505) ", data), data[:200]
+    assert_healthy(lim.port, mid)
+
+
 def test_other_statuses(lim):
     c = Conn(lim.port)
     c.send(b"GET /health HTTP/2.0\r\n\r\n")
@@ -1099,6 +1138,29 @@ def test_request_log_jsonl(tmp_path):
     assert done["finish_reason"] in ("stop", "length") and done["completion_tokens"] <= 3
     assert set(done["timings_seconds"]) >= {"queue", "total"}
     assert "hidden words" not in path.read_text() and '"k"' not in path.read_text()
+
+
+def test_connection_cap():
+    s = Server("--max-connections", "2")
+    try:
+        a, b = Conn(s.port), Conn(s.port)
+        for c in (a, b):
+            c.send(http("GET", "/health"))
+            assert c.response()[0] == 200
+        c = Conn(s.port)  # a third: told so and closed, the main thread never blocks on it
+        st, _, body = c.response()
+        assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded"
+        c.close()
+        a.close()
+        b.close()
+        deadline = time.time() + 3
+        while time.time() < deadline:  # the two threads end, the slots come back
+            if request(s.port, "GET", "/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        assert request(s.port, "GET", "/health")[0] == 200
+    finally:
+        assert s.stop() == 0
 
 
 # ---------------------------------------------------------------------------------------
