@@ -511,7 +511,7 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 enum { KBLOCK = 1024 };  // columns decoded at a time; a multiple of every group size (32, 64)
 // below about this many multiply-adds a loop runs on one thread: waking the team costs more
 // than it saves (and much more on a busy machine)
-enum : int64_t { PARALLEL_MIN = 1 << 18 };
+enum : int64_t { PARALLEL_MIN = 1 << 20 };
 // the hot loops are compiled twice, for avx2 and for any x86-64, and the loader picks one
 // (gcc function multiversioning): the build stays portable and the decode + dot of the
 // weights runs 8 floats wide where it can. the sum order, hence fp32 rounding, may differ
