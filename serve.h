@@ -487,11 +487,11 @@ struct HttpRequest {
 static inline bool http_tchar(unsigned char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || (c && strchr("!#$%&'*+-.^_`|~", c));
 }
-static inline std::string lower(std::string s) {
+static inline std::string http_lower(std::string s) {
     for (auto& c : s) if (c >= 'A' && c <= 'Z') c += 32;
     return s;
 }
-static inline std::string trim_ows(const std::string& s) {
+static inline std::string http_trim(const std::string& s) {
     size_t a = 0, b = s.size();
     while (a < b && (s[a] == ' ' || s[a] == '\t')) a++;
     while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t')) b--;
@@ -503,7 +503,7 @@ static std::vector<std::string> http_list(const std::string& v) {
     size_t s = 0;
     for (;;) {
         size_t c = v.find(',', s);
-        std::string t = lower(trim_ows(v.substr(s, c == std::string::npos ? std::string::npos : c - s)));
+        std::string t = http_lower(http_trim(v.substr(s, c == std::string::npos ? std::string::npos : c - s)));
         if (!t.empty()) out.push_back(t);
         if (c == std::string::npos) break;
         s = c + 1;
@@ -591,7 +591,7 @@ static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, Ht
         size_t c = l.find(':');
         if (c == std::string::npos || c == 0) return -400;
         for (size_t j = 0; j < c; j++) if (!http_tchar((unsigned char)l[j])) return -400;  // also rejects "name :"
-        std::string name = lower(l.substr(0, c)), value = trim_ows(l.substr(c + 1));
+        std::string name = http_lower(l.substr(0, c)), value = http_trim(l.substr(c + 1));
         if (name == "content-length") {
             // "5", or a list of equal values "5, 5"; anything else is malformed
             std::vector<std::string> vals = http_list(value);
@@ -609,7 +609,7 @@ static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, Ht
         } else if (name == "connection") {
             connection += "," + value;
         } else if (name == "expect") {
-            if (lower(value) != "100-continue") return -417;
+            if (http_lower(value) != "100-continue") return -417;
             if (rq->minor >= 1) rq->expect_continue = true;
         }
         rq->headers.emplace_back(name, value);
@@ -818,7 +818,7 @@ static int api_bool(const Json& o, const char* key, bool* out, ServeError* e) {
     *out = v->b; return 1;
 }
 
-static bool tool_name_ok(const std::string& s) {
+static bool api_tool_name_ok(const std::string& s) {
     if (s.empty() || s.size() > 64) return false;
     for (char c : s) if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
     return true;
@@ -837,7 +837,7 @@ static bool api_stop(const Json* v, const char* key, std::vector<std::string>* o
 }
 
 // a content part list: text parts always, media only with vision
-static bool check_parts(const Json& parts, bool vision, bool text_only, ServeError* e) {
+static bool api_check_parts(const Json& parts, bool vision, bool text_only, ServeError* e) {
     for (const auto& p : parts.arr) {
         const Json* t = p.get("type");
         if (!p.is_object() || !t || !t->is_string()) return api_fail(e, "messages", "a content part must be an object with a 'type'");
@@ -855,7 +855,7 @@ static bool check_parts(const Json& parts, bool vision, bool text_only, ServeErr
     return true;
 }
 
-static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) {
+static bool openai_check_messages(const Json* msgs, bool vision, ServeError* e) {
     if (!msgs || !msgs->is_array() || msgs->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
     for (const auto& m : msgs->arr) {
         const Json* role = m.get("role");
@@ -886,14 +886,14 @@ static bool check_openai_messages(const Json* msgs, bool vision, ServeError* e) 
         }
         if (c->is_string()) continue;
         if (!c->is_array()) return api_fail(e, "messages", "'content' must be a string or an array of parts");
-        if (!check_parts(*c, vision, r != "user", e)) return false;
+        if (!api_check_parts(*c, vision, r != "user", e)) return false;
     }
     return true;
 }
 
 // tools: [{type:"function", function:{name, description?, parameters?, strict?}}] -> the
 // same with parameters always present; an empty array means none
-static bool check_openai_tools(const Json* tools, Json* out, ServeError* e) {
+static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
     *out = Json();
     if (!tools || tools->is_null()) return true;
     if (!tools->is_array()) return api_fail(e, "tools", "'tools' must be an array");
@@ -905,7 +905,7 @@ static bool check_openai_tools(const Json* tools, Json* out, ServeError* e) {
         if (ty->str != "function") return api_fail(e, "tools", "only function tools are supported", "tool_type_not_supported");
         const Json* f = t.get("function");
         const Json* nm = f ? f->get("name") : nullptr;
-        if (!f || !f->is_object() || !nm || !nm->is_string() || !tool_name_ok(nm->str))
+        if (!f || !f->is_object() || !nm || !nm->is_string() || !api_tool_name_ok(nm->str))
             return api_fail(e, "tools", "function.name must match [A-Za-z0-9_-]{1,64}");
         const Json* d = f->get("description");
         if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "function.description must be a string");
@@ -928,13 +928,13 @@ static bool check_openai_tools(const Json* tools, Json* out, ServeError* e) {
     return true;
 }
 
-static bool known_key(const std::string& k, const char* const* keys) {
+static bool api_known_key(const std::string& k, const char* const* keys) {
     for (; *keys; keys++) if (k == *keys) return true;
     return false;
 }
 
 // thinking switches from several fields: they must agree
-static bool merge_switch(int* have, bool v, const char* param, ServeError* e) {
+static bool api_merge_switch(int* have, bool v, const char* param, ServeError* e) {
     if (*have >= 0 && *have != (int)v) return api_fail(e, param, "conflicting thinking options", "conflicting_template_option");
     *have = v; return true;
 }
@@ -949,16 +949,16 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     *r = ApiRequest();
     if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
     for (const auto& kv : body.obj)
-        if (!known_key(kv.first, keys)) return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
+        if (!api_known_key(kv.first, keys)) return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
     const Json* model = body.get("model");
     if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
     if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
     r->model = model->str;
     if (body.get("functions") || body.get("function_call")) return api_fail(e, "functions", "functions / function_call are not supported; use tools", "tools_not_supported");
     const Json* msgs = body.get("messages");
-    if (!check_openai_messages(msgs, ctx.vision, e)) return false;
+    if (!openai_check_messages(msgs, ctx.vision, e)) return false;
     r->chat.messages = *msgs;
-    if (!check_openai_tools(body.get("tools"), &r->chat.tools, e)) return false;
+    if (!openai_check_tools(body.get("tools"), &r->chat.tools, e)) return false;
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
         if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
         else if (tc->is_string() && tc->str == "auto") {}
@@ -1007,21 +1007,21 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     int think = -1, preserve = -1;
     bool b;
     if ((k = api_bool(body, "enable_thinking", &b, e)) < 0) return false;
-    if (k > 0 && !merge_switch(&think, b, "enable_thinking", e)) return false;
+    if (k > 0 && !api_merge_switch(&think, b, "enable_thinking", e)) return false;
     if ((k = api_bool(body, "preserve_thinking", &b, e)) < 0) return false;
-    if (k > 0 && !merge_switch(&preserve, b, "preserve_thinking", e)) return false;
+    if (k > 0 && !api_merge_switch(&preserve, b, "preserve_thinking", e)) return false;
     if (const Json* kw = body.get("chat_template_kwargs"); kw && !kw->is_null()) {
         if (!kw->is_object()) return api_fail(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
         if ((k = api_bool(*kw, "enable_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.enable_thinking"; return false; }
-        if (k > 0 && !merge_switch(&think, b, "chat_template_kwargs.enable_thinking", e)) return false;
+        if (k > 0 && !api_merge_switch(&think, b, "chat_template_kwargs.enable_thinking", e)) return false;
         if ((k = api_bool(*kw, "preserve_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.preserve_thinking"; return false; }
-        if (k > 0 && !merge_switch(&preserve, b, "chat_template_kwargs.preserve_thinking", e)) return false;
+        if (k > 0 && !api_merge_switch(&preserve, b, "chat_template_kwargs.preserve_thinking", e)) return false;
     }
     if (const Json* re = body.get("reasoning_effort"); re && !re->is_null()) {
         static const char* const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", nullptr};
-        if (!re->is_string() || !known_key(re->str, efforts)) return api_fail(e, "reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max");
-        if (re->str == "none") { if (!merge_switch(&think, false, "reasoning_effort", e)) return false; }
-        else { if (!merge_switch(&think, true, "reasoning_effort", e)) return false; r->chat.reasoning_effort = re->str; }
+        if (!re->is_string() || !api_known_key(re->str, efforts)) return api_fail(e, "reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max");
+        if (re->str == "none") { if (!api_merge_switch(&think, false, "reasoning_effort", e)) return false; }
+        else { if (!api_merge_switch(&think, true, "reasoning_effort", e)) return false; r->chat.reasoning_effort = re->str; }
     }
     r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
@@ -1038,7 +1038,7 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
 }
 
 // anthropic text: a string or [{type:"text", text}] joined
-static bool anthropic_text(const Json* v, const char* param, std::string* out, ServeError* e) {
+static bool anthropic_text_of(const Json* v, const char* param, std::string* out, ServeError* e) {
     out->clear();
     if (!v || v->is_null()) return true;
     if (v->is_string()) { *out = v->str; return true; }
@@ -1055,7 +1055,7 @@ static bool anthropic_text(const Json* v, const char* param, std::string* out, S
 }
 
 // an anthropic image block -> an openai image_url part (data uri or url)
-static bool anthropic_image(const Json& b, Json* part, ServeError* e) {
+static bool anthropic_image_part(const Json& b, Json* part, ServeError* e) {
     const Json* src = b.get("source");
     const Json* ty = src ? src->get("type") : nullptr;
     std::string url;
@@ -1092,14 +1092,14 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
     r->anthropic = true;
     if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
     for (const auto& kv : body.obj)
-        if (!known_key(kv.first, counting ? count_keys : keys))
+        if (!api_known_key(kv.first, counting ? count_keys : keys))
             return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
     const Json* model = body.get("model");
     if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
     r->model = model->str;  // a label only
     Json msgs = Json::array();
     std::string sys;
-    if (!anthropic_text(body.get("system"), "system", &sys, e)) return false;
+    if (!anthropic_text_of(body.get("system"), "system", &sys, e)) return false;
     if (body.get("system") && !body.get("system")->is_null()) {
         Json m = Json::object();
         m.set("role", Json::string("system"));
@@ -1141,7 +1141,7 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
             } else if (ty == "image" && user) {
                 if (!ctx.vision) return api_fail(e, "messages", "images need a server started with --vision", "vision_disabled");
                 Json p;
-                if (!anthropic_image(b, &p, e)) return false;
+                if (!anthropic_image_part(b, &p, e)) return false;
                 parts.push(p);
             } else if (ty == "tool_result" && user) {
                 const Json* id = b.get("tool_use_id");
@@ -1215,7 +1215,7 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
             if (ty && !ty->is_null() && !(ty->is_string() && ty->str == "custom"))
                 return api_fail(e, "tools", "only client tools are supported", "tool_type_not_supported");
             const Json* nm = t.get("name");
-            if (!nm || !nm->is_string() || !tool_name_ok(nm->str)) return api_fail(e, "tools", "tool name must match [A-Za-z0-9_-]{1,64}");
+            if (!nm || !nm->is_string() || !api_tool_name_ok(nm->str)) return api_fail(e, "tools", "tool name must match [A-Za-z0-9_-]{1,64}");
             const Json* d = t.get("description");
             const Json* sc = t.get("input_schema");
             if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "tool description must be a string");
@@ -1340,7 +1340,7 @@ static bool serve_cancel_all() { return g_serve.signals > 1 || g_serve.force_can
 
 // ---- the request log
 
-struct ReqLog {
+struct ServeReqLog {
     std::string method, path, id, code, finish, api;
     int status = 0;
     bool stream = false;
@@ -1349,7 +1349,7 @@ struct ReqLog {
 };
 
 // a printable, bounded copy of a request path for the log
-static std::string log_path(const std::string& p) {
+static std::string serve_log_path(const std::string& p) {
     std::string s;
     for (char c : p) { if (s.size() >= 80) { s += "..."; break; } s.push_back((c > 0x20 && c < 0x7f) ? c : '?'); }
     return s.empty() ? "-" : s;
@@ -1371,10 +1371,10 @@ static void serve_jsonl(Json ev) {
 
 // one line per request on stderr (and request_done / request_error / request_rejected in
 // the jsonl log): status, route, id, token counts, timings, finish reason. never text.
-static void log_request(const ReqLog& l) {
+static void serve_log_request(const ServeReqLog& l) {
     double total = serve_now() - l.t0;
     char buf[768];
-    int n = snprintf(buf, sizeof buf, "ninfer-serve: %d %s %s", l.status, log_path(l.method).c_str(), log_path(l.path).c_str());
+    int n = snprintf(buf, sizeof buf, "ninfer-serve: %d %s %s", l.status, serve_log_path(l.method).c_str(), serve_log_path(l.path).c_str());
     auto add = [&](const char* fmt, auto... v) { if (n < (int)sizeof buf) n += snprintf(buf + n, sizeof buf - n, fmt, v...); };
     if (!l.id.empty()) add(" id=%s", l.id.c_str());
     if (!l.api.empty()) add(" stream=%d", (int)l.stream);
@@ -1413,12 +1413,12 @@ static void log_request(const ReqLog& l) {
 
 // ---- the engine thread
 
-static bool job_cancelled(void* ctx) {
+static bool serve_job_cancelled(void* ctx) {
     ServeJob* j = (ServeJob*)ctx;
     if (serve_cancel_all()) j->cancel = true;  // remembered: the response says why it ended
     return j->cancel.load();
 }
-static bool job_emit(void* ctx, const ServeEvent& ev) {
+static bool serve_job_emit(void* ctx, const ServeEvent& ev) {
     ServeJob* j = (ServeJob*)ctx;
     {
         std::lock_guard<std::mutex> lk(g_serve.mu);
@@ -1426,10 +1426,10 @@ static bool job_emit(void* ctx, const ServeEvent& ev) {
         j->events.push_back(ev);
     }
     j->cv.notify_all();
-    return !job_cancelled(ctx);
+    return !serve_job_cancelled(ctx);
 }
 
-static void stats_line() {  // called with g_serve.mu held
+static void serve_stats_line() {  // called with g_serve.mu held
     ServeState& s = g_serve;
     if (s.st_requests == 0 && !s.engine_busy && s.queue.empty()) return;  // quiet when idle
     fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d\n",
@@ -1438,12 +1438,12 @@ static void stats_line() {  // called with g_serve.mu held
     s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
 }
 
-static void* engine_main(void*) {
+static void* serve_engine_main(void*) {
     ServeState& s = g_serve;
     std::unique_lock<std::mutex> lk(s.mu);
     double interval = s.opt.log_stats_interval_ms / 1e3, next_stats = serve_now() + interval;
     for (;;) {
-        if (interval > 0 && serve_now() >= next_stats) { stats_line(); next_stats = serve_now() + interval; }
+        if (interval > 0 && serve_now() >= next_stats) { serve_stats_line(); next_stats = serve_now() + interval; }
         if (s.queue.empty()) {
             if (s.engine_exit) break;
             s.engine_cv.wait_for(lk, std::chrono::milliseconds(interval > 0 ? std::min(1000, s.opt.log_stats_interval_ms) : 1000));
@@ -1457,8 +1457,8 @@ static void* engine_main(void*) {
         lk.unlock();
         ServeResult res;
         res.prompt_tokens = (int)j->prompt.tokens.size();
-        if (!job_cancelled(j.get())) {
-            ServeSink sink{job_emit, job_cancelled, j.get()};
+        if (!serve_job_cancelled(j.get())) {
+            ServeSink sink{serve_job_emit, serve_job_cancelled, j.get()};
             try { s.eng->generate(s.eng->self, j->prompt, j->sampling, sink, &res); }
             catch (...) { res.error = "generation failed"; }
         }
@@ -1473,7 +1473,7 @@ static void* engine_main(void*) {
 
 // ---- connections
 
-struct Conn {
+struct ServeConn {
     int fd = -1;
     std::string in;                // received bytes not consumed yet
     bool broken = false;           // a write failed or the peer left: no more writes
@@ -1482,7 +1482,7 @@ struct Conn {
 
 // read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof,
 // -1 on timeout or error, -2 when idle and the server stops.
-static int conn_read(Conn* c, double deadline, bool idle) {
+static int serve_conn_read(ServeConn* c, double deadline, bool idle) {
     for (;;) {
         double left = deadline - serve_now();
         if (left <= 0) return -1;
@@ -1502,7 +1502,7 @@ static int conn_read(Conn* c, double deadline, bool idle) {
 
 // write everything or give up: a write that makes no progress for --write-timeout-ms, or
 // any socket error (the peer left), marks the connection broken. never raises SIGPIPE.
-static bool conn_write(Conn* c, const char* p, size_t n) {
+static bool serve_conn_write(ServeConn* c, const char* p, size_t n) {
     if (c->broken) return false;
     double deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3;
     while (n > 0) {
@@ -1521,10 +1521,10 @@ static bool conn_write(Conn* c, const char* p, size_t n) {
     }
     return true;
 }
-static bool conn_write(Conn* c, const std::string& s) { return conn_write(c, s.data(), s.size()); }
+static bool serve_conn_write(ServeConn* c, const std::string& s) { return serve_conn_write(c, s.data(), s.size()); }
 
 // has the client gone? (eof or reset; pipelined bytes waiting to be read mean it is alive)
-static bool conn_peer_gone(Conn* c) {
+static bool serve_conn_peer_gone(ServeConn* c) {
     if (c->broken) return true;
     char b;
     ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -1535,7 +1535,7 @@ static bool conn_peer_gone(Conn* c) {
 
 // close so that the client reads our last response: stop writing, drain what it still sends
 // for a moment (closing with unread input would reset the connection), then close
-static void conn_close(Conn* c) {
+static void serve_conn_close(ServeConn* c) {
     if (c->fd < 0) return;
     shutdown(c->fd, SHUT_WR);
     double deadline = serve_now() + 1.0;
@@ -1556,7 +1556,7 @@ static void conn_close(Conn* c) {
 
 // a response head. clen >= 0: content-length; -1: chunked (http/1.1 streams); -2: delimited
 // by close (http/1.0 streams)
-static std::string http_head(int status, const char* ctype, long long clen, bool keep, const std::string& extra = "") {
+static std::string http_response_head(int status, const char* ctype, long long clen, bool keep, const std::string& extra = "") {
     std::string h = "HTTP/1.1 " + std::to_string(status) + " " + http_status_text(status) + "\r\n";
     if (ctype) h += std::string("Content-Type: ") + ctype + "\r\n";
     if (clen >= 0) h += "Content-Length: " + std::to_string(clen) + "\r\n";
@@ -1571,15 +1571,15 @@ static std::string http_head(int status, const char* ctype, long long clen, bool
     return h;
 }
 
-static void conn_send(Conn* c, int status, const char* ctype, const std::string& body, bool keep,
+static void serve_conn_send(ServeConn* c, int status, const char* ctype, const std::string& body, bool keep,
                       bool head_only = false, const std::string& extra = "") {
-    std::string r = http_head(status, ctype, (long long)body.size(), keep, extra);
+    std::string r = http_response_head(status, ctype, (long long)body.size(), keep, extra);
     if (!head_only) r += body;
-    conn_write(c, r);  // one write: with TCP_NODELAY, head and body leave in one segment
+    serve_conn_write(c, r);  // one write: with TCP_NODELAY, head and body leave in one segment
 }
 
 // error bodies: openai {"error":{message,type,param,code}}, anthropic {"type":"error","error":{type,message}}
-static std::string error_body(bool anthropic, const ServeError& e) {
+static std::string serve_error_body(bool anthropic, const ServeError& e) {
     Json err = Json::object();
     if (anthropic) {
         const char* t = e.status == 401 ? "authentication_error" : e.status == 404 ? "not_found_error"
@@ -1602,52 +1602,52 @@ static std::string error_body(bool anthropic, const ServeError& e) {
     o.set("error", err);
     return json_dump(o);
 }
-static void conn_send_error(Conn* c, bool anthropic, const ServeError& e, bool keep, ReqLog* lg,
+static void serve_conn_send_error(ServeConn* c, bool anthropic, const ServeError& e, bool keep, ServeReqLog* lg,
                             const std::string& extra = "") {
-    conn_send(c, e.status, "application/json", error_body(anthropic, e), keep, false, extra);
+    serve_conn_send(c, e.status, "application/json", serve_error_body(anthropic, e), keep, false, extra);
     if (lg) { lg->status = e.status; lg->code = e.code; }
 }
-static ServeError make_error(int status, const char* code, const char* msg, const char* param = "") {
+static ServeError serve_make_error(int status, const char* code, const char* msg, const char* param = "") {
     ServeError e; e.status = status; e.code = code; e.message = msg; e.param = param; return e;
 }
 // the error for a framing / limit status found while reading a request
 static ServeError http_error(int status) {
     switch (status) {
-        case 413: return make_error(413, "request_too_large", "request too large");
-        case 408: return make_error(408, "request_timeout", "the request did not arrive in time");
-        case 417: return make_error(417, "invalid_request_error", "only 'Expect: 100-continue' is supported");
-        case 501: return make_error(501, "invalid_request_error", "only the chunked transfer coding is supported");
-        case 505: return make_error(505, "invalid_request_error", "only HTTP/1.0 and HTTP/1.1 are supported");
+        case 413: return serve_make_error(413, "request_too_large", "request too large");
+        case 408: return serve_make_error(408, "request_timeout", "the request did not arrive in time");
+        case 417: return serve_make_error(417, "invalid_request_error", "only 'Expect: 100-continue' is supported");
+        case 501: return serve_make_error(501, "invalid_request_error", "only the chunked transfer coding is supported");
+        case 505: return serve_make_error(505, "invalid_request_error", "only HTTP/1.0 and HTTP/1.1 are supported");
     }
-    return make_error(400, "invalid_request_error", "malformed http request");
+    return serve_make_error(400, "invalid_request_error", "malformed http request");
 }
 
 // streaming responses: the body is written in pieces, chunk-framed on http/1.1
-static bool stream_begin(Conn* c, const HttpRequest& rq, bool keep) {
+static bool sse_begin(ServeConn* c, const HttpRequest& rq, bool keep) {
     c->chunked_out = rq.minor >= 1;
-    return conn_write(c, http_head(200, "text/event-stream", c->chunked_out ? -1 : -2, keep && c->chunked_out,
+    return serve_conn_write(c, http_response_head(200, "text/event-stream", c->chunked_out ? -1 : -2, keep && c->chunked_out,
                                    "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"));
 }
-static bool stream_write(Conn* c, const std::string& data) {
+static bool sse_write(ServeConn* c, const std::string& data) {
     if (data.empty()) return true;
-    if (!c->chunked_out) return conn_write(c, data);
+    if (!c->chunked_out) return serve_conn_write(c, data);
     char h[32]; snprintf(h, sizeof h, "%zx\r\n", data.size());
-    return conn_write(c, h + data + "\r\n");
+    return serve_conn_write(c, h + data + "\r\n");
 }
-static bool stream_end(Conn* c) { return c->chunked_out ? conn_write(c, "0\r\n\r\n") : true; }
+static bool sse_end(ServeConn* c) { return c->chunked_out ? serve_conn_write(c, "0\r\n\r\n") : true; }
 
 // read the body the head announced into *body. returns 0, an http status (400, 408, 413),
 // or -1 when the connection died.
-static int conn_read_body(Conn* c, const HttpRequest& rq, double t0, std::string* body) {
+static int serve_conn_read_body(ServeConn* c, const HttpRequest& rq, double t0, std::string* body) {
     const double rate = 1 << 20;  // bytes/s a body must keep up after the read timeout
     const double T = g_serve.opt.read_timeout_ms / 1e3;
     if (rq.expect_continue && (rq.chunked || c->in.size() < (size_t)std::max<int64_t>(rq.content_length, 0)))
-        if (!conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n")) return -1;
+        if (!serve_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n")) return -1;
     if (!rq.chunked) {
         size_t need = (size_t)std::max<int64_t>(rq.content_length, 0);
         if (c->in.capacity() < need) c->in.reserve(need);
         while (c->in.size() < need) {
-            int r = conn_read(c, t0 + T + c->in.size() / rate, false);
+            int r = serve_conn_read(c, t0 + T + c->in.size() / rate, false);
             if (r == -1) return c->in.empty() ? -1 : 408;
             if (r <= 0) return -1;
         }
@@ -1662,7 +1662,7 @@ static int conn_read_body(Conn* c, const HttpRequest& rq, double t0, std::string
         if (r < 0) return -r;
         c->in.erase(0, used);
         if (r == 1) return 0;
-        int k = conn_read(c, t0 + T + body->size() / rate, false);
+        int k = serve_conn_read(c, t0 + T + body->size() / rate, false);
         if (k == -1) return 408;
         if (k <= 0) return -1;
     }
@@ -1670,7 +1670,7 @@ static int conn_read_body(Conn* c, const HttpRequest& rq, double t0, std::string
 
 // ---- generation: one request from queue to response
 
-struct GenState {
+struct ServeGen {
     bool anthropic = false, stream = false, include_usage = false;
     std::string id, model;
     long created = 0;
@@ -1682,7 +1682,7 @@ struct GenState {
     int block = -1, block_kind = -1;  // anthropic: the open content block (0 thinking, 1 text, 2 tool)
 };
 
-static Json oa_chunk(GenState* g, Json delta, const char* finish) {
+static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
     Json ch = Json::object();
     ch.set("index", Json::integer(0));
     ch.set("delta", delta);
@@ -1700,13 +1700,13 @@ static Json oa_chunk(GenState* g, Json delta, const char* finish) {
     return o;
 }
 
-static std::string an_event(const char* type, Json o) {
+static std::string anthropic_event(const char* type, Json o) {
     Json e = Json::object();
     e.set("type", Json::string(type));
     for (auto& kv : o.obj) e.set(kv.first, kv.second);
     return sse_event(type, json_dump(e));
 }
-static void an_close_block(Conn* c, GenState* g) {
+static void anthropic_close_block(ServeConn* c, ServeGen* g) {
     if (g->block < 0 || g->block_kind < 0) return;
     if (g->block_kind == 0) {  // thinking blocks end with their (empty) signature
         Json d = Json::object();
@@ -1715,32 +1715,32 @@ static void an_close_block(Conn* c, GenState* g) {
         Json o = Json::object();
         o.set("index", Json::integer(g->block));
         o.set("delta", d);
-        stream_write(c, an_event("content_block_delta", o));
+        sse_write(c, anthropic_event("content_block_delta", o));
     }
     Json o = Json::object();
     o.set("index", Json::integer(g->block));
-    stream_write(c, an_event("content_block_stop", o));
+    sse_write(c, anthropic_event("content_block_stop", o));
     g->block_kind = -1;
 }
-static void an_open_block(Conn* c, GenState* g, int kind, Json block) {
-    an_close_block(c, g);
+static void anthropic_open_block(ServeConn* c, ServeGen* g, int kind, Json block) {
+    anthropic_close_block(c, g);
     g->block++;
     g->block_kind = kind;
     Json o = Json::object();
     o.set("index", Json::integer(g->block));
     o.set("content_block", block);
-    stream_write(c, an_event("content_block_start", o));
+    sse_write(c, anthropic_event("content_block_start", o));
 }
 
 // text on a channel, already complete code points: stream it or keep it
-static void gen_text(Conn* c, GenState* g, int ch, const std::string& t) {
+static void serve_gen_text(ServeConn* c, ServeGen* g, int ch, const std::string& t) {
     if (t.empty()) return;
     g->text[ch] += t;
     if (!g->stream) return;
     if (!g->anthropic) {
         Json d = Json::object();
         d.set(ch == 0 ? "reasoning_content" : "content", Json::string(t));
-        stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+        sse_write(c, sse_data(json_dump(openai_chunk(g, d, nullptr))));
         return;
     }
     if (g->block_kind != ch) {
@@ -1748,7 +1748,7 @@ static void gen_text(Conn* c, GenState* g, int ch, const std::string& t) {
         b.set("type", Json::string(ch == 0 ? "thinking" : "text"));
         b.set(ch == 0 ? "thinking" : "text", Json::string(""));
         if (ch == 0) b.set("signature", Json::string(""));
-        an_open_block(c, g, ch, b);
+        anthropic_open_block(c, g, ch, b);
     }
     Json d = Json::object();
     d.set("type", Json::string(ch == 0 ? "thinking_delta" : "text_delta"));
@@ -1756,23 +1756,23 @@ static void gen_text(Conn* c, GenState* g, int ch, const std::string& t) {
     Json o = Json::object();
     o.set("index", Json::integer(g->block));
     o.set("delta", d);
-    stream_write(c, an_event("content_block_delta", o));
+    sse_write(c, anthropic_event("content_block_delta", o));
 }
 
-static Json parse_args_object(const std::string& args) {
+static Json serve_args_object(const std::string& args) {
     Json v; std::string err;
     if (json_parse(args, &v, &err) && v.is_object()) return v;
     return Json::object();
 }
 
-static void gen_event(Conn* c, GenState* g, const ServeEvent& ev) {
+static void serve_gen_event(ServeConn* c, ServeGen* g, const ServeEvent& ev) {
     if (ev.kind == SERVE_TOOL_CALL) {
         for (int ch = 0; ch < 2; ch++) {  // text before the call is complete
             std::string t;
             utf8_take(&g->carry[ch], "", 0, &t, true);
-            gen_text(c, g, ch, t);
+            serve_gen_text(c, g, ch, t);
         }
-        GenState::Call call;
+        ServeGen::Call call;
         call.id = (g->anthropic ? "toolu_" : "call_") + serve_rand_hex(g->anthropic ? 24 : 16);
         call.name = utf8_fix(ev.tool_name);
         call.args = utf8_fix(ev.tool_args.empty() ? std::string("{}") : ev.tool_args);
@@ -1791,7 +1791,7 @@ static void gen_event(Conn* c, GenState* g, const ServeEvent& ev) {
             arr.push(tc);
             Json d = Json::object();
             d.set("tool_calls", arr);
-            stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+            sse_write(c, sse_data(json_dump(openai_chunk(g, d, nullptr))));
             return;
         }
         Json b = Json::object();
@@ -1799,21 +1799,21 @@ static void gen_event(Conn* c, GenState* g, const ServeEvent& ev) {
         b.set("id", Json::string(call.id));
         b.set("name", Json::string(call.name));
         b.set("input", Json::object());
-        an_open_block(c, g, 2, b);
+        anthropic_open_block(c, g, 2, b);
         Json d = Json::object();
         d.set("type", Json::string("input_json_delta"));
-        d.set("partial_json", Json::string(json_dump(parse_args_object(call.args))));
+        d.set("partial_json", Json::string(json_dump(serve_args_object(call.args))));
         Json o = Json::object();
         o.set("index", Json::integer(g->block));
         o.set("delta", d);
-        stream_write(c, an_event("content_block_delta", o));
-        an_close_block(c, g);
+        sse_write(c, anthropic_event("content_block_delta", o));
+        anthropic_close_block(c, g);
         return;
     }
     int ch = ev.kind == SERVE_REASONING ? 0 : 1;
     std::string t;
     utf8_take(&g->carry[ch], ev.text.data(), ev.text.size(), &t, false);
-    gen_text(c, g, ch, t);
+    serve_gen_text(c, g, ch, t);
 }
 
 static const char* anthropic_stop_reason(const ServeResult& r, bool calls) {
@@ -1824,11 +1824,11 @@ static const char* anthropic_stop_reason(const ServeResult& r, bool calls) {
 }
 
 // the end of a generation: flush held bytes, then the closing events or the whole response
-static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
+static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bool keep) {
     for (int ch = 0; ch < 2; ch++) {
         std::string t;
         utf8_take(&g->carry[ch], "", 0, &t, true);
-        gen_text(c, g, ch, t);
+        serve_gen_text(c, g, ch, t);
     }
     std::string finish = r.finish;
     if (!g->calls.empty() && finish == "stop") finish = "tool_calls";
@@ -1840,15 +1840,15 @@ static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
         usage.set("completion_tokens", Json::integer(completion));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
         if (g->stream) {
-            stream_write(c, sse_data(json_dump(oa_chunk(g, Json::object(), finish.c_str()))));
+            sse_write(c, sse_data(json_dump(openai_chunk(g, Json::object(), finish.c_str()))));
             if (g->include_usage) {
-                Json o = oa_chunk(g, Json::object(), nullptr);
+                Json o = openai_chunk(g, Json::object(), nullptr);
                 o.set("choices", Json::array());
                 o.set("usage", usage);
-                stream_write(c, sse_data(json_dump(o)));
+                sse_write(c, sse_data(json_dump(o)));
             }
-            stream_write(c, "data: [DONE]\n\n");
-            stream_end(c);
+            sse_write(c, "data: [DONE]\n\n");
+            sse_end(c);
             return;
         }
         Json msg = Json::object();
@@ -1883,13 +1883,13 @@ static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
         o.set("model", Json::string(g->model));
         o.set("choices", choices);
         o.set("usage", usage);
-        conn_send(c, 200, "application/json", json_dump(o), keep);
+        serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         return;
     }
     const char* stop_reason = anthropic_stop_reason(r, !g->calls.empty());
     Json stop_seq = r.stop_string.empty() || r.finish == "length" ? Json() : Json::string(utf8_fix(r.stop_string));
     if (g->stream) {
-        an_close_block(c, g);
+        anthropic_close_block(c, g);
         Json d = Json::object();
         d.set("stop_reason", Json::string(stop_reason));
         d.set("stop_sequence", stop_seq);
@@ -1899,9 +1899,9 @@ static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
         Json o = Json::object();
         o.set("delta", d);
         o.set("usage", u);
-        stream_write(c, an_event("message_delta", o));
-        stream_write(c, an_event("message_stop", Json::object()));
-        stream_end(c);
+        sse_write(c, anthropic_event("message_delta", o));
+        sse_write(c, anthropic_event("message_stop", Json::object()));
+        sse_end(c);
         return;
     }
     Json content = Json::array();
@@ -1923,7 +1923,7 @@ static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
         b.set("type", Json::string("tool_use"));
         b.set("id", Json::string(call.id));
         b.set("name", Json::string(call.name));
-        b.set("input", parse_args_object(call.args));
+        b.set("input", serve_args_object(call.args));
         content.push(b);
     }
     Json u = Json::object();
@@ -1940,15 +1940,15 @@ static void gen_finish(Conn* c, GenState* g, const ServeResult& r, bool keep) {
     o.set("stop_reason", Json::string(stop_reason));
     o.set("stop_sequence", stop_seq);
     o.set("usage", u);
-    conn_send(c, 200, "application/json", json_dump(o), keep);
+    serve_conn_send(c, 200, "application/json", json_dump(o), keep);
 }
 
-static void gen_begin(Conn* c, GenState* g) {
+static void serve_gen_begin(ServeConn* c, ServeGen* g) {
     if (!g->anthropic) {
         Json d = Json::object();
         d.set("role", Json::string("assistant"));
         d.set("content", Json::string(""));
-        stream_write(c, sse_data(json_dump(oa_chunk(g, d, nullptr))));
+        sse_write(c, sse_data(json_dump(openai_chunk(g, d, nullptr))));
         return;
     }
     Json u = Json::object();
@@ -1965,23 +1965,23 @@ static void gen_begin(Conn* c, GenState* g) {
     m.set("usage", u);
     Json o = Json::object();
     o.set("message", m);
-    stream_write(c, an_event("message_start", o));
-    stream_write(c, an_event("ping", Json::object()));
+    sse_write(c, anthropic_event("message_start", o));
+    sse_write(c, anthropic_event("ping", Json::object()));
 }
 
 // an error after the stream started: the status is sent already, so it travels as an event
-static void gen_stream_error(Conn* c, GenState* g, const ServeError& e) {
+static void serve_gen_stream_error(ServeConn* c, ServeGen* g, const ServeError& e) {
     if (g->anthropic) {
-        std::string b = error_body(true, e);
-        stream_write(c, sse_event("error", b));
+        std::string b = serve_error_body(true, e);
+        sse_write(c, sse_event("error", b));
     } else {
-        stream_write(c, sse_data(error_body(false, e)));
+        sse_write(c, sse_data(serve_error_body(false, e)));
     }
-    stream_end(c);
+    sse_end(c);
 }
 
 // the resolved sampler: engine preset < flags < request fields < --greedy
-static ServeSampling resolve_sampling(const ApiRequest& ar, int max_tokens) {
+static ServeSampling serve_resolve_sampling(const ApiRequest& ar, int max_tokens) {
     const ServeOptions& o = g_serve.opt;
     ServeSampling s = g_serve.eng->defaults;
     s.stop.clear(); s.logit_bias.clear();
@@ -2001,58 +2001,58 @@ static ServeSampling resolve_sampling(const ApiRequest& ar, int max_tokens) {
     return s;
 }
 
-enum { ROUTE_NONE, ROUTE_HEALTH, ROUTE_MODELS, ROUTE_MODEL, ROUTE_CHAT, ROUTE_MESSAGES, ROUTE_COUNT };
+enum { SERVE_ROUTE_NONE, SERVE_ROUTE_HEALTH, SERVE_ROUTE_MODELS, SERVE_ROUTE_MODEL, SERVE_ROUTE_CHAT, SERVE_ROUTE_MESSAGES, SERVE_ROUTE_COUNT };
 
 // chat completions, messages and count_tokens. returns whether the connection may be reused.
-static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std::string& body, bool keep, ReqLog* lg) {
+static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route, const std::string& body, bool keep, ServeReqLog* lg) {
     ServeState& s = g_serve;
-    bool anth = route != ROUTE_CHAT;
+    bool anth = route != SERVE_ROUTE_CHAT;
     lg->api = anth ? "anthropic" : "openai";
     Json j; std::string jerr;
     if (!json_parse(body, &j, &jerr, 64)) {
-        conn_send_error(c, anth, make_error(400, "invalid_request_error", ("invalid json: " + jerr).c_str()), keep, lg);
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", ("invalid json: " + jerr).c_str()), keep, lg);
         return keep;
     }
     ApiRequest ar; ServeError e;
-    bool ok = anth ? anthropic_parse(j, s.api, route == ROUTE_COUNT, &ar, &e) : openai_chat_parse(j, s.api, &ar, &e);
-    if (!ok) { conn_send_error(c, anth, e, keep, lg); return keep; }
+    bool ok = anth ? anthropic_parse(j, s.api, route == SERVE_ROUTE_COUNT, &ar, &e) : openai_chat_parse(j, s.api, &ar, &e);
+    if (!ok) { serve_conn_send_error(c, anth, e, keep, lg); return keep; }
     lg->stream = ar.stream;
     ServePrompt pr;
     {
         std::lock_guard<std::mutex> lk(s.prepare_mu);
         try { ok = s.eng->prepare(s.eng->self, ar.chat, &pr, &e); }
-        catch (...) { ok = false; e = make_error(500, "internal_error", "prompt preparation failed"); }
+        catch (...) { ok = false; e = serve_make_error(500, "internal_error", "prompt preparation failed"); }
     }
     if (!ok) {
         if (e.status < 400) e.status = 400;
         if (e.message.empty()) e.message = "the request could not be rendered";
-        conn_send_error(c, anth, e, keep, lg);
+        serve_conn_send_error(c, anth, e, keep, lg);
         return keep;
     }
     int n = (int)pr.tokens.size();
     lg->prompt = n;
-    if (route == ROUTE_COUNT) {
+    if (route == SERVE_ROUTE_COUNT) {
         Json o = Json::object();
         o.set("input_tokens", Json::integer(n));
-        conn_send(c, 200, "application/json", json_dump(o), keep);
+        serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         lg->status = 200;
         return keep;
     }
     int max_ctx = s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context;
     if (n >= max_ctx) {
-        conn_send_error(c, anth, make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)", "messages"), keep, lg);
+        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)", "messages"), keep, lg);
         return keep;
     }
     for (const auto& lb : ar.logit_bias)
         if (s.eng->n_vocab > 0 && lb.first >= s.eng->n_vocab) {
-            conn_send_error(c, anth, make_error(400, "invalid_request_error", "logit_bias names a token id outside the vocabulary", "logit_bias"), keep, lg);
+            serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "logit_bias names a token id outside the vocabulary", "logit_bias"), keep, lg);
             return keep;
         }
     int want = ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
     auto job = std::make_shared<ServeJob>();
-    job->sampling = resolve_sampling(ar, std::min(want, max_ctx - n));
+    job->sampling = serve_resolve_sampling(ar, std::min(want, max_ctx - n));
     job->prompt = std::move(pr);
-    GenState g;
+    ServeGen g;
     g.anthropic = anth; g.stream = ar.stream; g.include_usage = ar.include_usage;
     g.id = anth ? "msg_" + serve_rand_hex(24) : "chatcmpl-" + serve_rand_hex(16);
     g.model = anth ? ar.model : s.model_id;
@@ -2062,16 +2062,16 @@ static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std
     // admission: a bounded fifo
     {
         std::lock_guard<std::mutex> lk(s.mu);
-        if (serve_stopping()) { e = make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
+        if (serve_stopping()) { e = serve_make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
         else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.engine_busy || !s.queue.empty())) {
-            e = make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
+            e = serve_make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
         } else {
             job->t_enqueue = serve_now();
             s.queue.push_back(job);
             s.engine_cv.notify_one();
         }
     }
-    if (!ok) { conn_send_error(c, anth, e, keep && !serve_stopping(), lg); return keep && !serve_stopping(); }
+    if (!ok) { serve_conn_send_error(c, anth, e, keep && !serve_stopping(), lg); return keep && !serve_stopping(); }
     if (s.jsonl) {
         Json ev = Json::object();
         ev.set("event", Json::string("request_start"));
@@ -2090,26 +2090,26 @@ static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std
         while (!job->started) {
             bool timeout = serve_now() >= deadline, cancel = serve_cancel_all();
             lk.unlock();
-            bool gone = conn_peer_gone(c);
+            bool gone = serve_conn_peer_gone(c);
             lk.lock();
             if (job->started) break;
             if (timeout || cancel || gone) {
                 for (auto it = s.queue.begin(); it != s.queue.end(); ++it)
                     if (it->get() == job.get()) { s.queue.erase(it); break; }
                 why = gone ? 499 : 503;
-                if (cancel && !gone) e = make_error(503, "server_shutting_down", "the server is shutting down");
-                else e = make_error(503, "request_queue_timeout", "the request waited too long in the queue (see --pending-timeout-ms)");
+                if (cancel && !gone) e = serve_make_error(503, "server_shutting_down", "the server is shutting down");
+                else e = serve_make_error(503, "request_queue_timeout", "the request waited too long in the queue (see --pending-timeout-ms)");
                 break;
             }
             job->cv.wait_for(lk, std::chrono::milliseconds(50));
         }
     }
     if (why == 499) { lg->status = 499; lg->code = "client_closed"; return false; }
-    if (why == 503) { conn_send_error(c, anth, e, keep, lg); return keep; }
+    if (why == 503) { serve_conn_send_error(c, anth, e, keep, lg); return keep; }
     lg->queue_s = job->t_start - job->t_enqueue;
     if (g.stream) {
-        stream_begin(c, rq, keep);
-        gen_begin(c, &g);
+        sse_begin(c, rq, keep);
+        serve_gen_begin(c, &g);
     }
     // relay events until the engine is done; a client that leaves cancels at the next token
     for (;;) {
@@ -2121,9 +2121,9 @@ static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std
             evs.swap(job->events);
             done = job->done;
         }
-        if (!c->broken) for (const auto& ev : evs) gen_event(c, &g, ev);
+        if (!c->broken) for (const auto& ev : evs) serve_gen_event(c, &g, ev);
         if (done) break;
-        if (c->broken || conn_peer_gone(c)) { c->broken = true; job->cancel = true; }
+        if (c->broken || serve_conn_peer_gone(c)) { c->broken = true; job->cancel = true; }
         if (serve_cancel_all()) job->cancel = true;
     }
     const ServeResult& r = job->result;
@@ -2133,19 +2133,19 @@ static bool handle_generate(Conn* c, const HttpRequest& rq, int route, const std
     if (job->t_first > 0) lg->ttft_s = job->t_first - job->t_enqueue;
     if (c->broken) { lg->status = 499; lg->code = "client_closed"; return false; }
     if (!r.error.empty() || (serve_cancel_all() && job->cancel)) {
-        ServeError fe = r.error.empty() ? make_error(503, "server_shutting_down", "the server is shutting down; generation stopped")
-                                        : make_error(500, "internal_error", "generation failed");
-        if (g.stream) { gen_stream_error(c, &g, fe); lg->status = fe.status; lg->code = fe.code; return keep && c->chunked_out; }
-        conn_send_error(c, anth, fe, keep, lg);
+        ServeError fe = r.error.empty() ? serve_make_error(503, "server_shutting_down", "the server is shutting down; generation stopped")
+                                        : serve_make_error(500, "internal_error", "generation failed");
+        if (g.stream) { serve_gen_stream_error(c, &g, fe); lg->status = fe.status; lg->code = fe.code; return keep && c->chunked_out; }
+        serve_conn_send_error(c, anth, fe, keep, lg);
         return keep;
     }
-    gen_finish(c, &g, r, keep);
+    serve_gen_finish(c, &g, r, keep);
     lg->status = 200;
     if (g.stream && !c->chunked_out) return false;  // http/1.0: the stream ended with the connection
     return keep && !c->broken;
 }
 
-static std::string url_decode(const std::string& s) {
+static std::string http_url_decode(const std::string& s) {
     std::string o;
     for (size_t i = 0; i < s.size(); i++) {
         auto hv = [](char ch) { return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1; };
@@ -2155,7 +2155,7 @@ static std::string url_decode(const std::string& s) {
     return o;
 }
 
-static Json model_object() {
+static Json serve_model_object() {
     ServeState& s = g_serve;
     char iso[32];
     time_t t = (time_t)s.created;
@@ -2174,95 +2174,95 @@ static Json model_object() {
 }
 
 // constant-time comparison for the api key
-static bool key_equal(const std::string& a, const std::string& b) {
+static bool serve_key_equal(const std::string& a, const std::string& b) {
     unsigned char d = a.size() != b.size();
     for (size_t i = 0; i < a.size(); i++) d |= (unsigned char)(a[i] ^ (i < b.size() ? b[i] : 0));
     return d == 0;
 }
-static bool authorized(const HttpRequest& rq) {
+static bool serve_authorized(const HttpRequest& rq) {
     const std::string& key = g_serve.opt.api_key;
     if (key.empty()) return true;
     if (const std::string* h = rq.header("authorization"))
-        if (h->size() > 7 && !strncasecmp(h->c_str(), "Bearer ", 7) && key_equal(trim_ows(h->substr(7)), key)) return true;
+        if (h->size() > 7 && !strncasecmp(h->c_str(), "Bearer ", 7) && serve_key_equal(http_trim(h->substr(7)), key)) return true;
     if (const std::string* h = rq.header("x-api-key"))
-        if (key_equal(*h, key)) return true;
+        if (serve_key_equal(*h, key)) return true;
     return false;
 }
 
 // one request whose head is parsed (and consumed from c->in). returns whether to keep the
 // connection for another request.
-static bool handle_request(Conn* c, const HttpRequest& rq, double t0) {
+static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0) {
     ServeState& s = g_serve;
-    ReqLog lg;
+    ServeReqLog lg;
     lg.t0 = t0; lg.method = rq.method; lg.path = rq.path;
     bool has_body = rq.chunked || rq.content_length > 0;
     bool keep = rq.keep_alive && !serve_stopping();
     const std::string& p = rq.path;
-    int route = p == "/health" ? ROUTE_HEALTH : p == "/v1/models" ? ROUTE_MODELS
-              : !p.compare(0, 11, "/v1/models/") && p.size() > 11 ? ROUTE_MODEL
-              : p == "/v1/chat/completions" ? ROUTE_CHAT : p == "/v1/messages" ? ROUTE_MESSAGES
-              : p == "/v1/messages/count_tokens" ? ROUTE_COUNT : ROUTE_NONE;
-    bool anth = route == ROUTE_MESSAGES || route == ROUTE_COUNT;
+    int route = p == "/health" ? SERVE_ROUTE_HEALTH : p == "/v1/models" ? SERVE_ROUTE_MODELS
+              : !p.compare(0, 11, "/v1/models/") && p.size() > 11 ? SERVE_ROUTE_MODEL
+              : p == "/v1/chat/completions" ? SERVE_ROUTE_CHAT : p == "/v1/messages" ? SERVE_ROUTE_MESSAGES
+              : p == "/v1/messages/count_tokens" ? SERVE_ROUTE_COUNT : SERVE_ROUTE_NONE;
+    bool anth = route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT;
     bool is_get = rq.method == "GET" || rq.method == "HEAD";
-    bool post_route = route == ROUTE_CHAT || route == ROUTE_MESSAGES || route == ROUTE_COUNT;
+    bool post_route = route == SERVE_ROUTE_CHAT || route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT;
     // answered from the head alone: a body already received is skipped; one still on its
     // way is not waited for, and the connection closes
     auto early = [&](const ServeError& e, const std::string& extra = "") {
         bool k = keep && (!has_body || (!rq.chunked && (uint64_t)rq.content_length <= c->in.size()));
         if (k && has_body) c->in.erase(0, (size_t)rq.content_length);
-        conn_send_error(c, anth, e, k, &lg, extra);
-        log_request(lg);
+        serve_conn_send_error(c, anth, e, k, &lg, extra);
+        serve_log_request(lg);
         return k;
     };
     if (rq.method == "OPTIONS") {
-        conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
-        lg.status = 204; log_request(lg);
+        serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
+        lg.status = 204; serve_log_request(lg);
         return keep && !has_body;
     }
-    if (route == ROUTE_NONE) return early(make_error(404, "not_found", "no such endpoint"));
+    if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint"));
     if (post_route ? rq.method != "POST" : !is_get)
-        return early(make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
+        return early(serve_make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
                      post_route ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
-    if (route != ROUTE_HEALTH && !authorized(rq))
-        return early(make_error(401, "invalid_api_key", "missing or invalid api key"), "WWW-Authenticate: Bearer\r\n");
-    if (post_route && serve_stopping()) return early(make_error(503, "server_shutting_down", "the server is shutting down"));
+    if (route != SERVE_ROUTE_HEALTH && !serve_authorized(rq))
+        return early(serve_make_error(401, "invalid_api_key", "missing or invalid api key"), "WWW-Authenticate: Bearer\r\n");
+    if (post_route && serve_stopping()) return early(serve_make_error(503, "server_shutting_down", "the server is shutting down"));
     std::string body;
     if (has_body) {
-        int r = conn_read_body(c, rq, t0, &body);
-        if (r == -1) { lg.status = 499; lg.code = "client_closed"; log_request(lg); return false; }
+        int r = serve_conn_read_body(c, rq, t0, &body);
+        if (r == -1) { lg.status = 499; lg.code = "client_closed"; serve_log_request(lg); return false; }
         if (r > 0) {
-            conn_send_error(c, anth, http_error(r), false, &lg);
-            log_request(lg);
+            serve_conn_send_error(c, anth, http_error(r), false, &lg);
+            serve_log_request(lg);
             return false;
         }
     }
     bool head_only = rq.method == "HEAD";
-    if (route == ROUTE_HEALTH) {
-        conn_send(c, 200, "application/json", "{\"status\":\"ok\"}", keep, head_only);
+    if (route == SERVE_ROUTE_HEALTH) {
+        serve_conn_send(c, 200, "application/json", "{\"status\":\"ok\"}", keep, head_only);
         lg.status = 200;
-    } else if (route == ROUTE_MODELS) {
+    } else if (route == SERVE_ROUTE_MODELS) {
         Json data = Json::array();
-        data.push(model_object());
+        data.push(serve_model_object());
         Json o = Json::object();
         o.set("object", Json::string("list"));
         o.set("data", data);
         o.set("has_more", Json::boolean(false));
         o.set("first_id", Json::string(s.model_id));
         o.set("last_id", Json::string(s.model_id));
-        conn_send(c, 200, "application/json", json_dump(o), keep, head_only);
+        serve_conn_send(c, 200, "application/json", json_dump(o), keep, head_only);
         lg.status = 200;
-    } else if (route == ROUTE_MODEL) {
-        std::string id = url_decode(p.substr(11));
-        if (id != s.model_id) conn_send_error(c, false, make_error(404, "model_not_found", "model not found"), keep, &lg);
-        else { conn_send(c, 200, "application/json", json_dump(model_object()), keep, head_only); lg.status = 200; }
+    } else if (route == SERVE_ROUTE_MODEL) {
+        std::string id = http_url_decode(p.substr(11));
+        if (id != s.model_id) serve_conn_send_error(c, false, serve_make_error(404, "model_not_found", "model not found"), keep, &lg);
+        else { serve_conn_send(c, 200, "application/json", json_dump(serve_model_object()), keep, head_only); lg.status = 200; }
     } else {
-        keep = handle_generate(c, rq, route, body, keep, &lg);
+        keep = serve_handle_generate(c, rq, route, body, keep, &lg);
     }
-    log_request(lg);
+    serve_log_request(lg);
     return keep && !c->broken;
 }
 
-static void conn_serve(Conn* c) {
+static void serve_conn_serve(ServeConn* c) {
     ServeState& s = g_serve;
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -2270,7 +2270,7 @@ static void conn_serve(Conn* c) {
         // wait for the next request (keep-alive idle time); a stop signal closes idle connections
         if (c->in.empty()) {
             if (serve_stopping()) return;
-            int r = conn_read(c, serve_now() + s.opt.idle_timeout_ms / 1e3, true);
+            int r = serve_conn_read(c, serve_now() + s.opt.idle_timeout_ms / 1e3, true);
             if (r <= 0) return;
         }
         double t0 = serve_now();
@@ -2283,31 +2283,31 @@ static void conn_serve(Conn* c) {
                 hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
             if (hl != 0) break;
             scanned = c->in.size();
-            int r = conn_read(c, t0 + s.opt.read_timeout_ms / 1e3, false);
+            int r = serve_conn_read(c, t0 + s.opt.read_timeout_ms / 1e3, false);
             if (r == -1 && c->in.find_first_not_of("\r\n") != std::string::npos) {  // slow or stalled client
-                ReqLog lg; lg.t0 = t0; lg.method = "-"; lg.path = "-";
-                conn_send_error(c, false, http_error(408), false, &lg);
-                log_request(lg);
+                ServeReqLog lg; lg.t0 = t0; lg.method = "-"; lg.path = "-";
+                serve_conn_send_error(c, false, http_error(408), false, &lg);
+                serve_log_request(lg);
                 return;
             }
             if (r <= 0) return;
         }
         if (hl < 0) {
-            ReqLog lg; lg.t0 = t0; lg.method = rq.method.empty() ? "-" : rq.method; lg.path = rq.path;
+            ServeReqLog lg; lg.t0 = t0; lg.method = rq.method.empty() ? "-" : rq.method; lg.path = rq.path;
             bool anth = !rq.path.compare(0, 12, "/v1/messages");
-            conn_send_error(c, anth, http_error((int)-hl), false, &lg);
-            log_request(lg);
+            serve_conn_send_error(c, anth, http_error((int)-hl), false, &lg);
+            serve_log_request(lg);
             return;  // after a parse error the stream is out of sync: close
         }
         c->in.erase(0, (size_t)hl);
-        if (!handle_request(c, rq, t0)) return;
+        if (!serve_handle_request(c, rq, t0)) return;
     }
 }
 
-static void* conn_main(void* arg) {
-    Conn* c = (Conn*)arg;
-    conn_serve(c);
-    conn_close(c);
+static void* serve_conn_main(void* arg) {
+    ServeConn* c = (ServeConn*)arg;
+    serve_conn_serve(c);
+    serve_conn_close(c);
     delete c;
     {
         std::lock_guard<std::mutex> lk(g_serve.mu);
@@ -2388,7 +2388,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     sigaction(SIGINT, &sa_sig, nullptr);
     sigaction(SIGTERM, &sa_sig, nullptr);
     pthread_t engine_thread;
-    if (pthread_create(&engine_thread, nullptr, engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
+    if (pthread_create(&engine_thread, nullptr, serve_engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
     fprintf(stderr, "ninfer-serve: listening on http://%s:%d (model %s, max context %d)\n",
             o.host.find(':') != std::string::npos ? ("[" + o.host + "]").c_str() : o.host.c_str(), bound_port,
             s.model_id.c_str(), eng->max_context > 0 ? eng->max_context : o.max_context);
@@ -2424,17 +2424,17 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
             if (!full) s.n_conns++;
         }
         if (full) {  // one best-effort write, no waiting: the main thread never blocks on a client
-            std::string b = error_body(false, make_error(503, "server_overloaded", "too many open connections"));
-            std::string resp = http_head(503, "application/json", (long long)b.size(), false) + b;
+            std::string b = serve_error_body(false, serve_make_error(503, "server_overloaded", "too many open connections"));
+            std::string resp = http_response_head(503, "application/json", (long long)b.size(), false) + b;
             ssize_t w = send(fd, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)w;
             close(fd);
             continue;
         }
-        Conn* c = new Conn;
+        ServeConn* c = new ServeConn;
         c->fd = fd;
         pthread_t t;
-        if (pthread_create(&t, &attr, conn_main, c) != 0) {
+        if (pthread_create(&t, &attr, serve_conn_main, c) != 0) {
             close(fd); delete c;
             std::lock_guard<std::mutex> lk(s.mu);
             s.n_conns--;
