@@ -85,20 +85,30 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 //     acc += fp16_scale * mma(codes, x). the k order inside a group is permuted (pairs of
 //     lanes i, i+4 share a register, which is what one shift + mask gives); x is permuted the
 //     same way when its fragment is built, so the sum is unchanged.
-//   * a block is 8 warps on one 16-row tile (RT tiles with RT > 1); the warps split the k
-//     groups (warp w takes groups [w*D, w*D+D), then +8D, ...) so a 4096-row matrix still
-//     fills the machine, and each warp issues all loads of D groups before its first mma
-//     (D*8..D*16 bytes per thread in flight). partial sums meet in shared memory at the end.
-//   * weights stream with ld.global.nc.L1::no_allocate (read once); x stays in L1 for the
-//     other warps of the sm.
+//   * a block is NW warps on one 16-row tile (RT tiles with RT > 1); the warps split the k
+//     groups (warp w takes groups [w*D, w*D+D), then +NW*D, ...) so a 4096-row matrix still
+//     fills the machine. partial sums meet in shared memory at the end.
+//   * two ways to get the weights in: the register kernel issues all loads of a stage (D
+//     groups, ld.global.nc.L1::no_allocate, immediate offsets, no guards on whole stages) and
+//     then computes it; the async kernel copies 16-row x 2-group tiles into per-warp shared
+//     memory with cp.async, S stages deep, so the next stages are in flight while one is
+//     computed without holding registers. x is read when a group is computed (l1 hits).
+//   * the offset trick (OFFS): the magic values are code + 136/144/160 (q4/q5/q6); instead of
+//     a bf16 subtract per pair, one more mma with A = 1 gives sum(x) per group and the fp32
+//     epilogue subtracts offset * sum(x) (w8: lo + 128 and hi + 136 in two accumulators).
+//   * where the time goes (ncu, bench-notes): ~0.2 instructions per weight byte; the register
+//     kernel waits on memory latency (long scoreboard), the async one is issue-bound. the
+//     next step is fewer instructions per byte (two row tiles per warp in the async kernel).
 // numerics: products exact (bf16 x small integer), sums fp32 (tensor-core accumulation within
-// a group, fp32 fma across groups and warps). y is fp32, or bf16 (one rounding); with a
+// a group, fp32 fma across groups and warps; the offset trick cancels ~5 bits of a group's
+// fp32 sum, still ~1e-6 of sum |w x|: measured rel-l2 ~8e-8 vs float64 on fp32 outputs).
+// y is fp32, or bf16 (one rounding); with a
 // residual, y = bf16(resid + bf16(Wx)), the two roundings hf makes (model.md 4.3).
 // requirements: x 16-byte aligned with ldx % 8 == 0 (activations are allocated that way);
 // bf16 weights need cols % 8 == 0. x[c][k] for k >= cols is never read, so a padded tail
 // of any content (even nan) is safe; padding groups of the row-split layout have scale 0.
 
-enum { GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32, GEMV_MAX_COLS = 8 };
+enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run in chunks
 
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
@@ -138,6 +148,7 @@ __device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
     return d;
 }
 enum : uint32_t { LOP_AND_OR = 0xEA,   // (a & b) | c
+                  LOP_AND_XOR = 0x6A,  // (a & b) ^ c
                   LOP_SELECT = 0xE4 }; // c ? a : b, per bit
 
 // d = a * b + c on bf16x2 words (exact for the small integers used here)
@@ -171,57 +182,39 @@ template <int F> struct GemvFmt {
     static constexpr bool SCALED = F != FMT_BF16;
 };
 
-// raw words of one row's share of one group: base (8 bytes; bf16: 32 bytes), high bits, scale
-template <int F>
-__device__ __forceinline__ void gemv_load_raw(uint32_t (&r)[GemvFmt<F>::RAW], const uint8_t* pb, const uint8_t* ph,
-                                              const uint8_t* ps, int u, int t, int64_t K, bool full) {
-    if constexpr (F == FMT_BF16) {
-        int64_t k0 = (int64_t)u * 64 + t * 16;
-        uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
-        if (full) { a = ldg_stream_u4(pb + k0 * 2); b = ldg_stream_u4(pb + k0 * 2 + 16); }
-        else {  // the last, partial 64-lane unit (cols % 8 == 0: chunks are all in or all out)
-            if (k0 + 8 <= K) a = ldg_stream_u4(pb + k0 * 2);
-            if (k0 + 16 <= K) b = ldg_stream_u4(pb + k0 * 2 + 16);
-        }
-        r[0] = a.x; r[1] = a.y; r[2] = a.z; r[3] = a.w; r[4] = b.x; r[5] = b.y; r[6] = b.z; r[7] = b.w;
-    } else {
-        uint2 b = ldg_stream_u2(pb + (int64_t)u * 32 + t * 8);
-        r[0] = b.x; r[1] = b.y;
-        if constexpr (F == FMT_Q5) r[2] = ldg_stream_u16(ph + (int64_t)u * 8 + t * 2);
-        else if constexpr (F == FMT_Q6) r[2] = ldg_stream_u32(ph + (int64_t)u * 16 + t * 4);
-        else r[2] = 0;
-        r[3] = ldg_stream_u16(ps + (int64_t)u * 2);
-    }
-}
-
 // the A operand: the bf16x2 pair p of one row's raw group data (codes, exact).
 // q4/q5/q6: pair p = lanes (i, i+4) of base word p/4 (lanes 0..7 or 8..15 of the thread's 16),
 // i = p%4: the shift by 4i brings nibble i to bits 0..3 and nibble i+4 to bits 16..19.
 // hs: the high bits pre-spread for the word (see gemv_spread_high), so the same kind of
 // shift places them at bit 4 (and 5) of each half.
-template <int F>
+// OFFS: return code + offset (gemv_offset: 136, 144, 160), the bare magic value; the kernel
+// then subtracts offset * sum(x) per group in fp32, which saves the bf16 fma per pair.
+template <int F> struct GemvOffset { static constexpr float v = F == FMT_Q4 ? 136.f : F == FMT_Q5 ? 144.f : F == FMT_Q6 ? 160.f : 0.f; };
+template <int F, bool OFFS>
 __device__ __forceinline__ uint32_t gemv_pair(const uint32_t (&r)[GemvFmt<F>::RAW], uint32_t hs0, uint32_t hs1, int p) {
     if constexpr (F == FMT_BF16) {
         return r[p];
     } else {
         uint32_t w = p < 4 ? r[0] : r[1];
         int i = p & 3;
+        uint32_t v, off;
         if constexpr (F == FMT_Q4) {
-            uint32_t lo = (w >> (4 * i)) & 0x000F000Fu;
-            return bf2_fma(lo ^ 0x43084308u, BF2(BF_ONE), BF2(BF_M136));  // 128 + (u ^ 8) - 136 = code
+            v = lop3<LOP_AND_XOR>(w >> (4 * i), 0x000F000Fu, 0x43084308u);  // 128 + (u ^ 8) = code + 136
+            off = BF2(BF_M136);
         } else if constexpr (F == FMT_Q5) {
             // two lop3: the high bits (sign already flipped) with the magic exponent, then the
-            // nibbles selected in by mask. 128 + (u ^ 16)
+            // nibbles selected in by mask: 128 + (u ^ 16) = code + 144
             uint32_t hs = p < 4 ? hs0 : hs1;
             uint32_t hm = lop3<LOP_AND_OR>(hs >> i, 0x00100010u, 0x43004300u);
-            uint32_t v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
-            return bf2_fma(v, BF2(BF_ONE), BF2(BF_M144));
-        } else {  // q6: 128 + (u ^ 32)
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M144);
+        } else {  // q6: 128 + (u ^ 32) = code + 160
             uint32_t hs = p < 4 ? hs0 : hs1;
             uint32_t hm = lop3<LOP_AND_OR>(hs >> (2 * i), 0x00300030u, 0x43004300u);
-            uint32_t v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
-            return bf2_fma(v, BF2(BF_ONE), BF2(BF_M160));
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M160);
         }
+        return OFFS ? v : bf2_fma(v, BF2(BF_ONE), off);
     }
 }
 
@@ -245,13 +238,15 @@ __device__ __forceinline__ void gemv_spread_high(uint32_t hw, uint32_t& hs0, uin
 }
 
 // w8: one byte per lane; code = 16*hi + lo with hi = byte >> 4 (signed), lo = byte & 15.
-// pair p = lanes (2*(p/2)*... ) see below: word p/2, bytes (j, j+2) with j = p&1, i.e. lanes
-// (0,2), (1,3) of word 0 and (4,6), (5,7) of word 1. lo and 16*hi are each exact in bf16.
-__device__ __forceinline__ void gemv_pair_w8(uint32_t w, int j, uint32_t& lo, uint32_t& hi16) {
-    uint32_t l = ((w >> (8 * j)) & 0x000F000Fu) | 0x43004300u;        // 128 + lo
-    uint32_t h = ((w >> (8 * j + 4)) & 0x000F000Fu) ^ 0x43084308u;    // 128 + (hi ^ 8)
+// pair j of a word = its bytes (j, j+2): lanes (0,2), (1,3) of word 0, (4,6), (5,7) of word 1.
+// lo and 16*hi are each exact in bf16. OFFS: lo + 128 and hi + 136 (not times 16).
+template <bool OFFS>
+__device__ __forceinline__ void gemv_pair_w8(uint32_t w, int j, uint32_t& lo, uint32_t& hi) {
+    uint32_t l = lop3<LOP_AND_OR>(w >> (8 * j), 0x000F000Fu, 0x43004300u);       // 128 + lo
+    uint32_t h = lop3<LOP_AND_XOR>(w >> (8 * j + 4), 0x000F000Fu, 0x43084308u);  // 128 + (hi ^ 8) = hi + 136
+    if (OFFS) { lo = l; hi = h; return; }
     lo = bf2_fma(l, BF2(BF_ONE), BF2(BF_M128));
-    hi16 = bf2_fma(h, BF2(BF_16), BF2(BF_M2176));                      // 16 * (128 + hi + 8) - 2176
+    hi = bf2_fma(h, BF2(BF_16), BF2(BF_M2176));                        // 16 * (hi + 136) - 2176
 }
 
 // the B operand for step s from the thread's x values (its LPT lanes of the group, as uint4s
@@ -277,127 +272,171 @@ __device__ __forceinline__ void gemv_xfrag(const uint4 (&x)[2], int s, uint32_t&
     }
 }
 
-template <int F, int RT, int D>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
-    using Fm = GemvFmt<F>;
-    constexpr int NX = Fm::LPT / 8;  // uint4s of x per thread per group
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const Mat& w = a.w;
-    const int64_t rows = w.rows, K = w.cols;
-    const int units = F == FMT_BF16 ? (int)CEIL_DIV(K, (int64_t)64) : (int)w.gpr;
-    const int full_units = (int)(K / Fm::G);  // groups with every lane inside k
-    const int64_t row0 = (int64_t)blockIdx.x * 16 * RT;
+// a warp's plane pointers: rows g and g+8 of RT tiles, already advanced to the thread's
+// share of a group (base + 8t; bf16 + 32t; high + 2t or 4t); rows past the end are clamped
+// (read twice, never stored). per stage they move by whole groups, and the D groups of a
+// stage are immediate offsets from there.
+template <int RT>
+struct GemvPtrs { const uint8_t* b[RT][2]; const uint8_t* h[RT][2]; const uint8_t* s[RT][2]; };
 
-    // per-row plane pointers (rows past the end are clamped: read twice, never stored)
-    const uint8_t* pb[RT][2]; const uint8_t* ph[RT][2]; const uint8_t* ps[RT][2];
+template <int F> struct GemvStride {  // bytes per group in each plane
+    static constexpr int B = F == FMT_BF16 ? 128 : 32;
+    static constexpr int H = F == FMT_Q5 ? 8 : F == FMT_Q6 ? 16 : 0;
+};
+
+// the raw words of groups [ub, ub+D) for the warp's rows. FAST: all D groups lie inside k
+// (no guards); else groups past `units` are skipped and bf16's partial last group is
+// zero-filled past k.
+template <int F, int D, int RT, bool FAST>
+__device__ __forceinline__ void gemv_load(uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], const GemvPtrs<RT>& P, int ub, int units,
+                                          int t, int64_t K) {
+    using Sd = GemvStride<F>;
 #pragma unroll
     for (int i = 0; i < RT; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int64_t r = row0 + 16 * i + g + 8 * h;
-            r = r < rows ? r : rows - 1;
-            pb[i][h] = w.base + r * w.base_row;
-            ph[i][h] = Fm::SCALED ? w.high + r * w.high_row : nullptr;
-            ps[i][h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
-        }
-    const bool xcol = g < a.C;  // this lane's B column
-    const bf16_t* xp = a.x + (int64_t)(xcol ? g : 0) * a.ldx;
-
-    float acc[RT][4];
+            const uint8_t* b = P.b[i][h] + (size_t)ub * Sd::B;
+            if constexpr (F == FMT_BF16) {
 #pragma unroll
-    for (int i = 0; i < RT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-
-    for (int ub = warp * D; ub < units; ub += GEMV_WARPS * D) {
-        uint32_t raw[D][RT][2][Fm::RAW];
-        uint4 xr[D][2];
-        // issue every load of D groups first
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-            int u = ub + d;
-            if (u < units) {
-#pragma unroll
-                for (int i = 0; i < RT; i++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) gemv_load_raw<F>(raw[d][i][h], pb[i][h], ph[i][h], ps[i][h], u, t, K, u < full_units);
-#pragma unroll
-                for (int q = 0; q < NX; q++) {
-                    int64_t k = (int64_t)u * Fm::G + t * Fm::LPT + 8 * q;
-                    uint4 v = make_uint4(0, 0, 0, 0);
-                    if (xcol) {
-                        if (u < full_units) v = __ldg((const uint4*)(xp + k));
-                        else if (k + 8 <= K) v = __ldg((const uint4*)(xp + k));
-                        else if (k < K) {  // the partial chunk at the end of k (odd sizes only)
-                            const unsigned short* xs = (const unsigned short*)xp;
-                            uint32_t e[8];
-                            for (int j = 0; j < 8; j++) e[j] = k + j < K ? xs[k + j] : 0;
-                            v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
-                        }
-                    }
-                    xr[d][q] = v;
+                for (int d = 0; d < D; d++) {
+                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+                    int64_t k0 = (int64_t)(ub + d) * 64 + t * 16;
+                    if (FAST || k0 + 16 <= K) { x0 = ldg_stream_u4(b + d * Sd::B); x1 = ldg_stream_u4(b + d * Sd::B + 16); }
+                    else if (k0 + 8 <= K) x0 = ldg_stream_u4(b + d * Sd::B);  // cols % 8 == 0
+                    uint32_t* r = raw[d][i][h];
+                    r[0] = x0.x; r[1] = x0.y; r[2] = x0.z; r[3] = x0.w; r[4] = x1.x; r[5] = x1.y; r[6] = x1.z; r[7] = x1.w;
                 }
-                if constexpr (NX == 1) xr[d][1] = make_uint4(0, 0, 0, 0);
+            } else {
+                const uint8_t* hp = Sd::H ? P.h[i][h] + (size_t)ub * Sd::H : nullptr;
+                const uint8_t* sp = P.s[i][h] + (size_t)ub * 2;
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    if (!FAST && ub + d >= units) continue;
+                    uint2 v = ldg_stream_u2(b + d * Sd::B);
+                    raw[d][i][h][0] = v.x; raw[d][i][h][1] = v.y;
+                    if constexpr (F == FMT_Q5) raw[d][i][h][2] = ldg_stream_u16(hp + d * Sd::H);
+                    else if constexpr (F == FMT_Q6) raw[d][i][h][2] = ldg_stream_u32(hp + d * Sd::H);
+                    else raw[d][i][h][2] = 0;
+                    // scales: two groups per 32-bit load (ub is even when D is, and the scale
+                    // rows are 4-byte aligned: groups per row are even)
+                    if (FAST && D % 2 == 0) {
+                        if (d % 2 == 0) {
+                            uint32_t s2 = ldg_stream_u32(sp + d * 2);
+                            raw[d][i][h][3] = s2 & 0xFFFFu;
+                            raw[d + (d + 1 < D ? 1 : 0)][i][h][3] = s2 >> 16;
+                        }
+                    } else {
+                        raw[d][i][h][3] = ldg_stream_u16(sp + d * 2);
+                    }
+                }
             }
         }
+}
+
+// x for group u: the thread's LPT lanes of its column (zeros for lanes past k or columns >= C)
+template <int F, bool FAST>
+__device__ __forceinline__ void gemv_load_x(uint4 (&xr)[2], const bf16_t* xq, bool xcol, int u, int t, int64_t K) {
+    using Fm = GemvFmt<F>;
+    constexpr int NX = Fm::LPT / 8;
+    xr[0] = xr[1] = make_uint4(0, 0, 0, 0);
+    if (!xcol) return;
 #pragma unroll
-        for (int d = 0; d < D; d++) {
-            int u = ub + d;
-            if (u < units) {
-                uint32_t b[Fm::STEPS][2];
+    for (int q = 0; q < NX; q++) {
+        if (FAST) { xr[q] = __ldg((const uint4*)(xq + (size_t)u * Fm::G + 8 * q)); continue; }
+        int64_t k = (int64_t)u * Fm::G + t * Fm::LPT + 8 * q;
+        if (k + 8 <= K) xr[q] = __ldg((const uint4*)(xq + (size_t)u * Fm::G + 8 * q));
+        else if (k < K) {  // the partial chunk at the end of k (odd sizes only)
+            const unsigned short* xs = (const unsigned short*)(xq + (size_t)u * Fm::G + 8 * q);
+            uint32_t e[8];
+            for (int j = 0; j < 8; j++) e[j] = k + j < K ? xs[j] : 0;
+            xr[q] = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+        }
+    }
+}
+
+template <int F, int D, int RT, bool OFFS, bool FAST>
+__device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4], const bf16_t* xq,
+                                             bool xcol, int ub, int units, int t, int64_t K) {
+    using Fm = GemvFmt<F>;
 #pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr[d], s, b[s][0], b[s][1]);
+    for (int d = 0; d < D; d++) {
+        if (!FAST && ub + d >= units) continue;
+        uint4 xr[2];
+        gemv_load_x<F, FAST>(xr, xq, xcol, ub + d, t, K);
+        uint32_t b[Fm::STEPS][2];
 #pragma unroll
-                for (int i = 0; i < RT; i++) {
-                    if constexpr (F == FMT_BF16) {
+        for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, b[s][0], b[s][1]);
+        // sum of x over the group per column (the offsets' correction): one mma with A = 1
+        float sx[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (OFFS && Fm::SCALED) {
+            const uint32_t one = BF2(BF_ONE);
 #pragma unroll
-                        for (int s = 0; s < Fm::STEPS; s++)
-                            mma_bf16_16816(acc[i], raw[d][i][0][2 * s], raw[d][i][1][2 * s], raw[d][i][0][2 * s + 1],
-                                           raw[d][i][1][2 * s + 1], b[s][0], b[s][1]);
-                    } else {
-                        float dd[4] = {0.f, 0.f, 0.f, 0.f};
-                        if constexpr (F == FMT_W8) {
+            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(sx, one, one, one, one, b[s][0], b[s][1]);
+        }
 #pragma unroll
-                            for (int s = 0; s < Fm::STEPS; s++) {
-                                uint32_t lo[4], hi[4];  // [pair][row]: pairs 2s, 2s+1 of rows g, g+8
-                                gemv_pair_w8(raw[d][i][0][s], 0, lo[0], hi[0]);
-                                gemv_pair_w8(raw[d][i][1][s], 0, lo[1], hi[1]);
-                                gemv_pair_w8(raw[d][i][0][s], 1, lo[2], hi[2]);
-                                gemv_pair_w8(raw[d][i][1][s], 1, lo[3], hi[3]);
-                                mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
-                                mma_bf16_16816(dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
-                            }
-                        } else {
-                            uint32_t hs[2][2];
+        for (int i = 0; i < RT; i++) {
+            const uint32_t (&r0)[Fm::RAW] = raw[d][i][0];
+            const uint32_t (&r1)[Fm::RAW] = raw[d][i][1];
+            if constexpr (F == FMT_BF16) {
 #pragma unroll
-                            for (int h = 0; h < 2; h++) gemv_spread_high<F>(raw[d][i][h][2], hs[h][0], hs[h][1]);
+                for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
+            } else {
+                float dd[4] = {0.f, 0.f, 0.f, 0.f};
+                float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
+                if constexpr (F == FMT_W8) {
+                    float dh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                            for (int s = 0; s < Fm::STEPS; s++)
-                                mma_bf16_16816(dd, gemv_pair<F>(raw[d][i][0], hs[0][0], hs[0][1], 2 * s),
-                                               gemv_pair<F>(raw[d][i][1], hs[1][0], hs[1][1], 2 * s),
-                                               gemv_pair<F>(raw[d][i][0], hs[0][0], hs[0][1], 2 * s + 1),
-                                               gemv_pair<F>(raw[d][i][1], hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
-                        }
-                        float s0 = f16bits2f(raw[d][i][0][3]), s1 = f16bits2f(raw[d][i][1][3]);
-                        acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
-                        acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
-                        acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
-                        acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
+                    for (int s = 0; s < Fm::STEPS; s++) {
+                        uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
+                        gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
+                        gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
+                        gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
+                        gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
+                        mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
+                        mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
+                    }
+                    if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+                    }
+                } else {
+                    uint32_t hs[2][2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++)
+                        mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
+                                       gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
+                                       gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
+                    if constexpr (OFFS) {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
                     }
                 }
+                acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
+                acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
+                acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
+                acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
             }
         }
     }
+}
 
-    // the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and
-    // columns 2t, 2t+1 of each tile (the mma accumulator layout)
-    __shared__ float4 red[GEMV_WARPS][RT * 32];
+// the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
+// 2t, 2t+1 of each tile (the mma accumulator layout). then one thread per output element adds
+// the residual, rounds and stores.
+template <int NW, int RT>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[RT][4], int64_t row0, int warp, int lane) {
+    const int64_t rows = a.w.rows;
+    __shared__ float4 red[NW][RT * 32];
 #pragma unroll
     for (int i = 0; i < RT; i++) red[warp][i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < RT * 128; idx += GEMV_THREADS) {
+    for (int idx = threadIdx.x; idx < RT * 128; idx += NW * 32) {
         int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
         float s = 0.f;
 #pragma unroll
-        for (int v = 0; v < GEMV_WARPS; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
         int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         int col = 2 * (ln & 3) + (j & 1);
         if (row < rows && col < a.C) {
@@ -412,19 +451,182 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
     }
 }
 
-// kernel variants (rows per block RT*16, groups in flight per warp D), for tests and benches;
-// variant 0 is what gemv() uses.
-static const int GEMV_VARIANTS = 3;
+// NW warps share a tile of 16*RT rows and split its groups: warp w takes groups
+// [(it*NW + w)*D, +D) for it = 0, 1, ...: the loads of a stage are all issued, then the stage
+// is computed (the other warps of the sm keep the memory busy meanwhile). x is loaded when a
+// group is computed (an l1 hit once one warp of the sm has touched it).
+template <int F, int NW, int D, int RT, bool OFFS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+    using Fm = GemvFmt<F>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, K = w.cols;
+    const int units = F == FMT_BF16 ? (int)CEIL_DIV(K, (int64_t)64) : (int)w.gpr;
+    const int full_units = (int)(K / Fm::G);  // groups with every lane inside k
+    const int64_t row0 = (int64_t)blockIdx.x * 16 * RT;
+
+    GemvPtrs<RT> P;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int64_t r = row0 + 16 * i + g + 8 * h;
+            r = r < rows ? r : rows - 1;
+            P.b[i][h] = w.base + r * w.base_row + t * (F == FMT_BF16 ? 32 : 8);
+            P.h[i][h] = Fm::SCALED && GemvStride<F>::H ? w.high + r * w.high_row + t * (GemvStride<F>::H / 4) : nullptr;
+            P.s[i][h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
+        }
+    const bool xcol = g < a.C;  // this lane's B column
+    const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
+
+    float acc[RT][4];
+#pragma unroll
+    for (int i = 0; i < RT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    uint32_t raw[D][RT][2][Fm::RAW];
+    for (int ub = warp * D; ub < units; ub += NW * D) {
+        if (ub + D <= full_units) {
+            gemv_load<F, D, RT, true>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        } else {
+            gemv_load<F, D, RT, false>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, false>(raw, acc, xq, xcol, ub, units, t, K);
+        }
+    }
+
+    gemv_epilogue<NW, RT>(a, acc, row0, warp, lane);
+}
+
+// the same computation with the weights streamed through shared memory by cp.async, S stages
+// deep per warp: the copies of the next S-1 stages are in flight while a stage is computed, and
+// they hold no registers, so a few warps per sm keep enough bytes in flight (the register
+// kernel above stalls on memory latency: ncu, bench-notes). each warp runs its own pipeline
+// over its own slots (no block barrier until the epilogue). 16-row tiles only (RT = 1), D = 2
+// groups per stage, and only shapes whose groups are all full (k a multiple of the group;
+// the launcher falls back otherwise). grouped formats only.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <int F> struct GemvAsyncLayout {  // one stage of one warp: 16 rows x 2 groups
+    static constexpr int HB = F == FMT_Q5 ? 8 : F == FMT_Q6 ? 16 : 0;  // high bytes per group
+    static constexpr int RS_B = 2 * 32 + 16;     // base bytes per row, padded (bank spread), 16-aligned
+    static constexpr int RS_H = 2 * HB;          // 0, 16 or 32
+    static constexpr int RS_S = 4;               // two fp16 scales
+    static constexpr int OFF_H = 16 * RS_B, OFF_S = OFF_H + 16 * RS_H;
+    static constexpr int BYTES = (OFF_S + 16 * RS_S + 15) / 16 * 16;
+};
+
+template <int F, int NW, int S, bool OFFS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, K = w.cols;
+    const int units = (int)w.gpr;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    __shared__ __align__(16) uint8_t sm[NW][S][Ly::BYTES];
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+    // copy duties of this lane for one stage: base chunks (rows g, g+8; 16-byte column t of
+    // the 64 bytes of two groups), high bytes (q5: row `lane` < 16, 16 bytes; q6: row lane/2,
+    // half lane&1), scales (row lane-16 for lanes 16..31, 4 bytes)
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8 && lane < 16) src_h = w.high + rowc(lane) * w.high_row;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16;
+    const uint8_t* src_s = lane >= 16 ? w.scale + rowc(lane - 16) * w.scale_row : nullptr;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&sm[warp][0][0]);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    auto issue = [&](int it) {
+        const int ub = (it * NW + warp) * D;
+        const uint32_t slot = sbase + (it % S) * Ly::BYTES;
+        cp_async16(slot + dst_b0, src_b0 + (size_t)ub * 32);
+        cp_async16(slot + dst_b1, src_b1 + (size_t)ub * 32);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h + (size_t)ub * Ly::HB);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s + (size_t)ub * 2);
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue(s);
+        cp_async_commit();
+    }
+    const bool xcol = g < a.C;
+    const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = &sm[warp][it % S][0];
+        uint32_t raw[D][1][2][Fm::RAW];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
+                raw[d][0][h][0] = v.x; raw[d][0][h][1] = v.y;
+                if constexpr (F == FMT_Q5) raw[d][0][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
+                else if constexpr (F == FMT_Q6) raw[d][0][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
+                else raw[d][0][h][2] = 0;
+                raw[d][0][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
+            }
+        const int ub = (it * NW + warp) * D;
+        gemv_compute<F, D, 1, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        if (it + S - 1 < n_it) issue(it + S - 1);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
+}
+// k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
+// count (two groups per stage; 4-byte aligned scale pairs)
+template <int F>
+static bool gemv_async_ok(const Mat& w) {
+    return format_grouped(w.format) && w.cols % 128 == 0;
+}
+
+// kernel variants for tests and benches; gemv() picks one by shape (gemv_auto_variant).
+//   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
+//   async kernel <NW, stages S, offset trick, min blocks/sm>; shapes it cannot take run variant 2
+static const int GEMV_VARIANTS = 8;
 template <int F>
 static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
     int64_t rows = a.w.rows;
+    unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
+    if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
     switch (variant) {
-        case 0: gemv_kernel<F, 1, 4><<<(unsigned)CEIL_DIV(rows, (int64_t)16), GEMV_THREADS, 0, stream>>>(a); break;
-        case 1: gemv_kernel<F, 1, 2><<<(unsigned)CEIL_DIV(rows, (int64_t)16), GEMV_THREADS, 0, stream>>>(a); break;
-        case 2: gemv_kernel<F, 2, 2><<<(unsigned)CEIL_DIV(rows, (int64_t)32), GEMV_THREADS, 0, stream>>>(a); break;
+        case 0: gemv_kernel<F, 8, 2, 1, true, 3><<<t1, 8 * 32, 0, stream>>>(a); break;
+        case 1: gemv_kernel<F, 8, 4, 1, true, 2><<<t1, 8 * 32, 0, stream>>>(a); break;
+        case 2: gemv_kernel<F, 16, 2, 1, true, 2><<<t1, 16 * 32, 0, stream>>>(a); break;
+        case 3: gemv_kernel<F, 8, 2, 2, true, 2><<<t2, 8 * 32, 0, stream>>>(a); break;
+        case 4: gemv_kernel<F, 8, 2, 1, false, 3><<<t1, 8 * 32, 0, stream>>>(a); break;
+        case 5: gemv_kernel<F, 32, 2, 1, true, 1><<<t1, 32 * 32, 0, stream>>>(a); break;
+        case 6: if constexpr (F != FMT_BF16) gemv_async_kernel<F, 4, 4, true, 8><<<t1, 4 * 32, 0, stream>>>(a); break;
+        case 7: if constexpr (F != FMT_BF16) gemv_async_kernel<F, 8, 3, true, 4><<<t1, 8 * 32, 0, stream>>>(a); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
+}
+// picked from the h200 measurements (test/bench-notes.md, run 5): q4 has the cheapest code
+// conversion and does best in the register kernel; q5/q6/w8 and the big head stream best
+// through the cp.async pipeline. every variant this can return passes the same tests.
+static int gemv_auto_variant(const Mat& w) {
+    if (w.rows >= 65536 || w.format == FMT_W8) return 6;  // output head, mtp: async, 4 warps x 4 stages
+    if (w.format == FMT_Q4) return w.rows > 4096 ? 4 : 1;  // register kernel (no offset trick / 4 groups per stage)
+    return 7;                                              // async, 8 warps x 3 stages (bf16 and odd k: variant 2)
 }
 
 // y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
@@ -432,6 +634,7 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
 static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                          const bf16_t* resid, int ldr, cudaStream_t stream) {
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
+    if (variant < 0) variant = gemv_auto_variant(w);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
     for (int c0 = 0; c0 < C; c0 += GEMV_MAX_COLS) {
@@ -454,7 +657,7 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream) {
-    gemv_variant(0, w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream);
+    gemv_variant(gemv_auto_variant(w), w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -913,6 +1116,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
             for (int q = 0; q < NQ; q++) sc[q] = 0.f;
             if (tid < nk) {
                 const uint4* kr = (const uint4*)(kbase + (int64_t)key * ATT_HD);
+#pragma unroll 8
                 for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
                     uint4 raw = kr[d8];
                     float kf[8];
@@ -948,18 +1152,25 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
             for (int d = 0; d < 8; d++) acc[k][d] *= alpha;
         }
         __syncwarp();
-        // (3) acc += p v, lanes over dims; each warp reads only the probabilities it wrote
-        for (int t = 0; t < nk; t++) {
-            uint4 raw = *(const uint4*)(vbase + (int64_t)(k0 + t) * ATT_HD + lane * 8);
-            float vf[8];
-            const __nv_bfloat162* p2 = (const __nv_bfloat162*)&raw;
+        // (3) acc += p v, lanes over dims; each warp reads only the probabilities it wrote.
+        // v rows in batches of 8 so that 8 loads are in flight, not one
+        for (int t0 = 0; t0 < nk; t0 += 8) {
+            uint4 raw[8];
 #pragma unroll
-            for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(p2[e]); vf[2 * e] = f.x; vf[2 * e + 1] = f.y; }
+            for (int j = 0; j < 8; j++)
+                raw[j] = t0 + j < nk ? *(const uint4*)(vbase + (int64_t)(k0 + t0 + j) * ATT_HD + lane * 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int k = 0; k < QPW; k++) {
-                float p = ps[warp + 4 * k][t];
+            for (int j = 0; j < 8; j++) {
+                float vf[8];
+                const __nv_bfloat162* p2 = (const __nv_bfloat162*)&raw[j];
 #pragma unroll
-                for (int d = 0; d < 8; d++) acc[k][d] = fmaf(p, vf[d], acc[k][d]);
+                for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(p2[e]); vf[2 * e] = f.x; vf[2 * e + 1] = f.y; }
+#pragma unroll
+                for (int k = 0; k < QPW; k++) {
+                    float p = t0 + j < nk ? ps[warp + 4 * k][t0 + j] : 0.f;
+#pragma unroll
+                    for (int d = 0; d < 8; d++) acc[k][d] = fmaf(p, vf[d], acc[k][d]);
+                }
             }
         }
         __syncthreads();  // ps is rewritten by the next chunk
