@@ -1309,6 +1309,8 @@ struct ServeState {
     bool engine_exit = false;
     bool engine_busy = false;
     int n_conns = 0;
+    std::atomic<int64_t> body_bytes{0};  // request bytes buffered by all connections together;
+    int64_t body_budget = 0;             // at most 4x --max-request-mib, else 503
     std::mutex prepare_mu;               // prepare never runs twice at once
     std::mutex log_mu;
     FILE* jsonl = nullptr;
@@ -1475,6 +1477,7 @@ static void* serve_engine_main(void*) {
 
 struct ServeConn {
     int fd = -1;
+    int64_t held = 0;              // bytes of g_serve.body_bytes this connection accounts for
     std::string in;                // received bytes not consumed yet
     bool broken = false;           // a write failed or the peer left: no more writes
     bool chunked_out = false;      // the streaming response in progress is chunk-framed
@@ -1614,6 +1617,7 @@ static ServeError serve_make_error(int status, const char* code, const char* msg
 static ServeError http_error(int status) {
     switch (status) {
         case 413: return serve_make_error(413, "request_too_large", "request too large");
+        case 503: return serve_make_error(503, "server_overloaded", "too many large requests at once; retry later");
         case 408: return serve_make_error(408, "request_timeout", "the request did not arrive in time");
         case 417: return serve_make_error(417, "invalid_request_error", "only 'Expect: 100-continue' is supported");
         case 501: return serve_make_error(501, "invalid_request_error", "only the chunked transfer coding is supported");
@@ -1636,8 +1640,22 @@ static bool sse_write(ServeConn* c, const std::string& data) {
 }
 static bool sse_end(ServeConn* c) { return c->chunked_out ? serve_conn_write(c, "0\r\n\r\n") : true; }
 
-// read the body the head announced into *body. returns 0, an http status (400, 408, 413),
-// or -1 when the connection died.
+// memory for request bodies is shared: a connection accounts for what it buffers, and
+// when all connections together would pass the budget the request gets 503. (one request
+// is bounded by --max-request-mib; this bounds many at once.)
+static bool serve_hold(ServeConn* c, size_t bytes) {
+    int64_t d = (int64_t)bytes - c->held;
+    if (d <= 0) return true;
+    c->held += d;
+    return g_serve.body_bytes.fetch_add(d) + d <= g_serve.body_budget;
+}
+static void serve_release(ServeConn* c) {
+    g_serve.body_bytes.fetch_sub(c->held);
+    c->held = 0;
+}
+
+// read the body the head announced into *body. returns 0, an http status (400, 408, 413,
+// 503), or -1 when the connection died.
 static int serve_conn_read_body(ServeConn* c, const HttpRequest& rq, double t0, std::string* body) {
     const double rate = 1 << 20;  // bytes/s a body must keep up after the read timeout
     const double T = g_serve.opt.read_timeout_ms / 1e3;
@@ -1650,7 +1668,9 @@ static int serve_conn_read_body(ServeConn* c, const HttpRequest& rq, double t0, 
             int r = serve_conn_read(c, t0 + T + c->in.size() / rate, false);
             if (r == -1) return c->in.empty() ? -1 : 408;
             if (r <= 0) return -1;
+            if (!serve_hold(c, c->in.size())) return 503;
         }
+        if (!serve_hold(c, need)) return 503;
         body->assign(c->in, 0, need);
         c->in.erase(0, need);
         return 0;
@@ -1665,6 +1685,7 @@ static int serve_conn_read_body(ServeConn* c, const HttpRequest& rq, double t0, 
         int k = serve_conn_read(c, t0 + T + body->size() / rate, false);
         if (k == -1) return 408;
         if (k <= 0) return -1;
+        if (!serve_hold(c, body->size() + c->in.size())) return 503;
     }
 }
 
@@ -2231,6 +2252,7 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         int r = serve_conn_read_body(c, rq, t0, &body);
         if (r == -1) { lg.status = 499; lg.code = "client_closed"; serve_log_request(lg); return false; }
         if (r > 0) {
+            serve_release(c);  // before answering: the client may retry at once
             serve_conn_send_error(c, anth, http_error(r), false, &lg);
             serve_log_request(lg);
             return false;
@@ -2300,13 +2322,16 @@ static void serve_conn_serve(ServeConn* c) {
             return;  // after a parse error the stream is out of sync: close
         }
         c->in.erase(0, (size_t)hl);
-        if (!serve_handle_request(c, rq, t0)) return;
+        bool keep = serve_handle_request(c, rq, t0);
+        serve_release(c);  // the request's body (and the json made from it) are gone now
+        if (!keep) return;
     }
 }
 
 static void* serve_conn_main(void* arg) {
     ServeConn* c = (ServeConn*)arg;
     serve_conn_serve(c);
+    serve_release(c);
     serve_conn_close(c);
     delete c;
     {
@@ -2356,6 +2381,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     s.api.preserve_thinking = o.preserve_thinking;
     s.api.vision = eng->vision;
     s.lim.max_body = (uint64_t)o.max_request_mib << 20;
+    s.body_budget = 4 * (int64_t)s.lim.max_body;
     s.created = (long)time(nullptr);
     // listen
     struct addrinfo hints, *res = nullptr;

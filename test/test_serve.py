@@ -794,6 +794,31 @@ def test_oversize_body(lim):
     assert_healthy(lim.port, mid)
 
 
+def test_body_memory_budget(lim):
+    # one request may carry --max-request-mib (1 here); all connections together buffer at
+    # most 4x that: four nearly complete 1 MiB bodies fill the budget, a fifth body gets 503
+    mid = model_id(lim.port)
+    big = b" " * ((1 << 20) - 1)
+    held = []
+    for _ in range(4):
+        c = Conn(lim.port)
+        c.send(http("POST", "/v1/chat/completions", b"", {"Content-Length": str(1 << 20)}) + big)
+        held.append(c)
+    time.sleep(0.5)  # the server reads them in (no way to observe it from here)
+    c = Conn(lim.port)
+    c.send(http("POST", "/v1/chat/completions", b"x" * (200 << 10)))
+    st, _, body = c.response()
+    assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded"
+    c.close()
+    for c in held:  # the last byte: complete, then rejected as json, and the budget comes back
+        c.send(b" ")
+        assert c.response()[0] == 400
+        c.close()
+    assert_healthy(lim.port, mid)
+    st, _, body = request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, "y" * (300 << 10), max_tokens=2))
+    assert st == 200 if FAKE else json.loads(body)["error"]["code"] == "context_length_exceeded"  # not 503
+
+
 def test_header_limits(lim):
     mid = model_id(lim.port)
     c = Conn(lim.port)
