@@ -475,10 +475,6 @@ static bool model_open(Model* m, const char* path, std::string* err) {
 
 static void model_close(Model* m) { artifact_close(&m->art); }
 
-// gpu kernels and the gpu forward are staged in gpu_wip.cuh while the cpu reference
-// (the section above) is written in parallel; they are folded into this file, in this
-// place, when both land. keep this include here, after the cpu reference.
-#include "gpu_wip.cuh"
 
 // === 4. reference path (cpu) ==================================================
 //
@@ -1203,45 +1199,63 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
 // what the cli runs on the reference path: the token domain and stop ids from the artifact's
 // frontend resources, a generation loop, --logits-out and --perplexity.
 
-// the number of ids the tokenizer can produce: 1 + the largest id in frontend/tokenizer.json
-// (model.vocab and added_tokens), capped at the embedding rows; all rows when there is no
-// tokenizer. for qwen3.5 this is 248077 of 248320 rows.
-static int token_domain(const Model* m, std::string* err) {
-    std::string text = artifact_resource(&m->art, "frontend/tokenizer.json");
-    if (text.empty()) return m->geo.vocab;
-    Json j;
-    std::string jerr;
-    if (!json_parse(text, &j, &jerr)) { *err = m->art.path + ": frontend/tokenizer.json: " + jerr; return -1; }
-    int64_t top = -1;
-    const Json* model = j.get("model");
-    const Json* vocab = model ? model->get("vocab") : nullptr;
-    if (vocab && vocab->is_object())
-        for (auto& kv : vocab->obj) if (kv.second.is_int && kv.second.i > top) top = kv.second.i;
-    const Json* added = j.get("added_tokens");
-    if (added && added->is_array())
-        for (const Json& t : added->arr) {
-            const Json* id = t.get("id");
-            if (id && id->is_int && id->i > top) top = id->i;
-        }
-    if (top < 0) { *err = m->art.path + ": frontend/tokenizer.json has no model.vocab or added_tokens ids"; return -1; }
-    return (int)std::min<int64_t>(top + 1, m->geo.vocab);
-}
+// what generation needs from the artifact's frontend resources (never hard-coded ids):
+//   domain  the ids the tokenizer can produce: 1 + the largest id of tokenizer.json (model.vocab
+//           and added_tokens), at most the embedding rows; all rows when there is no tokenizer.
+//           for qwen3.5 this is 248077 of 248320 rows.
+//   stops   the default stop ids: generation_config.json eos_token_id (an int or a list), and
+//           tokenizer_config.json's eos_token looked up in tokenizer.json
+struct FrontendIds {
+    int domain = 0;
+    std::vector<int> stops;
+};
 
-// the model's default stop ids: generation_config.json eos_token_id (an int or a list)
-static bool default_stop_ids(const Model* m, std::vector<int>* ids, std::string* err) {
-    std::string text = artifact_resource(&m->art, "frontend/generation_config.json");
-    if (text.empty()) return true;
-    Json j;
-    std::string jerr;
-    if (!json_parse(text, &j, &jerr)) { *err = m->art.path + ": frontend/generation_config.json: " + jerr; return false; }
-    const Json* eos = j.get("eos_token_id");
-    if (!eos || eos->is_null()) return true;
-    std::vector<const Json*> list;
-    if (eos->is_array()) for (const Json& e : eos->arr) list.push_back(&e);
-    else list.push_back(eos);
-    for (const Json* e : list) {
-        if (!e->is_int) { *err = m->art.path + ": frontend/generation_config.json: eos_token_id must be an integer or a list of integers"; return false; }
-        ids->push_back((int)e->i);
+static bool frontend_ids(const Model* m, FrontendIds* f, std::string* err) {
+    *f = FrontendIds();
+    f->domain = m->geo.vocab;
+    auto parse = [&](const char* name, Json* j) {  // false on bad json; an absent resource is {}
+        std::string text = artifact_resource(&m->art, name), jerr;
+        if (text.empty()) { *j = Json::object(); return true; }
+        if (json_parse(text, j, &jerr) && j->is_object()) return true;
+        *err = m->art.path + ": " + name + ": " + (jerr.empty() ? "not a json object" : jerr);
+        return false;
+    };
+    Json tok, tok_config, gen;
+    if (!parse("frontend/tokenizer.json", &tok) || !parse("frontend/tokenizer_config.json", &tok_config) ||
+        !parse("frontend/generation_config.json", &gen)) return false;
+    // the domain, and an id lookup by token text
+    const Json* model = tok.get("model");
+    const Json* vocab = model ? model->get("vocab") : nullptr;
+    const Json* added = tok.get("added_tokens");
+    int64_t top = -1;
+    if (vocab && vocab->is_object())
+        for (auto& kv : vocab->obj) if (kv.second.is_int) top = std::max(top, kv.second.i);
+    if (added && added->is_array())
+        for (const Json& t : added->arr) if (t.get("id") && t.get("id")->is_int) top = std::max(top, t.get("id")->i);
+    if (top >= 0) f->domain = (int)std::min<int64_t>(top + 1, m->geo.vocab);
+    else if (tok.size()) { *err = m->art.path + ": frontend/tokenizer.json has no model.vocab or added_tokens ids"; return false; }
+    auto id_of = [&](const std::string& text) -> int64_t {
+        if (added && added->is_array())
+            for (const Json& t : added->arr)
+                if (t.get("content") && t.get("content")->str == text && t.get("id") && t.get("id")->is_int) return t.get("id")->i;
+        const Json* v = vocab ? vocab->get(text.c_str()) : nullptr;
+        return v && v->is_int ? v->i : -1;
+    };
+    // generation_config eos_token_id
+    if (const Json* eos = gen.get("eos_token_id"); eos && !eos->is_null()) {
+        std::vector<const Json*> list;
+        if (eos->is_array()) for (const Json& e : eos->arr) list.push_back(&e);
+        else list.push_back(eos);
+        for (const Json* e : list) {
+            if (!e->is_int) { *err = m->art.path + ": frontend/generation_config.json: eos_token_id must be an integer or a list of integers"; return false; }
+            f->stops.push_back((int)e->i);
+        }
+    }
+    // tokenizer_config eos_token: a string, or {"content": ...}
+    if (const Json* eos = tok_config.get("eos_token"); eos && !eos->is_null()) {
+        const Json* text = eos->is_object() ? eos->get("content") : eos;
+        int64_t id = text && text->is_string() ? id_of(text->str) : -1;
+        if (id >= 0 && std::find(f->stops.begin(), f->stops.end(), (int)id) == f->stops.end()) f->stops.push_back((int)id);
     }
     return true;
 }
@@ -1330,6 +1344,11 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
     }
     return nll;
 }
+
+// gpu kernels and the gpu forward are staged in gpu_wip.cuh while the cpu reference
+// (sections 4-6) is written in parallel; they are folded into this file, in this
+// place, when both land. keep this include here, after the cpu reference.
+#include "gpu_wip.cuh"
 
 // === 7. info =================================================================
 
@@ -1531,13 +1550,13 @@ int main(int argc, char** argv) {
         else fprintf(stderr, "ninfer: this build has no gpu path yet: running the cpu reference path\n");
     }
     const Geometry& g = m.geo;
-    int domain = token_domain(&m, &err);
-    if (domain < 0) die("%s", err.c_str());
-    std::vector<int> stops;
-    if (!default_stop_ids(&m, &stops, &err)) die("%s", err.c_str());
-    // a default eos id outside the domain can never be sampled (synthetic models keep the real
+    FrontendIds fr;
+    if (!frontend_ids(&m, &fr, &err)) die("%s", err.c_str());
+    const int domain = fr.domain;
+    // a default eos id outside the domain can never be sampled (synthetic models keep a real
     // generation config with a smaller vocabulary): drop it. a user's is an error.
-    stops.erase(std::remove_if(stops.begin(), stops.end(), [&](int id) { return id < 0 || id >= domain; }), stops.end());
+    std::vector<int> stops;
+    for (int id : fr.stops) if (id >= 0 && id < domain) stops.push_back(id);
     for (int id : user_stops) {
         if (id >= domain) die("--stop-token-id %d is outside the token domain [0, %d)", id, domain);
         stops.push_back(id);

@@ -414,11 +414,53 @@ TEST(Sampler, DeterministicBySeedAndPosition) {
 TEST(Generation, TokenDomainAndStopIdsComeFromTheArtifact) {
     LOAD_OR_SKIP(L, "build/models/tiny.ninfer", 4, 8);
     std::string err;
-    int domain = token_domain(&L.m, &err);
-    EXPECT_EQ(domain, 151669) << err;  // the qwen3 tokenizer of the synthetic models: 151643 + 26 added
-    std::vector<int> stops;
-    ASSERT_TRUE(default_stop_ids(&L.m, &stops, &err)) << err;
-    EXPECT_EQ(stops, (std::vector<int>{151645, 151643}));
+    FrontendIds f;
+    ASSERT_TRUE(frontend_ids(&L.m, &f, &err)) << err;
+    EXPECT_EQ(f.domain, 151669);  // the qwen3 tokenizer of the synthetic models: 151643 + 26 added
+    // generation_config [<|im_end|>, <|endoftext|>]; tokenizer_config's eos_token <|im_end|> adds nothing
+    EXPECT_EQ(f.stops, (std::vector<int>{151645, 151643}));
+}
+
+// an artifact holding only frontend resources, in memory (format.md 2, 3)
+static std::vector<uint8_t> resources_container(const std::vector<std::pair<std::string, std::string>>& res) {
+    std::string payload, objs;
+    for (auto& r : res) {
+        objs += std::string(objs.empty() ? "" : ",") + "{\"name\":\"" + r.first + "\",\"kind\":\"resource\",\"encoding\":\"raw-bytes-v1\",\"offset\":" +
+                std::to_string(payload.size()) + ",\"bytes\":" + std::to_string(r.second.size()) + "}";
+        payload += r.second;
+    }
+    std::string json = "{\"identity\":{\"model_id\":\"m\",\"weights_id\":\"w\"},\"objects\":[" + objs + "]}";
+    std::vector<uint8_t> out = {'N', 'I', 'N', 'F', 'E', 'R', 0, 2};
+    for (int k = 0; k < 8; k++) out.push_back((uint8_t)((uint64_t)json.size() >> (8 * k)));
+    out.insert(out.end(), json.begin(), json.end());
+    out.resize(align_up(out.size(), 4096), 0);
+    out.insert(out.end(), payload.begin(), payload.end());
+    return out;
+}
+
+TEST(Generation, StopIdsFromTheTokenizerConfigAlone) {
+    std::vector<uint8_t> bytes = resources_container({
+        {"frontend/tokenizer.json", R"({"model":{"vocab":{"a":0,"b":1,"c":2}},"added_tokens":[{"id":5,"content":"<eos>"}]})"},
+        {"frontend/tokenizer_config.json", R"({"eos_token":{"content":"<eos>"}})"}});
+    Model m;
+    std::string err;
+    ASSERT_TRUE(artifact_open_memory(&m.art, bytes.data(), bytes.size(), "mem.ninfer", &err)) << err;
+    m.geo.vocab = 10;
+    FrontendIds f;
+    ASSERT_TRUE(frontend_ids(&m, &f, &err)) << err;
+    EXPECT_EQ(f.domain, 6);
+    EXPECT_EQ(f.stops, std::vector<int>{5});
+    // a bad eos_token_id type is an error naming the resource
+    bytes = resources_container({{"frontend/generation_config.json", R"({"eos_token_id":"x"})"}});
+    ASSERT_TRUE(artifact_open_memory(&m.art, bytes.data(), bytes.size(), "mem.ninfer", &err)) << err;
+    EXPECT_FALSE(frontend_ids(&m, &f, &err));
+    EXPECT_NE(err.find("generation_config.json"), std::string::npos) << err;
+    // no tokenizer: every row is in the domain
+    bytes = resources_container({{"frontend/generation_config.json", R"({"eos_token_id":3})"}});
+    ASSERT_TRUE(artifact_open_memory(&m.art, bytes.data(), bytes.size(), "mem.ninfer", &err)) << err;
+    ASSERT_TRUE(frontend_ids(&m, &f, &err)) << err;
+    EXPECT_EQ(f.domain, 10);
+    EXPECT_EQ(f.stops, std::vector<int>{3});
 }
 
 TEST(Generation, StopsOnAStopIdAndAtCapacity) {
