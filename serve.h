@@ -97,7 +97,7 @@ struct ServeSampling {
     int max_tokens = 0;            // output limit, > 0, already clamped to the context left
     float temperature = 0.6f;      // <= 0: argmax
     float top_p = 0.95f;
-    int top_k = 20;
+    int top_k = 20;                // <= 0: no limit
     float min_p = 0.0f;
     float presence_penalty = 1.0f;
     float frequency_penalty = 0.0f;
@@ -107,6 +107,7 @@ struct ServeSampling {
                                    // earliest match, the match is not emitted
 };
 
+// the kinds have the values of tokenizer.h's OUT_REASONING / OUT_CONTENT / OUT_TOOL_CALL
 enum ServeEventKind { SERVE_REASONING = 0, SERVE_CONTENT = 1, SERVE_TOOL_CALL = 2 };
 struct ServeEvent {
     ServeEventKind kind = SERVE_CONTENT;
@@ -126,7 +127,7 @@ struct ServeResult {
     std::string finish = "stop";   // "stop" (eos, stop string, cancel) | "length" (max_tokens or
                                    // context full) | "tool_calls"
     std::string stop_string;       // the stop string that ended generation; "" if none
-    int prompt_tokens = 0;         // = prompt.tokens.size()
+    int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
     double prefill_s = 0, decode_s = 0;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
