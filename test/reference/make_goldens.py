@@ -658,7 +658,8 @@ def check_mtp_layer(model, mtpref, tc, n, device):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(n, tc.hidden_size, generator=g).to(device)
     pos = torch.arange(n, device=device)
-    cos, sin = model.model.language_model.rotary_emb(x[None], pos[None])
+    # (3, batch, T) text positions: transformers 5.17 wants all three m-rope axes spelled out
+    cos, sin = model.model.language_model.rotary_emb(x[None], pos[None, None].expand(3, 1, -1))
     mask = torch.full((n, n), float("-inf"), device=device).triu(1)[None, None]
     y_hf = hl(x[None], position_embeddings=(cos, sin), attention_mask=mask, position_ids=pos[None],
               past_key_values=None)
