@@ -89,6 +89,17 @@ $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
 
 TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
 
+# the whole-model gpu forward against the cpu reference (skips without a gpu), and the
+# pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128
+$(BUILD)/test/test_gpu: test/test_gpu.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_gpu.cu $(LDLIBS) $(GTEST)
+$(BUILD)/test/bench_gpu: test/bench_gpu.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_gpu.cu $(LDLIBS)
+TEST_BINS += $(BUILD)/test/test_gpu
+test: $(BUILD)/test/bench_gpu
+
 # openmp threads sleep at barriers instead of spinning: test machines are shared, and a thread
 # spinning for a descheduled teammate costs far more than a wake-up (the cpu tests run 3x faster)
 export OMP_WAIT_POLICY ?= passive

@@ -28,6 +28,7 @@
 #pragma once
 #include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
 #include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
+#include <cuda_fp8.h>   // defines: __nv_cvt_float_to_fp8, __nv_cvt_fp8x2_to_halfraw2
 
 typedef __nv_bfloat16 bf16_t;
 
@@ -1052,6 +1053,95 @@ static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
 
 enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16 };
 
+// kv cache formats (reference-engine.md 15). the codes live in [Hkv][cap][256] planes like the
+// bf16 cache (one byte per element for int8 / fp8), plus fp16 scales [Hkv][cap][4], one per 64
+// contiguous elements of a head vector:
+//   int8 (NInfer's INT8-G64): s = f16_rne(max|x| / 127), code = clamp(rne(x / s), -127, 127)
+//        (x * (1/s), 0 when s = 0), x ~ code * s
+//   fp8 (ours; NInfer's fp8 codec is not documented): e4m3 with the same per-64 scale,
+//        s = f16_rne(max|x| / 448) so the group's largest element lands at the top of the e4m3
+//        range, code = e4m3_rn_satfinite(x * (1/s)), x ~ code * s. e4m3 keeps 3 mantissa bits
+//        at every magnitude, so small elements of a group keep their relative precision
+//        (int8 loses them); the step at the top of the range is coarser (1/16 vs 1/127).
+enum KvDtype { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 };
+enum { KV_GROUP = 64, KV_GROUPS = ATT_HD / KV_GROUP };
+static const char* kv_dtype_name(int kv) { return kv == KV_INT8 ? "int8" : kv == KV_FP8 ? "fp8" : "bf16"; }
+static int kv_elem_bytes(int kv) { return kv == KV_BF16 ? 2 : 1; }
+
+// 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
+template <int KV> struct KvVec;
+template <> struct KvVec<KV_BF16> {
+    uint4 r;
+    __device__ __forceinline__ void load(const void* c, const __half*, int64_t row, int d0) {
+        r = *(const uint4*)((const bf16_t*)c + row * ATT_HD + d0);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint4(0, 0, 0, 0); }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+        const __nv_bfloat162* p2 = (const __nv_bfloat162*)&r;
+#pragma unroll
+        for (int e = 0; e < 4; e++) { float2 v = __bfloat1622float2(p2[e]); f[2 * e] = v.x; f[2 * e + 1] = v.y; }
+    }
+};
+template <> struct KvVec<KV_INT8> {
+    uint2 r; float s;
+    __device__ __forceinline__ void load(const void* c, const __half* sc, int64_t row, int d0) {
+        r = *(const uint2*)((const int8_t*)c + row * ATT_HD + d0);
+        s = __half2float(sc[row * KV_GROUPS + d0 / KV_GROUP]);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint2(0, 0); s = 0.f; }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = (float)(int8_t)(((i < 4 ? r.x : r.y) >> (8 * (i & 3))) & 0xFF) * s;
+    }
+};
+template <> struct KvVec<KV_FP8> {
+    uint2 r; float s;
+    __device__ __forceinline__ void load(const void* c, const __half* sc, int64_t row, int d0) {
+        r = *(const uint2*)((const uint8_t*)c + row * ATT_HD + d0);
+        s = __half2float(sc[row * KV_GROUPS + d0 / KV_GROUP]);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint2(0, 0); s = 0.f; }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(((e < 2 ? r.x : r.y) >> (16 * (e & 1))) & 0xFFFF), __NV_E4M3);
+            float2 v = __half22float2(*(const __half2*)&h);
+            f[2 * e] = v.x * s; f[2 * e + 1] = v.y * s;
+        }
+    }
+};
+
+// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
+                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
+                                                             const int* __restrict__ pos, int Hkv) {
+    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
+    __shared__ float wmax[2][ATT_HD / 32];
+    const int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;  // the whole block returns together
+    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
+    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+    __syncthreads();
+    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
+    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+    const float sk = __half2float(hk), sv = __half2float(hv);
+    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+    const int64_t row = (int64_t)h * cap + p;
+    if constexpr (KV == KV_INT8) {
+        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+    } else {
+        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
+}
+
 __global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
                                  bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
     int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
@@ -1065,10 +1155,19 @@ static void kv_append(const bf16_t* k, int ldk, const bf16_t* v, int ldv, bf16_t
     kv_append_kernel<<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, cap, pos, Hkv);
     cudaCheck(cudaGetLastError());
 }
+// any cache format: bf16 copies, int8 / fp8 quantize per 64 elements (scales: null for bf16)
+static void kv_append(int kv, const bf16_t* k, int ldk, const bf16_t* v, int ldv, void* kc, void* vc, __half* ksc, __half* vsc,
+                      int64_t cap, const int* pos, int C, int Hkv, cudaStream_t stream) {
+    if (kv == KV_BF16) { kv_append(k, ldk, v, ldv, (bf16_t*)kc, (bf16_t*)vc, cap, pos, C, Hkv, stream); return; }
+    if (kv == KV_INT8) kv_append_q_kernel<KV_INT8><<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    else kv_append_q_kernel<KV_FP8><<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    cudaCheck(cudaGetLastError());
+}
 
 struct AttnArgs {
     const bf16_t* q; int ldq;         // column c, head hq at q + c*ldq + hq*256 (normed, roped)
-    const bf16_t* kc; const bf16_t* vc; int64_t cap;
+    const void* kc; const void* vc; int64_t cap;   // codes [Hkv][cap][256] (KvDtype)
+    const __half* ksc; const __half* vsc;          // int8 / fp8 scales [Hkv][cap][4], else null
     const int* pos;                   // [C] device
     int C, Hq, Hkv;
     int n_splits, split_keys;         // split_keys a multiple of ATT_KEYS
@@ -1076,7 +1175,7 @@ struct AttnArgs {
     float* part_ml;                   // [Hkv][n_splits][G*C][2]
     float scale;
 };
-template <int QPW>  // queries per warp: the block serves up to 4*QPW queries
+template <int QPW, int KV>  // queries per warp: the block serves up to 4*QPW queries; KV: the cache format
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     constexpr int NQ = 4 * QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1101,8 +1200,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll
         for (int d = 0; d < 8; d++) acc[k][d] = 0.f;
     }
-    const bf16_t* kbase = a.kc + (int64_t)h * a.cap * ATT_HD;
-    const bf16_t* vbase = a.vc + (int64_t)h * a.cap * ATT_HD;
+    const int64_t hrow = (int64_t)h * a.cap;  // cache row of position 0 of this kv head
     const int kbeg = sp * a.split_keys;
     const int kend = min(kbeg + a.split_keys, lmax);
     __syncthreads();
@@ -1115,14 +1213,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll
             for (int q = 0; q < NQ; q++) sc[q] = 0.f;
             if (tid < nk) {
-                const uint4* kr = (const uint4*)(kbase + (int64_t)key * ATT_HD);
 #pragma unroll 8
                 for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
-                    uint4 raw = kr[d8];
+                    KvVec<KV> raw;
+                    raw.load(a.kc, a.ksc, hrow + key, d8 * 8);
                     float kf[8];
-                    const __nv_bfloat162* p2 = (const __nv_bfloat162*)&raw;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(p2[e]); kf[2 * e] = f.x; kf[2 * e + 1] = f.y; }
+                    raw.get(kf);
 #pragma unroll
                     for (int q = 0; q < NQ; q++) {
                         const float4 qa = *(const float4*)&qs[q][d8 * 8], qb = *(const float4*)&qs[q][d8 * 8 + 4];
@@ -1155,16 +1251,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
         // (3) acc += p v, lanes over dims; each warp reads only the probabilities it wrote.
         // v rows in batches of 8 so that 8 loads are in flight, not one
         for (int t0 = 0; t0 < nk; t0 += 8) {
-            uint4 raw[8];
+            KvVec<KV> raw[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                raw[j] = t0 + j < nk ? *(const uint4*)(vbase + (int64_t)(k0 + t0 + j) * ATT_HD + lane * 8) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < 8; j++) {
+                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, hrow + k0 + t0 + j, lane * 8);
+                else raw[j].zero();
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float vf[8];
-                const __nv_bfloat162* p2 = (const __nv_bfloat162*)&raw[j];
-#pragma unroll
-                for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(p2[e]); vf[2 * e] = f.x; vf[2 * e + 1] = f.y; }
+                raw[j].get(vf);
 #pragma unroll
                 for (int k = 0; k < QPW; k++) {
                     float p = t0 + j < nk ? ps[warp + 4 * k][t0 + j] : 0.f;
@@ -1222,15 +1318,30 @@ static int attn_split_keys(int64_t max_len, int n_splits) {
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
 // n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
 // gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
+template <int KV>
+static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
+    if (nq <= 4) attn_decode_kernel<1, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
+    else if (nq <= 8) attn_decode_kernel<2, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
+    else attn_decode_kernel<4, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
+}
+static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
+                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
+                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream);
 static void attn_decode(const bf16_t* q, int ldq, const bf16_t* kc, const bf16_t* vc, int64_t cap, const int* pos, int C,
                         int Hq, int Hkv, int n_splits, int split_keys, float* scratch, const bf16_t* gate, int ldg, bf16_t* y,
                         int ldy, cudaStream_t stream) {
+    attn_decode(KV_BF16, q, ldq, kc, vc, nullptr, nullptr, cap, pos, C, Hq, Hkv, n_splits, split_keys, scratch, gate, ldg, y, ldy, stream);
+}
+static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
+                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
+                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream) {
     CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
     for (int c0 = 0; c0 < C; c0 += cols) {
         AttnArgs a;
         a.q = q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = kc; a.vc = vc; a.cap = cap; a.pos = pos + c0;
+        a.ksc = ksc; a.vsc = vsc;
         a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
         a.n_splits = n_splits; a.split_keys = split_keys;
         a.part_acc = scratch;
@@ -1238,9 +1349,9 @@ static void attn_decode(const bf16_t* q, int ldq, const bf16_t* kc, const bf16_t
         a.scale = 1.0f / sqrtf((float)ATT_HD);
         int nq = G * a.C;
         dim3 grid(Hkv, n_splits);
-        if (nq <= 4) attn_decode_kernel<1><<<grid, ATT_THREADS, 0, stream>>>(a);
-        else if (nq <= 8) attn_decode_kernel<2><<<grid, ATT_THREADS, 0, stream>>>(a);
-        else attn_decode_kernel<4><<<grid, ATT_THREADS, 0, stream>>>(a);
+        if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
+        else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
+        else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
         cudaCheck(cudaGetLastError());
         attn_combine_kernel<<<a.C * Hq, ATT_HD, 0, stream>>>(a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
                                                               y + (int64_t)c0 * ldy, ldy);
@@ -1300,3 +1411,1316 @@ static void argmax(const T* logits, int64_t ld, int n, int C, void* scratch, int
     argmax_stage2_kernel<<<C, 32, 0, stream>>>(pv, pi, out);
     cudaCheck(cudaGetLastError());
 }
+
+// ----------------------------------------------------------------------------
+// shared-memory matrix helpers (the prefill kernels)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void cp_async16_m(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t*)&v;
+}
+
+// ----------------------------------------------------------------------------
+// gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores
+//
+// prefill multiplies each weight by hundreds of tokens, so it is arithmetic, not a stream:
+// a block computes a 128-token x 128-row tile with mma.sync m16n8k16 (8 warps, 64 x 32 each),
+// k in steps of 64. the x tile arrives by cp.async (double buffered); the weight tile is read
+// into registers one step ahead and decoded into shared memory as exact bf16 *codes* (the
+// magic-number trick of the gemv: 128 + code in the mantissa of bf16 128, one bf16x2 fma
+// removes the 128 and the sign offset). the tensor core sums one quantization group of codes
+// times x, and that partial sum is scaled in fp32 by the group's fp16 scale: products exact,
+// sums fp32, the same arithmetic as the gemv (results differ from it only in summation order).
+// w8 has two 32-lane groups per k step (w8 codes do not fit the magic, they convert through
+// float); bf16 weights accumulate straight into the result. one __syncthreads per k step: the
+// step's buffers were filled before it, the next step's go to the other buffers.
+// requirements: cols % 64 == 0 (every qwen3.5 width); x 16-byte aligned with ldx % 8 == 0.
+// y as in the gemv: fp32, or bf16 with an optional residual y = bf16(resid + bf16(Wx)).
+
+enum { GM_BM = 128, GM_BN = 128, GM_BK = 64, GM_THREADS = 256, GM_LDS = GM_BK + 8 };  // smem rows padded: conflict-free ldmatrix
+static const size_t GM_SMEM = (size_t)2 * (GM_BM + GM_BN) * GM_LDS * 2 + (size_t)2 * GM_BN * 2 * sizeof(float);
+
+struct GemmArgs {
+    Mat w;
+    const bf16_t* x; int ldx; int T;
+    void* y; int ldy; int y_f32;
+    const bf16_t* resid; int ldr;
+};
+
+// one thread's share of a weight k step: row tid/2, lanes [32*(tid&1), +32) of the step
+// (w8: the whole group 2*kt + (tid&1); bf16: 32 elements)
+template <int F> struct GemmRaw {
+    uint4 b[F == FMT_BF16 ? 4 : F == FMT_W8 ? 2 : 1];
+    uint2 hi;
+    uint32_t sc;
+};
+template <int F>
+__device__ __forceinline__ void gemm_load_w(const Mat& w, int64_t row, int kt, int wh, GemmRaw<F>& r) {
+    const uint8_t* base = w.base + row * w.base_row;
+    if constexpr (F == FMT_BF16) {
+        const uint4* p = (const uint4*)(base + ((int64_t)kt * GM_BK + wh * 32) * 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.b[i] = __ldg(p + i);
+    } else if constexpr (F == FMT_W8) {
+        const int64_t grp = (int64_t)kt * 2 + wh;
+        const uint4* p = (const uint4*)(base + grp * 32);
+        r.b[0] = __ldg(p); r.b[1] = __ldg(p + 1);
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + grp);
+    } else {
+        r.b[0] = __ldg((const uint4*)(base + (int64_t)kt * 32 + wh * 16));
+        if constexpr (F == FMT_Q5) r.hi.x = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8 + wh * 4));
+        if constexpr (F == FMT_Q6) r.hi = __ldg((const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16 + wh * 8));
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
+    }
+}
+// decode to 32 bf16 values (codes, exact) at dst; the scale(s) to scd[0] (w8: scd[wh])
+template <int F>
+__device__ __forceinline__ void gemm_store_w(const GemmRaw<F>& r, bf16_t* dst, float* scd, int wh) {
+    uint32_t o[16];
+    if constexpr (F == FMT_BF16) {
+        const uint32_t* w = (const uint32_t*)r.b;
+#pragma unroll
+        for (int p = 0; p < 16; p++) o[p] = w[p];
+    } else if constexpr (F == FMT_W8) {
+        const uint32_t* w = (const uint32_t*)r.b;  // lane l is byte l & 3 of word l >> 2
+#pragma unroll
+        for (int p = 0; p < 16; p++) {
+            uint32_t word = w[p >> 1] >> (16 * (p & 1));
+            o[p] = pack_bf2((float)(int8_t)(word & 0xFF), (float)(int8_t)((word >> 8) & 0xFF));
+        }
+        scd[wh] = f16bits2f(r.sc);
+    } else {
+        // lane l: nibble at bits 4*(l&7) of base word l>>3; q5: bit 4 from bit l of hi.x; q6:
+        // bits 4-5 from bits 2l, 2l+1 of hi. u ^ sign bit is the offset-binary code, < 64.
+        const uint32_t* w = (const uint32_t*)r.b;
+        constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
+        constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
+        const uint64_t hi = F == FMT_Q6 ? ((uint64_t)r.hi.y << 32) | r.hi.x : (uint64_t)r.hi.x;
+#pragma unroll
+        for (int p = 0; p < 16; p++) {
+            const int l0 = 2 * p, l1 = 2 * p + 1;
+            uint32_t u0 = (w[l0 >> 3] >> (4 * (l0 & 7))) & 15u, u1 = (w[l1 >> 3] >> (4 * (l1 & 7))) & 15u;
+            if constexpr (F == FMT_Q5) { u0 |= (uint32_t)((hi >> l0) & 1u) << 4; u1 |= (uint32_t)((hi >> l1) & 1u) << 4; }
+            if constexpr (F == FMT_Q6) { u0 |= (uint32_t)((hi >> (2 * l0)) & 3u) << 4; u1 |= (uint32_t)((hi >> (2 * l1)) & 3u) << 4; }
+            o[p] = bf2_fma(((u0 ^ SB) | ((u1 ^ SB) << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+        }
+        if (wh == 0) scd[0] = f16bits2f(r.sc);
+    }
+    uint4* d = (uint4*)dst;
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+}
+
+template <int F>
+__global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
+    constexpr bool SCALED = F != FMT_BF16;
+    constexpr int NG = F == FMT_W8 ? 2 : 1;  // quantization groups per k step
+    constexpr int KS = 4 / NG;               // k16 steps per group
+    extern __shared__ __align__(16) uint8_t gm_smem[];
+    bf16_t* xs = (bf16_t*)gm_smem;                      // [2][BM][LDS]
+    bf16_t* ws = xs + 2 * GM_BM * GM_LDS;               // [2][BN][LDS]
+    float* scs = (float*)(ws + 2 * GM_BN * GM_LDS);     // [2][BN][2]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int64_t N = a.w.rows;
+    const int64_t n0 = (int64_t)blockIdx.x * GM_BN;
+    const int m0 = blockIdx.y * GM_BM;
+    const int nk = (int)(a.w.cols / GM_BK);
+    const int wr = tid >> 1, wh = tid & 1;
+    const int64_t wrow = n0 + wr < N ? n0 + wr : N - 1;  // rows past the end: read twice, never stored
+
+    auto load_x = [&](int kt, int buf) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = tid + i * GM_THREADS, r = c >> 3, c16 = c & 7;
+            const int m = m0 + r < a.T ? m0 + r : a.T - 1;
+            cp_async16_m(smem_u32(xs + ((size_t)buf * GM_BM + r) * GM_LDS + c16 * 8), a.x + (int64_t)m * a.ldx + (int64_t)kt * GM_BK + c16 * 8);
+        }
+        cp_async_commit_m();
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+    GemmRaw<F> raw;
+    load_x(0, 0);
+    gemm_load_w<F>(a.w, wrow, 0, wh, raw);
+    gemm_store_w<F>(raw, ws + (size_t)wr * GM_LDS + wh * 32, scs + wr * 2, wh);
+    for (int kt = 0; kt < nk; kt++) {
+        const int cur = kt & 1;
+        cp_async_wait_m<0>();
+        __syncthreads();  // step kt's tiles are in; everyone is done with step kt-1's buffers
+        if (kt + 1 < nk) {
+            load_x(kt + 1, cur ^ 1);
+            gemm_load_w<F>(a.w, wrow, kt + 1, wh, raw);
+        }
+        const bf16_t* xb = xs + (size_t)cur * GM_BM * GM_LDS;
+        const bf16_t* wb = ws + (size_t)cur * GM_BN * GM_LDS;
+        const float* sb = scs + cur * GM_BN * 2;
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) {
+            uint32_t bfr[KS][4][2];
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    const int row = wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    const int col = (gi * KS + ks) * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4(smem_u32(wb + row * GM_LDS + col), bfr[ks][2 * np][0], bfr[ks][2 * np][1], bfr[ks][2 * np + 1][0],
+                            bfr[ks][2 * np + 1][1]);
+                }
+            float s[4][2];
+            if constexpr (SCALED) {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    s[nt][0] = sb[(wn * 32 + nt * 8 + 2 * t) * 2 + gi];
+                    s[nt][1] = sb[(wn * 32 + nt * 8 + 2 * t + 1) * 2 + gi];
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                float tmp[4][4];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.f;
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t a0, a1, a2, a3;
+                    const int row = wm * 64 + mt * 16 + (lane & 15);
+                    const int col = (gi * KS + ks) * 16 + (lane >> 4) * 8;
+                    ldsm_x4(smem_u32(xb + row * GM_LDS + col), a0, a1, a2, a3);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        if constexpr (SCALED) mma_bf16_16816(tmp[nt], a0, a1, a2, a3, bfr[ks][nt][0], bfr[ks][nt][1]);
+                        else mma_bf16_16816(acc[mt][nt], a0, a1, a2, a3, bfr[ks][nt][0], bfr[ks][nt][1]);
+                    }
+                }
+                if constexpr (SCALED) {
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        acc[mt][nt][0] = fmaf(s[nt][0], tmp[nt][0], acc[mt][nt][0]);
+                        acc[mt][nt][1] = fmaf(s[nt][1], tmp[nt][1], acc[mt][nt][1]);
+                        acc[mt][nt][2] = fmaf(s[nt][0], tmp[nt][2], acc[mt][nt][2]);
+                        acc[mt][nt][3] = fmaf(s[nt][1], tmp[nt][3], acc[mt][nt][3]);
+                    }
+                }
+            }
+        }
+        if (kt + 1 < nk)
+            gemm_store_w<F>(raw, ws + ((size_t)(cur ^ 1) * GM_BN + wr) * GM_LDS + wh * 32, scs + ((cur ^ 1) * GM_BN + wr) * 2, wh);
+    }
+    // epilogue: thread (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8 tile
+    const int g = lane >> 2;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int m = m0 + wm * 64 + mt * 16 + g + (j >= 2 ? 8 : 0);
+                const int64_t n = n0 + wn * 32 + nt * 8 + 2 * t + (j & 1);
+                if (m >= a.T || n >= N) continue;
+                const float v = acc[mt][nt][j];
+                if (a.y_f32) {
+                    ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
+                } else {
+                    const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
+                    ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
+                }
+            }
+}
+static bool gemm_ok(const Mat& w) {
+    return (format_grouped(w.format) || w.format == FMT_BF16) && w.cols % GM_BK == 0;
+}
+static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
+                 cudaStream_t stream) {
+    CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
+    CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
+    switch (w.format) {
+        case FMT_Q4: gemm_kernel<FMT_Q4><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        case FMT_Q5: gemm_kernel<FMT_Q5><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        case FMT_Q6: gemm_kernel<FMT_Q6><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        case FMT_W8: gemm_kernel<FMT_W8><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        case FMT_BF16: gemm_kernel<FMT_BF16><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        default: CHECK(false, "gemm: format %s", format_name(w.format));
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// the matrix product of the forward: gemv for a few columns (decode), gemm for prefill pieces
+enum { LINEAR_GEMV_MAX = 8 };
+static bool g_force_gemv = false;  // tests: run every product through the gemv
+static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
+                   cudaStream_t stream) {
+    if (T > LINEAR_GEMV_MAX && !g_force_gemv && gemm_ok(w)) gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+    else gemv(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+}
+
+// ----------------------------------------------------------------------------
+// gated delta rule over a prefill piece (model.md 3.5), recurrent, state in registers
+//
+// the same recurrence as gdn_step, organised for many tokens: q and k arrive l2-normed in
+// fp32 (l2norm), beta and g from gdn_gates, so the loop over tokens does only the state
+// update. one warp owns 8 columns of one head's state: lane = column (lane & 7) x row part
+// (lane >> 3, 32 rows each), the 32 x 1 slice in registers. per token: m = k.S[:, j] (32 fma,
+// two shuffles), delta = beta (v_j - e^g m), S[:, j] = e^g S[:, j] + k delta, o_j = q.S[:, j]
+// (two shuffles). no barriers: q, k of the next token are fetched while this one is computed
+// and staged through a warp-private shared buffer. state fp32, read from state_in (null:
+// zeros) and written to state_out (may be the same slot). output bf16 [T][Hv*dv].
+
+enum { GDNP_COLS = 8, GDNP_ROWS = GDN_D / 4, GDNP_PAD = GDN_D + GDN_D / 32 * 4 };
+struct GdnPrefillArgs {
+    const float* q; const float* k; int ldqk;  // [T][Hk*128]; q already scaled by dk^-1/2
+    const bf16_t* v; int ldv;                  // value head h of token t at v + t*ldv + h*128
+    const float* beta; const float* g; int ldg;// [T][Hv]
+    const float* state_in; float* state_out;   // [Hv][dk][dv]
+    bf16_t* out; int ldo;                      // [T][Hv*dv]
+    int T, Hk, Hv;
+};
+__device__ __forceinline__ int gdnp_idx(int i) { return i + (i >> 5) * 4; }  // row parts 4 banks apart
+__global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
+    const int h = blockIdx.x, lane = threadIdx.x;
+    const int col = lane & 7, part = lane >> 3;
+    const int j = blockIdx.y * GDNP_COLS + col, i0 = part * GDNP_ROWS;
+    const int hk = h / (a.Hv / a.Hk);
+    __shared__ __align__(16) float qs[2][GDNP_PAD], ks[2][GDNP_PAD];
+    float s[GDNP_ROWS];
+#pragma unroll
+    for (int r = 0; r < GDNP_ROWS; r++)
+        s[r] = a.state_in ? a.state_in[((int64_t)h * GDN_D + i0 + r) * GDN_D + j] : 0.f;
+    float4 pq, pk; float pv, pb, pg;
+    auto fetch = [&](int tt) {
+        pq = *(const float4*)(a.q + (int64_t)tt * a.ldqk + hk * GDN_D + lane * 4);
+        pk = *(const float4*)(a.k + (int64_t)tt * a.ldqk + hk * GDN_D + lane * 4);
+        pv = bf2f(a.v[(int64_t)tt * a.ldv + h * GDN_D + j]);
+        pb = a.beta[(int64_t)tt * a.ldg + h];
+        pg = a.g[(int64_t)tt * a.ldg + h];
+    };
+    if (a.T > 0) fetch(0);
+    for (int t = 0; t < a.T; t++) {
+        const int buf = t & 1;
+        *(float4*)&qs[buf][gdnp_idx(lane * 4)] = pq;
+        *(float4*)&ks[buf][gdnp_idx(lane * 4)] = pk;
+        const float vj = pv, beta = pb, eg = expf(pg);
+        __syncwarp();
+        if (t + 1 < a.T) fetch(t + 1);
+        const float* kr = &ks[buf][gdnp_idx(i0)];
+        const float* qr = &qs[buf][gdnp_idx(i0)];
+        float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r += 4) {
+            const float4 kk = *(const float4*)&kr[r];
+            m0 = fmaf(s[r], kk.x, m0); m1 = fmaf(s[r + 1], kk.y, m1); m2 = fmaf(s[r + 2], kk.z, m2); m3 = fmaf(s[r + 3], kk.w, m3);
+        }
+        float m = (m0 + m1) + (m2 + m3);
+        m += __shfl_xor_sync(0xffffffffu, m, 8);
+        m += __shfl_xor_sync(0xffffffffu, m, 16);
+        const float delta = beta * (vj - eg * m);
+        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r += 4) {
+            const float4 kk = *(const float4*)&kr[r], qq = *(const float4*)&qr[r];
+            s[r] = fmaf(kk.x, delta, s[r] * eg); s[r + 1] = fmaf(kk.y, delta, s[r + 1] * eg);
+            s[r + 2] = fmaf(kk.z, delta, s[r + 2] * eg); s[r + 3] = fmaf(kk.w, delta, s[r + 3] * eg);
+            o0 = fmaf(s[r], qq.x, o0); o1 = fmaf(s[r + 1], qq.y, o1); o2 = fmaf(s[r + 2], qq.z, o2); o3 = fmaf(s[r + 3], qq.w, o3);
+        }
+        float o = (o0 + o1) + (o2 + o3);
+        o += __shfl_xor_sync(0xffffffffu, o, 8);
+        o += __shfl_xor_sync(0xffffffffu, o, 16);
+        if (part == 0) a.out[(int64_t)t * a.ldo + h * GDN_D + j] = f2bf(o);
+    }
+    if (a.state_out) {
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r++) a.state_out[((int64_t)h * GDN_D + i0 + r) * GDN_D + j] = s[r];
+    }
+}
+static void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
+    CHECK(a.Hv % a.Hk == 0 && a.ldqk % 4 == 0, "gdn_prefill: bad arguments");
+    gdn_prefill_kernel<<<dim3(a.Hv, GDN_D / GDNP_COLS), 32, 0, stream>>>(a);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// attention over a prefill piece (model.md 2.4): flash attention with tensor cores
+//
+// block = (64 queries, one query head); 4 warps of 16 queries. the keys come from the cache
+// (the piece's own rows were appended first), 64 at a time: S = Q K^T by mma (q and k bf16,
+// fp32 sums, scale 1/16 exact), causal mask by kv row (query t sees rows <= pos0 + t), online
+// softmax in fp32 per row (FA2: the score fragment becomes the A operand of P V in bf16), O in
+// fp32 registers (16 rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
+// (V's copy lands while S is computed); int8 / fp8 are decoded to bf16 on the way into
+// shared memory. rows past the last written key are zero-filled (never nan times 0). the
+// output is gated like attn_combine: y = bf16( bf16(o) * bf16(sigmoid(gate)) ).
+// the heaviest query tiles (most keys) are scheduled first.
+
+enum { FA_BQ = 64, FA_BK = 64, FA_THREADS = 128, FA_LDS = ATT_HD + 8 };
+static const size_t FA_SMEM = (size_t)3 * 64 * FA_LDS * 2;
+struct FlashArgs {
+    const bf16_t* q; int ldq;            // token t, head hq at q + t*ldq + hq*256
+    const void* kc; const void* vc; const __half* ksc; const __half* vsc; int64_t cap;
+    int pos0;                            // kv row of token 0 of the piece
+    int T, Hq, Hkv;
+    const bf16_t* gate; int ldg;         // [T][Hq*256]
+    bf16_t* y; int ldy;                  // [T][Hq*256]
+};
+template <int KV>
+__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t hrow, int key0, int nvalid, int tid) {
+    // 64 rows x 32 chunks of 8 elements; rows >= nvalid are zeros
+#pragma unroll 4
+    for (int i = 0; i < 64 * 32 / FA_THREADS; i++) {
+        const int c = tid + i * FA_THREADS, r = c >> 5, c8 = c & 31;
+        bf16_t* d = dst + r * FA_LDS + c8 * 8;
+        if (r >= nvalid) { *(uint4*)d = make_uint4(0, 0, 0, 0); continue; }
+        if constexpr (KV == KV_BF16) {
+            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (hrow + key0 + r) * ATT_HD + c8 * 8);
+        } else {
+            KvVec<KV> v;
+            v.load(cache, sc, hrow + key0 + r, c8 * 8);
+            float f[8];
+            v.get(f);
+            *(uint4*)d = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
+        }
+    }
+}
+template <int KV>
+__global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) {
+    extern __shared__ __align__(16) uint8_t fa_smem[];
+    bf16_t* Qs = (bf16_t*)fa_smem;
+    bf16_t* Ks = Qs + 64 * FA_LDS;
+    bf16_t* Vs = Ks + 64 * FA_LDS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int nqt = CEIL_DIV(a.T, FA_BQ);
+    const int q0 = (nqt - 1 - (int)blockIdx.x) * FA_BQ;  // heaviest first
+    const int hq = blockIdx.y, G = a.Hq / a.Hkv, h = hq / G;
+    const int64_t hrow = (int64_t)h * a.cap;
+    const int kv_len = a.pos0 + a.T;                         // rows written so far
+    const int q_last = min(q0 + FA_BQ, a.T) - 1;
+    const int n_keys = a.pos0 + q_last + 1;                  // keys the tile's last query sees
+    // q tile
+    for (int c = tid; c < 64 * 32; c += FA_THREADS) {
+        const int r = c >> 5, c8 = c & 31;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (q0 + r < a.T) v = *(const uint4*)(a.q + (int64_t)(q0 + r) * a.ldq + hq * ATT_HD + c8 * 8);
+        *(uint4*)(Qs + r * FA_LDS + c8 * 8) = v;
+    }
+    float O[32][4];
+#pragma unroll
+    for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const int qr0 = q0 + warp * 16 + g;                      // this thread's two query rows
+    const int qp[2] = {a.pos0 + qr0, a.pos0 + qr0 + 8};      // their kv rows (visibility)
+    const float scale = 1.0f / 16.0f;                        // 256^-1/2
+    for (int k0 = 0; k0 < n_keys; k0 += FA_BK) {
+        __syncthreads();  // the previous tile is consumed (and the q tile is written)
+        const int nvalid = min(FA_BK, kv_len - k0);
+        fa_load_tile<KV>(Ks, a.kc, a.ksc, hrow, k0, nvalid, tid);
+        if constexpr (KV == KV_BF16) cp_async_commit_m();
+        fa_load_tile<KV>(Vs, a.vc, a.vsc, hrow, k0, nvalid, tid);
+        if constexpr (KV == KV_BF16) { cp_async_commit_m(); cp_async_wait_m<1>(); }
+        __syncthreads();
+        // S = Q K^T for the warp's 16 rows x 64 keys
+        float S[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) S[i][0] = S[i][1] = S[i][2] = S[i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < ATT_HD / 16; ks++) {
+            uint32_t a0, a1, a2, a3;
+            ldsm_x4(smem_u32(Qs + (warp * 16 + (lane & 15)) * FA_LDS + ks * 16 + (lane >> 4) * 8), a0, a1, a2, a3);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(Ks + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * FA_LDS + ks * 16 + ((lane >> 3) & 1) * 8), b0, b1, b2, b3);
+                mma_bf16_16816(S[2 * np], a0, a1, a2, a3, b0, b1);
+                mma_bf16_16816(S[2 * np + 1], a0, a1, a2, a3, b2, b3);
+            }
+        }
+        // mask, online softmax
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int key = k0 + nt * 8 + 2 * t + (j & 1);
+                const float v = key <= qp[j >> 1] ? S[nt][j] * scale : -INFINITY;
+                S[nt][j] = v;
+                mx[j >> 1] = fmaxf(mx[j >> 1], v);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(mrow[r], mx[r]);
+            alpha[r] = mn == -INFINITY ? 1.f : __expf(mrow[r] - mn);
+            mrow[r] = mn;
+        }
+        float ls[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float mr = mrow[j >> 1];
+                const float p = mr == -INFINITY ? 0.f : __expf(S[nt][j] - mr);
+                S[nt][j] = p;
+                ls[j >> 1] += p;
+            }
+        lrow[0] = lrow[0] * alpha[0] + ls[0];
+        lrow[1] = lrow[1] * alpha[1] + ls[1];
+#pragma unroll
+        for (int i = 0; i < 32; i++) { O[i][0] *= alpha[0]; O[i][1] *= alpha[0]; O[i][2] *= alpha[1]; O[i][3] *= alpha[1]; }
+        if constexpr (KV == KV_BF16) cp_async_wait_m<0>();
+        __syncthreads();  // V is in
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            const uint32_t p0 = pack_bf2(S[2 * kk][0], S[2 * kk][1]), p1 = pack_bf2(S[2 * kk][2], S[2 * kk][3]);
+            const uint32_t p2 = pack_bf2(S[2 * kk + 1][0], S[2 * kk + 1][1]), p3 = pack_bf2(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < ATT_HD / 16; dp++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * FA_LDS + dp * 16 + (lane >> 4) * 8), b0, b1, b2, b3);
+                mma_bf16_16816(O[2 * dp], p0, p1, p2, p3, b0, b1);
+                mma_bf16_16816(O[2 * dp + 1], p0, p1, p2, p3, b2, b3);
+            }
+        }
+    }
+    // normalise, gate, store
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = qr0 + 8 * r;
+        if (row >= a.T) continue;
+        const float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
+        const bf16_t* gr = a.gate + (int64_t)row * a.ldg + hq * ATT_HD;
+        bf16_t* yr = a.y + (int64_t)row * a.ldy + hq * ATT_HD;
+#pragma unroll
+        for (int dt = 0; dt < 32; dt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int d = dt * 8 + 2 * t + j;
+                const float o = bfround(O[dt][2 * r + j] * inv) * bfround(sigmoid_f(bf2f(gr[d])));
+                yr[d] = f2bf(o);
+            }
+    }
+}
+static void flash_prefill(int kv, const FlashArgs& a, cudaStream_t stream) {
+    CHECK(a.Hq % a.Hkv == 0 && a.ldq % 8 == 0, "flash_prefill: bad arguments");
+    dim3 grid(CEIL_DIV(a.T, FA_BQ), a.Hq);
+    if (kv == KV_INT8) flash_prefill_kernel<KV_INT8><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
+    else if (kv == KV_FP8) flash_prefill_kernel<KV_FP8><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
+    else flash_prefill_kernel<KV_BF16><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
+    cudaCheck(cudaGetLastError());
+}
+
+// a plain 16-byte copy, grid-stride: the copy-bandwidth ceiling of the benches
+__global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
+
+// the dynamic shared memory the prefill kernels ask for (once per device, before any capture)
+static void gpu_kernels_init() {
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_W8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_INT8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+}
+
+// ============================================================================
+// gpu forward: loading, sequence state, the forward pass, cuda graphs, generation
+//
+// GpuEngine is one model resident on one gpu with one sequence:
+//   * weights: every tensor the chosen features need (text; not the draft head, mtp or vision
+//     until those features run on the gpu) is copied into one device allocation, in file
+//     order at 256-byte alignment, streamed from the mmap'd artifact through two pinned
+//     staging buffers; the cpu Weights views are then rebased onto the arena (a pointer into
+//     the mapping -> the same offset in the tensor's device copy), so every Mat / Vec the
+//     kernels see is the binder's view with device pointers.
+//   * sequence state (one allocation): per full-attention layer k and v caches [Hkv][cap][256]
+//     in the --kv-dtype format (+ fp16 scales for int8 / fp8); per deltanet layer `gdn_slots`
+//     slots of conv state [3][conv_dim] bf16 and recurrent state [Hv][dk][dv] fp32. `slot` is
+//     the live one; decode kernels read and write slots through a device slot map (gpu_wip's
+//     header), so verification can snapshot every column (model.md 5.3) and prefix reuse can
+//     keep a copy (gpu_snapshot / gpu_restore).
+//   * workspace (one allocation): bf16 activations [T_max][features] for one prefill piece,
+//     fp32 logits for up to logit_rows rows, attention / argmax scratch, the step inputs.
+//
+// one forward call runs T tokens (columns) at kv rows pos..pos+T-1:
+//   T <= 8 (decode; mtp verification): gemv, conv_step / gdn_step through the slot map,
+//     attn_decode split over the context with a per-bucket plan
+//   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill, flash_prefill
+// numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
+// fp32 deltanet state, fp32 logits.
+//
+// cuda graphs: a decode step (embed -> layers -> final norm -> head -> argmax) reads its token,
+// positions and slots from a small device block, so a captured graph replays for any step.
+// only the attention split plan depends on the context length: one graph per length bucket
+// (powers of two from 512 keys: at most ~10 graphs), captured the first time a step lands in
+// the bucket. eager decode (--no-cuda-graph) launches the same kernels with the same plan, so
+// graph and eager decode give bit-identical logits.
+
+enum { DEC_COLS = 8, GPU_BUCKET0 = 512, GPU_MAX_BUCKETS = 24 };
+enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
+
+struct GpuOpts {
+    int device = 0;
+    int kv = KV_BF16;          // --kv-dtype
+    int max_context = 2048;    // --max-context: tokens per sequence
+    int kv_capacity = 0;       // --kv-capacity: kv rows allocated (0: = max_context, -1: auto)
+    int prefill_chunk = 1024;  // --prefill-chunk: tokens per prefill call
+    bool graphs = true;        // --no-cuda-graph turns them off
+    int gdn_slots = 2;         // live state + one snapshot (speculative decoding needs K+2)
+    bool quiet = false;        // no load progress / summary on stderr (tests)
+};
+
+// the step inputs of one forward call, device pointers
+struct StepPtrs {
+    int* ids;    // [T] token ids; id < 0: row (-1 - id) of the embedding override
+    int* pos3;   // [T][3] m-rope positions (t, h, w)
+    int* kvpos;  // [T] kv row of each column
+    int* slots;  // [2T] gdn slot map (decode path)
+    int* out;    // [T] argmax of each column's logits (decode path)
+};
+
+struct GpuEngine {
+    const Model* m = nullptr;
+    GpuOpts o;
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    int capacity = 0;   // kv rows = the sequence's capacity
+    int T_max = 0;      // tokens per forward call
+    int logit_rows = 0; // rows of fp32 logits the workspace holds
+    int domain = 0;     // sampled ids [0, domain)
+    int pos = 0, rope_delta = 0, slot = 0;  // the sequence: tokens in it, m-rope offset, live gdn slot
+    // weights
+    uint8_t* arena = nullptr; size_t arena_bytes = 0;
+    Weights w;          // device views
+    struct Span { const uint8_t* host; uint64_t bytes; uint64_t off; };
+    std::vector<Span> spans;
+    // sequence state
+    uint8_t* state = nullptr; size_t state_bytes = 0, gdn_state_off = 0;
+    void* kc[MAX_LAYERS] = {}; void* vc[MAX_LAYERS] = {};
+    __half* ksc[MAX_LAYERS] = {}; __half* vsc[MAX_LAYERS] = {};
+    bf16_t* conv[MAX_LAYERS] = {}; float* rec[MAX_LAYERS] = {};
+    int64_t conv_slot = 0, rec_slot = 0;  // elements per slot
+    // workspace
+    uint8_t* work = nullptr; size_t work_bytes = 0;
+    bf16_t *x = nullptr, *xb = nullptr, *qk = nullptr, *gv = nullptr, *att = nullptr, *u = nullptr, *z = nullptr;
+    bf16_t *pa = nullptr, *pb = nullptr, *cy = nullptr, *core = nullptr, *gn = nullptr, *gu = nullptr, *hb = nullptr, *ovr = nullptr;
+    float *qn = nullptr, *kn = nullptr, *beta = nullptr, *gg = nullptr, *logits = nullptr, *attn_scr = nullptr;
+    void* amax_scr = nullptr;
+    int n_splits_max = 0;
+    float* last_logits = nullptr;  // the row of the last token of the last forward call
+    StepPtrs pre, dec;             // prefill inputs [T_max], decode inputs [DEC_COLS] (the graphs read dec)
+    int* h_in[2] = {};             // pinned mirrors of the input block, used in turn
+    cudaEvent_t in_done[2] = {};   // the copies out of each mirror have run
+    int in_cur = 0;
+    int* d_in = nullptr;           // device input block: pre | dec
+    size_t in_ints = 0, dec_off = 0;
+    float* h_logits = nullptr;     // pinned [vocab]
+    int* h_out = nullptr;          // pinned [DEC_COLS]
+    cudaGraphExec_t graph[GPU_MAX_BUCKETS] = {};
+    bool graph_used = false;
+};
+
+// ---- loading --------------------------------------------------------------------------------
+
+// does this tensor become resident? the text model only (draft head, mtp, vision: later)
+static bool gpu_needs_tensor(const std::string& name) {
+    if (name.rfind("text/", 0) != 0) return false;
+    if (name.rfind("text/draft_head", 0) == 0) return false;
+    return true;
+}
+
+// a pointer into the mapping -> the same byte of the tensor's device copy
+static const uint8_t* gpu_rebase(const GpuEngine* e, const uint8_t* p) {
+    if (!p) return nullptr;
+    size_t lo = 0, hi = e->spans.size();
+    while (hi - lo > 1) { size_t mid = (lo + hi) / 2; if (e->spans[mid].host <= p) lo = mid; else hi = mid; }
+    const GpuEngine::Span& s = e->spans[lo];
+    CHECK(p >= s.host && p <= s.host + s.bytes, "gpu_rebase: a weight view points outside the resident tensors");
+    return e->arena + s.off + (p - s.host);
+}
+static void gpu_rebase_mat(const GpuEngine* e, Mat* m) {
+    m->base = gpu_rebase(e, m->base); m->high = gpu_rebase(e, m->high); m->scale = gpu_rebase(e, m->scale);
+}
+static void gpu_rebase_vec(const GpuEngine* e, Vec* v) { v->p = gpu_rebase(e, v->p); }
+
+// the gpu kernels read norms as bf16 and the deltanet's a_log / dt_bias as fp32 (what
+// convert.py writes); anything else is a file this build cannot run on the gpu
+static bool gpu_check_formats(const Model* m, std::string* err) {
+    auto bad = [&](const char* what, NumFormat f, const char* want) {
+        *err = m->art.path + ": " + what + " is " + format_name(f) + "; the gpu path needs " + want; return false; };
+    const Weights& w = m->w;
+    if (w.final_norm.format != FMT_BF16) return bad("text/final_norm", w.final_norm.format, "BF16");
+    for (const LayerWeights& l : w.layers) {
+        if (l.input_norm.format != FMT_BF16 || l.post_norm.format != FMT_BF16) return bad("a layer norm", l.input_norm.format, "BF16");
+        if (l.full) {
+            if (l.attn.query_norm.format != FMT_BF16 || l.attn.key_norm.format != FMT_BF16) return bad("a q/k norm", l.attn.query_norm.format, "BF16");
+        } else {
+            if (l.gdn.norm.format != FMT_BF16) return bad("a gdn norm", l.gdn.norm.format, "BF16");
+            if (l.gdn.a_log.format != FMT_FP32 || l.gdn.dt_bias.format != FMT_FP32) return bad("a gdn a_log / dt_bias", l.gdn.a_log.format, "FP32");
+        }
+    }
+    return true;
+}
+
+static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+// copy the resident tensors into the arena (allocated by the caller, laid out by e->spans)
+static void gpu_upload_weights(GpuEngine* e) {
+    const size_t STAGE = 64ull << 20;
+    uint8_t* stage[2];
+    cudaEvent_t done[2];
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaHostAlloc((void**)&stage[i], STAGE, cudaHostAllocDefault));
+        cudaCheck(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(done[i], e->stream));
+    }
+    const bool bar = !e->o.quiet && isatty(2);
+    double t0 = now_s();
+    uint64_t total = 0, sent = 0, shown = 0;
+    for (const auto& s : e->spans) total += s.bytes;
+    int b = 0;
+    for (const auto& s : e->spans) {
+        for (uint64_t off = 0; off < s.bytes; off += STAGE) {
+            size_t n = (size_t)std::min<uint64_t>(STAGE, s.bytes - off);
+            cudaCheck(cudaEventSynchronize(done[b]));  // the buffer's previous copy is done
+            memcpy(stage[b], s.host + off, n);
+            cudaCheck(cudaMemcpyAsync(e->arena + s.off + off, stage[b], n, cudaMemcpyHostToDevice, e->stream));
+            cudaCheck(cudaEventRecord(done[b], e->stream));
+            b ^= 1;
+            sent += n;
+            if (bar && (sent - shown > (total >> 6) || sent == total)) {
+                shown = sent;
+                int pct = (int)(100.0 * sent / std::max<uint64_t>(total, 1)), w = pct / 4;
+                fprintf(stderr, "\rninfer: loading weights [%.*s%*s] %3d%% %.2f / %.2f GiB", w, "#########################", 25 - w, "", pct,
+                        gib(sent), gib(total));
+            }
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    if (bar) fprintf(stderr, "\n");
+    double dt = now_s() - t0;
+    if (!e->o.quiet) {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, e->device));
+        fprintf(stderr, "ninfer: %.2f GiB of weights on gpu %d (%s) in %.2f s (%.1f GiB/s)\n", gib(total), e->device, prop.name, dt, gib(total) / std::max(dt, 1e-9));
+    }
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaEventDestroy(done[i])); cudaCheck(cudaFreeHost(stage[i])); }
+}
+
+// ---- sizes ------------------------------------------------------------------------------------
+
+static size_t gpu_kv_bytes_per_row(const Geometry& g, int kv) {  // one kv row of every full layer
+    size_t per = (size_t)g.Hkv * ATT_HD * kv_elem_bytes(kv) + (kv == KV_BF16 ? 0 : (size_t)g.Hkv * KV_GROUPS * 2);
+    return 2 * per * g.n_full;
+}
+static size_t gpu_gdn_bytes(const Geometry& g, int slots) {
+    return (size_t)g.n_gdn * slots * ((size_t)3 * g.conv_dim * 2 + (size_t)g.Hv * g.dk * g.dv * 4);
+}
+
+// attention split plan of a decode bucket: keys per split a multiple of ATT_KEYS, >= 256,
+// about 64 splits for long contexts
+static int gpu_bucket_of(int len) { int b = 0; while (((int64_t)GPU_BUCKET0 << b) < len) b++; return b; }
+static void gpu_attn_plan(int bucket, int* n_splits, int* split_keys) {
+    int64_t len = (int64_t)GPU_BUCKET0 << bucket;
+    int64_t sk = std::max<int64_t>(256, CEIL_DIV(CEIL_DIV(len, (int64_t)64), (int64_t)ATT_KEYS) * ATT_KEYS);
+    *split_keys = (int)sk;
+    *n_splits = (int)CEIL_DIV(len, sk);
+}
+
+// the workspace layout; with base == nullptr it only sizes (returns bytes)
+static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
+    const Geometry& g = e->m->geo;
+    size_t off = 0;
+    auto take = [&](size_t bytes) -> uint8_t* { off = align_up(off, 256); uint8_t* p = base ? base + off : nullptr; off += bytes; return p; };
+    const size_t T = e->T_max, qkd = (size_t)(g.Hq + g.Hkv) * g.head_dim, kd = (size_t)g.Hk * g.dk, vd = (size_t)g.Hv * g.dv;
+    e->x = (bf16_t*)take(T * g.H * 2);
+    e->xb = (bf16_t*)take(T * g.H * 2);
+    e->ovr = (bf16_t*)take(T * g.H * 2);
+    e->qk = (bf16_t*)take(T * qkd * 2);
+    e->gv = (bf16_t*)take(T * qkd * 2);
+    e->att = (bf16_t*)take(T * g.Hq * g.head_dim * 2);
+    e->u = (bf16_t*)take(T * g.conv_dim * 2);
+    e->cy = (bf16_t*)take(T * g.conv_dim * 2);
+    e->z = (bf16_t*)take(T * vd * 2);
+    e->pa = (bf16_t*)take(T * g.Hv * 2);
+    e->pb = (bf16_t*)take(T * g.Hv * 2);
+    e->core = (bf16_t*)take(T * vd * 2);
+    e->gn = (bf16_t*)take(T * vd * 2);
+    e->gu = (bf16_t*)take(T * 2 * g.I * 2);
+    e->hb = (bf16_t*)take(T * g.I * 2);
+    e->qn = (float*)take(T * kd * 4);
+    e->kn = (float*)take(T * kd * 4);
+    e->beta = (float*)take(T * g.Hv * 4);
+    e->gg = (float*)take(T * g.Hv * 4);
+    e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
+    e->attn_scr = (float*)take(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max) * 4);
+    e->amax_scr = take(argmax_scratch_bytes(DEC_COLS));
+    return align_up(off, 256);
+}
+
+// ---- build / free -------------------------------------------------------------------------------
+
+static void gpu_free(GpuEngine* e) {
+    if (!e) return;
+    for (auto& gx : e->graph) if (gx) cudaGraphExecDestroy(gx);
+    if (e->arena) cudaFree(e->arena);
+    if (e->state) cudaFree(e->state);
+    if (e->work) cudaFree(e->work);
+    if (e->d_in) cudaFree(e->d_in);
+    for (int i = 0; i < 2; i++) {
+        if (e->h_in[i]) cudaFreeHost(e->h_in[i]);
+        if (e->in_done[i]) cudaEventDestroy(e->in_done[i]);
+    }
+    if (e->h_logits) cudaFreeHost(e->h_logits);
+    if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->stream) cudaStreamDestroy(e->stream);
+    delete e;
+}
+
+// forget the sequence: position 0, zero deltanet states in every slot (kv rows are position-
+// addressed and overwritten)
+static void gpu_reset(GpuEngine* e) {
+    cudaCheck(cudaMemsetAsync(e->state + e->gdn_state_off, 0, e->state_bytes - e->gdn_state_off, e->stream));
+    e->pos = 0; e->rope_delta = 0; e->slot = 0;
+    e->last_logits = nullptr;
+}
+
+// one model on one gpu with one sequence of o.max_context tokens. on a user-facing failure
+// (no such device, not enough memory, a format the kernels cannot read) returns null with a
+// one-line *err.
+static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) {
+    const Geometry& g = m->geo;
+    int ndev = gpu_count();
+    if (ndev == 0) { *err = "no cuda device"; return nullptr; }
+    if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
+    if (!gpu_check_formats(m, err)) return nullptr;
+    if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
+        *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
+        return nullptr;
+    }
+    cudaCheck(cudaSetDevice(o.device));
+    gpu_kernels_init();
+    GpuEngine* e = new GpuEngine();
+    e->m = m; e->o = o; e->device = o.device;
+    cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+    FrontendIds fr;
+    if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
+    e->domain = fr.domain;
+
+    // weights layout: resident tensors in file order
+    uint64_t off = 0;
+    for (const TensorObject& t : m->art.objects) {
+        if (t.resource || !gpu_needs_tensor(t.name)) continue;
+        off = align_up(off, 256);
+        e->spans.push_back({t.data, t.bytes, off});
+        off += t.bytes;
+    }
+    e->arena_bytes = align_up(off, 256);
+
+    // sizes of the state and workspace
+    const size_t headroom = 256ull << 20;  // cuda context growth, graphs, library scratch
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv), gdn = gpu_gdn_bytes(g, o.gdn_slots);
+    e->T_max = std::max(1, o.prefill_chunk);
+    e->logit_rows = std::max<int>(DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
+    int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
+    auto work_for = [&](int cap) {
+        int b, ns, sk;
+        b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk);
+        e->n_splits_max = ns;
+        int tm = e->T_max; e->T_max = std::min(tm, cap);
+        size_t w = gpu_work_layout(e, nullptr);
+        e->T_max = tm;
+        return w;
+    };
+    if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
+        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
+        if (fixed >= free_b) rows = o.max_context;
+        else rows = std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64);
+        rows = (int)std::min<int64_t>(rows, INT32_MAX / 2);
+    }
+    e->capacity = rows;
+    e->T_max = std::min(e->T_max, e->capacity);
+    e->work_bytes = work_for(e->capacity);
+    e->state_bytes = align_up((size_t)e->capacity * kv_row + (size_t)g.n_full * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
+    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + headroom;
+    if (need > free_b) {
+        char buf[512];
+        snprintf(buf, sizeof buf,
+                 "not enough gpu memory on device %d: need %.2f GiB (weights %.2f, kv cache %.2f for %d tokens of %s, deltanet state %.2f, "
+                 "workspace %.2f for --prefill-chunk %d), %.2f GiB free of %.2f; lower --max-context / --kv-capacity, use --kv-dtype int8 or fp8, "
+                 "or a smaller --prefill-chunk",
+                 o.device, gib(need), gib(e->arena_bytes), gib((double)e->capacity * kv_row), e->capacity, kv_dtype_name(o.kv), gib(gdn),
+                 gib(e->work_bytes), e->T_max, gib(free_b), gib(total_b));
+        *err = buf;
+        gpu_free(e);
+        return nullptr;
+    }
+    cudaCheck(cudaMalloc(&e->arena, e->arena_bytes));
+    cudaCheck(cudaMalloc(&e->state, e->state_bytes));
+    cudaCheck(cudaMalloc(&e->work, e->work_bytes));
+    gpu_work_layout(e, e->work);
+    gpu_upload_weights(e);
+
+    // device weight views
+    e->w = m->w;
+    e->w.vision = VisionWeights();
+    e->w.mtp = MtpWeights();
+    e->w.draft_head = Mat();
+    e->w.draft_ids = nullptr;
+    gpu_rebase_mat(e, &e->w.token_embedding);
+    gpu_rebase_mat(e, &e->w.output_head);
+    gpu_rebase_vec(e, &e->w.final_norm);
+    for (LayerWeights& l : e->w.layers) {
+        gpu_rebase_vec(e, &l.input_norm); gpu_rebase_vec(e, &l.post_norm);
+        gpu_rebase_mat(e, &l.gate_up); gpu_rebase_mat(e, &l.down);
+        if (l.full) {
+            gpu_rebase_mat(e, &l.attn.query_key); gpu_rebase_mat(e, &l.attn.gate_value); gpu_rebase_mat(e, &l.attn.output);
+            gpu_rebase_vec(e, &l.attn.query_norm); gpu_rebase_vec(e, &l.attn.key_norm);
+        } else {
+            GdnWeights& d = l.gdn;
+            gpu_rebase_vec(e, &d.a_log); gpu_rebase_vec(e, &d.dt_bias); gpu_rebase_vec(e, &d.convolution); gpu_rebase_vec(e, &d.norm);
+            gpu_rebase_mat(e, &d.a_proj); gpu_rebase_mat(e, &d.b_proj); gpu_rebase_mat(e, &d.query_key);
+            gpu_rebase_mat(e, &d.value_z); gpu_rebase_mat(e, &d.output);
+        }
+    }
+
+    // sequence state: kv planes, then the deltanet slots (zeroed by gpu_reset)
+    size_t so = 0;
+    auto take = [&](size_t bytes) { so = align_up(so, 256); uint8_t* p = e->state + so; so += bytes; return p; };
+    const size_t plane = (size_t)g.Hkv * e->capacity * ATT_HD * kv_elem_bytes(o.kv);
+    const size_t splane = (size_t)g.Hkv * e->capacity * KV_GROUPS * 2;
+    for (int l = 0; l < g.L; l++) {
+        if (!g.full[l]) continue;
+        e->kc[l] = take(plane); e->vc[l] = take(plane);
+        if (o.kv != KV_BF16) { e->ksc[l] = (__half*)take(splane); e->vsc[l] = (__half*)take(splane); }
+    }
+    so = align_up(so, 256);
+    e->gdn_state_off = so;
+    e->conv_slot = (int64_t)3 * g.conv_dim;
+    e->rec_slot = (int64_t)g.Hv * g.dk * g.dv;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        e->conv[l] = (bf16_t*)take((size_t)o.gdn_slots * e->conv_slot * 2);
+        e->rec[l] = (float*)take((size_t)o.gdn_slots * e->rec_slot * 4);
+    }
+    CHECK(so <= e->state_bytes, "state layout %zu > %zu", so, e->state_bytes);
+    cudaCheck(cudaMemsetAsync(e->state, 0, e->state_bytes, e->stream));  // no nan in never-written kv rows
+
+    // step inputs: prefill [T_max] then decode [DEC_COLS], each ids | pos3 | kvpos | slots | out
+    auto per = [](size_t T) { return T + 3 * T + T + 2 * T + T; };
+    e->in_ints = per(e->T_max) + per(DEC_COLS);
+    e->dec_off = per(e->T_max);
+    cudaCheck(cudaMalloc(&e->d_in, e->in_ints * sizeof(int)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaHostAlloc((void**)&e->h_in[i], e->in_ints * sizeof(int), cudaHostAllocDefault));
+        cudaCheck(cudaEventCreateWithFlags(&e->in_done[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(e->in_done[i], e->stream));
+    }
+    auto ptrs = [](int* b, size_t T) { StepPtrs p; p.ids = b; p.pos3 = b + T; p.kvpos = b + 4 * T; p.slots = b + 5 * T; p.out = b + 7 * T; return p; };
+    e->pre = ptrs(e->d_in, e->T_max);
+    e->dec = ptrs(e->d_in + e->dec_off, DEC_COLS);
+    cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
+    cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
+    gpu_reset(e);
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return e;
+}
+
+// ---- the forward pass on the device --------------------------------------------------------
+
+// one decoder layer on e->x [T][H]. decode: the slot map, kv rows and positions come from P
+// (device); prefill: pos0 (host) is the kv row of column 0 and the live slot is e->slot.
+static bool g_force_attn_decode = false;  // tests: prefill attention through attn_decode
+static bool g_force_gdn_step = false;     // tests: prefill deltanet through gdn_step
+static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys) {
+    const Geometry& g = e->m->geo;
+    const LayerWeights& w = e->w.layers[l];
+    cudaStream_t s = e->stream;
+    const int H = g.H, hd = g.head_dim;
+    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
+    if (w.full) {
+        const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
+        linear(w.attn.query_key, e->xb, H, T, e->qk, ld, false, nullptr, 0, s);
+        linear(w.attn.gate_value, e->xb, H, T, e->gv, ld, false, nullptr, 0, s);
+        rmsnorm(e->qk, ld, e->qk, ld, (const bf16_t*)w.attn.query_norm.p, hd, T * g.Hq, g.Hq, g.eps, false, s);
+        rmsnorm(e->qk + qd, ld, e->qk + qd, ld, (const bf16_t*)w.attn.key_norm.p, hd, T * g.Hkv, g.Hkv, g.eps, false, s);
+        mrope(e->qk, ld, T, g.Hq, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+        mrope(e->qk + qd, ld, T, g.Hkv, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+        kv_append(e->o.kv, e->qk + qd, ld, e->gv + qd, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hkv, s);
+        if (decode || g_force_attn_decode) {
+            attn_decode(e->o.kv, e->qk, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hq, g.Hkv, n_splits,
+                        split_keys, e->attn_scr, e->gv, ld, e->att, qd, s);
+        } else {
+            FlashArgs fa;
+            fa.q = e->qk; fa.ldq = ld; fa.kc = e->kc[l]; fa.vc = e->vc[l]; fa.ksc = e->ksc[l]; fa.vsc = e->vsc[l];
+            fa.cap = e->capacity; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
+            fa.gate = e->gv; fa.ldg = ld; fa.y = e->att; fa.ldy = qd;
+            flash_prefill(e->o.kv, fa, s);
+        }
+        linear(w.attn.output, e->att, qd, T, e->x, H, false, e->x, H, s);
+    } else {
+        const GdnWeights& d = w.gdn;
+        const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv;
+        linear(d.query_key, e->xb, H, T, e->u, C, false, nullptr, 0, s);
+        linear(mat_rows(d.value_z, 0, vd), e->xb, H, T, e->u + 2 * kd, C, false, nullptr, 0, s);
+        linear(mat_rows(d.value_z, vd, vd), e->xb, H, T, e->z, vd, false, nullptr, 0, s);
+        linear(d.a_proj, e->xb, H, T, e->pa, g.Hv, false, nullptr, 0, s);
+        linear(d.b_proj, e->xb, H, T, e->pb, g.Hv, false, nullptr, 0, s);
+        bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
+        float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
+        if (decode) {
+            conv_step(e->u, C, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s);
+        } else {
+            conv_prefill(e->u, C, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
+        }
+        if (decode || g_force_gdn_step) {
+            GdnStepArgs a;
+            a.qkv = e->cy; a.ldqkv = C; a.a = e->pa; a.b = e->pb; a.ldab = g.Hv;
+            a.a_log = (const float*)d.a_log.p; a.dt_bias = (const float*)d.dt_bias.p;
+            a.state = e->rec[l]; a.slot_stride = e->rec_slot; a.slots = P.slots;
+            a.out = e->core; a.ldo = vd; a.C = T; a.Hk = g.Hk; a.Hv = g.Hv;
+            gdn_step(a, s);
+        } else {
+            l2norm(e->cy, C, e->qn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f / sqrtf((float)g.dk), s);
+            l2norm(e->cy + kd, C, e->kn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f, s);
+            gdn_gates(e->pa, g.Hv, e->pb, g.Hv, (const float*)d.a_log.p, (const float*)d.dt_bias.p, e->beta, e->gg, T, g.Hv, s);
+            GdnPrefillArgs a;
+            a.q = e->qn; a.k = e->kn; a.ldqk = kd; a.v = e->cy + 2 * kd; a.ldv = C;
+            a.beta = e->beta; a.g = e->gg; a.ldg = g.Hv; a.state_in = rst; a.state_out = rst;
+            a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv;
+            gdn_prefill(a, s);
+        }
+        gated_rmsnorm(e->core, vd, e->z, vd, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
+        linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);
+    }
+    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
+    linear(w.gate_up, e->xb, H, T, e->gu, 2 * g.I, false, nullptr, 0, s);
+    swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
+    linear(w.down, e->hb, g.I, T, e->x, H, false, e->x, H, s);
+}
+
+// embed -> layers -> final norm -> head (-> argmax per column). logits fp32 in e->logits:
+// HEAD_LAST: row 0 = the last column's; HEAD_ALL: row t = column t's (T <= logit_rows).
+static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int pos0, int bucket, int head, bool amax) {
+    const Geometry& g = e->m->geo;
+    cudaStream_t s = e->stream;
+    int n_splits = 0, split_keys = 0;
+    gpu_attn_plan(bucket, &n_splits, &split_keys);
+    CHECK(n_splits <= e->n_splits_max, "attention plan of %d splits, scratch for %d", n_splits, e->n_splits_max);
+    embed_gather(e->w.token_embedding, P.ids, T, e->ovr, g.H, e->x, g.H, s);
+    for (int l = 0; l < g.L; l++) gpu_layer(e, l, T, P, decode, pos0, n_splits, split_keys);
+    if (head == HEAD_NONE) return;
+    const bf16_t* xr = head == HEAD_ALL ? e->x : e->x + (size_t)(T - 1) * g.H;
+    const int rows = head == HEAD_ALL ? T : 1;
+    CHECK(rows <= e->logit_rows, "logits of %d rows, room for %d", rows, e->logit_rows);
+    rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
+    linear(e->w.output_head, e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s);
+    if (amax) argmax<float>(e->logits, g.vocab, e->domain, rows, e->amax_scr, P.out, s);
+}
+
+// fill the host mirror of a step block for T columns at kv rows e->pos.., upload it
+static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const int* pos3, int T, const int* snap_slots) {
+    const size_t TT = decode ? DEC_COLS : e->T_max;
+    const int k = e->in_cur;
+    e->in_cur ^= 1;
+    cudaCheck(cudaEventSynchronize(e->in_done[k]));  // this mirror's previous copies have run
+    int* h = e->h_in[k] + (decode ? e->dec_off : 0);
+    int* hid = h; int* hp = h + TT; int* hkv = h + 4 * TT; int* hsl = h + 5 * TT;
+    for (int t = 0; t < T; t++) {
+        hid[t] = ids ? ids[t] : -1 - t;
+        for (int a = 0; a < 3; a++) hp[3 * t + a] = pos3 ? pos3[a * T + t] : e->pos + t + e->rope_delta;
+        hkv[t] = e->pos + t;
+        hsl[t] = t == 0 ? e->slot : -1;                                    // column 0 reads the live slot
+        hsl[T + t] = snap_slots ? snap_slots[t] : (t == T - 1 ? e->slot : -1);  // the last writes it back
+    }
+    int* d = e->d_in + (decode ? e->dec_off : 0);
+    // ids | pos3 | kvpos | slots (the out array is written by the device)
+    cudaCheck(cudaMemcpyAsync(d, hid, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + TT, hp, 3 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + 4 * TT, hkv, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + 5 * TT, hsl, 2 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaEventRecord(e->in_done[k], e->stream));
+}
+
+// the text model on T tokens of the sequence, continuing from its state: forward_cpu's
+// contract (ids may be null or < 0 per row with embed_override [T, H] fp32; pos3 [3, T] or
+// null; logits [T, vocab] when all_logits, else [vocab], may be null), plus snap_slots: for a
+// decode-path call (T <= 8), the gdn slot each column writes its state to (null: the live slot
+// after the last column). the last row's logits stay on the device (e->last_logits).
+static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_override, const int* pos3, int T, float* logits,
+                        bool all_logits, const int* snap_slots = nullptr) {
+    const Geometry& g = e->m->geo;
+    CHECK(T >= 1 && T <= e->T_max, "gpu forward of %d tokens (at most %d per call)", T, e->T_max);
+    CHECK(e->pos + T <= e->capacity, "context overflow: %d + %d > %d", e->pos, T, e->capacity);
+    CHECK(!all_logits || T <= e->logit_rows, "all logits of %d rows: at most %d per call", T, e->logit_rows);
+    const bool decode = T <= DEC_COLS;
+    CHECK(!snap_slots || decode, "per-column state snapshots need a decode-path call (T <= %d)", DEC_COLS);
+    std::vector<int> idv;
+    if (embed_override) {
+        std::vector<uint16_t> rows((size_t)T * g.H);
+        for (size_t i = 0; i < rows.size(); i++) rows[i] = f32_to_bf16(embed_override[i]);
+        cudaCheck(cudaMemcpyAsync(e->ovr, rows.data(), rows.size() * 2, cudaMemcpyHostToDevice, e->stream));
+        idv.resize(T);
+        for (int t = 0; t < T; t++) idv[t] = ids && ids[t] >= 0 ? ids[t] : -1 - t;
+        cudaCheck(cudaStreamSynchronize(e->stream));  // rows is a pageable temporary
+        ids = idv.data();
+    }
+    for (int t = 0; t < T && ids; t++) CHECK(ids[t] < g.vocab && (ids[t] >= 0 || embed_override), "token id %d outside the embedding", ids[t]);
+    gpu_stage_inputs(e, decode, ids, pos3, T, snap_slots);
+    const StepPtrs& P = decode ? e->dec : e->pre;
+    const int head = all_logits ? HEAD_ALL : HEAD_LAST;
+    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), head, decode);
+    e->last_logits = e->logits + (all_logits ? (size_t)(T - 1) * g.vocab : 0);
+    if (logits) {
+        cudaCheck(cudaMemcpyAsync(logits, e->logits, (size_t)(all_logits ? T : 1) * g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+        cudaCheck(cudaStreamSynchronize(e->stream));
+    }
+    if (snap_slots) e->slot = snap_slots[T - 1];
+    e->pos += T;
+}
+
+// one decode token at e->pos: the captured graph of its bucket (or the same kernels eagerly).
+// the logits stay on the device (e->last_logits), the greedy id in e->dec.out[0].
+static void gpu_decode(GpuEngine* e, int id) {
+    CHECK(e->pos < e->capacity, "context overflow at %d", e->pos);
+    CHECK(id >= 0 && id < e->m->geo.vocab, "token id %d outside the embedding", id);
+    gpu_stage_inputs(e, true, &id, nullptr, 1, nullptr);
+    const int b = gpu_bucket_of(e->pos + 1);
+    CHECK(b < GPU_MAX_BUCKETS, "bucket %d", b);
+    if (e->o.graphs) {
+        if (!e->graph[b]) {
+            cudaGraph_t gr;
+            cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+            gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
+            cudaCheck(cudaStreamEndCapture(e->stream, &gr));
+            cudaCheck(cudaGraphInstantiate(&e->graph[b], gr, 0));
+            cudaCheck(cudaGraphDestroy(gr));
+        }
+        cudaCheck(cudaGraphLaunch(e->graph[b], e->stream));
+        e->graph_used = true;
+    } else {
+        gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
+    }
+    e->last_logits = e->logits;
+    e->pos += 1;
+}
+
+// the next token from the last forward's logits: greedy on the device (the decode step already
+// took the argmax when `after_decode`), else the domain's logits to the host and the cpu sampler
+// (the same function as the cpu path, so the same seed gives the same draw from the same logits)
+static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
+    if (!e->last_logits) {  // nothing ran (empty prompt): the cpu path samples zero logits
+        std::vector<float> zero(e->domain, 0.0f);
+        return sample(smp, zero.data(), position, purpose);
+    }
+    if (smp->p.temperature <= 0.0f) {
+        if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
+        cudaCheck(cudaMemcpyAsync(e->h_out, e->dec.out, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+        cudaCheck(cudaStreamSynchronize(e->stream));
+        return e->h_out[0];
+    }
+    cudaCheck(cudaMemcpyAsync(e->h_logits, e->last_logits, (size_t)e->domain * 4, cudaMemcpyDeviceToHost, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return sample(smp, e->h_logits, position, purpose);
+}
+
+// state slots: copy the live deltanet state into slot `to` (prefix reuse keeps it), or make
+// slot `from` the live one again (kv rows are position-addressed: restoring also needs the
+// position the snapshot was taken at)
+static void gpu_snapshot(GpuEngine* e, int to) {
+    const Geometry& g = e->m->geo;
+    CHECK(to >= 0 && to < e->o.gdn_slots && to != e->slot, "snapshot slot %d", to);
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        cudaCheck(cudaMemcpyAsync(e->conv[l] + to * e->conv_slot, e->conv[l] + e->slot * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
+        cudaCheck(cudaMemcpyAsync(e->rec[l] + to * e->rec_slot, e->rec[l] + e->slot * e->rec_slot, e->rec_slot * 4, cudaMemcpyDeviceToDevice, e->stream));
+    }
+}
+static void gpu_restore(GpuEngine* e, int from, int pos) {
+    const Geometry& g = e->m->geo;
+    CHECK(from >= 0 && from < e->o.gdn_slots && pos >= 0 && pos <= e->capacity, "restore slot %d pos %d", from, pos);
+    for (int l = 0; l < g.L && from != e->slot; l++) {  // into the live slot; the snapshot stays
+        if (g.full[l]) continue;
+        cudaCheck(cudaMemcpyAsync(e->conv[l] + e->slot * e->conv_slot, e->conv[l] + from * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
+        cudaCheck(cudaMemcpyAsync(e->rec[l] + e->slot * e->rec_slot, e->rec[l] + from * e->rec_slot, e->rec_slot * 4, cudaMemcpyDeviceToDevice, e->stream));
+    }
+    e->pos = pos;
+    e->last_logits = nullptr;
+}
+
+// ---- generation ----------------------------------------------------------------------------
+
+// rows per forward call when every row's logits are kept (--logits-out, perplexity)
+static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
+
+// generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
+// when given), then sample, emit and decode until max_new, a stop id or a full context
+template <typename Emit>
+static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                             FILE* logits_out, Emit emit) {
+    const Geometry& g = e->m->geo;
+    GenStats s;
+    s.prompt = (int)prompt.size();
+    const int piece = logits_out ? gpu_logits_piece(e) : e->T_max;
+    std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
+    double t0 = now_s();
+    for (int i = 0; i < s.prompt; i += piece) {
+        int T = std::min(piece, s.prompt - i);
+        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
+        if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    s.prefill_s = now_s() - t0;
+    t0 = now_s();
+    for (int n = 0; n < max_new; n++) {
+        int id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
+        sampler_accept(smp, id);
+        emit(id);
+        s.generated++;
+        if (n + 1 == max_new || e->pos == e->capacity) break;
+        gpu_decode(e, id);
+    }
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
+// perplexity_cpu's contract on the gpu (non-overlapping windows, a fresh sequence each)
+static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int window, int64_t* scored) {
+    const Geometry& g = e->m->geo;
+    const int piece = gpu_logits_piece(e);
+    std::vector<float> logits((size_t)piece * g.vocab);
+    double nll = 0.0;
+    *scored = 0;
+    for (size_t w0 = 0; w0 < ids.size(); w0 += window) {
+        int n = (int)std::min<size_t>(window, ids.size() - w0);
+        gpu_reset(e);
+        for (int i = 0; i < n; i += piece) {
+            int T = std::min(piece, n - i);
+            gpu_forward(e, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true);
+            for (int t = 0; t < T && i + t + 1 < n; t++) {
+                const float* lg = logits.data() + (size_t)t * g.vocab;
+                float mx = lg[argmax(lg, g.vocab)];
+                double sum = 0.0;
+                for (int v = 0; v < g.vocab; v++) sum += exp((double)(lg[v] - mx));
+                nll += log(sum) + mx - lg[ids[w0 + i + t + 1]];
+                (*scored)++;
+            }
+        }
+    }
+    return nll;
+}
+
+// ============================================================================
+// one sequence on either path: the interface the cli (and the server) drive
+
+struct Engine {
+    const Model* m = nullptr;
+    bool gpu = false;
+    RunState rs;           // cpu path
+    SeqState st;
+    GpuEngine* g = nullptr;  // gpu path
+};
+
+// cpu: max_context rows, prefill pieces of prefill_chunk; gpu: everything in o. false with *err
+// when the gpu path cannot start (the caller decides whether to fall back)
+static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o, std::string* err) {
+    *en = Engine();
+    en->m = m; en->gpu = gpu;
+    if (gpu) {
+        en->g = gpu_build(m, o, err);
+        return en->g != nullptr;
+    }
+    seq_build(&en->st, m->geo, o.max_context);
+    run_build(&en->rs, m->geo, std::min(o.prefill_chunk, o.max_context), o.max_context);
+    return true;
+}
+static void engine_free(Engine* en) {
+    if (en->gpu) gpu_free(en->g);
+    else if (en->st.block) { run_free(&en->rs); seq_free(&en->st); }
+    *en = Engine();
+}
+static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_reset(&en->st); }
+static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
+static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
+template <typename Emit>
+static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                                FILE* logits_out, Emit emit) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+}
+static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
+    if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
+    return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
+}
+
+// the gpu flags of the cli: true when argv[*i] is one (consumed, with its value); bad values
+// exit with one line. --max-context and --prefill-chunk stay the cli's own (both paths use them).
+static bool gpu_parse_flag(int argc, char** argv, int* i, GpuOpts* o) {
+    const char* a = argv[*i];
+    auto value = [&]() -> const char* {
+        if (*i + 1 >= argc) { fprintf(stderr, "ninfer: error: %s needs a value\n", a); exit(EXIT_FAILURE); }
+        return argv[++*i];
+    };
+    auto whole = [&](const char* v, long long lo, long long hi) {
+        char* end; errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || x < lo || x > hi) {
+            fprintf(stderr, "ninfer: error: %s: '%s' is not an integer in [%lld, %lld]\n", a, v, lo, hi); exit(EXIT_FAILURE);
+        }
+        return (int)x;
+    };
+    if (!strcmp(a, "--device")) { o->device = whole(value(), 0, 1024); return true; }
+    if (!strcmp(a, "--no-cuda-graph")) { o->graphs = false; return true; }
+    if (!strcmp(a, "--kv-dtype")) {
+        const char* v = value();
+        if (!strcmp(v, "bf16")) o->kv = KV_BF16;
+        else if (!strcmp(v, "int8")) o->kv = KV_INT8;
+        else if (!strcmp(v, "fp8")) o->kv = KV_FP8;
+        else { fprintf(stderr, "ninfer: error: --kv-dtype: '%s' is not one of bf16, int8, fp8\n", v); exit(EXIT_FAILURE); }
+        return true;
+    }
+    if (!strcmp(a, "--kv-capacity")) {
+        const char* v = value();
+        o->kv_capacity = !strcmp(v, "auto") ? -1 : whole(v, 1, INT32_MAX / 2);
+        return true;
+    }
+    return false;
+}
+static const char* const kGpuUsage =
+    "  --device N             cuda device (0)\n"
+    "  --kv-dtype T           kv cache: bf16, int8 (one fp16 scale per 64 elements), fp8 (e4m3, same scales) (bf16)\n"
+    "  --kv-capacity N|auto   kv rows to allocate (>= --max-context; auto: what fits with 1 GiB spare) (max-context)\n"
+    "  --no-cuda-graph        decode without cuda graphs (same kernels, launched one by one)\n";

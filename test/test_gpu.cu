@@ -1,0 +1,600 @@
+// tests for the gpu forward (gpu_wip.cuh): the prefill kernels against their decode twins and
+// float64 references, and the whole model on the gpu against the cpu reference path (fp32
+// everything) on the synthetic models and the trained kjv model.
+//
+// the gpu path rounds activations to bf16 where hf does (model.md 8), the cpu reference does
+// not: logits agree to relative l2 <= 1e-2 (what bf16 activations allow; measured values are
+// printed). greedy generation is compared token by token; a divergence is accepted only at a
+// near tie of the reference (see GreedyMatchesCpu).
+//
+// run from the repo root; artifacts from `make models` (build/models) and models/kjv.
+// every test skips without a gpu.
+#define NINFER_TESTING
+#include "../ninfer.cu"
+#include <gtest/gtest.h>
+#include <random>
+#include <fstream>
+#include <sstream>
+
+#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; } while (0)
+
+static bool file_exists(const std::string& p) { struct stat st; return stat(p.c_str(), &st) == 0; }
+
+static double rel_l2(const float* a, const float* b, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!(d == d)) return INFINITY;
+        e += d * d; r += (double)b[i] * b[i];
+    }
+    return sqrt(e / (r + 1e-300));
+}
+
+static std::vector<int> random_ids(int n, int domain, uint64_t seed) {
+    std::mt19937_64 r(seed);
+    std::vector<int> ids(n);
+    for (int& id : ids) id = (int)(r() % domain);
+    return ids;
+}
+
+// a device buffer
+struct Dev {
+    void* p = nullptr; size_t n = 0;
+    explicit Dev(size_t bytes) : n(bytes) { cudaCheck(cudaMalloc(&p, bytes ? bytes : 1)); cudaCheck(cudaMemset(p, 0xFF, bytes ? bytes : 1)); }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete; Dev& operator=(const Dev&) = delete;
+    template <typename T> T* as() const { return (T*)p; }
+};
+template <typename T> static void up(Dev& d, const std::vector<T>& v) { cudaCheck(cudaMemcpy(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+template <typename T> static std::vector<T> down(const Dev& d, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(v.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+static std::vector<uint16_t> rand_bf16(std::mt19937_64& r, size_t n, float scale) {
+    std::normal_distribution<float> nd(0.f, scale);
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) x = f32_to_bf16(nd(r));
+    return v;
+}
+
+// ---- gemm ------------------------------------------------------------------------------
+
+// a random [rows, cols] matrix in format f (codes uniform, w8 without -128, fp16 scales)
+struct HostMat {
+    std::vector<uint8_t> bytes;
+    TensorObject obj;
+};
+static HostMat make_mat(NumFormat f, int64_t rows, int64_t cols, uint64_t seed) {
+    HostMat m;
+    m.obj.format = f; m.obj.shape = {rows, cols};
+    m.obj.layout = f == FMT_BF16 ? LAYOUT_CONTIGUOUS : LAYOUT_ROW_SPLIT;
+    uint64_t nbytes = 0;
+    EXPECT_TRUE(encoded_size(f, m.obj.layout, m.obj.shape, &nbytes));
+    m.obj.bytes = nbytes;
+    m.bytes.assign(nbytes, 0);
+    std::mt19937_64 r(seed);
+    if (f == FMT_BF16) {
+        std::normal_distribution<float> nd(0.f, 0.05f);
+        uint16_t* w = (uint16_t*)m.bytes.data();
+        for (int64_t i = 0; i < rows * cols; i++) w[i] = f32_to_bf16(nd(r));
+        return m;
+    }
+    RowSplitGeom g; row_split_geom(f, rows, cols, &g);
+    for (uint64_t i = 0; i < g.scale_offset; i++) m.bytes[i] = (uint8_t)r();
+    if (f == FMT_W8) for (uint64_t i = 0; i < rows * g.base_row; i++) if (m.bytes[i] == 0x80) m.bytes[i] = 0x81;
+    uint16_t* sc = (uint16_t*)(m.bytes.data() + g.scale_offset);
+    std::uniform_real_distribution<float> us(0.5f, 1.5f);
+    for (uint64_t i = 0; i < rows * g.gpr; i++) sc[i] = f32_to_f16(us(r) * (f == FMT_W8 ? 2e-4f : 4e-3f));
+    return m;
+}
+
+// y = W x over T tokens by the gemm, against float64 dots of format.h's row decoder.
+// per element: |got - ref| <= 1e-5 sum_k |w_k x_k| (fp32 sums of exact products) for fp32;
+// the bf16 + residual output adds its two roundings (2^-8 each, relative).
+static void check_gemm(NumFormat f, int64_t N, int64_t K, int T) {
+    SCOPED_TRACE(std::string(format_name(f)) + " " + std::to_string(N) + "x" + std::to_string(K) + " T=" + std::to_string(T));
+    HostMat hm = make_mat(f, N, K, 1000 + f * 7 + N + K + T);
+    Mat hmat = mat_from(&hm.obj, hm.bytes.data());
+    std::mt19937_64 r(77 + T);
+    const int ldx = (int)K + 8, ldy = (int)N + 3;
+    std::vector<uint16_t> x = rand_bf16(r, (size_t)T * ldx, 1.0f);
+    std::vector<uint16_t> res = rand_bf16(r, (size_t)T * ldy, 0.5f);
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+    Mat dmat = mat_from(&hm.obj, dw.as<uint8_t>());
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dy((size_t)T * ldy * 4);
+    Dev dyb((size_t)T * ldy * 2); up(dyb, res);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dy.as<float>(), ldy, true, nullptr, 0, 0);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dyb.as<bf16_t>(), ldy, false, dyb.as<bf16_t>(), ldy, 0);
+    cudaCheck(cudaGetLastError());
+    std::vector<float> y = down<float>(dy, (size_t)T * ldy);
+    std::vector<uint16_t> yb = down<uint16_t>(dyb, (size_t)T * ldy);
+    std::vector<float> wrow(K);
+    size_t bad = 0; double worst = 0;
+    for (int64_t n = 0; n < N; n++) {
+        mat_row_dequant(hmat, n, wrow.data());
+        for (int t = 0; t < T; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)wrow[k] * bf16_to_f32(x[(size_t)t * ldx + k]);
+                ref += p; mag += fabs(p);
+            }
+            double got = y[(size_t)t * ldy + n], tol = 1e-5 * mag + 1e-30;
+            double rs = bf16_to_f32(res[(size_t)t * ldy + n]);
+            double gotb = bf16_to_f32(yb[(size_t)t * ldy + n]), tolb = tol + (fabs(rs) + 2 * fabs(ref)) * (1.0 / 256);
+            worst = std::max(worst, fabs(got - ref) / tol);
+            if (!(fabs(got - ref) <= tol) || !(fabs(gotb - (rs + ref)) <= tolb)) {
+                if (bad++ < 5) ADD_FAILURE() << "y[" << t << "][" << n << "] = " << got << " / bf16+resid " << gotb << ", want " << ref << " / " << rs + ref;
+            }
+        }
+    }
+    EXPECT_EQ(bad, 0u);
+    fprintf(stderr, "  gemm %-10s %5lldx%-5lld T=%-4d worst err/tol %.3f\n", format_name(f), (long long)N, (long long)K, T, worst);
+}
+
+TEST(GpuKernels, GemmMatchesFloat64) {
+    NEED_GPU();
+    gpu_kernels_init();
+    for (NumFormat f : {FMT_Q4, FMT_Q5, FMT_Q6, FMT_W8, FMT_BF16}) {
+        check_gemm(f, 300, 512, 200);
+        check_gemm(f, 40, 128, 9);
+    }
+    check_gemm(FMT_Q4, 1000, 1024, 300);
+}
+
+// ---- gated delta rule: prefill kernel vs the recurrent decode kernel ----------------------
+
+TEST(GpuKernels, GdnPrefillMatchesStep) {
+    NEED_GPU();
+    const int Hk = 2, Hv = 4, D = 128, T = 100, kd = Hk * D, C = 2 * kd + Hv * D;
+    std::mt19937_64 r(5);
+    std::vector<uint16_t> cy = rand_bf16(r, (size_t)T * C, 1.0f), pa = rand_bf16(r, (size_t)T * Hv, 1.0f), pb = rand_bf16(r, (size_t)T * Hv, 1.0f);
+    std::vector<float> a_log(Hv), dt(Hv), s0((size_t)Hv * D * D);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int h = 0; h < Hv; h++) { a_log[h] = 0.3f * nd(r); dt[h] = 0.5f * nd(r); }
+    for (auto& v : s0) v = 0.1f * nd(r);
+    Dev dcy(cy.size() * 2), dpa(pa.size() * 2), dpb(pb.size() * 2), dal(Hv * 4), ddt(Hv * 4);
+    up(dcy, cy); up(dpa, pa); up(dpb, pb); up(dal, a_log); up(ddt, dt);
+    // path a: l2norm + gates + gdn_prefill
+    Dev dq((size_t)T * kd * 4), dk((size_t)T * kd * 4), dbe((size_t)T * Hv * 4), dg((size_t)T * Hv * 4);
+    Dev dsa(s0.size() * 4), doa((size_t)T * Hv * D * 2);
+    up(dsa, s0);
+    l2norm(dcy.as<bf16_t>(), C, dq.as<float>(), kd, D, T, Hk, 1e-6f, 1.0f / sqrtf((float)D), 0);
+    l2norm(dcy.as<bf16_t>() + kd, C, dk.as<float>(), kd, D, T, Hk, 1e-6f, 1.0f, 0);
+    gdn_gates(dpa.as<bf16_t>(), Hv, dpb.as<bf16_t>(), Hv, dal.as<float>(), ddt.as<float>(), dbe.as<float>(), dg.as<float>(), T, Hv, 0);
+    GdnPrefillArgs pa_;
+    pa_.q = dq.as<float>(); pa_.k = dk.as<float>(); pa_.ldqk = kd; pa_.v = dcy.as<bf16_t>() + 2 * kd; pa_.ldv = C;
+    pa_.beta = dbe.as<float>(); pa_.g = dg.as<float>(); pa_.ldg = Hv; pa_.state_in = dsa.as<float>(); pa_.state_out = dsa.as<float>();
+    pa_.out = doa.as<bf16_t>(); pa_.ldo = Hv * D; pa_.T = T; pa_.Hk = Hk; pa_.Hv = Hv;
+    gdn_prefill(pa_, 0);
+    // path b: gdn_step over T columns, slot 0 in, slot 1 out
+    Dev dsb(s0.size() * 4 * 2), dob((size_t)T * Hv * D * 2);
+    cudaCheck(cudaMemcpy(dsb.p, s0.data(), s0.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int> slots(2 * T, -1);
+    slots[0] = 0; slots[2 * T - 1] = 1;
+    Dev dsl(slots.size() * 4); up(dsl, slots);
+    GdnStepArgs sa;
+    sa.qkv = dcy.as<bf16_t>(); sa.ldqkv = C; sa.a = dpa.as<bf16_t>(); sa.b = dpb.as<bf16_t>(); sa.ldab = Hv;
+    sa.a_log = dal.as<float>(); sa.dt_bias = ddt.as<float>(); sa.state = dsb.as<float>(); sa.slot_stride = (int64_t)Hv * D * D;
+    sa.slots = dsl.as<int>(); sa.out = dob.as<bf16_t>(); sa.ldo = Hv * D; sa.C = T; sa.Hk = Hk; sa.Hv = Hv;
+    gdn_step(sa, 0);
+    auto oa = down<uint16_t>(doa, (size_t)T * Hv * D), ob = down<uint16_t>(dob, (size_t)T * Hv * D);
+    auto sa_ = down<float>(dsa, s0.size());
+    std::vector<float> sb((size_t)Hv * D * D);
+    cudaCheck(cudaMemcpy(sb.data(), dsb.as<float>() + s0.size(), s0.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> fa(oa.size()), fb(ob.size());
+    for (size_t i = 0; i < oa.size(); i++) { fa[i] = bf16_to_f32(oa[i]); fb[i] = bf16_to_f32(ob[i]); }
+    double eo = rel_l2(fa.data(), fb.data(), fa.size()), es = rel_l2(sa_.data(), sb.data(), sb.size());
+    fprintf(stderr, "  gdn prefill vs step: output rel-l2 %.2e, state rel-l2 %.2e\n", eo, es);
+    EXPECT_LT(eo, 2e-3);  // bf16 outputs of fp32 sums in different orders
+    EXPECT_LT(es, 1e-5);  // fp32 state
+}
+
+// ---- attention: flash prefill vs the split-k decode kernel ----------------------------------
+
+static void check_flash(int kv, int Hq, int Hkv, int pos0, int T) {
+    SCOPED_TRACE(std::string(kv_dtype_name(kv)) + " Hq " + std::to_string(Hq) + " Hkv " + std::to_string(Hkv));
+    const int HD = ATT_HD, ld = (Hq + Hkv) * HD, qd = Hq * HD;
+    const int64_t cap = 512;
+    const int n = pos0 + T;
+    std::mt19937_64 r(kv * 100 + Hq);
+    std::vector<uint16_t> qk = rand_bf16(r, (size_t)n * ld, 1.0f), gv = rand_bf16(r, (size_t)n * ld, 1.0f);
+    Dev dqk(qk.size() * 2), dgv(gv.size() * 2); up(dqk, qk); up(dgv, gv);
+    const size_t plane = (size_t)Hkv * cap * HD * kv_elem_bytes(kv), splane = (size_t)Hkv * cap * KV_GROUPS * 2;
+    Dev kc(plane), vc(plane), ks(splane), vs(splane);
+    std::vector<int> pos(n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    Dev dpos(n * 4); up(dpos, pos);
+    kv_append(kv, dqk.as<bf16_t>() + qd, ld, dgv.as<bf16_t>() + qd, ld, kc.p, vc.p, ks.as<__half>(), vs.as<__half>(), cap, dpos.as<int>(), n, Hkv, 0);
+    const bf16_t* q = dqk.as<bf16_t>() + (size_t)pos0 * ld;
+    const bf16_t* gate = dgv.as<bf16_t>() + (size_t)pos0 * ld;
+    Dev ya((size_t)T * qd * 2), yb((size_t)T * qd * 2);
+    FlashArgs fa;
+    fa.q = q; fa.ldq = ld; fa.kc = kc.p; fa.vc = vc.p; fa.ksc = ks.as<__half>(); fa.vsc = vs.as<__half>(); fa.cap = cap;
+    fa.pos0 = pos0; fa.T = T; fa.Hq = Hq; fa.Hkv = Hkv; fa.gate = gate; fa.ldg = ld; fa.y = ya.as<bf16_t>(); fa.ldy = qd;
+    flash_prefill(kv, fa, 0);
+    int n_splits = 4, split_keys = attn_split_keys(n, n_splits);
+    Dev scr(attn_scratch_floats(Hq, Hkv, n_splits) * 4);
+    attn_decode(kv, q, ld, kc.p, vc.p, ks.as<__half>(), vs.as<__half>(), cap, dpos.as<int>() + pos0, T, Hq, Hkv, n_splits, split_keys,
+                scr.as<float>(), gate, ld, yb.as<bf16_t>(), qd, 0);
+    auto a = down<uint16_t>(ya, (size_t)T * qd), b = down<uint16_t>(yb, (size_t)T * qd);
+    std::vector<float> fa_(a.size()), fb(b.size());
+    for (size_t i = 0; i < a.size(); i++) { fa_[i] = bf16_to_f32(a[i]); fb[i] = bf16_to_f32(b[i]); }
+    double e = rel_l2(fa_.data(), fb.data(), fa_.size());
+    fprintf(stderr, "  flash vs decode %-4s Hq %2d Hkv %d pos0 %3d T %3d: rel-l2 %.2e\n", kv_dtype_name(kv), Hq, Hkv, pos0, T, e);
+    EXPECT_LT(e, 6e-3);  // flash multiplies V by bf16 probabilities; the decode kernel keeps them fp32
+}
+
+TEST(GpuKernels, FlashPrefillMatchesDecode) {
+    NEED_GPU();
+    gpu_kernels_init();
+    for (int kv : {KV_BF16, KV_INT8, KV_FP8}) check_flash(kv, 16, 4, 100, 150);
+    check_flash(KV_BF16, 6, 1, 0, 70);
+    check_flash(KV_BF16, 2, 1, 37, 9);
+}
+
+// ---- whole model ----------------------------------------------------------------------------
+
+struct ModelCase { const char* name; const char* path; };
+static const ModelCase kModels[] = {
+    {"tiny", "build/models/tiny.ninfer"},
+    {"tiny_gqa1", "build/models/tiny-gqa1.ninfer"},
+    {"tiny_gqa3", "build/models/tiny-gqa3.ninfer"},
+    {"tiny_bf16", "build/models/tiny-bf16.ninfer"},
+    {"kjv", "models/kjv/kjv.ninfer"},
+};
+
+// the model on both paths, one sequence each
+struct Both {
+    Model m;
+    RunState rs; SeqState st;
+    GpuEngine* g = nullptr;
+    int domain = 0;
+    bool ok = false;
+    Both(const char* path, int capacity, int chunk, GpuOpts o = GpuOpts()) {
+        std::string err;
+        if (!file_exists(path)) return;
+        ok = model_open(&m, path, &err);
+        EXPECT_TRUE(ok) << err;
+        if (!ok) return;
+        run_build(&rs, m.geo, std::min(chunk, capacity), capacity);
+        seq_build(&st, m.geo, capacity);
+        o.max_context = capacity; o.prefill_chunk = chunk; o.quiet = true;
+        g = gpu_build(&m, o, &err);
+        EXPECT_TRUE(g) << err;
+        ok = g != nullptr;
+        if (ok) domain = g->domain;
+    }
+    ~Both() {
+        if (g) gpu_free(g);
+        if (st.block) { run_free(&rs); seq_free(&st); }
+        if (m.art.map) model_close(&m);
+    }
+};
+#define BOTH_OR_SKIP(var, path, cap, chunk, ...) \
+    NEED_GPU(); \
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)"; \
+    Both var(path, cap, chunk, ##__VA_ARGS__); \
+    ASSERT_TRUE(var.ok)
+
+static std::vector<float> device_row(GpuEngine* e) {
+    std::vector<float> v(e->m->geo.vocab);
+    cudaCheck(cudaMemcpyAsync(v.data(), e->last_logits, v.size() * 4, cudaMemcpyDeviceToHost, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return v;
+}
+
+class GpuModel : public ::testing::TestWithParam<ModelCase> {};
+
+// prefill logits of every row, then single-token decode steps, gpu vs cpu; and the same prompt
+// in pieces of 16 (pieces of 16, 16 and 8 tokens: the last goes through the decode kernels)
+TEST_P(GpuModel, LogitsMatchCpu) {
+    BOTH_OR_SKIP(B, GetParam().path, 128, 64);
+    const int V = B.m.geo.vocab, n = 40;
+    std::vector<int> ids = random_ids(n + 6, B.domain, 11);
+    std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
+    forward_cpu(&B.m, &B.rs, &B.st, ids.data(), nullptr, nullptr, n, lc.data(), true, nullptr);
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, lg.data(), true);
+    double worst = 0;
+    for (int t = 0; t < n; t++) worst = std::max(worst, rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
+    fprintf(stderr, "  %s: prefill of %d: worst row rel-l2 %.2e\n", GetParam().name, n, worst);
+    EXPECT_LT(worst, 1e-2);
+    double wd = 0;
+    for (int s = 0; s < 6; s++) {
+        forward_cpu(&B.m, &B.rs, &B.st, &ids[n + s], nullptr, nullptr, 1, lc.data(), false, nullptr);
+        gpu_decode(B.g, ids[n + s]);
+        std::vector<float> row = device_row(B.g);
+        wd = std::max(wd, rel_l2(row.data(), lc.data(), V));
+    }
+    fprintf(stderr, "  %s: 6 decode steps: worst rel-l2 %.2e\n", GetParam().name, wd);
+    EXPECT_LT(wd, 1e-2);
+    // pieces of 16 on a second engine (same weights)
+    GpuOpts o; o.max_context = 128; o.prefill_chunk = 16; o.quiet = true;
+    std::string err;
+    GpuEngine* e2 = gpu_build(&B.m, o, &err);
+    ASSERT_TRUE(e2) << err;
+    std::vector<float> lp((size_t)16 * V);
+    double wp = 0;
+    for (int i = 0; i < n; i += 16) {
+        int T = std::min(16, n - i);
+        gpu_forward(e2, ids.data() + i, nullptr, nullptr, T, lp.data(), true);
+        for (int t = 0; t < T; t++) wp = std::max(wp, rel_l2(lp.data() + (size_t)t * V, lg.data() + (size_t)(i + t) * V, V));
+    }
+    fprintf(stderr, "  %s: pieces of 16 vs one piece: worst rel-l2 %.2e\n", GetParam().name, wp);
+    EXPECT_LT(wp, 1e-2);
+    gpu_free(e2);
+}
+
+// the prefill kernels against the decode kernels inside the model: gemm vs gemv, flash vs
+// split-k attention, the prefill deltanet vs the recurrent step (each switched alone)
+TEST_P(GpuModel, PrefillKernelsMatchDecodeKernels) {
+    BOTH_OR_SKIP(B, GetParam().path, 128, 64);
+    const int V = B.m.geo.vocab, n = 50;
+    std::vector<int> ids = random_ids(n, B.domain, 12);
+    std::vector<float> ref((size_t)n * V), got((size_t)n * V);
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, ref.data(), true);
+    bool* flags[] = {&g_force_gemv, &g_force_attn_decode, &g_force_gdn_step};
+    const char* names[] = {"gemv for gemm", "attn_decode for flash", "gdn_step for gdn_prefill"};
+    for (int k = 0; k < 3; k++) {
+        gpu_reset(B.g);
+        *flags[k] = true;
+        gpu_forward(B.g, ids.data(), nullptr, nullptr, n, got.data(), true);
+        *flags[k] = false;
+        double w = 0;
+        for (int t = 0; t < n; t++) w = std::max(w, rel_l2(got.data() + (size_t)t * V, ref.data() + (size_t)t * V, V));
+        fprintf(stderr, "  %s: %s: worst row rel-l2 %.2e\n", GetParam().name, names[k], w);
+        EXPECT_LT(w, 5e-3) << names[k];
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kModels), [](const ::testing::TestParamInfo<ModelCase>& i) { return std::string(i.param.name); });
+
+// greedy generation of 64 tokens, gpu vs cpu. kjv (a trained model, clear margins) must agree
+// exactly. the random synthetic models have near ties (the hf goldens record greedy margins
+// of 3.5e-4 of max|logit|) that bf16 activations cannot resolve: there the tokens must agree
+// up to the first step where the reference's margin between its choice and the gpu's is
+// under 2% of max|logit| (printed), and from there on the test only reports.
+static void greedy_case(const char* path, bool exact) {
+    Both B(path, 256, 64);
+    ASSERT_TRUE(B.ok);
+    const int V = B.m.geo.vocab, n = 64;
+    std::vector<int> prompt = random_ids(12, B.domain, 21);
+    if (std::string(path).find("kjv") != std::string::npos)  // "In the beginning God created the heaven and the earth.\nAnd the earth was without"
+        prompt = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323, 279, 2430, 339, 624, 3036, 279, 2430, 339, 572, 2041, 1352};
+    // cpu greedy with the logits of every step
+    std::vector<float> lc(V);
+    std::vector<std::vector<float>> cpu_logits;
+    std::vector<int> cpu_ids;
+    forward_cpu(&B.m, &B.rs, &B.st, prompt.data(), nullptr, nullptr, (int)prompt.size(), lc.data(), false, nullptr);
+    for (int s = 0; s < n; s++) {
+        int id = argmax(lc.data(), B.domain);
+        cpu_ids.push_back(id); cpu_logits.push_back(lc);
+        forward_cpu(&B.m, &B.rs, &B.st, &id, nullptr, nullptr, 1, lc.data(), false, nullptr);
+    }
+    // gpu through generate_gpu (the cli's loop), greedy
+    Sampler smp; SamplerParams sp; sp.temperature = 0;
+    sampler_build(&smp, sp, B.domain);
+    std::vector<int> gpu_ids;
+    GenStats st = generate_gpu(B.g, &smp, prompt, n, {}, nullptr, [&](int id) { gpu_ids.push_back(id); });
+    ASSERT_EQ(st.generated, n);
+    int first = -1;
+    for (int s = 0; s < n; s++) if (gpu_ids[s] != cpu_ids[s]) { first = s; break; }
+    if (first < 0) { fprintf(stderr, "  %s: %d greedy tokens identical\n", path, n); return; }
+    const std::vector<float>& l = cpu_logits[first];
+    float mx = 0;
+    for (int v = 0; v < B.domain; v++) mx = std::max(mx, fabsf(l[v]));
+    double margin = (l[cpu_ids[first]] - l[gpu_ids[first]]) / mx;
+    fprintf(stderr, "  %s: greedy tokens agree for %d of %d steps; at step %d cpu %d, gpu %d, reference margin %.2e of max|logit|\n", path,
+            first, n, first, cpu_ids[first], gpu_ids[first], margin);
+    if (exact) ADD_FAILURE() << "greedy tokens differ at step " << first;
+    else EXPECT_LT(margin, 2e-2) << "a divergence at a clear margin";
+}
+TEST(GpuGeneration, GreedyMatchesCpuKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); greedy_case("models/kjv/kjv.ninfer", true); }
+TEST(GpuGeneration, GreedyMatchesCpuTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); greedy_case("build/models/tiny.ninfer", false); }
+
+// the decode graphs replay exactly what eager decode computes: tokens and logits bit for bit,
+// greedy and sampled, across a bucket boundary (512 keys)
+TEST(GpuGeneration, GraphMatchesEager) {
+    NEED_GPU();
+    const char* path = "build/models/tiny.ninfer";
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    for (float temp : {0.0f, 0.8f}) {
+        std::vector<int> out[2];
+        std::vector<float> last[2];
+        for (int graphs = 0; graphs < 2; graphs++) {
+            GpuOpts o; o.max_context = 640; o.prefill_chunk = 256; o.graphs = graphs == 1; o.quiet = true;
+            GpuEngine* e = gpu_build(&m, o, &err);
+            ASSERT_TRUE(e) << err;
+            std::vector<int> prompt = random_ids(480, e->domain, 31);
+            Sampler smp; SamplerParams sp; sp.temperature = temp; sp.seed = 7;
+            sampler_build(&smp, sp, e->domain);
+            generate_gpu(e, &smp, prompt, 64, {}, nullptr, [&](int id) { out[graphs].push_back(id); });
+            EXPECT_EQ(e->graph_used, graphs == 1);
+            last[graphs] = device_row(e);
+            gpu_free(e);
+        }
+        EXPECT_EQ(out[0], out[1]) << "temperature " << temp;
+        EXPECT_EQ(memcmp(last[0].data(), last[1].data(), last[0].size() * 4), 0) << "temperature " << temp << ": last logits differ";
+        fprintf(stderr, "  graph vs eager, temperature %.1f: %zu tokens %s\n", temp, out[0].size(), out[0] == out[1] ? "identical" : "DIFFER");
+    }
+    model_close(&m);
+}
+
+// int8 and fp8 kv caches against the bf16 cache: a 200-token prompt (prefill reads the cache
+// through flash attention), then 16 decode steps teacher-forced with the same tokens
+TEST(GpuGeneration, QuantizedKvWithinTolerance) {
+    NEED_GPU();
+    const char* paths[] = {"build/models/tiny.ninfer", "models/kjv/kjv.ninfer"};
+    for (const char* path : paths) {
+        if (!file_exists(path)) continue;
+        Model m; std::string err;
+        ASSERT_TRUE(model_open(&m, path, &err)) << err;
+        const int V = m.geo.vocab;
+        std::vector<std::vector<float>> rows[3];
+        for (int kv : {KV_BF16, KV_INT8, KV_FP8}) {
+            GpuOpts o; o.max_context = 256; o.prefill_chunk = 128; o.kv = kv; o.quiet = true;
+            GpuEngine* e = gpu_build(&m, o, &err);
+            ASSERT_TRUE(e) << err;
+            std::vector<int> ids = random_ids(216, e->domain, 41);
+            std::vector<float> lg((size_t)128 * V);
+            gpu_forward(e, ids.data(), nullptr, nullptr, 128, nullptr, false);
+            gpu_forward(e, ids.data() + 128, nullptr, nullptr, 72, lg.data(), true);
+            for (int t = 0; t < 72; t++) rows[kv].push_back(std::vector<float>(lg.begin() + (size_t)t * V, lg.begin() + (size_t)(t + 1) * V));
+            for (int s = 0; s < 16; s++) { gpu_decode(e, ids[200 + s]); rows[kv].push_back(device_row(e)); }
+            gpu_free(e);
+        }
+        for (int kv : {KV_INT8, KV_FP8}) {
+            double wp = 0, wd = 0;
+            for (size_t r = 0; r < rows[kv].size(); r++)
+                (r < 72 ? wp : wd) = std::max(r < 72 ? wp : wd, rel_l2(rows[kv][r].data(), rows[KV_BF16][r].data(), V));
+            fprintf(stderr, "  %s: %s kv vs bf16 kv: prefill rows worst rel-l2 %.2e, decode steps %.2e\n", path, kv_dtype_name(kv), wp, wd);
+            const double tol = kv == KV_INT8 ? 2e-2 : 5e-2;  // stated tolerances (bench-notes)
+            EXPECT_LT(std::max(wp, wd), tol) << kv_dtype_name(kv);
+        }
+        model_close(&m);
+    }
+}
+
+// perplexity: the same windows on both paths
+TEST(GpuGeneration, PerplexityMatchesCpu) {
+    BOTH_OR_SKIP(B, "build/models/tiny.ninfer", 100, 64);
+    std::vector<int> ids;
+    std::ifstream f("test/golden/ppl_tokens.txt");
+    std::stringstream ss; ss << f.rdbuf();
+    if (!parse_ids(ss.str().c_str(), &ids) || ids.size() < 10) ids = random_ids(250, B.domain, 51);
+    int64_t nc = 0, ng = 0;
+    double pc = exp(perplexity_cpu(&B.m, &B.rs, &B.st, ids, 100, &nc) / std::max<int64_t>(nc, 1));
+    double pg = exp(perplexity_gpu(B.g, ids, 100, &ng) / std::max<int64_t>(ng, 1));
+    fprintf(stderr, "  perplexity over %zu tokens: cpu %.5f gpu %.5f (%+.2e)\n", ids.size(), pc, pg, pg / pc - 1);
+    EXPECT_EQ(nc, ng);
+    EXPECT_LT(fabs(pg / pc - 1), 1e-2);
+}
+
+// state slots: a 3-column decode-path call snapshots each column's deltanet state; restoring
+// the state after column 1 and running column 2 again reproduces column 2's logits. and a
+// whole-state snapshot / restore replays a continuation.
+TEST(GpuState, SlotsSnapshotAndRestore) {
+    NEED_GPU();
+    const char* path = "build/models/tiny.ninfer";
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    const int V = m.geo.vocab;
+    GpuOpts o; o.max_context = 128; o.prefill_chunk = 64; o.gdn_slots = 5; o.quiet = true;
+    GpuEngine* e = gpu_build(&m, o, &err);
+    ASSERT_TRUE(e) << err;
+    std::vector<int> ids = random_ids(40, e->domain, 61);
+    gpu_forward(e, ids.data(), nullptr, nullptr, 30, nullptr, false);
+    const int p = e->pos;
+    std::vector<float> three((size_t)3 * V);
+    const int snaps[3] = {1, 2, 3};
+    gpu_forward(e, ids.data() + 30, nullptr, nullptr, 3, three.data(), true, snaps);
+    EXPECT_EQ(e->slot, 3);
+    gpu_restore(e, 2, p + 2);  // reject the third column: back to the state after the second
+    gpu_decode(e, ids[32]);
+    std::vector<float> again = device_row(e);
+    double d = rel_l2(again.data(), three.data() + 2 * (size_t)V, V);
+    fprintf(stderr, "  column 2 of a 3-column call vs restored state + 1 step: rel-l2 %.2e\n", d);
+    EXPECT_LT(d, 1e-5);
+    // snapshot the live state, run on, restore, run the same tokens: identical logits
+    gpu_snapshot(e, 4);
+    const int q = e->pos;
+    std::vector<float> a, b;
+    for (int s = 0; s < 4; s++) gpu_decode(e, ids[33 + s]);
+    a = device_row(e);
+    gpu_restore(e, 4, q);
+    for (int s = 0; s < 4; s++) gpu_decode(e, ids[33 + s]);
+    b = device_row(e);
+    EXPECT_EQ(memcmp(a.data(), b.data(), a.size() * 4), 0);
+    gpu_free(e);
+    model_close(&m);
+}
+
+// per-token embedding overrides and explicit 3-axis positions: overriding with the embedding's
+// own rows and giving text positions reproduces the plain call; genuine overrides and m-rope
+// positions match the cpu reference
+TEST(GpuState, EmbeddingOverrideAndPositions) {
+    BOTH_OR_SKIP(B, "build/models/tiny-bf16.ninfer", 64, 32);
+    const Geometry& g = B.m.geo;
+    const int V = g.vocab, n = 20, H = g.H;
+    std::vector<int> ids = random_ids(n, B.domain, 71);
+    std::vector<float> plain((size_t)n * V), same((size_t)n * V);
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, plain.data(), true);
+    gpu_reset(B.g);
+    std::vector<float> emb((size_t)n * H);
+    for (int t = 0; t < n; t++) mat_row_dequant(B.m.w.token_embedding, ids[t], emb.data() + (size_t)t * H);
+    std::vector<int> none(n, -1), pos3(3 * n);
+    for (int a = 0; a < 3; a++) for (int t = 0; t < n; t++) pos3[a * n + t] = t;
+    gpu_forward(B.g, none.data(), emb.data(), pos3.data(), n, same.data(), true);
+    EXPECT_EQ(memcmp(plain.data(), same.data(), plain.size() * 4), 0) << "override with the embedding's rows changed the logits";
+    // genuine overrides on rows 3..7, distinct axes
+    std::mt19937_64 r(5);
+    std::normal_distribution<float> nd(0.f, 0.02f);
+    std::vector<int> mixed = ids;
+    for (int t = 3; t < 8; t++) { mixed[t] = -1; for (int k = 0; k < H; k++) emb[(size_t)t * H + k] = nd(r); }
+    for (int t = 0; t < n; t++) { pos3[t] = t; pos3[n + t] = t / 2; pos3[2 * n + t] = t % 5; }
+    std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
+    seq_reset(&B.st);
+    gpu_reset(B.g);
+    forward_cpu(&B.m, &B.rs, &B.st, mixed.data(), emb.data(), pos3.data(), n, lc.data(), true, nullptr);
+    gpu_forward(B.g, mixed.data(), emb.data(), pos3.data(), n, lg.data(), true);
+    double w = 0;
+    for (int t = 0; t < n; t++) w = std::max(w, rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
+    fprintf(stderr, "  overrides + m-rope positions: worst row rel-l2 %.2e\n", w);
+    EXPECT_LT(w, 1e-2);
+}
+
+// loading: only the text tensors the forward needs become resident, and a context that cannot
+// fit fails with the sizes and the flags that help
+TEST(GpuState, ResidencyAndOutOfMemory) {
+    NEED_GPU();
+    const char* path = "build/models/tiny.ninfer";
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    uint64_t want = 0;
+    for (const TensorObject& t : m.art.objects)
+        if (!t.resource && t.name.rfind("text/", 0) == 0 && t.name.rfind("text/draft_head", 0) != 0) want += t.bytes;
+    GpuOpts o; o.max_context = 64; o.prefill_chunk = 64; o.quiet = true;
+    GpuEngine* e = gpu_build(&m, o, &err);
+    ASSERT_TRUE(e) << err;
+    EXPECT_GE(e->arena_bytes, want);
+    EXPECT_LT(e->arena_bytes, want + 256 * m.art.objects.size());
+    gpu_free(e);
+    o.max_context = 1 << 30;
+    e = gpu_build(&m, o, &err);
+    EXPECT_EQ(e, nullptr);
+    fprintf(stderr, "  %s\n", err.c_str());
+    EXPECT_NE(err.find("not enough gpu memory"), std::string::npos);
+    EXPECT_NE(err.find("--max-context"), std::string::npos);
+    EXPECT_NE(err.find("--kv-dtype"), std::string::npos);
+    model_close(&m);
+}
+
+// the cli-facing interface: both paths through Engine give the same greedy tokens on kjv
+TEST(GpuEngineInterface, BothPathsGenerate) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    std::vector<int> out[2];
+    for (int gpu = 0; gpu < 2; gpu++) {
+        Engine en;
+        GpuOpts o; o.max_context = 128; o.prefill_chunk = 64; o.quiet = true;
+        ASSERT_TRUE(engine_build(&en, &m, gpu == 1, o, &err)) << err;
+        FrontendIds fr;
+        ASSERT_TRUE(frontend_ids(&m, &fr, &err));
+        Sampler smp; SamplerParams sp; sp.temperature = 0;
+        sampler_build(&smp, sp, fr.domain);
+        engine_generate(&en, &smp, {641, 279, 3161, 1229}, 24, {}, nullptr, [&](int id) { out[gpu].push_back(id); });
+        EXPECT_EQ(engine_pos(&en), 4 + 23);
+        engine_free(&en);
+    }
+    EXPECT_EQ(out[0], out[1]);
+    model_close(&m);
+}
