@@ -2608,8 +2608,8 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         int id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
-        emit(id);
         s.generated++;
+        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
         if (n + 1 == max_new || e->pos == e->capacity) break;
         gpu_decode(e, id);
     }

@@ -15,8 +15,12 @@
 //                            counter-based rng
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
 //                            loop, perplexity
+//   (gpu_wip.cuh)            gpu kernels, the gpu forward and Engine (one sequence on either
+//                            path); staged in a header while it is written, folded in later
 //   7. info                  --info: identity, geometry, object classes, resources
-//   8. cli                   poor man's argparse and main (left out when NINFER_TESTING)
+//   8. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
+//                            calls with stop strings; serve.h's engine interface
+//   9. cli                   poor man's argparse and main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
@@ -37,8 +41,11 @@
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
+#include <type_traits> // defines: std::is_void_v
 #include <cuda_runtime.h>  // defines: cudaGetDeviceCount, cudaMalloc
 #include "format.h"    // defines: Json, Artifact, artifact_open, Mat, mat_rows, mat_row_dequant
+#include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, chat_render, TextOut, OutEvent
+#include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -1280,10 +1287,23 @@ static int logits_piece(const RunState* r, int vocab) {
     return (int)std::max<int64_t>(1, std::min<int64_t>(r->T_max, (256ll << 20) / ((int64_t)vocab * 4)));
 }
 
-struct GenStats { int prompt = 0, generated = 0; double prefill_s = 0, decode_s = 0; bool stopped = false; int stop_id = -1; };
+struct GenStats {
+    int prompt = 0, generated = 0;   // generated counts emitted ids (a stop id is not emitted)
+    double prefill_s = 0, decode_s = 0;
+    bool stopped = false; int stop_id = -1;  // ended on a stop id
+    bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
+};
+
+// emitters may return void (always go on) or bool (false: stop after this id)
+template <typename Emit>
+static bool emit_more(Emit& emit, int id) {
+    if constexpr (std::is_void_v<decltype(emit(id))>) { emit(id); return true; }
+    else return emit(id);
+}
 
 // generate up to max_new tokens after the prompt. each id is passed to emit as it is
-// sampled; a stop id ends generation and is not emitted. generation also ends when the
+// sampled (emit may return false to end generation there); a stop id ends generation and is
+// not emitted. generation also ends when the
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
@@ -1307,8 +1327,8 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
-        emit(id);
         s.generated++;
+        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
     }
@@ -1412,20 +1432,197 @@ static void print_info(FILE* f, const Model* m) {
     }
 }
 
-// === 8. cli ==================================================================
+// === 8. text and serving =====================================================
+//
+// the path from text to text, shared by the cli and the server: render the chat template,
+// tokenize, generate on either path (Engine: cpu reference or gpu), and split the output
+// into reasoning, content and tool calls with stop strings (tokenizer.h's TextOut).
+
+// a loaded model with its tokenizer and its engine (one sequence)
+struct TextModel {
+    Model m;
+    Tokenizer tok;
+    FrontendIds fr;
+    Engine en;
+};
+
+// open the artifact and its tokenizer; build the engine on the gpu unless `cpu` (or no gpu)
+static bool text_model_open(TextModel* t, const char* path, bool cpu, const GpuOpts& o, std::string* err) {
+    if (!model_open(&t->m, path, err)) return false;
+    std::string tj = artifact_resource(&t->m.art, "frontend/tokenizer.json");
+    if (tj.empty()) { *err = t->m.art.path + ": no frontend/tokenizer.json resource"; return false; }
+    std::string terr;
+    if (!tokenizer_load(&t->tok, tj.data(), tj.size(), &terr)) { *err = t->m.art.path + ": frontend/tokenizer.json: " + terr; return false; }
+    if (!frontend_ids(&t->m, &t->fr, err)) return false;
+    // a default eos id outside the domain can never be sampled: drop it
+    std::vector<int> stops;
+    for (int id : t->fr.stops) if (id >= 0 && id < t->fr.domain) stops.push_back(id);
+    t->fr.stops = stops;
+    bool gpu = !cpu && gpu_count() > 0;
+    if (!engine_build(&t->en, &t->m, gpu, o, err)) return false;
+    return true;
+}
+
+static void text_model_close(TextModel* t) { engine_free(&t->en); model_close(&t->m); }
+
+// one generation request in token space, with its output handling
+struct TextRequest {
+    std::vector<int> prompt;
+    bool thinking_open = false;       // the prompt ends inside <think>: output starts as reasoning
+    bool raw = false;                 // no reasoning/content split, special tokens kept (--raw-output)
+    bool tools = false;               // parse <tool_call> blocks
+    std::vector<std::string> stop, reasoning_stop;  // stop strings per channel
+    std::vector<int> stop_ids;        // model defaults + caller's
+    int max_new = 128;
+    SamplerParams sp;
+};
+
+struct TextResult {
+    GenStats gen;
+    std::string stop_hit;  // the stop string that ended generation, if one did
+    int tool_calls = 0;
+};
+
+// run rq on t's engine from an empty sequence. on_event(const OutEvent&, int id) gets every
+// piece of output as it is decoded and returns false to stop (e.g. the client left); each
+// event's bytes are complete utf-8.
+template <typename OnEvent>
+static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_event) {
+    TextResult res;
+    Sampler smp;
+    sampler_build(&smp, rq.sp, t->fr.domain);
+    engine_reset(&t->en);
+    TextOut to;
+    text_out_init(&to, rq.thinking_open, rq.raw);
+    to.parser.stop = rq.stop;
+    to.parser.reasoning_stop = rq.reasoning_stop;
+    to.parser.parse_tools = rq.tools;
+    std::vector<OutEvent> evs;
+    bool alive = true;
+    res.gen = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, nullptr, [&](int id) -> bool {
+        bool go = text_out_push(&to, &t->tok, id, &evs);
+        for (const OutEvent& e : evs) if (alive && !on_event(e, id)) alive = false;
+        evs.clear();
+        if (!go) res.stop_hit = to.parser.stop_hit;
+        return go && alive;
+    });
+    if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
+        text_out_finish(&to, &evs);
+        for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
+    }
+    res.tool_calls = to.parser.tool_calls;
+    return res;
+}
+
+// ---- the server's engine (serve.h's interface) --------------------------------
+
+struct ServedModel {
+    ServeEngine api;  // what serve.h sees; api.self points back here
+    TextModel t;
+};
+
+static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) {
+    ServedModel* s = (ServedModel*)self;
+    if (!chat.reasoning_effort.empty()) {
+        err->code = "reasoning_effort_not_supported"; err->param = "reasoning_effort";
+        err->message = "this model's chat template has no reasoning effort levels";
+        return false;
+    }
+    ChatOptions o;
+    o.enable_thinking = chat.enable_thinking ? 1 : 0;
+    o.developer_as_system = true;
+    std::string text, msg;
+    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg)) {
+        err->message = "the conversation cannot be rendered with the chat template: " + msg;
+        return false;
+    }
+    tokenizer_encode(&s->t.tok, text, &out->tokens);
+    out->thinking = chat_thinking_open(text);
+    out->tools = chat.tools.is_array();
+    return true;
+}
+
+static void served_generate(void* self, const ServePrompt& p, const ServeSampling& smp, const ServeSink& sink, ServeResult* res) {
+    ServedModel* s = (ServedModel*)self;
+    TextRequest rq;
+    rq.prompt = p.tokens;
+    rq.thinking_open = p.thinking;
+    rq.tools = p.tools;
+    rq.stop = smp.stop;
+    rq.stop_ids = s->t.fr.stops;
+    rq.max_new = smp.max_tokens;
+    rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
+    rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
+    bool cancelled = false;
+    TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
+        ServeEvent ev;
+        ev.kind = (ServeEventKind)e.kind; ev.text = e.text; ev.tool_name = e.name; ev.tool_args = e.arguments;
+        if (!sink.emit(sink.ctx, ev) || sink.cancelled(sink.ctx)) { cancelled = true; return false; }
+        return true;
+    });
+    res->prompt_tokens = r.gen.prompt;
+    res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
+    res->prefill_s = r.gen.prefill_s;
+    res->decode_s = r.gen.decode_s;
+    res->stop_string = r.stop_hit;
+    bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
+    res->finish = r.tool_calls > 0 ? "tool_calls"
+                : (r.gen.stopped || !r.stop_hit.empty() || cancelled) ? "stop"
+                : full ? "length" : "stop";
+}
+
+static void served_close(void* self) {
+    ServedModel* s = (ServedModel*)self;
+    text_model_close(&s->t);
+    delete s;
+}
+
+// the features behind server flags that this build has (serve.h asks before loading)
+static bool served_supports(const char* feature) {
+    bool gpu = gpu_count() > 0;
+    if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
+        return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
+    return false;
+}
+
+static ServeEngine* served_load(const char* path, const ServeOptions& o, std::string* err) {
+    ServedModel* s = new ServedModel();
+    GpuOpts g;
+    g.device = o.device;
+    g.graphs = !o.no_cuda_graph;
+    g.kv = o.kv_dtype == "int8" ? KV_INT8 : o.kv_dtype == "fp8" ? KV_FP8 : KV_BF16;
+    g.max_context = o.max_context;
+    g.prefill_chunk = o.prefill_chunk;
+    g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
+    if (gpu_count() == 0) fprintf(stderr, "ninfer-serve: no gpu found: serving from the cpu reference path\n");
+    if (!text_model_open(&s->t, path, false, g, err)) { delete s; return nullptr; }
+    s->api.self = s;
+    s->api.model_id = s->t.m.art.model_id;
+    s->api.max_context = engine_capacity(&s->t.en);
+    s->api.n_vocab = s->t.fr.domain;
+    s->api.vision = false;
+    s->api.prepare = served_prepare;
+    s->api.generate = served_generate;
+    s->api.close = served_close;
+    return &s->api;
+}
+
+// === 9. cli ==================================================================
 
 #ifndef NINFER_TESTING
 
 static void usage(FILE* f) {
     fprintf(f,
-        "usage: ninfer MODEL.ninfer [options]\n"
-        "       ninfer-serve MODEL.ninfer [server options]\n"
+        "usage: ninfer MODEL.ninfer (--prompt TEXT | --messages FILE | --raw-prompt TEXT | --prompt-ids IDS) [options]\n"
+        "       ninfer MODEL.ninfer (--perplexity FILE | --tokenize | --render | --info)\n"
+        "       ninfer-serve MODEL.ninfer [server options]   (ninfer-serve --help lists them)\n"
         "\n"
-        "input (until the tokenizer lands, prompts are token ids):\n"
-        "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3\n"
-        "  --perplexity FILE      perplexity over a file of token ids (whitespace or comma separated),\n"
-        "                         in non-overlapping windows of --max-context tokens\n"
-        "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "input:\n"
+        "  --prompt TEXT          one user message, rendered with the model's chat template\n"
+        "  --messages FILE        a json array of messages, or {\"messages\": [...], \"tools\": [...]}\n"
+        "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
+        "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
+        "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
         "\n"
         "generation:\n"
         "  --max-new N            output token limit (128)\n"
@@ -1440,17 +1637,29 @@ static void usage(FILE* f) {
         "  --frequency-penalty F  [-2, 2], over generated tokens (0)\n"
         "  --seed N               u64 (0)\n"
         "  --stop-token-id N      extra stop token id, repeatable (the model's eos ids always stop)\n"
+        "  --stop TEXT            stop string on the content channel, repeatable (not printed)\n"
+        "  --reasoning-stop TEXT  stop string on the reasoning channel, repeatable\n"
+        "  --raw-output           no reasoning/content split, special tokens printed\n"
         "\n"
         "execution:\n"
         "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"
+        "  --device N             cuda device (0)\n"
+        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16)\n"
+        "  --kv-capacity N|auto   kv rows to allocate (default: --max-context)\n"
+        "  --no-cuda-graph        run decode eagerly instead of replaying a cuda graph\n"
         "\n"
         "diagnostics:\n"
-        "  --print-token-ids      also print the prompt and generated ids on stderr\n"
+        "  --tokenize             read text on stdin, print its token ids\n"
+        "  --render               print the rendered prompt (with --prompt or --messages) and exit\n"
+        "  --print-token-ids      print prompt and generated ids on stderr, each id beside its text\n"
+        "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "  --perplexity FILE      perplexity over a text file or a file of token ids, in\n"
+        "                         non-overlapping windows of --max-context tokens\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
         "  -h, --help             this text\n"
         "\n"
-        "stdout carries only the output (generated ids, or the perplexity line); progress, stats and\n"
-        "errors go to stderr; the exit code is 0 only on success.\n");
+        "stdout carries only the answer (or the requested diagnostic output); reasoning, progress,\n"
+        "stats and errors go to stderr; the exit code is 0 only on success.\n");
 }
 
 // whole-string numbers in [lo, hi], else one line naming the flag and exit 1
@@ -1487,21 +1696,41 @@ static std::string read_file(const char* path) {
     return s;
 }
 
+// a printable rendition of a token's bytes for --print-token-ids
+static std::string show_piece(const std::string& s) {
+    std::string o;
+    for (unsigned char c : s) {
+        if (c == '\n') o += "\\n";
+        else if (c < 0x20) { char b[8]; snprintf(b, sizeof b, "\\x%02x", c); o += b; }
+        else o += (char)c;
+    }
+    return o;
+}
+
 int main(int argc, char** argv) {
+    // the server is the same binary under another name
+    const char* base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (!strcmp(base, "ninfer-serve")) return serve_main(argc, argv, ServeBackend{served_supports, served_load});
+
     // defaults: NInfer's (reference-engine.md 2.1)
     const char* model_path = nullptr;
-    bool info = false;
+    bool info = false, tokenize = false, render = false;
     bool cpu = false;                  // force the reference path; automatic without a gpu
-    const char* prompt_arg = nullptr;  // --prompt-ids; --prompt / --messages arrive with the tokenizer
+    const char* prompt_text = nullptr; // --prompt
+    const char* messages_path = nullptr;
+    const char* raw_prompt = nullptr;  // --raw-prompt (ours): completion without the template
+    const char* prompt_ids = nullptr;  // --prompt-ids
     const char* logits_path = nullptr;
     const char* ppl_path = nullptr;
     int max_new = 128;                 // output token limit
     int max_context = 2048;            // sequence capacity (kv rows)
     int prefill_chunk = 1024;          // prompt tokens per forward call
     SamplerParams sp;                  // temperature 0.6, top-p 0.95, top-k 20, min-p 0, presence 1.0, frequency 0, seed 0
-    bool greedy = false;
+    bool greedy = false, no_thinking = false, raw_output = false, print_ids = false;
     std::vector<int> user_stops;
-    bool print_ids = false;
+    std::vector<std::string> stop_strings, reasoning_stops;
+    GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph
 
     // poor man's argparse
     for (int i = 1; i < argc; i++) {
@@ -1509,8 +1738,13 @@ int main(int argc, char** argv) {
         auto value = [&]() -> const char* { if (i + 1 >= argc) die("%s needs a value", a); return argv[++i]; };
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--info")) info = true;
+        else if (!strcmp(a, "--tokenize")) tokenize = true;
+        else if (!strcmp(a, "--render")) render = true;
         else if (!strcmp(a, "--cpu")) cpu = true;
-        else if (!strcmp(a, "--prompt-ids")) prompt_arg = value();
+        else if (!strcmp(a, "--prompt")) prompt_text = value();
+        else if (!strcmp(a, "--messages")) messages_path = value();
+        else if (!strcmp(a, "--raw-prompt")) raw_prompt = value();
+        else if (!strcmp(a, "--prompt-ids")) prompt_ids = value();
         else if (!strcmp(a, "--logits-out")) logits_path = value();
         else if (!strcmp(a, "--perplexity")) ppl_path = value();
         else if (!strcmp(a, "--max-new")) max_new = (int)parse_int(a, value(), 0, INT32_MAX);
@@ -1525,96 +1759,168 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--frequency-penalty")) sp.frequency = parse_float(a, value(), -2, 2);
         else if (!strcmp(a, "--seed")) sp.seed = parse_u64(a, value());
         else if (!strcmp(a, "--stop-token-id")) user_stops.push_back((int)parse_int(a, value(), 0, INT32_MAX));
+        else if (!strcmp(a, "--stop")) { const char* v = value(); if (!*v) die("--stop: empty string"); stop_strings.push_back(v); }
+        else if (!strcmp(a, "--reasoning-stop")) { const char* v = value(); if (!*v) die("--reasoning-stop: empty string"); reasoning_stops.push_back(v); }
+        else if (!strcmp(a, "--no-thinking")) no_thinking = true;
+        else if (!strcmp(a, "--raw-output")) raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) print_ids = true;
+        else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") || !strcmp(a, "--vision") ||
+                 !strcmp(a, "--reasoning-effort"))
+            die("%s is not supported yet", a);
+        else if (gpu_parse_flag(argc, argv, &i, &gopt)) {}
         else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); return 1; }
         else if (!model_path) model_path = a;
         else die("unexpected argument '%s' (the model path was already given as '%s')", a, model_path);
     }
     if (!model_path) { usage(stderr); return 1; }
     if (greedy) sp.temperature = 0.0f;
-    std::vector<int> prompt;
-    if (prompt_arg && (!parse_ids(prompt_arg, &prompt) || prompt.empty()))
-        die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", prompt_arg);
-    if (prompt_arg && ppl_path) die("give either --prompt-ids or --perplexity, not both");
-    if (logits_path && !prompt_arg) die("--logits-out needs --prompt-ids");
+    int inputs = !!prompt_text + !!messages_path + !!raw_prompt + !!prompt_ids + !!ppl_path + tokenize;
+    if (inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
+    if (render && !prompt_text && !messages_path) die("--render needs --prompt or --messages");
+    if (logits_path && (ppl_path || tokenize || render)) die("--logits-out goes with a prompt");
+    gopt.max_context = max_context;
+    gopt.prefill_chunk = std::min(prefill_chunk, max_context);
 
     Model m;
     std::string err;
-    if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
-    if (info) { print_info(stdout, &m); model_close(&m); return 0; }
-    if (!prompt_arg && !ppl_path) die("nothing to do: give --prompt-ids IDS, --perplexity FILE or --info");
-
-    // the reference path runs on the cpu; the gpu path arrives in a later build
-    if (!cpu) {
-        if (gpu_count() == 0) fprintf(stderr, "ninfer: no gpu found: running the cpu reference path\n");
-        else fprintf(stderr, "ninfer: this build has no gpu path yet: running the cpu reference path\n");
+    if (info) {
+        if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
+        print_info(stdout, &m);
+        model_close(&m);
+        return 0;
     }
-    const Geometry& g = m.geo;
-    FrontendIds fr;
-    if (!frontend_ids(&m, &fr, &err)) die("%s", err.c_str());
-    const int domain = fr.domain;
-    // a default eos id outside the domain can never be sampled (synthetic models keep a real
-    // generation config with a smaller vocabulary): drop it. a user's is an error.
-    std::vector<int> stops;
-    for (int id : fr.stops) if (id >= 0 && id < domain) stops.push_back(id);
-    for (int id : user_stops) {
-        if (id >= domain) die("--stop-token-id %d is outside the token domain [0, %d)", id, domain);
-        stops.push_back(id);
-    }
+    if (!inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 
-    SeqState st;
-    RunState rs;
-    seq_build(&st, g, max_context);
-    run_build(&rs, g, std::min(prefill_chunk, max_context), max_context);
+    // text in: render the chat template or take the text as is; tokenize
+    TextModel t;
+    bool needs_engine = !(tokenize || render);
+    if (needs_engine && !cpu && gpu_count() == 0) fprintf(stderr, "ninfer: no gpu found: running the cpu reference path\n");
+    if (!needs_engine) {  // tokenizer only: no engine, no gpu
+        if (!model_open(&t.m, model_path, &err)) die("%s", err.c_str());
+        std::string tj = artifact_resource(&t.m.art, "frontend/tokenizer.json"), terr;
+        if (tj.empty()) die("%s: no frontend/tokenizer.json resource", model_path);
+        if (!tokenizer_load(&t.tok, tj.data(), tj.size(), &terr)) die("%s: frontend/tokenizer.json: %s", model_path, terr.c_str());
+    } else if (!text_model_open(&t, model_path, cpu, gopt, &err)) {
+        die("%s", err.c_str());
+    }
+    if (tokenize) {
+        std::string text, line;
+        char buf[1 << 16]; size_t n;
+        while ((n = fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, n);
+        std::vector<int> ids;
+        tokenizer_encode(&t.tok, text, &ids);
+        for (size_t i = 0; i < ids.size(); i++) printf(i ? " %d" : "%d", ids[i]);
+        printf("\n");
+        model_close(&t.m);
+        return 0;
+    }
+    TextRequest rq;
+    std::string rendered;
+    bool ids_out = prompt_ids != nullptr;  // ids in, ids out
+    if (prompt_text || messages_path) {
+        Json messages, tools;
+        if (prompt_text) messages = chat_messages_from_prompt(prompt_text);
+        else if (!chat_parse_request(read_file(messages_path), &messages, &tools, &err)) die("%s: %s", messages_path, err.c_str());
+        chat_from_openai(&messages);
+        ChatOptions co;
+        co.enable_thinking = no_thinking ? 0 : -1;
+        co.developer_as_system = true;
+        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err))
+            die("%s: %s", messages_path ? messages_path : "--prompt", err.c_str());
+        if (render) { fwrite(rendered.data(), 1, rendered.size(), stdout); model_close(&t.m); return 0; }
+        tokenizer_encode(&t.tok, rendered, &rq.prompt);
+        rq.thinking_open = chat_thinking_open(rendered);
+        rq.tools = tools.is_array();
+    } else if (raw_prompt) {
+        tokenizer_encode(&t.tok, raw_prompt, &rq.prompt);
+        rq.raw = true;  // a completion has no reasoning channel
+        if (rq.prompt.empty()) die("--raw-prompt: the text has no tokens");
+    } else if (prompt_ids) {
+        if (!parse_ids(prompt_ids, &rq.prompt) || rq.prompt.empty()) die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", prompt_ids);
+    }
+    const int domain = t.fr.domain;
+    const Geometry& g = t.m.geo;
 
     if (ppl_path) {
+        std::string text = read_file(ppl_path);
         std::vector<int> ids;
-        if (!parse_ids(read_file(ppl_path).c_str(), &ids))
-            die("%s: not a file of token ids; perplexity over text needs the tokenizer, which is not in this build yet", ppl_path);
-        if (ids.size() < 2) die("%s: needs at least 2 token ids, has %zu", ppl_path, ids.size());
+        bool as_ids = parse_ids(text.c_str(), &ids);
+        if (!as_ids) tokenizer_encode(&t.tok, text, &ids);  // a text file
+        if (ids.size() < 2) die("%s: needs at least 2 tokens, has %zu", ppl_path, ids.size());
         for (size_t i = 0; i < ids.size(); i++)
             if (ids[i] >= g.vocab) die("%s: token %zu is id %d, outside the vocabulary [0, %d)", ppl_path, i, ids[i], g.vocab);
         double t0 = now_s();
         int64_t n = 0;
-        double nll = perplexity_cpu(&m, &rs, &st, ids, max_context, &n);
+        double nll = engine_perplexity(&t.en, ids, max_context, &n);
         if (n == 0) die("%s: no token was scored (every window has one token; raise --max-context)", ppl_path);
         printf("perplexity: %.6f over %lld tokens\n", exp(nll / n), (long long)n);
-        fprintf(stderr, "ninfer: %zu tokens in windows of %d, %.2f s\n", ids.size(), max_context, now_s() - t0);
-    } else {
-        for (size_t i = 0; i < prompt.size(); i++)
-            if (prompt[i] >= domain) die("--prompt-ids: id %d (position %zu) is outside the token domain [0, %d)", prompt[i], i, domain);
-        if ((int)prompt.size() > max_context)
-            die("the prompt has %zu tokens, more than --max-context %d", prompt.size(), max_context);
-        if (print_ids) {
-            fprintf(stderr, "prompt ids:");
-            for (int id : prompt) fprintf(stderr, " %d", id);
-            fprintf(stderr, "\n");
-        }
+        fprintf(stderr, "ninfer: %zu tokens (%s) in windows of %d, %.2f s\n", ids.size(), as_ids ? "ids" : "text", max_context, now_s() - t0);
+        text_model_close(&t);
+        return 0;
+    }
+
+    for (size_t i = 0; i < rq.prompt.size(); i++)
+        if (rq.prompt[i] < 0 || rq.prompt[i] >= domain) die("prompt id %d (position %zu) is outside the token domain [0, %d)", rq.prompt[i], i, domain);
+    if ((int)rq.prompt.size() >= engine_capacity(&t.en))
+        die("the prompt has %zu tokens, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t.en));
+    rq.stop_ids = t.fr.stops;
+    for (int id : user_stops) {
+        if (id >= domain) die("--stop-token-id %d is outside the token domain [0, %d)", id, domain);
+        rq.stop_ids.push_back(id);
+    }
+    rq.stop = stop_strings;
+    rq.reasoning_stop = reasoning_stops;
+    rq.raw = rq.raw || raw_output;
+    rq.max_new = max_new;
+    rq.sp = sp;
+    if (print_ids) {
+        fprintf(stderr, "prompt ids:");
+        for (int id : rq.prompt) fprintf(stderr, " %d", id);
+        fprintf(stderr, "\n");
+    }
+
+    TextResult r;
+    if (ids_out || logits_path) {  // token space: ids out (and the prompt's logits)
         FILE* lf = nullptr;
         if (logits_path && !(lf = fopen(logits_path, "wb"))) die("%s: cannot create: %s", logits_path, strerror(errno));
         Sampler smp;
-        sampler_build(&smp, sp, domain);
+        sampler_build(&smp, rq.sp, domain);
         std::vector<int> out;
-        GenStats s = generate_cpu(&m, &rs, &st, &smp, prompt, max_new, stops, lf, [&](int id) {
-            printf(out.empty() ? "%d" : " %d", id);
-            fflush(stdout);
+        r.gen = engine_generate(&t.en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf, [&](int id) {
+            if (ids_out) { printf(out.empty() ? "%d" : " %d", id); fflush(stdout); }
             out.push_back(id);
         });
-        if (!out.empty()) printf("\n");
+        if (ids_out && !out.empty()) printf("\n");
+        if (!ids_out) { std::string text = tokenizer_decode(&t.tok, out, !rq.raw); printf("%s\n", text.c_str()); }
         if (lf && fclose(lf) != 0) die("%s: write failed: %s", logits_path, strerror(errno));
-        if (print_ids) {
-            fprintf(stderr, "generated ids:");
-            for (int id : out) fprintf(stderr, " %d", id);
-            fprintf(stderr, "\n");
-        }
-        fprintf(stderr, "ninfer: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
-                s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
-                s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
-                s.stopped ? ", stopped on a stop id" : st.pos == st.capacity ? ", context full" : "");
+    } else {  // text: content to stdout, reasoning to stderr, tool calls to stdout as json lines
+        bool in_reasoning = false;
+        r = generate_text(&t, rq, [&](const OutEvent& e, int id) {
+            if (e.kind == OUT_CONTENT) {
+                if (in_reasoning) { fprintf(stderr, "\n"); in_reasoning = false; }
+                fwrite(e.text.data(), 1, e.text.size(), stdout);
+                fflush(stdout);
+            } else if (e.kind == OUT_REASONING) {
+                in_reasoning = true;
+                fwrite(e.text.data(), 1, e.text.size(), stderr);
+            } else {
+                std::string line = "{\"tool_call\":{\"name\":";
+                json_escape(&line, e.name);
+                line += ",\"arguments\":" + (e.arguments.empty() ? std::string("{}") : e.arguments) + "}}\n";
+                fwrite(line.data(), 1, line.size(), stdout);
+            }
+            if (print_ids && id >= 0) fprintf(stderr, "[%d '%s']", id, show_piece(tokenizer_token_bytes(&t.tok, id)).c_str());
+            return true;
+        });
+        printf("\n");
     }
-    run_free(&rs);
-    seq_free(&st);
-    model_close(&m);
+    const GenStats& s = r.gen;
+    fprintf(stderr, "ninfer: %s; prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
+            t.en.gpu ? "gpu" : "cpu", s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
+            s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
+            s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
+            : engine_pos(&t.en) == engine_capacity(&t.en) ? ", context full" : "");
+    text_model_close(&t);
     return 0;
 }
 
