@@ -42,6 +42,12 @@ $(BUILD)/apps/ninfer-serve: $(BUILD)/apps/ninfer
 
 check-build: $(BUILD)/apps/ninfer
 
+# the quick start: a 10M-parameter qwen3.5 trained on the king james bible (models/kjv),
+# text completion from a fixed prompt, on the gpu or, without one, the cpu
+demo: $(BUILD)/apps/ninfer
+	$(BUILD)/apps/ninfer models/kjv/kjv.ninfer --raw-prompt "And God said" --temperature 0.7 --seed 2 \
+	    --presence-penalty 0 --max-new 80
+
 debug:
 	@mkdir -p $(BUILD)/debug
 	$(NVCC) $(CXXSTD) -G -g -lineinfo -Xcompiler "-O0 -g -fopenmp -fsanitize=address" $(TEST_GENCODE) \
@@ -140,8 +146,10 @@ $(BUILD)/test/format_vectors.ninfer: test/make_format_vectors.py convert.py
 	@mkdir -p $(@D)
 	$(PYTHON) test/make_format_vectors.py $@
 
-test: deps $(BUILD)/test/ninfer $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
+test: deps $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+	@echo "== test/test_serve.py against the real engine (tiny, cpu path)"
+	NINFER_SERVE_CMD="$(BUILD)/test/ninfer-serve $(MODELS)/tiny.ninfer" $(PYTHON) -m pytest -q test/test_serve.py
 	NINFER_BIN=$(BUILD)/test/ninfer $(PYTHON) -m pytest -q test
 
 clean:

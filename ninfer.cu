@@ -1913,6 +1913,7 @@ int main(int argc, char** argv) {
             return true;
         });
         printf("\n");
+        fflush(stdout);
     }
     const GenStats& s = r.gen;
     fprintf(stderr, "ninfer: %s; prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
