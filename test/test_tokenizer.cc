@@ -149,6 +149,27 @@ TEST(Tokenizer, GoldenIdsQwen3) { ASSERT_TRUE(toks().ok); check_goldens(&toks().
 TEST(Tokenizer, GoldenIdsQwen35Regex) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q35, "qwen35re", "qwen3.5 regex"); }
 TEST(Tokenizer, GoldenIdsMergeStrings) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q3s, "qwen3", "merges as strings"); }
 
+// the demo model's truncated tokenizer (models/kjv/make_tokenizer.py: the fixture's first
+// 4000 merges + the chat template's added tokens): ids from hf tokenizers in
+// models/kjv/tokenizer_ids.jsonl (made by that script)
+TEST(Tokenizer, GoldenIdsKjv) {
+    std::string raw;
+    ASSERT_TRUE(read_file("models/kjv/tokenizer/tokenizer.json", &raw));
+    Tokenizer t; std::string err;
+    ASSERT_TRUE(tokenizer_load(&t, raw.data(), raw.size(), &err)) << err;
+    std::vector<Json> g = read_jsonl("models/kjv/tokenizer_ids.jsonl");
+    ASSERT_GE(g.size(), 30u);
+    int bad = 0;
+    for (const Json& r : g) {
+        std::vector<int> ids;
+        tokenizer_encode(&t, r.get("text")->str, &ids);
+        if (ids != json_ids(r.get("ids")) && ++bad <= 10)
+            ADD_FAILURE() << "kjv input " << json_text(r.get("text")->str) << "\n  got  " << ids_str(ids) << "\n  want " << ids_str(json_ids(r.get("ids")));
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(tokenizer_find(&t, "<|im_end|>"), 4258);
+}
+
 TEST(Tokenizer, GoldenPretokens) {
     ASSERT_TRUE(toks().ok);
     int bad = 0, n = 0;
