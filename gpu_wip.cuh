@@ -2032,8 +2032,9 @@ struct GpuEngine {
     int64_t conv_slot = 0, rec_slot = 0;  // elements per slot
     // workspace
     uint8_t* work = nullptr; size_t work_bytes = 0;
-    bf16_t *x = nullptr, *xb = nullptr, *qk = nullptr, *gv = nullptr, *att = nullptr, *u = nullptr, *z = nullptr;
-    bf16_t *pa = nullptr, *pb = nullptr, *cy = nullptr, *core = nullptr, *gn = nullptr, *gu = nullptr, *hb = nullptr, *ovr = nullptr;
+    bf16_t *x = nullptr, *xb = nullptr, *qk = nullptr, *gv = nullptr, *att = nullptr, *u = nullptr;
+    bf16_t *pab = nullptr, *cy = nullptr, *core = nullptr, *gn = nullptr, *gu = nullptr, *hb = nullptr, *ovr = nullptr;
+    Mat ab[MAX_LAYERS];            // gdn layers: a_proj and b_proj as one [2Hv, H] view when adjacent in the arena
     float *qn = nullptr, *kn = nullptr, *beta = nullptr, *gg = nullptr, *logits = nullptr, *attn_scr = nullptr;
     void* amax_scr = nullptr;
     int n_splits_max = 0;
@@ -2169,11 +2170,9 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
     e->qk = (bf16_t*)take(T * qkd * 2);
     e->gv = (bf16_t*)take(T * qkd * 2);
     e->att = (bf16_t*)take(T * g.Hq * g.head_dim * 2);
-    e->u = (bf16_t*)take(T * g.conv_dim * 2);
+    e->u = (bf16_t*)take(T * (g.conv_dim + vd) * 2);  // [q | k | v | z]: the conv input, then the output gate
     e->cy = (bf16_t*)take(T * g.conv_dim * 2);
-    e->z = (bf16_t*)take(T * vd * 2);
-    e->pa = (bf16_t*)take(T * g.Hv * 2);
-    e->pb = (bf16_t*)take(T * g.Hv * 2);
+    e->pab = (bf16_t*)take(T * 2 * g.Hv * 2);            // [a | b] gate projections
     e->core = (bf16_t*)take(T * vd * 2);
     e->gn = (bf16_t*)take(T * vd * 2);
     e->gu = (bf16_t*)take(T * 2 * g.I * 2);
@@ -2315,6 +2314,15 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
             gpu_rebase_mat(e, &d.value_z); gpu_rebase_mat(e, &d.output);
         }
     }
+    // a_proj and b_proj are consecutive in the file and (bf16, 256-byte multiples) in the arena:
+    // one product over both when the second starts where the first ends
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        const Mat& a = e->w.layers[l].gdn.a_proj; const Mat& b = e->w.layers[l].gdn.b_proj;
+        if (a.format == b.format && a.format == FMT_BF16 && a.cols == b.cols && b.base == a.base + a.rows * a.base_row) {
+            e->ab[l] = a; e->ab[l].rows = a.rows + b.rows;
+        }
+    }
 
     // sequence state: kv planes, then the deltanet slots (zeroed by gpu_reset)
     size_t so = 0;
@@ -2392,22 +2400,28 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         linear(w.attn.output, e->att, qd, T, e->x, H, false, e->x, H, s);
     } else {
         const GdnWeights& d = w.gdn;
-        const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv;
-        linear(d.query_key, e->xb, H, T, e->u, C, false, nullptr, 0, s);
-        linear(mat_rows(d.value_z, 0, vd), e->xb, H, T, e->u + 2 * kd, C, false, nullptr, 0, s);
-        linear(mat_rows(d.value_z, vd, vd), e->xb, H, T, e->z, vd, false, nullptr, 0, s);
-        linear(d.a_proj, e->xb, H, T, e->pa, g.Hv, false, nullptr, 0, s);
-        linear(d.b_proj, e->xb, H, T, e->pb, g.Hv, false, nullptr, 0, s);
+        const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv, LU = C + vd, Hv2 = 2 * g.Hv;
+        // u = [q | k | v | z] per token: query_key into the first 2kd columns, value_z's [v | z]
+        // rows after them (one product each); the conv reads [q | k | v], the norm gate z
+        linear(d.query_key, e->xb, H, T, e->u, LU, false, nullptr, 0, s);
+        linear(d.value_z, e->xb, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s);
+        const bf16_t* z = e->u + C;
+        bf16_t *pa = e->pab, *pb = e->pab + g.Hv;
+        if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s);
+        else {
+            linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s);
+            linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s);
+        }
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
         if (decode) {
-            conv_step(e->u, C, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s);
+            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s);
         } else {
-            conv_prefill(e->u, C, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
+            conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
         }
         if (decode || g_force_gdn_step) {
             GdnStepArgs a;
-            a.qkv = e->cy; a.ldqkv = C; a.a = e->pa; a.b = e->pb; a.ldab = g.Hv;
+            a.qkv = e->cy; a.ldqkv = C; a.a = pa; a.b = pb; a.ldab = Hv2;
             a.a_log = (const float*)d.a_log.p; a.dt_bias = (const float*)d.dt_bias.p;
             a.state = e->rec[l]; a.slot_stride = e->rec_slot; a.slots = P.slots;
             a.out = e->core; a.ldo = vd; a.C = T; a.Hk = g.Hk; a.Hv = g.Hv;
@@ -2415,14 +2429,14 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         } else {
             l2norm(e->cy, C, e->qn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f / sqrtf((float)g.dk), s);
             l2norm(e->cy + kd, C, e->kn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f, s);
-            gdn_gates(e->pa, g.Hv, e->pb, g.Hv, (const float*)d.a_log.p, (const float*)d.dt_bias.p, e->beta, e->gg, T, g.Hv, s);
+            gdn_gates(pa, Hv2, pb, Hv2, (const float*)d.a_log.p, (const float*)d.dt_bias.p, e->beta, e->gg, T, g.Hv, s);
             GdnPrefillArgs a;
             a.q = e->qn; a.k = e->kn; a.ldqk = kd; a.v = e->cy + 2 * kd; a.ldv = C;
             a.beta = e->beta; a.g = e->gg; a.ldg = g.Hv; a.state_in = rst; a.state_out = rst;
             a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv;
             gdn_prefill(a, s);
         }
-        gated_rmsnorm(e->core, vd, e->z, vd, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
+        gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
         linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);
     }
     rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);

@@ -140,6 +140,54 @@ int main(int argc, char** argv) {
         }
         fflush(stdout);
     }
+    // decode breakdown (bucket 0): the step graph replayed back to back (device time, no host
+    // round trip), and a graph of only the step's matrix products (the same gemv calls)
+    {
+        gpu_reset(e);
+        gpu_forward(e, ids.data(), nullptr, nullptr, 1, nullptr, false);
+        gpu_decode(e, ids[1]);  // captures bucket 0's graph when graphs are on
+        auto time_graph = [&](cudaGraphExec_t gx, int n) {
+            cudaCheck(cudaGraphLaunch(gx, e->stream));
+            cudaCheck(cudaEventRecord(e0, e->stream));
+            for (int r = 0; r < n; r++) cudaCheck(cudaGraphLaunch(gx, e->stream));
+            cudaCheck(cudaEventRecord(e1, e->stream));
+            cudaCheck(cudaEventSynchronize(e1));
+            float t; cudaCheck(cudaEventElapsedTime(&t, e0, e1));
+            return t / n;
+        };
+        double mbytes = 0;
+        cudaGraph_t gr;
+        cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        int kernels = 0;
+        auto mm = [&](const Mat& w, int ldy) {
+            linear(w, e->xb, (int)w.cols <= g.H ? g.H : (int)w.cols, 1, e->gu, ldy, false, nullptr, 0, e->stream);
+            RowSplitGeom rg;
+            mbytes += w.format == FMT_BF16 ? (double)w.rows * w.cols * 2 : (row_split_geom(w.format, w.rows, w.cols, &rg), (double)rg.bytes);
+            kernels++;
+        };
+        for (int l = 0; l < g.L; l++) {
+            const LayerWeights& lw = e->w.layers[l];
+            if (lw.full) { mm(lw.attn.query_key, 1); mm(lw.attn.gate_value, 1); mm(lw.attn.output, 1); }
+            else {
+                mm(lw.gdn.query_key, 1); mm(lw.gdn.value_z, 1);
+                if (e->ab[l].rows) mm(e->ab[l], 1); else { mm(lw.gdn.a_proj, 1); mm(lw.gdn.b_proj, 1); }
+                mm(lw.gdn.output, 1);
+            }
+            mm(lw.gate_up, 1); mm(lw.down, 1);
+        }
+        mm(e->w.output_head, 1);
+        cudaCheck(cudaStreamEndCapture(e->stream, &gr));
+        cudaGraphExec_t gx;
+        cudaCheck(cudaGraphInstantiate(&gx, gr, 0));
+        float t_mm = time_graph(gx, 50);
+        cudaCheck(cudaGraphExecDestroy(gx)); cudaCheck(cudaGraphDestroy(gr));
+        if (e->graph[0]) {
+            float t_step = time_graph(e->graph[0], 50);
+            printf("decode     step graph %.3f ms/token on the device (%.1f tok/s without host round trips)\n", t_step, 1e3 / t_step);
+        }
+        printf("decode     matrices only: %d products, %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n", kernels, mbytes / 1e9, t_mm,
+               mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
+    }
     // smoke: a short greedy generation
     gpu_reset(e);
     std::vector<int> out;
