@@ -1446,8 +1446,8 @@ struct TextModel {
     Engine en;
 };
 
-// open the artifact and its tokenizer; build the engine on the gpu unless `cpu` (or no gpu)
-static bool text_model_open(TextModel* t, const char* path, bool cpu, const GpuOpts& o, std::string* err) {
+// open the artifact and its tokenizer (no engine yet: text_model_start builds it)
+static bool text_model_open(TextModel* t, const char* path, std::string* err) {
     if (!model_open(&t->m, path, err)) return false;
     std::string tj = artifact_resource(&t->m.art, "frontend/tokenizer.json");
     if (tj.empty()) { *err = t->m.art.path + ": no frontend/tokenizer.json resource"; return false; }
@@ -1458,9 +1458,14 @@ static bool text_model_open(TextModel* t, const char* path, bool cpu, const GpuO
     std::vector<int> stops;
     for (int id : t->fr.stops) if (id >= 0 && id < t->fr.domain) stops.push_back(id);
     t->fr.stops = stops;
-    bool gpu = !cpu && gpu_count() > 0;
-    if (!engine_build(&t->en, &t->m, gpu, o, err)) return false;
     return true;
+}
+
+// build the engine: on the gpu unless `cpu` or there is none (then a notice on stderr)
+static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const char* who, std::string* err) {
+    bool gpu = !cpu && gpu_count() > 0;
+    if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
+    return engine_build(&t->en, &t->m, gpu, o, err);
 }
 
 static void text_model_close(TextModel* t) { engine_free(&t->en); model_close(&t->m); }
@@ -1594,8 +1599,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.max_context = o.max_context;
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
-    if (gpu_count() == 0) fprintf(stderr, "ninfer-serve: no gpu found: serving from the cpu reference path\n");
-    if (!text_model_open(&s->t, path, false, g, err)) { delete s; return nullptr; }
+    if (!text_model_open(&s->t, path, err) || !text_model_start(&s->t, false, g, "ninfer-serve", err)) { delete s; return nullptr; }
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;
     s->api.max_context = engine_capacity(&s->t.en);
@@ -1777,7 +1781,8 @@ int main(int argc, char** argv) {
     int inputs = !!prompt_text + !!messages_path + !!raw_prompt + !!prompt_ids + !!ppl_path + tokenize;
     if (inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
     if (render && !prompt_text && !messages_path) die("--render needs --prompt or --messages");
-    if (logits_path && (ppl_path || tokenize || render)) die("--logits-out goes with a prompt");
+    if (logits_path && (!(prompt_text || messages_path || raw_prompt || prompt_ids) || render))
+        die("--logits-out needs a prompt (--prompt, --messages, --raw-prompt or --prompt-ids)");
     gopt.max_context = max_context;
     gopt.prefill_chunk = std::min(prefill_chunk, max_context);
 
@@ -1793,16 +1798,7 @@ int main(int argc, char** argv) {
 
     // text in: render the chat template or take the text as is; tokenize
     TextModel t;
-    bool needs_engine = !(tokenize || render);
-    if (needs_engine && !cpu && gpu_count() == 0) fprintf(stderr, "ninfer: no gpu found: running the cpu reference path\n");
-    if (!needs_engine) {  // tokenizer only: no engine, no gpu
-        if (!model_open(&t.m, model_path, &err)) die("%s", err.c_str());
-        std::string tj = artifact_resource(&t.m.art, "frontend/tokenizer.json"), terr;
-        if (tj.empty()) die("%s: no frontend/tokenizer.json resource", model_path);
-        if (!tokenizer_load(&t.tok, tj.data(), tj.size(), &terr)) die("%s: frontend/tokenizer.json: %s", model_path, terr.c_str());
-    } else if (!text_model_open(&t, model_path, cpu, gopt, &err)) {
-        die("%s", err.c_str());
-    }
+    if (!text_model_open(&t, model_path, &err)) die("%s", err.c_str());
     if (tokenize) {
         std::string text, line;
         char buf[1 << 16]; size_t n;
@@ -1831,15 +1827,15 @@ int main(int argc, char** argv) {
         tokenizer_encode(&t.tok, rendered, &rq.prompt);
         rq.thinking_open = chat_thinking_open(rendered);
         rq.tools = tools.is_array();
-    } else if (raw_prompt) {
+    } else if (raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
         tokenizer_encode(&t.tok, raw_prompt, &rq.prompt);
-        rq.raw = true;  // a completion has no reasoning channel
         if (rq.prompt.empty()) die("--raw-prompt: the text has no tokens");
     } else if (prompt_ids) {
         if (!parse_ids(prompt_ids, &rq.prompt) || rq.prompt.empty()) die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", prompt_ids);
     }
     const int domain = t.fr.domain;
     const Geometry& g = t.m.geo;
+    if (!text_model_start(&t, cpu, gopt, "ninfer", &err)) die("%s", err.c_str());
 
     if (ppl_path) {
         std::string text = read_file(ppl_path);

@@ -85,7 +85,7 @@ def one_line_error(r, *words):
     (["--prompt-ids", "1,x,3"], ["--prompt-ids", "not a list of token ids"]),
     (["--prompt-ids", ""], ["--prompt-ids"]),
     (["--prompt-ids", f"1,{DOMAIN}"], ["outside the token domain", str(DOMAIN)]),
-    (["--prompt-ids", "1,2,3,4,5", "--max-context", "4"], ["more than --max-context 4"]),
+    (["--prompt-ids", "1,2,3,4,5", "--max-context", "4"], ["no room left in --max-context 4"]),
     (["--prompt-ids", "1", "--temperature", "abc"], ["--temperature", "not a number"]),
     (["--prompt-ids", "1", "--top-p", "1.5"], ["--top-p", "outside"]),
     (["--prompt-ids", "1", "--max-new", "-1"], ["--max-new", "outside"]),
@@ -93,13 +93,21 @@ def one_line_error(r, *words):
     (["--prompt-ids", "1", "--stop-token-id", str(DOMAIN + 5)], ["--stop-token-id", "outside the token domain"]),
     (["--prompt-ids", "1", "--max-context"], ["--max-context needs a value"]),
     ([], ["nothing to do"]),
-    (["--logits-out", "/tmp/x.f32"], ["--logits-out needs --prompt-ids"]),
+    (["--logits-out", "/tmp/x.f32"], ["--logits-out needs a prompt"]),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, words):
     one_line_error(ninfer(TINY, "--cpu", *args), *words)
 
 
-def test_text_perplexity_file_needs_the_tokenizer(tmp_path):
+def test_text_perplexity_file_is_tokenized(tmp_path):
+    # a text file is tokenized with the artifact's tokenizer: the same perplexity as its ids
     f = tmp_path / "text.txt"
     f.write_text("In the beginning God created the heaven and the earth.\n")
-    one_line_error(ninfer(TINY, "--cpu", "--perplexity", str(f)), "tokenizer")
+    r = ninfer(TINY, "--cpu", "--perplexity", str(f))
+    assert r.returncode == 0, r.stderr
+    tok = subprocess.run([BIN, TINY, "--tokenize"], input=f.read_text(), capture_output=True, text=True, timeout=60)
+    assert tok.returncode == 0, tok.stderr
+    g = tmp_path / "ids.txt"
+    g.write_text(tok.stdout)
+    r2 = ninfer(TINY, "--cpu", "--perplexity", str(g))
+    assert r2.returncode == 0 and r2.stdout == r.stdout, (r.stdout, r2.stdout)
