@@ -64,6 +64,30 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
+// programmatic dependent launch (hopper): every kernel of this file starts with pdl_entry(),
+// which waits until the kernels it depends on have finished and their writes are visible
+// (griddepcontrol.wait), then lets the next kernel of the stream be scheduled
+// (launch_dependents): that kernel's blocks are placed and run up to their own wait while this
+// one finishes, which hides most of the launch gap between the ~400 small kernels of a decode
+// step. launched without the attribute (g_pdl off, or before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static bool g_pdl = true;  // launch with the programmatic-serialization attribute (NINFER_PDL=0: off)
+template <typename... KArgs, typename... Args>
+static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr; cfg.numAttrs = g_pdl ? 1 : 0;
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 // torch's softplus: linear above 20
@@ -458,6 +482,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
 // group is computed (an l1 hit once one warp of the sm has touched it).
 template <int F, int NW, int D, int RT, bool OFFS, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+    pdl_entry();
     using Fm = GemvFmt<F>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat& w = a.w;
@@ -526,6 +551,7 @@ template <int F> struct GemvAsyncLayout {  // one stage of one warp: 16 rows x 2
 
 template <int F, int NW, int S, bool OFFS, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
+    pdl_entry();
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
     constexpr int D = 2;
@@ -609,14 +635,14 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
     unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
     if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
     switch (variant) {
-        case 0: gemv_kernel<F, 8, 2, 1, true, 3><<<t1, 8 * 32, 0, stream>>>(a); break;
-        case 1: gemv_kernel<F, 8, 4, 1, true, 2><<<t1, 8 * 32, 0, stream>>>(a); break;
-        case 2: gemv_kernel<F, 16, 2, 1, true, 2><<<t1, 16 * 32, 0, stream>>>(a); break;
-        case 3: gemv_kernel<F, 8, 2, 2, true, 2><<<t2, 8 * 32, 0, stream>>>(a); break;
-        case 4: gemv_kernel<F, 8, 2, 1, false, 3><<<t1, 8 * 32, 0, stream>>>(a); break;
-        case 5: gemv_kernel<F, 32, 2, 1, true, 1><<<t1, 32 * 32, 0, stream>>>(a); break;
-        case 6: if constexpr (F != FMT_BF16) gemv_async_kernel<F, 4, 4, true, 8><<<t1, 4 * 32, 0, stream>>>(a); break;
-        case 7: if constexpr (F != FMT_BF16) gemv_async_kernel<F, 8, 3, true, 4><<<t1, 8 * 32, 0, stream>>>(a); break;
+        case 0: launch_k(gemv_kernel<F, 8, 2, 1, true, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 1: launch_k(gemv_kernel<F, 8, 4, 1, true, 2>, t1, 8 * 32, 0, stream, a); break;
+        case 2: launch_k(gemv_kernel<F, 16, 2, 1, true, 2>, t1, 16 * 32, 0, stream, a); break;
+        case 3: launch_k(gemv_kernel<F, 8, 2, 2, true, 2>, t2, 8 * 32, 0, stream, a); break;
+        case 4: launch_k(gemv_kernel<F, 8, 2, 1, false, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 5: launch_k(gemv_kernel<F, 32, 2, 1, true, 1>, t1, 32 * 32, 0, stream, a); break;
+        case 6: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, true, 8>, t1, 4 * 32, 0, stream, a); break;
+        case 7: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 8, 3, true, 4>, t1, 8 * 32, 0, stream, a); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
@@ -674,6 +700,7 @@ enum { NORM_THREADS = 128 };
 // (used by no text norm of qwen3.5, kept for the vision tower and tests)
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
                                                                const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w) {
+    pdl_entry();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
     bf16_t* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
@@ -689,7 +716,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const bf16_t* x, 
 static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* w, int n, int rows, int heads, float eps,
                     bool plain_w, cudaStream_t stream) {
     CHECK(rows % heads == 0, "rmsnorm: rows %d not a multiple of heads %d", rows, heads);
-    rmsnorm_kernel<<<rows, NORM_THREADS, 0, stream>>>(x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
+    launch_k(rmsnorm_kernel, rows, NORM_THREADS, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
     cudaCheck(cudaGetLastError());
 }
 
@@ -699,6 +726,7 @@ static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* 
 __global__ void __launch_bounds__(NORM_THREADS) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo, const bf16_t* __restrict__ z,
                                                                      int ldz, bf16_t* y, int ldy, const bf16_t* __restrict__ w, int n,
                                                                      int heads, float eps) {
+    pdl_entry();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* orow = o + (int64_t)tok * ldo + (int64_t)hd * n;
     const bf16_t* zrow = z + (int64_t)tok * ldz + (int64_t)hd * n;
@@ -715,7 +743,7 @@ __global__ void __launch_bounds__(NORM_THREADS) gated_rmsnorm_kernel(const bf16_
 }
 static void gated_rmsnorm(const bf16_t* o, int ldo, const bf16_t* z, int ldz, bf16_t* y, int ldy, const bf16_t* w, int n,
                           int T, int heads, float eps, cudaStream_t stream) {
-    gated_rmsnorm_kernel<<<T * heads, NORM_THREADS, 0, stream>>>(o, ldo, z, ldz, y, ldy, w, n, heads, eps);
+    launch_k(gated_rmsnorm_kernel, T * heads, NORM_THREADS, 0, stream, o, ldo, z, ldz, y, ldy, w, n, heads, eps);
     cudaCheck(cudaGetLastError());
 }
 
@@ -724,6 +752,7 @@ static void gated_rmsnorm(const bf16_t* o, int ldo, const bf16_t* z, int ldz, bf
 enum { L2_THREADS = 128 };
 __global__ void __launch_bounds__(L2_THREADS) l2norm_kernel(const bf16_t* __restrict__ x, int ldx, float* y, int ldy, int n, int rows,
                                                             int heads, float eps, float scale) {
+    pdl_entry();
     int r = blockIdx.x * (L2_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     int tok = r / heads, hd = r % heads;
@@ -738,7 +767,7 @@ __global__ void __launch_bounds__(L2_THREADS) l2norm_kernel(const bf16_t* __rest
 static void l2norm(const bf16_t* x, int ldx, float* y, int ldy, int n, int T, int heads, float eps, float scale,
                    cudaStream_t stream) {
     int rows = T * heads;
-    l2norm_kernel<<<CEIL_DIV(rows, L2_THREADS / 32), L2_THREADS, 0, stream>>>(x, ldx, y, ldy, n, rows, heads, eps, scale);
+    launch_k(l2norm_kernel, CEIL_DIV(rows, L2_THREADS / 32), L2_THREADS, 0, stream, x, ldx, y, ldy, n, rows, heads, eps, scale);
     cudaCheck(cudaGetLastError());
 }
 
@@ -750,6 +779,7 @@ enum { EW_THREADS = 256 };
 // mlp activation (model.md 4.2) with hf's bf16 roundings: y = bf16( bf16(silu(gate)) * up ).
 // gu: [T][2I] = [gate | up] (the fused gate_up gemv output), y: [T][I]
 __global__ void swiglu_kernel(const bf16_t* __restrict__ gu, int ldgu, bf16_t* y, int ldy, int I, int T) {
+    pdl_entry();
     int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= (int64_t)I * T) return;
     int t = (int)(idx / I), i = (int)(idx % I);
@@ -757,7 +787,7 @@ __global__ void swiglu_kernel(const bf16_t* __restrict__ gu, int ldgu, bf16_t* y
     y[(int64_t)t * ldy + i] = f2bf(bfround(silu_f(bf2f(row[i]))) * bf2f(row[I + i]));
 }
 static void swiglu(const bf16_t* gu, int ldgu, bf16_t* y, int ldy, int I, int T, cudaStream_t stream) {
-    swiglu_kernel<<<(unsigned)CEIL_DIV((int64_t)I * T, (int64_t)EW_THREADS), EW_THREADS, 0, stream>>>(gu, ldgu, y, ldy, I, T);
+    launch_k(swiglu_kernel, (unsigned)CEIL_DIV((int64_t)I * T, (int64_t)EW_THREADS), EW_THREADS, 0, stream, gu, ldgu, y, ldy, I, T);
     cudaCheck(cudaGetLastError());
 }
 
@@ -775,6 +805,7 @@ __device__ __forceinline__ int dev_group_code(int f, const uint8_t* base, const 
 // weights copy exactly). ids[t] >= 0 gathers that row; ids[t] < 0 copies row (-1 - ids[t])
 // of `ovr` instead (per-token embedding overrides: vision features, mtp inputs).
 __global__ void embed_gather_kernel(Mat w, const int* __restrict__ ids, const bf16_t* __restrict__ ovr, int ldo, bf16_t* y, int ldy) {
+    pdl_entry();
     int t = blockIdx.y;
     int64_t k = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (k >= w.cols) return;
@@ -793,7 +824,7 @@ __global__ void embed_gather_kernel(Mat w, const int* __restrict__ ids, const bf
 static void embed_gather(const Mat& w, const int* ids, int T, const bf16_t* ovr, int ldo, bf16_t* y, int ldy, cudaStream_t stream) {
     CHECK(w.format == FMT_BF16 || format_grouped(w.format), "embed_gather: unsupported format %s", format_name(w.format));
     dim3 grid((unsigned)CEIL_DIV(w.cols, (int64_t)EW_THREADS), T);
-    embed_gather_kernel<<<grid, EW_THREADS, 0, stream>>>(w, ids, ovr, ldo, y, ldy);
+    launch_k(embed_gather_kernel, grid, EW_THREADS, 0, stream, w, ids, ovr, ldo, y, ldy);
     cudaCheck(cudaGetLastError());
 }
 
@@ -811,6 +842,7 @@ struct RopeArgs {
     float inv_freq[64];
 };
 __global__ void mrope_kernel(RopeArgs a) {
+    pdl_entry();
     int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= (int64_t)a.T * a.nheads * a.half) return;
     int i = (int)(idx % a.half);
@@ -838,7 +870,7 @@ static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, 
     a.sec_h = sections[1]; a.sec_w = sections[2];
     rope_inv_freq(theta, rot, a.inv_freq);
     int64_t n = (int64_t)T * nheads * a.half;
-    mrope_kernel<<<(unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream>>>(a);
+    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -864,6 +896,7 @@ struct ConvStepArgs {
 };
 // decode: one thread per channel runs the C columns in order
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
+    pdl_entry();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= a.conv_dim) return;
     int D = a.conv_dim;
@@ -888,7 +921,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
                       bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream) {
     ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim};
-    conv_step_kernel<<<CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream>>>(a);
+    launch_k(conv_step_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -897,6 +930,7 @@ static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, 
 // (blocks of later tokens may still read state_in); conv_state_update writes it afterwards.
 __global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* __restrict__ w,
                                                                     const bf16_t* state_in, bf16_t* y, int ldy, int T, int conv_dim) {
+    pdl_entry();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= conv_dim) return;
     int D = conv_dim;
@@ -918,6 +952,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t
 // the state after T tokens: the last 3 raw inputs (left-filled from state_in when T < 3)
 __global__ void conv_state_update_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* state_in, bf16_t* state_out, int T,
                                          int conv_dim) {
+    pdl_entry();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= conv_dim) return;
     float v[3];
@@ -930,10 +965,10 @@ __global__ void conv_state_update_kernel(const bf16_t* __restrict__ u, int ldu, 
 static void conv_prefill(const bf16_t* u, int ldu, const bf16_t* w, const bf16_t* state_in, bf16_t* state_out, bf16_t* y,
                          int ldy, int T, int conv_dim, cudaStream_t stream) {
     dim3 grid(CEIL_DIV(conv_dim, CONV_THREADS), CEIL_DIV(T, CONV_TOKENS));
-    conv_prefill_kernel<<<grid, CONV_THREADS, 0, stream>>>(u, ldu, w, state_in, y, ldy, T, conv_dim);
+    launch_k(conv_prefill_kernel, grid, CONV_THREADS, 0, stream, u, ldu, w, state_in, y, ldy, T, conv_dim);
     cudaCheck(cudaGetLastError());
     if (state_out) {
-        conv_state_update_kernel<<<CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream>>>(u, ldu, state_in, state_out, T, conv_dim);
+        launch_k(conv_state_update_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, u, ldu, state_in, state_out, T, conv_dim);
         cudaCheck(cudaGetLastError());
     }
 }
@@ -948,6 +983,7 @@ __device__ __forceinline__ void gdn_gate_math(float a, float b, float a_log, flo
 // a, b: [T][*] bf16 projection outputs (lda, ldb); beta, g: [T][Hv] fp32
 __global__ void gdn_gates_kernel(const bf16_t* __restrict__ a, int lda, const bf16_t* __restrict__ b, int ldb, const float* __restrict__ a_log,
                                  const float* __restrict__ dt_bias, float* beta, float* g, int T, int Hv) {
+    pdl_entry();
     int idx = blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= T * Hv) return;
     int t = idx / Hv, h = idx % Hv;
@@ -957,7 +993,7 @@ __global__ void gdn_gates_kernel(const bf16_t* __restrict__ a, int lda, const bf
 }
 static void gdn_gates(const bf16_t* a, int lda, const bf16_t* b, int ldb, const float* a_log, const float* dt_bias,
                       float* beta, float* g, int T, int Hv, cudaStream_t stream) {
-    gdn_gates_kernel<<<CEIL_DIV(T * Hv, EW_THREADS), EW_THREADS, 0, stream>>>(a, lda, b, ldb, a_log, dt_bias, beta, g, T, Hv);
+    launch_k(gdn_gates_kernel, CEIL_DIV(T * Hv, EW_THREADS), EW_THREADS, 0, stream, a, lda, b, ldb, a_log, dt_bias, beta, g, T, Hv);
     cudaCheck(cudaGetLastError());
 }
 
@@ -980,6 +1016,7 @@ struct GdnStepArgs {
     int C, Hk, Hv;
 };
 __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
+    pdl_entry();
     const int h = blockIdx.x, j = blockIdx.y * GDN_COLS + (threadIdx.x & 31);
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, i0 = warp * 32;
     const int hk = h / (a.Hv / a.Hk);
@@ -1032,7 +1069,7 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
 static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     CHECK(a.Hv % a.Hk == 0, "gdn_step: Hv %d not a multiple of Hk %d", a.Hv, a.Hk);
     dim3 grid(a.Hv, GDN_D / GDN_COLS);
-    gdn_step_kernel<<<grid, GDN_THREADS, 0, stream>>>(a);
+    launch_k(gdn_step_kernel, grid, GDN_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1116,6 +1153,7 @@ template <int KV>
 __global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
                                                              void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
                                                              const int* __restrict__ pos, int Hkv) {
+    pdl_entry();
     const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
     __shared__ float wmax[2][ATT_HD / 32];
     const int64_t p = pos[c];
@@ -1144,6 +1182,7 @@ __global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __res
 
 __global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
                                  bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
+    pdl_entry();
     int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
     int64_t p = pos[c];
     if (p < 0 || p >= cap) return;
@@ -1152,16 +1191,103 @@ __global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf
 }
 static void kv_append(const bf16_t* k, int ldk, const bf16_t* v, int ldv, bf16_t* kc, bf16_t* vc, int64_t cap,
                       const int* pos, int C, int Hkv, cudaStream_t stream) {
-    kv_append_kernel<<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, cap, pos, Hkv);
+    launch_k(kv_append_kernel, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, cap, pos, Hkv);
     cudaCheck(cudaGetLastError());
 }
 // any cache format: bf16 copies, int8 / fp8 quantize per 64 elements (scales: null for bf16)
 static void kv_append(int kv, const bf16_t* k, int ldk, const bf16_t* v, int ldv, void* kc, void* vc, __half* ksc, __half* vsc,
                       int64_t cap, const int* pos, int C, int Hkv, cudaStream_t stream) {
     if (kv == KV_BF16) { kv_append(k, ldk, v, ldv, (bf16_t*)kc, (bf16_t*)vc, cap, pos, C, Hkv, stream); return; }
-    if (kv == KV_INT8) kv_append_q_kernel<KV_INT8><<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
-    else kv_append_q_kernel<KV_FP8><<<C * Hkv, ATT_HD, 0, stream>>>(k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    if (kv == KV_INT8) launch_k(kv_append_q_kernel<KV_INT8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    else launch_k(kv_append_q_kernel<KV_FP8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
     cudaCheck(cudaGetLastError());
+}
+
+// the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
+// block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
+// place. kv heads: the same for k, then k and v appended at kvpos[c] (quantized for int8 /
+// fp8 as kv_append_q does). the roundings are those of the separate kernels: y = bf16(x * inv *
+// (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+struct AttnPrepArgs {
+    bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
+    const bf16_t* v; int ldv;           // [C][Hkv*256]
+    const bf16_t* qw; const bf16_t* kw; // norm weights (256)
+    const int* pos3; const int* kvpos;  // [C][3], [C]
+    void* kc; void* vc; __half* ksc; __half* vsc; int64_t cap;
+    int Hq, Hkv, half, sec_h, sec_w;
+    float eps;
+    float inv_freq[64];
+};
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepArgs a) {
+    pdl_entry();
+    const int nh = a.Hq + a.Hkv, c = blockIdx.x / nh, hh = blockIdx.x % nh, d = threadIdx.x, warp = d >> 5;
+    const bool isk = hh >= a.Hq;
+    __shared__ float ys[ATT_HD];
+    __shared__ float wmax[2][ATT_HD / 32];
+    bf16_t* row = a.qk + (int64_t)c * a.ldqk + (int64_t)hh * ATT_HD;
+    const float x = bf2f(row[d]);
+    const float ss = block_sum(x * x);
+    const float inv = rsqrtf(ss / (float)ATT_HD + a.eps);
+    const float wv = bf2f((isk ? a.kw : a.qw)[d]);
+    ys[d] = bfround(x * inv * (1.f + wv));
+    __syncthreads();
+    float out = ys[d];
+    if (d < 2 * a.half) {
+        const int i = d < a.half ? d : d - a.half;
+        const int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
+        const float ang = (float)a.pos3[c * 3 + axis] * a.inv_freq[i];
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float co = bfround(cs), si = bfround(sn), x1 = ys[i], x2 = ys[i + a.half];
+        out = d < a.half ? bfround(x1 * co) - bfround(x2 * si) : bfround(x2 * co) + bfround(x1 * si);
+    }
+    const bf16_t ob = f2bf(out);
+    row[d] = ob;
+    if (!isk) return;
+    const int h = hh - a.Hq;
+    const int64_t p = a.kvpos[c];
+    if (p < 0 || p >= a.cap) return;  // uniform over the block
+    const int64_t crow = (int64_t)h * a.cap + p;
+    const float xv = bf2f(a.v[(int64_t)c * a.ldv + h * ATT_HD + d]);
+    if constexpr (KV == KV_BF16) {
+        ((bf16_t*)a.kc)[crow * ATT_HD + d] = ob;
+        ((bf16_t*)a.vc)[crow * ATT_HD + d] = f2bf(xv);
+    } else {
+        const float xk = bf2f(ob);
+        float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+        if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+        __syncthreads();
+        const int gw = (d / KV_GROUP) * 2;
+        mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+        mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+        const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+        const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+        const float sk = __half2float(hk), sv = __half2float(hv);
+        const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+        if constexpr (KV == KV_INT8) {
+            ((int8_t*)a.kc)[crow * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+            ((int8_t*)a.vc)[crow * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+        } else {
+            ((uint8_t*)a.kc)[crow * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+            ((uint8_t*)a.vc)[crow * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+        }
+        if (d % KV_GROUP == 0) { a.ksc[crow * KV_GROUPS + d / KV_GROUP] = hk; a.vsc[crow * KV_GROUPS + d / KV_GROUP] = hv; }
+    }
+}
+static void attn_prep(int kv, bf16_t* qk, int ldqk, const bf16_t* v, int ldv, const bf16_t* qw, const bf16_t* kw, const int* pos3,
+                      const int* kvpos, void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap, int C, int Hq, int Hkv, int rot,
+                      float theta, const int sections[3], float eps, cudaStream_t stream) {
+    CHECK(rot % 2 == 0 && rot / 2 <= 64 && rot <= ATT_HD, "attn_prep: rotary dims %d", rot);
+    AttnPrepArgs a;
+    a.qk = qk; a.ldqk = ldqk; a.v = v; a.ldv = ldv; a.qw = qw; a.kw = kw; a.pos3 = pos3; a.kvpos = kvpos;
+    a.kc = kc; a.vc = vc; a.ksc = ksc; a.vsc = vsc; a.cap = cap; a.Hq = Hq; a.Hkv = Hkv; a.half = rot / 2;
+    a.sec_h = sections[1]; a.sec_w = sections[2]; a.eps = eps;
+    for (int j = 0; j < 64; j++) a.inv_freq[j] = j < rot / 2 ? 1.0f / powf(theta, (float)(2 * j) / (float)rot) : 0.f;
+    const unsigned blocks = (unsigned)(C * (Hq + Hkv));
+    if (kv == KV_INT8) launch_k(attn_prep_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a);
+    else if (kv == KV_FP8) launch_k(attn_prep_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a);
+    else launch_k(attn_prep_kernel<KV_BF16>, blocks, ATT_HD, 0, stream, a);
 }
 
 struct AttnArgs {
@@ -1177,6 +1303,7 @@ struct AttnArgs {
 };
 template <int QPW, int KV>  // queries per warp: the block serves up to 4*QPW queries; KV: the cache format
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
+    pdl_entry();
     constexpr int NQ = 4 * QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = a.Hq / a.Hkv, nq = G * a.C;
@@ -1285,6 +1412,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 
 // merge the splits of column c, query head hq (block), one thread per dim
 __global__ void __launch_bounds__(ATT_HD) attn_combine_kernel(AttnArgs a, const bf16_t* __restrict__ gate, int ldg, bf16_t* y, int ldy) {
+    pdl_entry();
     const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, d = threadIdx.x;
     const int G = a.Hq / a.Hkv, nq = G * a.C, h = hq / G, qi = c * G + hq % G;
     float M = -INFINITY;
@@ -1320,9 +1448,9 @@ static int attn_split_keys(int64_t max_len, int n_splits) {
 // gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
 template <int KV>
 static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
-    if (nq <= 4) attn_decode_kernel<1, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
-    else if (nq <= 8) attn_decode_kernel<2, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
-    else attn_decode_kernel<4, KV><<<grid, ATT_THREADS, 0, stream>>>(a);
+    if (nq <= 4) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
+    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_kernel<4, KV>, grid, ATT_THREADS, 0, stream, a);
 }
 static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
                         int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
@@ -1353,7 +1481,7 @@ static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const 
         else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
         else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
         cudaCheck(cudaGetLastError());
-        attn_combine_kernel<<<a.C * Hq, ATT_HD, 0, stream>>>(a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
+        launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
                                                               y + (int64_t)c0 * ldy, ldy);
         cudaCheck(cudaGetLastError());
     }
@@ -1371,6 +1499,7 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 }
 template <typename T>
 __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_stage1_kernel(const T* __restrict__ logits, int64_t ld, int n, float* pv, int* pi) {
+    pdl_entry();
     const int c = blockIdx.y;
     const T* row = logits + (int64_t)c * ld;
     float v = -INFINITY; int idx = INT32_MAX;
@@ -1392,6 +1521,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_stage1_kernel(const T* 
     }
 }
 __global__ void argmax_stage2_kernel(const float* __restrict__ pv, const int* __restrict__ pi, int* out) {
+    pdl_entry();
     const int c = blockIdx.x, lane = threadIdx.x;
     float v = -INFINITY; int idx = INT32_MAX;
     for (int k = lane; k < ARGMAX_BLOCKS; k += 32) argmax_merge(v, idx, pv[c * ARGMAX_BLOCKS + k], pi[c * ARGMAX_BLOCKS + k]);
@@ -1406,9 +1536,9 @@ static size_t argmax_scratch_bytes(int C) { return (size_t)C * ARGMAX_BLOCKS * 8
 template <typename T>
 static void argmax(const T* logits, int64_t ld, int n, int C, void* scratch, int* out, cudaStream_t stream) {
     float* pv = (float*)scratch; int* pi = (int*)(pv + (size_t)C * ARGMAX_BLOCKS);
-    argmax_stage1_kernel<T><<<dim3(ARGMAX_BLOCKS, C), ARGMAX_THREADS, 0, stream>>>(logits, ld, n, pv, pi);
+    launch_k(argmax_stage1_kernel<T>, dim3(ARGMAX_BLOCKS, C), ARGMAX_THREADS, 0, stream, logits, ld, n, pv, pi);
     cudaCheck(cudaGetLastError());
-    argmax_stage2_kernel<<<C, 32, 0, stream>>>(pv, pi, out);
+    launch_k(argmax_stage2_kernel, C, 32, 0, stream, pv, pi, out);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1529,6 +1659,7 @@ __device__ __forceinline__ void gemm_store_w(const GemmRaw<F>& r, bf16_t* dst, f
 
 template <int F>
 __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
+    pdl_entry();
     constexpr bool SCALED = F != FMT_BF16;
     constexpr int NG = F == FMT_W8 ? 2 : 1;  // quantization groups per k step
     constexpr int KS = 4 / NG;               // k16 steps per group
@@ -1657,11 +1788,11 @@ static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
     switch (w.format) {
-        case FMT_Q4: gemm_kernel<FMT_Q4><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
-        case FMT_Q5: gemm_kernel<FMT_Q5><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
-        case FMT_Q6: gemm_kernel<FMT_Q6><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
-        case FMT_W8: gemm_kernel<FMT_W8><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
-        case FMT_BF16: gemm_kernel<FMT_BF16><<<grid, GM_THREADS, GM_SMEM, stream>>>(a); break;
+        case FMT_Q4: launch_k(gemm_kernel<FMT_Q4>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_Q5: launch_k(gemm_kernel<FMT_Q5>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_Q6: launch_k(gemm_kernel<FMT_Q6>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_W8: launch_k(gemm_kernel<FMT_W8>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_BF16: launch_k(gemm_kernel<FMT_BF16>, grid, GM_THREADS, GM_SMEM, stream, a); break;
         default: CHECK(false, "gemm: format %s", format_name(w.format));
     }
     cudaCheck(cudaGetLastError());
@@ -1699,6 +1830,7 @@ struct GdnPrefillArgs {
 };
 __device__ __forceinline__ int gdnp_idx(int i) { return i + (i >> 5) * 4; }  // row parts 4 banks apart
 __global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
+    pdl_entry();
     const int h = blockIdx.x, lane = threadIdx.x;
     const int col = lane & 7, part = lane >> 3;
     const int j = blockIdx.y * GDNP_COLS + col, i0 = part * GDNP_ROWS;
@@ -1756,7 +1888,7 @@ __global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
 }
 static void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     CHECK(a.Hv % a.Hk == 0 && a.ldqk % 4 == 0, "gdn_prefill: bad arguments");
-    gdn_prefill_kernel<<<dim3(a.Hv, GDN_D / GDNP_COLS), 32, 0, stream>>>(a);
+    launch_k(gdn_prefill_kernel, dim3(a.Hv, GDN_D / GDNP_COLS), 32, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1804,6 +1936,7 @@ __device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, con
 }
 template <int KV>
 __global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) {
+    pdl_entry();
     extern __shared__ __align__(16) uint8_t fa_smem[];
     bf16_t* Qs = (bf16_t*)fa_smem;
     bf16_t* Ks = Qs + 64 * FA_LDS;
@@ -1930,9 +2063,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) 
 static void flash_prefill(int kv, const FlashArgs& a, cudaStream_t stream) {
     CHECK(a.Hq % a.Hkv == 0 && a.ldq % 8 == 0, "flash_prefill: bad arguments");
     dim3 grid(CEIL_DIV(a.T, FA_BQ), a.Hq);
-    if (kv == KV_INT8) flash_prefill_kernel<KV_INT8><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
-    else if (kv == KV_FP8) flash_prefill_kernel<KV_FP8><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
-    else flash_prefill_kernel<KV_BF16><<<grid, FA_THREADS, FA_SMEM, stream>>>(a);
+    if (kv == KV_INT8) launch_k(flash_prefill_kernel<KV_INT8>, grid, FA_THREADS, FA_SMEM, stream, a);
+    else if (kv == KV_FP8) launch_k(flash_prefill_kernel<KV_FP8>, grid, FA_THREADS, FA_SMEM, stream, a);
+    else launch_k(flash_prefill_kernel<KV_BF16>, grid, FA_THREADS, FA_SMEM, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1943,6 +2076,11 @@ __global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b
 
 // the dynamic shared memory the prefill kernels ask for (once per device, before any capture)
 static void gpu_kernels_init() {
+    int dev = 0, major = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char* pdl = getenv("NINFER_PDL");
+    g_pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -2049,7 +2187,25 @@ struct GpuEngine {
     int* h_out = nullptr;          // pinned [DEC_COLS]
     cudaGraphExec_t graph[GPU_MAX_BUCKETS] = {};
     bool graph_used = false;
+    cudaStream_t side = nullptr;          // a second stream: independent products run beside the main chain
+    cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
 };
+
+// run `side_work` on e->side concurrently with what the caller launches next on e->stream;
+// gpu_join makes e->stream wait for it. inside a capture this forks and joins graph branches.
+static bool g_fork = true;       // NINFER_FORK=0: everything on one stream
+static bool g_fuse_prep = true;  // attention inputs in one kernel (attn_prep); NINFER_FUSE=0: the separate kernels
+template <typename F>
+static void gpu_fork(GpuEngine* e, F side_work) {
+    if (!g_fork) { side_work(e->stream); return; }
+    cudaCheck(cudaEventRecord(e->fork_ev, e->stream));
+    cudaCheck(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
+    side_work(e->side);
+    cudaCheck(cudaEventRecord(e->join_ev, e->side));
+}
+static void gpu_join(GpuEngine* e) {
+    if (g_fork) cudaCheck(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
+}
 
 // ---- loading --------------------------------------------------------------------------------
 
@@ -2202,6 +2358,9 @@ static void gpu_free(GpuEngine* e) {
     }
     if (e->h_logits) cudaFreeHost(e->h_logits);
     if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->fork_ev) cudaEventDestroy(e->fork_ev);
+    if (e->join_ev) cudaEventDestroy(e->join_ev);
+    if (e->side) cudaStreamDestroy(e->side);
     if (e->stream) cudaStreamDestroy(e->stream);
     delete e;
 }
@@ -2232,6 +2391,13 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming));
+    const char* fk = getenv("NINFER_FORK");
+    g_fork = !(fk && !strcmp(fk, "0"));
+    const char* fu = getenv("NINFER_FUSE");
+    g_fuse_prep = !(fu && !strcmp(fu, "0"));
     FrontendIds fr;
     if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
     e->domain = fr.domain;
@@ -2380,13 +2546,21 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
     if (w.full) {
         const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
+        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, e->xb, H, T, e->gv, ld, false, nullptr, 0, s2); });
         linear(w.attn.query_key, e->xb, H, T, e->qk, ld, false, nullptr, 0, s);
-        linear(w.attn.gate_value, e->xb, H, T, e->gv, ld, false, nullptr, 0, s);
-        rmsnorm(e->qk, ld, e->qk, ld, (const bf16_t*)w.attn.query_norm.p, hd, T * g.Hq, g.Hq, g.eps, false, s);
-        rmsnorm(e->qk + qd, ld, e->qk + qd, ld, (const bf16_t*)w.attn.key_norm.p, hd, T * g.Hkv, g.Hkv, g.eps, false, s);
-        mrope(e->qk, ld, T, g.Hq, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
-        mrope(e->qk + qd, ld, T, g.Hkv, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
-        kv_append(e->o.kv, e->qk + qd, ld, e->gv + qd, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hkv, s);
+        if (g_fuse_prep) {
+            gpu_join(e);  // v
+            attn_prep(e->o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)w.attn.query_norm.p, (const bf16_t*)w.attn.key_norm.p, P.pos3,
+                      P.kvpos, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, T, g.Hq, g.Hkv, g.rope_dim, g.rope_theta,
+                      g.mrope_section, g.eps, s);
+        } else {
+            rmsnorm(e->qk, ld, e->qk, ld, (const bf16_t*)w.attn.query_norm.p, hd, T * g.Hq, g.Hq, g.eps, false, s);
+            rmsnorm(e->qk + qd, ld, e->qk + qd, ld, (const bf16_t*)w.attn.key_norm.p, hd, T * g.Hkv, g.Hkv, g.eps, false, s);
+            mrope(e->qk, ld, T, g.Hq, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+            mrope(e->qk + qd, ld, T, g.Hkv, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+            gpu_join(e);  // v and the gate
+            kv_append(e->o.kv, e->qk + qd, ld, e->gv + qd, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hkv, s);
+        }
         if (decode || g_force_attn_decode) {
             attn_decode(e->o.kv, e->qk, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hq, g.Hkv, n_splits,
                         split_keys, e->attn_scr, e->gv, ld, e->att, qd, s);
@@ -2403,15 +2577,18 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv, LU = C + vd, Hv2 = 2 * g.Hv;
         // u = [q | k | v | z] per token: query_key into the first 2kd columns, value_z's [v | z]
         // rows after them (one product each); the conv reads [q | k | v], the norm gate z
-        linear(d.query_key, e->xb, H, T, e->u, LU, false, nullptr, 0, s);
-        linear(d.value_z, e->xb, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s);
         const bf16_t* z = e->u + C;
         bf16_t *pa = e->pab, *pb = e->pab + g.Hv;
-        if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s);
-        else {
-            linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s);
-            linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s);
-        }
+        gpu_fork(e, [&](cudaStream_t s2) {  // value_z and the gate projections beside query_key
+            linear(d.value_z, e->xb, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s2);
+            if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s2);
+            else {
+                linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s2);
+                linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s2);
+            }
+        });
+        linear(d.query_key, e->xb, H, T, e->u, LU, false, nullptr, 0, s);
+        gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
         if (decode) {

@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
     if (!e) { fprintf(stderr, "bench_gpu: %s\n", err.c_str()); return 1; }
     fprintf(stderr, "bench_gpu: engine built in %.2f s (capacity %d, prefill chunk %d, kv %s, graphs %s)\n", now_s() - t0, e->capacity,
             e->T_max, kv_dtype_name(o.kv), o.graphs ? "on" : "off");
+    printf("config     kv %s, graphs %s, pdl %s, fork %s, fused attention inputs %s, prefill chunk %d\n", kv_dtype_name(o.kv),
+           o.graphs ? "on" : "off", g_pdl ? "on" : "off", g_fork ? "on" : "off", g_fuse_prep ? "on" : "off", e->T_max);
     const Geometry& g = m.geo;
     cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, e->device));
     const float bw = copy_bandwidth_gbs(e->stream);
