@@ -1336,6 +1336,14 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     return s;
 }
 
+// -log softmax(logits)[target] over all rows, in double (the cpu and gpu perplexity share it)
+static double token_nll(const float* lg, int vocab, int target) {
+    float mx = lg[argmax(lg, vocab)];
+    double sum = 0.0;
+    for (int v = 0; v < vocab; v++) sum += exp((double)(lg[v] - mx));
+    return log(sum) + mx - lg[target];
+}
+
 // mean negative log-likelihood over a token sequence, NInfer-style perplexity: the ids are
 // cut into non-overlapping windows of `window` tokens; in each window every token after the
 // first is scored given the window's prefix (a fresh sequence per window). returns the total
@@ -1353,11 +1361,7 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
             int T = std::min(piece, n - i);
             forward_cpu(m, r, st, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true, nullptr);
             for (int t = 0; t < T && i + t + 1 < n; t++) {  // row t predicts token i+t+1 of the window
-                const float* lg = logits.data() + (size_t)t * g.vocab;
-                float mx = lg[argmax(lg, g.vocab)];
-                double sum = 0.0;
-                for (int v = 0; v < g.vocab; v++) sum += exp((double)(lg[v] - mx));
-                nll += log(sum) + mx - lg[ids[w0 + i + t + 1]];
+                nll += token_nll(logits.data() + (size_t)t * g.vocab, g.vocab, ids[w0 + i + t + 1]);
                 (*scored)++;
             }
         }
