@@ -66,17 +66,19 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // programmatic dependent launch (hopper): every kernel of this file starts with pdl_entry(),
 // which waits until the kernels it depends on have finished and their writes are visible
-// (griddepcontrol.wait), then lets the next kernel of the stream be scheduled
-// (launch_dependents): that kernel's blocks are placed and run up to their own wait while this
-// one finishes, which hides most of the launch gap between the ~400 small kernels of a decode
-// step. launched without the attribute (g_pdl off, or before sm_90) both are no-ops.
+// (griddepcontrol.wait): with the launch attribute the next kernel's launch is prepared while
+// this one runs, to shorten the gaps between the ~400 small kernels of a decode step. launched
+// without the attribute (g_pdl off, or before sm_90) it is a no-op.
+// measured on the h200 (bench-notes, run 3): with the trigger at kernel entry the 9b decode step
+// got slower (3.93 -> 4.09 ms; the gemv chain 2.65 -> 2.95 ms: early-placed dependents take
+// the gemv's slots), so it is off by default; NINFER_PDL=1 turns on the wait-only form (the
+// implicit trigger at kernel end) for measurement.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-static bool g_pdl = true;  // launch with the programmatic-serialization attribute (NINFER_PDL=0: off)
+static bool g_pdl = false;  // launch with the programmatic-serialization attribute (NINFER_PDL=1: on)
 template <typename... KArgs, typename... Args>
 static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
@@ -698,17 +700,17 @@ enum { NORM_THREADS = 128 };
 
 // y = bf16( x * rsqrt(mean(x^2) + eps) * (1 + w) ), all fp32 (model.md 4.1); plain_w: * w
 // (used by no text norm of qwen3.5, kept for the vision tower and tests)
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
                                                                const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w) {
     pdl_entry();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
     bf16_t* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) { float v = bf2f(xr[i]); ss += v * v; }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = bf2f(xr[i]); ss += v * v; }
     ss = block_sum(ss);
     float inv = rsqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float wv = bf2f(w[i]);
         yr[i] = f2bf(bf2f(xr[i]) * inv * (plain_w ? wv : 1.f + wv));
     }
@@ -716,7 +718,10 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const bf16_t* x, 
 static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* w, int n, int rows, int heads, float eps,
                     bool plain_w, cudaStream_t stream) {
     CHECK(rows % heads == 0, "rmsnorm: rows %d not a multiple of heads %d", rows, heads);
-    launch_k(rmsnorm_kernel, rows, NORM_THREADS, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
+    // about 8 elements per thread: a decode row of 4096 is one block, and its latency is the
+    // loop over the row, so wide rows get wide blocks (128 .. 1024 threads)
+    const int threads = std::min(1024, std::max((int)NORM_THREADS, (int)CEIL_DIV(n, 8 * 32) * 32));
+    launch_k(rmsnorm_kernel, rows, threads, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
     cudaCheck(cudaGetLastError());
 }
 
@@ -2080,7 +2085,7 @@ static void gpu_kernels_init() {
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     const char* pdl = getenv("NINFER_PDL");
-    g_pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    g_pdl = major >= 9 && pdl && !strcmp(pdl, "1");
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));

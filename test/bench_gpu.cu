@@ -14,6 +14,7 @@
 #define NINFER_TESTING
 #include "../ninfer.cu"
 #include <random>
+#include <functional>
 
 static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
@@ -189,6 +190,49 @@ int main(int argc, char** argv) {
         }
         printf("decode     matrices only: %d products, %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n", kernels, mbytes / 1e9, t_mm,
                mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
+        // the small kernels of a step, each kind alone in a graph as many times as a step runs it
+        int l_gdn = 0, l_full = 0;
+        while (g.full[l_gdn]) l_gdn++;
+        while (!g.full[l_full]) l_full++;
+        const LayerWeights& wg = e->w.layers[l_gdn]; const LayerWeights& wf = e->w.layers[l_full];
+        const int C = g.conv_dim, vd = g.Hv * g.dv, LU = C + vd, qd = g.Hq * g.head_dim, ld = qd + g.Hkv * g.head_dim;
+        int ns, sk; gpu_attn_plan(0, &ns, &sk);
+        struct Kind { const char* name; int count; std::function<void(cudaStream_t)> f; };
+        std::vector<Kind> kinds = {
+            {"rmsnorm (row of H)", g.L * 2 + 1, [&](cudaStream_t s) { rmsnorm(e->x, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, 1, 1, g.eps, false, s); }},
+            {"conv_step", g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
+            {"gdn_step", g.n_gdn, [&](cudaStream_t s) {
+                GdnStepArgs a; a.qkv = e->cy; a.ldqkv = C; a.a = e->pab; a.b = e->pab + g.Hv; a.ldab = 2 * g.Hv;
+                a.a_log = (const float*)wg.gdn.a_log.p; a.dt_bias = (const float*)wg.gdn.dt_bias.p; a.state = e->rec[l_gdn];
+                a.slot_stride = e->rec_slot; a.slots = e->dec.slots; a.out = e->core; a.ldo = vd; a.C = 1; a.Hk = g.Hk; a.Hv = g.Hv;
+                gdn_step(a, s); }},
+            {"gated_rmsnorm", g.n_gdn, [&](cudaStream_t s) { gated_rmsnorm(e->core, vd, e->u + C, LU, e->gn, vd, (const bf16_t*)wg.gdn.norm.p, g.dv, 1, g.Hv, g.eps, s); }},
+            {"swiglu", g.L, [&](cudaStream_t s) { swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, 1, s); }},
+            {"attn_prep", g.n_full, [&](cudaStream_t s) {
+                attn_prep(o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)wf.attn.query_norm.p, (const bf16_t*)wf.attn.key_norm.p, e->dec.pos3,
+                          e->dec.kvpos, e->kc[l_full], e->vc[l_full], e->ksc[l_full], e->vsc[l_full], e->capacity, 1, g.Hq, g.Hkv, g.rope_dim,
+                          g.rope_theta, g.mrope_section, g.eps, s); }},
+            {"attn_decode+combine", g.n_full, [&](cudaStream_t s) {
+                attn_decode(o.kv, e->qk, ld, e->kc[l_full], e->vc[l_full], e->ksc[l_full], e->vsc[l_full], e->capacity, e->dec.kvpos, 1, g.Hq, g.Hkv,
+                            ns, sk, e->attn_scr, e->gv, ld, e->att, qd, s); }},
+            {"embed + argmax", 1, [&](cudaStream_t s) {
+                embed_gather(e->w.token_embedding, e->dec.ids, 1, e->ovr, g.H, e->x, g.H, s);
+                argmax<float>(e->logits, g.vocab, e->domain, 1, e->amax_scr, e->dec.out, s); }},
+        };
+        double total = 0;
+        for (const Kind& k : kinds) {
+            cudaGraph_t gk;
+            cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+            for (int r = 0; r < k.count; r++) k.f(e->stream);
+            cudaCheck(cudaStreamEndCapture(e->stream, &gk));
+            cudaGraphExec_t xk;
+            cudaCheck(cudaGraphInstantiate(&xk, gk, 0));
+            float t = time_graph(xk, 20);
+            cudaCheck(cudaGraphExecDestroy(xk)); cudaCheck(cudaGraphDestroy(gk));
+            total += t;
+            printf("decode       %-22s x%-3d %.3f ms (%.2f us each)\n", k.name, k.count, t, 1e3 * t / k.count);
+        }
+        printf("decode     small kernels alone: %.3f ms per token\n", total);
     }
     // smoke: a short greedy generation
     gpu_reset(e);
