@@ -15,12 +15,16 @@
 //                            counter-based rng
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
 //                            loop, perplexity
-//   (gpu_wip.cuh)            gpu kernels, the gpu forward and Engine (one sequence on either
-//                            path); staged in a header while it is written, folded in later
-//   7. info                  --info: identity, geometry, object classes, resources
-//   8. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
+//   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
+//                            stored formats, norms, m-rope, conv + gdn with state slots,
+//                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill)
+//   8. gpu forward           loading into one device arena, sequence state, the forward pass,
+//                            cuda graph decode, generate_gpu / perplexity_gpu
+//   9. engine                one sequence on either path (cpu reference or gpu)
+//  10. info                  --info: identity, geometry, object classes, resources
+//  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; serve.h's engine interface
-//   9. cli                   poor man's argparse and main (left out when NINFER_TESTING)
+//  12. cli                   poor man's argparse and main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
@@ -43,6 +47,9 @@
 #include <algorithm>   // defines: std::sort, std::max
 #include <type_traits> // defines: std::is_void_v
 #include <cuda_runtime.h>  // defines: cudaGetDeviceCount, cudaMalloc
+#include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
+#include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
+#include <cuda_fp8.h>   // defines: __nv_cvt_float_to_fp8, __nv_cvt_fp8x2_to_halfraw2
 #include "format.h"    // defines: Json, Artifact, artifact_open, Mat, mat_rows, mat_row_dequant
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
@@ -1369,12 +1376,2942 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
     return nll;
 }
 
-// gpu kernels and the gpu forward are staged in gpu_wip.cuh while the cpu reference
-// (sections 4-6) is written in parallel; they are folded into this file, in this
-// place, when both land. keep this include here, after the cpu reference.
-#include "gpu_wip.cuh"
+// === 7. kernels ==============================================================
+//
+// what sections 7-9 define (every kernel is `op_kernel` + one host launcher `op(...)`):
+//   helpers:    bf16_t, CEIL_DIV, SlotMap semantics, warp/block reductions
+//   gemv:       quantized / bf16 matrix times a few activation columns (decode), tensor cores
+//   norms:      rmsnorm (1+w and plain), gated_rmsnorm (x silu(z)), l2norm
+//   elementwise: swiglu, embed_gather (any weight format, per-token overrides), mrope
+//   gdn:        conv_step / conv_prefill / conv_state_update, gdn_gates, gdn_step (recurrent decode)
+//   attention:  kv formats (bf16 / int8 / fp8 with fp16 scales per 64), kv_append, attn_prep (q/k
+//               norm + m-rope + append in one kernel), attn_decode (split-k over context, gqa) +
+//               attn_combine (x sigmoid gate)
+//   sampling:   argmax (two-stage, lowest id on ties)
+//   prefill:    gemm (mma.sync over exact codes, per-group fp32 scale), linear (gemv or gemm),
+//               gdn_prefill (recurrent, state in registers), flash_prefill (mma, causal, gqa)
+//   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
+//   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
+//               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
+//               (cuda graph per context bucket), gpu_pick, gpu_snapshot / gpu_restore,
+//               generate_gpu, perplexity_gpu
+//   interface:  Engine (one sequence on the cpu or the gpu path): engine_build / free / reset /
+//               generate / perplexity / pos / capacity; gpu_parse_flag, kGpuUsage
+//
+// conventions (all kernels):
+//   activations are [columns][features], features fastest, with a row stride `ld` in elements;
+//   a "column" is one token (decode batches a few: mtp verification, several sequences).
+//   activations are bf16 with fp32 math inside; the rounding points follow model.md 8 and are
+//   stated per kernel, so the cpu twins in test/test_kernels.cu can round at the same places.
+//   weights are read in their stored format (format.md 6-7) through `Mat` views; nothing is
+//   dequantized into a copy.
+//   state slots (gdn recurrent state, conv state): one layer's state for slot s lives at
+//   base + s * slot_stride. decode kernels take a device array `slots` of 2*C ints: slots[c] is
+//   the slot column c reads its state from (-1: continue from column c-1's result; at column 0,
+//   -1 means a zero state), slots[C + c] the slot it writes its state after column c to (-1:
+//   don't write). so mtp verification reads slot i once and snapshots every column into its own
+//   slot (model.md 5.3), plain decode reads and writes one slot in place, and C independent
+//   sequences each read and write their own. the slots live on the device, so a cuda graph
+//   replays with whatever slots the previous step chose.
 
-// === 7. info =================================================================
+typedef __nv_bfloat16 bf16_t;
+
+#ifndef CEIL_DIV
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+#endif
+
+// ----------------------------------------------------------------------------
+// device helpers
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16_t f2bf(float x) { return __float2bfloat16(x); }  // round to nearest even
+__device__ __forceinline__ float bfround(float x) { return __bfloat162float(__float2bfloat16(x)); }
+__device__ __forceinline__ float f16bits2f(uint32_t u) { return __half2float(__ushort_as_half((unsigned short)u)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// sum over the block (blockDim.x a multiple of 32); every thread gets the result
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float sh[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // sh may still be read by a previous call
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.f;
+    return warp_sum(v);
+}
+
+// programmatic dependent launch (hopper): every kernel of this file starts with pdl_entry(),
+// which waits until the kernels it depends on have finished and their writes are visible
+// (griddepcontrol.wait): with the launch attribute the next kernel's launch is prepared while
+// this one runs, to shorten the gaps between the ~400 small kernels of a decode step. launched
+// without the attribute (g_pdl off, or before sm_90) it is a no-op.
+// measured on the h200 (bench-notes, run 3): with the trigger at kernel entry the 9b decode step
+// got slower (3.93 -> 4.09 ms; the gemv chain 2.65 -> 2.95 ms: early-placed dependents take
+// the gemv's slots), so it is off by default; NINFER_PDL=1 turns on the wait-only form (the
+// implicit trigger at kernel end) for measurement.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static bool g_pdl = false;  // launch with the programmatic-serialization attribute (NINFER_PDL=1: on)
+template <typename... KArgs, typename... Args>
+static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr; cfg.numAttrs = g_pdl ? 1 : 0;
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
+// torch's softplus: linear above 20
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+// ----------------------------------------------------------------------------
+// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch), decode's matrix op
+//
+// batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
+// the target is the copy bandwidth. the design, and why:
+//   * tensor cores do the dot products: mma.sync m16n8k16 bf16 -> fp32, with the weight tile
+//     as A (16 rows x 16 k) and the activation columns as B (16 k x 8 columns). codes become
+//     exact bf16 values in registers with one or two integer ops per pair (the "magic number"
+//     trick: a 7-bit integer ored into the mantissa of bf16 128.0 is 128 + that integer
+//     exactly, and one bf16x2 fma removes the 128 and the sign offset). the conversion costs
+//     ~1.5 instructions per weight whatever C is, so 1..8 columns cost the same time.
+//   * the quad of threads that shares an mma row covers exactly one quantization group per
+//     mma chain (each thread 16 lanes = 8 bytes of q4/q5/q6 codes, 8 lanes of w8), so a
+//     group's partial dot comes out of the tensor core unscaled and is scaled once in fp32:
+//     acc += fp16_scale * mma(codes, x). the k order inside a group is permuted (pairs of
+//     lanes i, i+4 share a register, which is what one shift + mask gives); x is permuted the
+//     same way when its fragment is built, so the sum is unchanged.
+//   * a block is NW warps on one 16-row tile (RT tiles with RT > 1); the warps split the k
+//     groups (warp w takes groups [w*D, w*D+D), then +NW*D, ...) so a 4096-row matrix still
+//     fills the machine. partial sums meet in shared memory at the end.
+//   * two ways to get the weights in: the register kernel issues all loads of a stage (D
+//     groups, ld.global.nc.L1::no_allocate, immediate offsets, no guards on whole stages) and
+//     then computes it; the async kernel copies 16-row x 2-group tiles into per-warp shared
+//     memory with cp.async, S stages deep, so the next stages are in flight while one is
+//     computed without holding registers. x is read when a group is computed (l1 hits).
+//   * the offset trick (OFFS): the magic values are code + 136/144/160 (q4/q5/q6); instead of
+//     a bf16 subtract per pair, one more mma with A = 1 gives sum(x) per group and the fp32
+//     epilogue subtracts offset * sum(x) (w8: lo + 128 and hi + 136 in two accumulators).
+//   * where the time goes (ncu, bench-notes): ~0.2 instructions per weight byte; the register
+//     kernel waits on memory latency (long scoreboard), the async one is issue-bound. the
+//     next step is fewer instructions per byte (two row tiles per warp in the async kernel).
+// numerics: products exact (bf16 x small integer), sums fp32 (tensor-core accumulation within
+// a group, fp32 fma across groups and warps; the offset trick cancels ~5 bits of a group's
+// fp32 sum, still ~1e-6 of sum |w x|: measured rel-l2 ~8e-8 vs float64 on fp32 outputs).
+// y is fp32, or bf16 (one rounding); with a
+// residual, y = bf16(resid + bf16(Wx)), the two roundings hf makes (model.md 4.3).
+// requirements: x 16-byte aligned with ldx % 8 == 0 (activations are allocated that way);
+// bf16 weights need cols % 8 == 0. x[c][k] for k >= cols is never read, so a padded tail
+// of any content (even nan) is safe; padding groups of the row-split layout have scale 0.
+
+enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run in chunks
+
+struct GemvArgs {
+    Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
+    const bf16_t* x; int ldx; // x[c*ldx + k]
+    int C;                    // columns, 1..8
+    void* y; int ldy;         // y[c*ldy + r], bf16 or fp32
+    int y_f32;
+    const bf16_t* resid; int ldr;  // optional residual (may alias y)
+};
+
+__device__ __forceinline__ uint2 ldg_stream_u2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ldg_stream_u4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg_stream_u32(const void* p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg_stream_u16(const void* p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// d = f(a, b, c) bitwise, f given by its truth table on a = 0xF0, b = 0xCC, c = 0xAA
+template <uint32_t LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+    return d;
+}
+enum : uint32_t { LOP_AND_OR = 0xEA,   // (a & b) | c
+                  LOP_AND_XOR = 0x6A,  // (a & b) ^ c
+                  LOP_SELECT = 0xE4 }; // c ? a : b, per bit
+
+// d = a * b + c on bf16x2 words (exact for the small integers used here)
+__device__ __forceinline__ uint32_t bf2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// bf16x2 constants (low and high half equal)
+#define BF2(h) (((uint32_t)(h) << 16) | (uint32_t)(h))
+enum : uint32_t {
+    BF_ONE = 0x3F80, BF_16 = 0x4180,
+    BF_M128 = 0xC300, BF_M136 = 0xC308, BF_M144 = 0xC310, BF_M160 = 0xC320, BF_M2176 = 0xC508,
+};
+
+// per-format constants. G: lanes per group; LPT: lanes one thread holds per group (a quad
+// covers a group); STEPS: mma k16 steps per group; RAW: 32-bit words of raw data per row per
+// group; units per row = groups (bf16: 64-lane pseudo-groups, no scale).
+template <int F> struct GemvFmt {
+    static constexpr int G = F == FMT_W8 ? 32 : 64;
+    static constexpr int LPT = G / 4;
+    static constexpr int STEPS = LPT / 4;
+    static constexpr int RAW = F == FMT_BF16 ? 8 : 4;  // base words (2 or 8), high word, scale word
+    static constexpr bool SCALED = F != FMT_BF16;
+};
+
+// the A operand: the bf16x2 pair p of one row's raw group data (codes, exact).
+// q4/q5/q6: pair p = lanes (i, i+4) of base word p/4 (lanes 0..7 or 8..15 of the thread's 16),
+// i = p%4: the shift by 4i brings nibble i to bits 0..3 and nibble i+4 to bits 16..19.
+// hs: the high bits pre-spread for the word (see gemv_spread_high), so the same kind of
+// shift places them at bit 4 (and 5) of each half.
+// OFFS: return code + offset (gemv_offset: 136, 144, 160), the bare magic value; the kernel
+// then subtracts offset * sum(x) per group in fp32, which saves the bf16 fma per pair.
+template <int F> struct GemvOffset { static constexpr float v = F == FMT_Q4 ? 136.f : F == FMT_Q5 ? 144.f : F == FMT_Q6 ? 160.f : 0.f; };
+template <int F, bool OFFS>
+__device__ __forceinline__ uint32_t gemv_pair(const uint32_t (&r)[GemvFmt<F>::RAW], uint32_t hs0, uint32_t hs1, int p) {
+    if constexpr (F == FMT_BF16) {
+        return r[p];
+    } else {
+        uint32_t w = p < 4 ? r[0] : r[1];
+        int i = p & 3;
+        uint32_t v, off;
+        if constexpr (F == FMT_Q4) {
+            v = lop3<LOP_AND_XOR>(w >> (4 * i), 0x000F000Fu, 0x43084308u);  // 128 + (u ^ 8) = code + 136
+            off = BF2(BF_M136);
+        } else if constexpr (F == FMT_Q5) {
+            // two lop3: the high bits (sign already flipped) with the magic exponent, then the
+            // nibbles selected in by mask: 128 + (u ^ 16) = code + 144
+            uint32_t hs = p < 4 ? hs0 : hs1;
+            uint32_t hm = lop3<LOP_AND_OR>(hs >> i, 0x00100010u, 0x43004300u);
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M144);
+        } else {  // q6: 128 + (u ^ 32) = code + 160
+            uint32_t hs = p < 4 ? hs0 : hs1;
+            uint32_t hm = lop3<LOP_AND_OR>(hs >> (2 * i), 0x00300030u, 0x43004300u);
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M160);
+        }
+        return OFFS ? v : bf2_fma(v, BF2(BF_ONE), off);
+    }
+}
+
+// q5: high bits of lanes 0..7 of the thread's 16 (hw bits 0..7), copied to bits 4..11 and
+// 16..23 so that (hs >> i) has lane i at bit 4 and lane i+4 at bit 20; inverted, which is the
+// u ^ 16 of the offset-binary code (bit 4 is the sign bit of a 5-bit code).
+// q6: 2-bit fields of lanes 0..3 to bits 4..11 and of lanes 4..7 to bits 20..27, so that
+// (hs >> 2i) has lane i's field at bits 4..5 and lane i+4's at 20..21; the upper bit of each
+// field (the sign bit, bit 5 of the code) flipped: u ^ 32.
+template <int F>
+__device__ __forceinline__ void gemv_spread_high(uint32_t hw, uint32_t& hs0, uint32_t& hs1) {
+    if constexpr (F == FMT_Q5) {
+        hs0 = ~((hw & 0xFFu) * 0x00010010u);
+        hs1 = ~(((hw >> 8) & 0xFFu) * 0x00010010u);
+    } else if constexpr (F == FMT_Q6) {
+        hs0 = (__byte_perm(hw, 0, 0x4140) << 4) ^ 0x0AA00AA0u;
+        hs1 = (__byte_perm(hw, 0, 0x4342) << 4) ^ 0x0AA00AA0u;
+    } else {
+        hs0 = hs1 = 0;
+    }
+}
+
+// w8: one byte per lane; code = 16*hi + lo with hi = byte >> 4 (signed), lo = byte & 15.
+// pair j of a word = its bytes (j, j+2): lanes (0,2), (1,3) of word 0, (4,6), (5,7) of word 1.
+// lo and 16*hi are each exact in bf16. OFFS: lo + 128 and hi + 136 (not times 16).
+template <bool OFFS>
+__device__ __forceinline__ void gemv_pair_w8(uint32_t w, int j, uint32_t& lo, uint32_t& hi) {
+    uint32_t l = lop3<LOP_AND_OR>(w >> (8 * j), 0x000F000Fu, 0x43004300u);       // 128 + lo
+    uint32_t h = lop3<LOP_AND_XOR>(w >> (8 * j + 4), 0x000F000Fu, 0x43084308u);  // 128 + (hi ^ 8) = hi + 136
+    if (OFFS) { lo = l; hi = h; return; }
+    lo = bf2_fma(l, BF2(BF_ONE), BF2(BF_M128));
+    hi = bf2_fma(h, BF2(BF_16), BF2(BF_M2176));                        // 16 * (hi + 136) - 2176
+}
+
+// the B operand for step s from the thread's x values (its LPT lanes of the group, as uint4s
+// of 8 bf16): q/bf16 need pairs matching gemv_pair's lane order.
+template <int F>
+__device__ __forceinline__ void gemv_xfrag(const uint4 (&x)[2], int s, uint32_t& b0, uint32_t& b1) {
+    if constexpr (F == FMT_BF16) {
+        const uint4& v = x[s >> 1];
+        b0 = (s & 1) ? v.z : v.x;
+        b1 = (s & 1) ? v.w : v.y;
+    } else if constexpr (F == FMT_W8) {
+        // step s: lanes (4s, 4s+2) and (4s+1, 4s+3)
+        const uint4& v = x[0];
+        uint32_t w0 = s ? v.z : v.x, w1 = s ? v.w : v.y;
+        b0 = __byte_perm(w0, w1, 0x5410);
+        b1 = __byte_perm(w0, w1, 0x7632);
+    } else {
+        // step s: pair 2s = lanes (a, a+4), pair 2s+1 = (a+1, a+5), a = 2s (s<2) or 8+2(s-2)
+        const uint4& v = x[s >> 1];
+        uint32_t w0 = (s & 1) ? v.y : v.x, w1 = (s & 1) ? v.w : v.z;
+        b0 = __byte_perm(w0, w1, 0x5410);
+        b1 = __byte_perm(w0, w1, 0x7632);
+    }
+}
+
+// a warp's plane pointers: rows g and g+8 of RT tiles, already advanced to the thread's
+// share of a group (base + 8t; bf16 + 32t; high + 2t or 4t); rows past the end are clamped
+// (read twice, never stored). per stage they move by whole groups, and the D groups of a
+// stage are immediate offsets from there.
+template <int RT>
+struct GemvPtrs { const uint8_t* b[RT][2]; const uint8_t* h[RT][2]; const uint8_t* s[RT][2]; };
+
+template <int F> struct GemvStride {  // bytes per group in each plane
+    static constexpr int B = F == FMT_BF16 ? 128 : 32;
+    static constexpr int H = F == FMT_Q5 ? 8 : F == FMT_Q6 ? 16 : 0;
+};
+
+// the raw words of groups [ub, ub+D) for the warp's rows. FAST: all D groups lie inside k
+// (no guards); else groups past `units` are skipped and bf16's partial last group is
+// zero-filled past k.
+template <int F, int D, int RT, bool FAST>
+__device__ __forceinline__ void gemv_load(uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], const GemvPtrs<RT>& P, int ub, int units,
+                                          int t, int64_t K) {
+    using Sd = GemvStride<F>;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t* b = P.b[i][h] + (size_t)ub * Sd::B;
+            if constexpr (F == FMT_BF16) {
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+                    int64_t k0 = (int64_t)(ub + d) * 64 + t * 16;
+                    if (FAST || k0 + 16 <= K) { x0 = ldg_stream_u4(b + d * Sd::B); x1 = ldg_stream_u4(b + d * Sd::B + 16); }
+                    else if (k0 + 8 <= K) x0 = ldg_stream_u4(b + d * Sd::B);  // cols % 8 == 0
+                    uint32_t* r = raw[d][i][h];
+                    r[0] = x0.x; r[1] = x0.y; r[2] = x0.z; r[3] = x0.w; r[4] = x1.x; r[5] = x1.y; r[6] = x1.z; r[7] = x1.w;
+                }
+            } else {
+                const uint8_t* hp = Sd::H ? P.h[i][h] + (size_t)ub * Sd::H : nullptr;
+                const uint8_t* sp = P.s[i][h] + (size_t)ub * 2;
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    if (!FAST && ub + d >= units) continue;
+                    uint2 v = ldg_stream_u2(b + d * Sd::B);
+                    raw[d][i][h][0] = v.x; raw[d][i][h][1] = v.y;
+                    if constexpr (F == FMT_Q5) raw[d][i][h][2] = ldg_stream_u16(hp + d * Sd::H);
+                    else if constexpr (F == FMT_Q6) raw[d][i][h][2] = ldg_stream_u32(hp + d * Sd::H);
+                    else raw[d][i][h][2] = 0;
+                    // scales: two groups per 32-bit load (ub is even when D is, and the scale
+                    // rows are 4-byte aligned: groups per row are even)
+                    if (FAST && D % 2 == 0) {
+                        if (d % 2 == 0) {
+                            uint32_t s2 = ldg_stream_u32(sp + d * 2);
+                            raw[d][i][h][3] = s2 & 0xFFFFu;
+                            raw[d + (d + 1 < D ? 1 : 0)][i][h][3] = s2 >> 16;
+                        }
+                    } else {
+                        raw[d][i][h][3] = ldg_stream_u16(sp + d * 2);
+                    }
+                }
+            }
+        }
+}
+
+// x for group u: the thread's LPT lanes of its column (zeros for lanes past k or columns >= C)
+template <int F, bool FAST>
+__device__ __forceinline__ void gemv_load_x(uint4 (&xr)[2], const bf16_t* xq, bool xcol, int u, int t, int64_t K) {
+    using Fm = GemvFmt<F>;
+    constexpr int NX = Fm::LPT / 8;
+    xr[0] = xr[1] = make_uint4(0, 0, 0, 0);
+    if (!xcol) return;
+#pragma unroll
+    for (int q = 0; q < NX; q++) {
+        if (FAST) { xr[q] = __ldg((const uint4*)(xq + (size_t)u * Fm::G + 8 * q)); continue; }
+        int64_t k = (int64_t)u * Fm::G + t * Fm::LPT + 8 * q;
+        if (k + 8 <= K) xr[q] = __ldg((const uint4*)(xq + (size_t)u * Fm::G + 8 * q));
+        else if (k < K) {  // the partial chunk at the end of k (odd sizes only)
+            const unsigned short* xs = (const unsigned short*)(xq + (size_t)u * Fm::G + 8 * q);
+            uint32_t e[8];
+            for (int j = 0; j < 8; j++) e[j] = k + j < K ? xs[j] : 0;
+            xr[q] = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+        }
+    }
+}
+
+template <int F, int D, int RT, bool OFFS, bool FAST>
+__device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4], const bf16_t* xq,
+                                             bool xcol, int ub, int units, int t, int64_t K) {
+    using Fm = GemvFmt<F>;
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        if (!FAST && ub + d >= units) continue;
+        uint4 xr[2];
+        gemv_load_x<F, FAST>(xr, xq, xcol, ub + d, t, K);
+        uint32_t b[Fm::STEPS][2];
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, b[s][0], b[s][1]);
+        // sum of x over the group per column (the offsets' correction): one mma with A = 1
+        float sx[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (OFFS && Fm::SCALED) {
+            const uint32_t one = BF2(BF_ONE);
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(sx, one, one, one, one, b[s][0], b[s][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            const uint32_t (&r0)[Fm::RAW] = raw[d][i][0];
+            const uint32_t (&r1)[Fm::RAW] = raw[d][i][1];
+            if constexpr (F == FMT_BF16) {
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
+            } else {
+                float dd[4] = {0.f, 0.f, 0.f, 0.f};
+                float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
+                if constexpr (F == FMT_W8) {
+                    float dh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++) {
+                        uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
+                        gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
+                        gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
+                        gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
+                        gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
+                        mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
+                        mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
+                    }
+                    if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+                    }
+                } else {
+                    uint32_t hs[2][2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++)
+                        mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
+                                       gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
+                                       gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
+                    if constexpr (OFFS) {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
+                    }
+                }
+                acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
+                acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
+                acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
+                acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
+            }
+        }
+    }
+}
+
+// the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
+// 2t, 2t+1 of each tile (the mma accumulator layout). then one thread per output element adds
+// the residual, rounds and stores.
+template <int NW, int RT>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[RT][4], int64_t row0, int warp, int lane) {
+    const int64_t rows = a.w.rows;
+    __shared__ float4 red[NW][RT * 32];
+#pragma unroll
+    for (int i = 0; i < RT; i++) red[warp][i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RT * 128; idx += NW * 32) {
+        int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
+        int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        int col = 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < a.C) {
+            if (a.y_f32) {
+                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
+                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
+            } else {
+                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
+                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+            }
+        }
+    }
+}
+
+// NW warps share a tile of 16*RT rows and split its groups: warp w takes groups
+// [(it*NW + w)*D, +D) for it = 0, 1, ...: the loads of a stage are all issued, then the stage
+// is computed (the other warps of the sm keep the memory busy meanwhile). x is loaded when a
+// group is computed (an l1 hit once one warp of the sm has touched it).
+template <int F, int NW, int D, int RT, bool OFFS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+    pdl_entry();
+    using Fm = GemvFmt<F>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, K = w.cols;
+    const int units = F == FMT_BF16 ? (int)CEIL_DIV(K, (int64_t)64) : (int)w.gpr;
+    const int full_units = (int)(K / Fm::G);  // groups with every lane inside k
+    const int64_t row0 = (int64_t)blockIdx.x * 16 * RT;
+
+    GemvPtrs<RT> P;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int64_t r = row0 + 16 * i + g + 8 * h;
+            r = r < rows ? r : rows - 1;
+            P.b[i][h] = w.base + r * w.base_row + t * (F == FMT_BF16 ? 32 : 8);
+            P.h[i][h] = Fm::SCALED && GemvStride<F>::H ? w.high + r * w.high_row + t * (GemvStride<F>::H / 4) : nullptr;
+            P.s[i][h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
+        }
+    const bool xcol = g < a.C;  // this lane's B column
+    const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
+
+    float acc[RT][4];
+#pragma unroll
+    for (int i = 0; i < RT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    uint32_t raw[D][RT][2][Fm::RAW];
+    for (int ub = warp * D; ub < units; ub += NW * D) {
+        if (ub + D <= full_units) {
+            gemv_load<F, D, RT, true>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        } else {
+            gemv_load<F, D, RT, false>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, false>(raw, acc, xq, xcol, ub, units, t, K);
+        }
+    }
+
+    gemv_epilogue<NW, RT>(a, acc, row0, warp, lane);
+}
+
+// the same computation with the weights streamed through shared memory by cp.async, S stages
+// deep per warp: the copies of the next S-1 stages are in flight while a stage is computed, and
+// they hold no registers, so a few warps per sm keep enough bytes in flight (the register
+// kernel above stalls on memory latency: ncu, bench-notes). each warp runs its own pipeline
+// over its own slots (no block barrier until the epilogue). 16-row tiles only (RT = 1), D = 2
+// groups per stage, and only shapes whose groups are all full (k a multiple of the group;
+// the launcher falls back otherwise). grouped formats only.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <int F> struct GemvAsyncLayout {  // one stage of one warp: 16 rows x 2 groups
+    static constexpr int HB = F == FMT_Q5 ? 8 : F == FMT_Q6 ? 16 : 0;  // high bytes per group
+    static constexpr int RS_B = 2 * 32 + 16;     // base bytes per row, padded (bank spread), 16-aligned
+    static constexpr int RS_H = 2 * HB;          // 0, 16 or 32
+    static constexpr int RS_S = 4;               // two fp16 scales
+    static constexpr int OFF_H = 16 * RS_B, OFF_S = OFF_H + 16 * RS_H;
+    static constexpr int BYTES = (OFF_S + 16 * RS_S + 15) / 16 * 16;
+};
+
+template <int F, int NW, int S, bool OFFS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
+    pdl_entry();
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, K = w.cols;
+    const int units = (int)w.gpr;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    __shared__ __align__(16) uint8_t sm[NW][S][Ly::BYTES];
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+    // copy duties of this lane for one stage: base chunks (rows g, g+8; 16-byte column t of
+    // the 64 bytes of two groups), high bytes (q5: row `lane` < 16, 16 bytes; q6: row lane/2,
+    // half lane&1), scales (row lane-16 for lanes 16..31, 4 bytes)
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8 && lane < 16) src_h = w.high + rowc(lane) * w.high_row;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16;
+    const uint8_t* src_s = lane >= 16 ? w.scale + rowc(lane - 16) * w.scale_row : nullptr;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&sm[warp][0][0]);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    auto issue = [&](int it) {
+        const int ub = (it * NW + warp) * D;
+        const uint32_t slot = sbase + (it % S) * Ly::BYTES;
+        cp_async16(slot + dst_b0, src_b0 + (size_t)ub * 32);
+        cp_async16(slot + dst_b1, src_b1 + (size_t)ub * 32);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h + (size_t)ub * Ly::HB);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s + (size_t)ub * 2);
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue(s);
+        cp_async_commit();
+    }
+    const bool xcol = g < a.C;
+    const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = &sm[warp][it % S][0];
+        uint32_t raw[D][1][2][Fm::RAW];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
+                raw[d][0][h][0] = v.x; raw[d][0][h][1] = v.y;
+                if constexpr (F == FMT_Q5) raw[d][0][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
+                else if constexpr (F == FMT_Q6) raw[d][0][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
+                else raw[d][0][h][2] = 0;
+                raw[d][0][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
+            }
+        const int ub = (it * NW + warp) * D;
+        gemv_compute<F, D, 1, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        if (it + S - 1 < n_it) issue(it + S - 1);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
+}
+// k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
+// count (two groups per stage; 4-byte aligned scale pairs)
+template <int F>
+static bool gemv_async_ok(const Mat& w) {
+    return format_grouped(w.format) && w.cols % 128 == 0;
+}
+
+// kernel variants for tests and benches; gemv() picks one by shape (gemv_auto_variant).
+//   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
+//   async kernel <NW, stages S, offset trick, min blocks/sm>; shapes it cannot take run variant 2
+static const int GEMV_VARIANTS = 8;
+template <int F>
+static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
+    int64_t rows = a.w.rows;
+    unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
+    if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
+    switch (variant) {
+        case 0: launch_k(gemv_kernel<F, 8, 2, 1, true, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 1: launch_k(gemv_kernel<F, 8, 4, 1, true, 2>, t1, 8 * 32, 0, stream, a); break;
+        case 2: launch_k(gemv_kernel<F, 16, 2, 1, true, 2>, t1, 16 * 32, 0, stream, a); break;
+        case 3: launch_k(gemv_kernel<F, 8, 2, 2, true, 2>, t2, 8 * 32, 0, stream, a); break;
+        case 4: launch_k(gemv_kernel<F, 8, 2, 1, false, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 5: launch_k(gemv_kernel<F, 32, 2, 1, true, 1>, t1, 32 * 32, 0, stream, a); break;
+        case 6: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, true, 8>, t1, 4 * 32, 0, stream, a); break;
+        case 7: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 8, 3, true, 4>, t1, 8 * 32, 0, stream, a); break;
+        default: CHECK(false, "gemv variant %d", variant);
+    }
+    cudaCheck(cudaGetLastError());
+}
+// picked from the h200 measurements (test/bench-notes.md, run 5): q4 has the cheapest code
+// conversion and does best in the register kernel; q5/q6/w8 and the big head stream best
+// through the cp.async pipeline. every variant this can return passes the same tests.
+static int gemv_auto_variant(const Mat& w) {
+    if (w.rows >= 65536 || w.format == FMT_W8) return 6;  // output head, mtp: async, 4 warps x 4 stages
+    if (w.format == FMT_Q4) return w.rows > 4096 ? 4 : 1;  // register kernel (no offset trick / 4 groups per stage)
+    return 7;                                              // async, 8 warps x 3 stages (bf16 and odd k: variant 2)
+}
+
+// y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
+// resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
+static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
+                         const bf16_t* resid, int ldr, cudaStream_t stream) {
+    CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
+    if (variant < 0) variant = gemv_auto_variant(w);
+    CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
+    CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
+    for (int c0 = 0; c0 < C; c0 += GEMV_MAX_COLS) {
+        GemvArgs a;
+        a.w = w;
+        a.x = x + (int64_t)c0 * ldx; a.ldx = ldx;
+        a.C = C - c0 < GEMV_MAX_COLS ? C - c0 : GEMV_MAX_COLS;
+        a.y = y_f32 ? (void*)((float*)y + (int64_t)c0 * ldy) : (void*)((bf16_t*)y + (int64_t)c0 * ldy);
+        a.ldy = ldy; a.y_f32 = y_f32;
+        a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
+        switch (w.format) {
+            case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
+            case FMT_Q5: gemv_launch_variant<FMT_Q5>(variant, a, stream); break;
+            case FMT_Q6: gemv_launch_variant<FMT_Q6>(variant, a, stream); break;
+            case FMT_W8: gemv_launch_variant<FMT_W8>(variant, a, stream); break;
+            case FMT_BF16: gemv_launch_variant<FMT_BF16>(variant, a, stream); break;
+            default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
+        }
+    }
+}
+static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
+                 int ldr, cudaStream_t stream) {
+    gemv_variant(gemv_auto_variant(w), w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream);
+}
+
+// ----------------------------------------------------------------------------
+// norms
+//
+// one block of NORM_THREADS per row; a row is one token's vector (heads == 1) or one head of it
+// (q/k norm over 256, the gdn gated norm over 128): row r is token r / heads, head r % heads,
+// at x + token*ldx + head*n. two passes over the row (the second hits l1), so y may alias x.
+
+enum { NORM_THREADS = 128 };
+
+// y = bf16( x * rsqrt(mean(x^2) + eps) * (1 + w) ), all fp32 (model.md 4.1); plain_w: * w
+// (used by no text norm of qwen3.5, kept for the vision tower and tests)
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
+                                                               const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w) {
+    pdl_entry();
+    int r = blockIdx.x, tok = r / heads, hd = r % heads;
+    const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
+    bf16_t* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = bf2f(xr[i]); ss += v * v; }
+    ss = block_sum(ss);
+    float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float wv = bf2f(w[i]);
+        yr[i] = f2bf(bf2f(xr[i]) * inv * (plain_w ? wv : 1.f + wv));
+    }
+}
+static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* w, int n, int rows, int heads, float eps,
+                    bool plain_w, cudaStream_t stream) {
+    CHECK(rows % heads == 0, "rmsnorm: rows %d not a multiple of heads %d", rows, heads);
+    // about 8 elements per thread: a decode row of 4096 is one block, and its latency is the
+    // loop over the row, so wide rows get wide blocks (128 .. 1024 threads)
+    const int threads = std::min(1024, std::max((int)NORM_THREADS, (int)CEIL_DIV(n, 8 * 32) * 32));
+    launch_k(rmsnorm_kernel, rows, threads, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
+    cudaCheck(cudaGetLastError());
+}
+
+// gdn output norm per value head (model.md 3.8), with hf's roundings:
+//   nrm = bf16(o * rsqrt(mean(o^2) + eps)); p = bf16(w * nrm); y = bf16(p * silu(z))  (silu in fp32)
+// o: [T][heads*n] (ldo), z: [T][heads*n] (ldz), w plain (no 1+w)
+__global__ void __launch_bounds__(NORM_THREADS) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo, const bf16_t* __restrict__ z,
+                                                                     int ldz, bf16_t* y, int ldy, const bf16_t* __restrict__ w, int n,
+                                                                     int heads, float eps) {
+    pdl_entry();
+    int r = blockIdx.x, tok = r / heads, hd = r % heads;
+    const bf16_t* orow = o + (int64_t)tok * ldo + (int64_t)hd * n;
+    const bf16_t* zrow = z + (int64_t)tok * ldz + (int64_t)hd * n;
+    bf16_t* yrow = y + (int64_t)tok * ldy + (int64_t)hd * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) { float v = bf2f(orow[i]); ss += v * v; }
+    ss = block_sum(ss);
+    float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        float nrm = bfround(bf2f(orow[i]) * inv);
+        float p = bfround(bf2f(w[i]) * nrm);
+        yrow[i] = f2bf(p * silu_f(bf2f(zrow[i])));
+    }
+}
+static void gated_rmsnorm(const bf16_t* o, int ldo, const bf16_t* z, int ldz, bf16_t* y, int ldy, const bf16_t* w, int n,
+                          int T, int heads, float eps, cudaStream_t stream) {
+    launch_k(gated_rmsnorm_kernel, T * heads, NORM_THREADS, 0, stream, o, ldo, z, ldz, y, ldy, w, n, heads, eps);
+    cudaCheck(cudaGetLastError());
+}
+
+// l2 norm per head (model.md 3.4): y = x * rsqrt(sum(x^2) + eps) * scale, fp32 in and out of
+// the math, fp32 out (what the chunked gdn consumes). one warp per row of n (<= 1024).
+enum { L2_THREADS = 128 };
+__global__ void __launch_bounds__(L2_THREADS) l2norm_kernel(const bf16_t* __restrict__ x, int ldx, float* y, int ldy, int n, int rows,
+                                                            int heads, float eps, float scale) {
+    pdl_entry();
+    int r = blockIdx.x * (L2_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    int tok = r / heads, hd = r % heads;
+    const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
+    float* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
+    float ss = 0.f;
+    for (int i = lane; i < n; i += 32) { float v = bf2f(xr[i]); ss += v * v; }
+    ss = warp_sum(ss);
+    float inv = rsqrtf(ss + eps) * scale;
+    for (int i = lane; i < n; i += 32) yr[i] = bf2f(xr[i]) * inv;
+}
+static void l2norm(const bf16_t* x, int ldx, float* y, int ldy, int n, int T, int heads, float eps, float scale,
+                   cudaStream_t stream) {
+    int rows = T * heads;
+    launch_k(l2norm_kernel, CEIL_DIV(rows, L2_THREADS / 32), L2_THREADS, 0, stream, x, ldx, y, ldy, n, rows, heads, eps, scale);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// elementwise
+
+enum { EW_THREADS = 256 };
+
+// mlp activation (model.md 4.2) with hf's bf16 roundings: y = bf16( bf16(silu(gate)) * up ).
+// gu: [T][2I] = [gate | up] (the fused gate_up gemv output), y: [T][I]
+__global__ void swiglu_kernel(const bf16_t* __restrict__ gu, int ldgu, bf16_t* y, int ldy, int I, int T) {
+    pdl_entry();
+    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (idx >= (int64_t)I * T) return;
+    int t = (int)(idx / I), i = (int)(idx % I);
+    const bf16_t* row = gu + (int64_t)t * ldgu;
+    y[(int64_t)t * ldy + i] = f2bf(bfround(silu_f(bf2f(row[i]))) * bf2f(row[I + i]));
+}
+static void swiglu(const bf16_t* gu, int ldgu, bf16_t* y, int ldy, int I, int T, cudaStream_t stream) {
+    launch_k(swiglu_kernel, (unsigned)CEIL_DIV((int64_t)I * T, (int64_t)EW_THREADS), EW_THREADS, 0, stream, gu, ldgu, y, ldy, I, T);
+    cudaCheck(cudaGetLastError());
+}
+
+// lane j of a group of a grouped format: the signed code (device twin of format.h group_code)
+__device__ __forceinline__ int dev_group_code(int f, const uint8_t* base, const uint8_t* high, int j) {
+    if (f == FMT_W8) return (int8_t)base[j];
+    int u = (base[j >> 1] >> ((j & 1) * 4)) & 0xF;
+    int b = 4;
+    if (f == FMT_Q5) { u |= ((high[j >> 3] >> (j & 7)) & 1) << 4; b = 5; }
+    else if (f == FMT_Q6) { u |= ((high[j >> 2] >> ((j & 3) * 2)) & 3) << 4; b = 6; }
+    return (u ^ (1 << (b - 1))) - (1 << (b - 1));
+}
+
+// embedding rows (model.md 4.4), from any stored format: y[t] = bf16(scale * code) (bf16
+// weights copy exactly). ids[t] >= 0 gathers that row; ids[t] < 0 copies row (-1 - ids[t])
+// of `ovr` instead (per-token embedding overrides: vision features, mtp inputs).
+__global__ void embed_gather_kernel(Mat w, const int* __restrict__ ids, const bf16_t* __restrict__ ovr, int ldo, bf16_t* y, int ldy) {
+    pdl_entry();
+    int t = blockIdx.y;
+    int64_t k = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (k >= w.cols) return;
+    int id = ids[t];
+    bf16_t* yr = y + (int64_t)t * ldy;
+    if (id < 0) { yr[k] = ovr[(int64_t)(-1 - id) * ldo + k]; return; }
+    if (id >= w.rows) id = (int)w.rows - 1;  // out-of-range ids are the caller's bug; never read outside
+    if (w.format == FMT_BF16) { yr[k] = ((const bf16_t*)(w.base + (int64_t)id * w.base_row))[k]; return; }
+    int G = w.format == FMT_W8 ? 32 : 64, hb = w.format == FMT_Q5 ? 8 : w.format == FMT_Q6 ? 16 : 0;
+    int64_t grp = k / G; int j = (int)(k % G);
+    const uint8_t* base = w.base + (int64_t)id * w.base_row + grp * 32;
+    const uint8_t* high = w.high + (int64_t)id * w.high_row + grp * hb;
+    float s = f16bits2f(((const unsigned short*)(w.scale + (int64_t)id * w.scale_row))[grp]);
+    yr[k] = f2bf(s * (float)dev_group_code(w.format, base, high, j));
+}
+static void embed_gather(const Mat& w, const int* ids, int T, const bf16_t* ovr, int ldo, bf16_t* y, int ldy, cudaStream_t stream) {
+    CHECK(w.format == FMT_BF16 || format_grouped(w.format), "embed_gather: unsupported format %s", format_name(w.format));
+    dim3 grid((unsigned)CEIL_DIV(w.cols, (int64_t)EW_THREADS), T);
+    launch_k(embed_gather_kernel, grid, EW_THREADS, 0, stream, w, ids, ovr, ldo, y, ldy);
+    cudaCheck(cudaGetLastError());
+}
+
+// partial interleaved m-rope (model.md 2.3), in place on nheads heads of head_dim per token:
+// dims [0, rot) rotate as rotate_half pairs (i, i+rot/2); the rest pass through. pair i uses
+// position axis T/H/W by the interleaved rule of mrope_section; angle = pos[t][axis] *
+// inv_freq[i] in fp32; cos/sin rounded to bf16, products and sum rounded to bf16 as hf does:
+//   x'_i = bf16( bf16(x_i c) - bf16(x_{i+h} s) ),  x'_{i+h} = bf16( bf16(x_{i+h} c) + bf16(x_i s) )
+// pos: device [T][3] int32 (text: all three equal).
+struct RopeArgs {
+    bf16_t* x; int ldx;
+    int T, nheads, head_dim, half;  // half = rot / 2 (32)
+    const int* pos;
+    int sec_h, sec_w;               // mrope_section[1], [2]
+    float inv_freq[64];
+};
+__global__ void mrope_kernel(RopeArgs a) {
+    pdl_entry();
+    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (idx >= (int64_t)a.T * a.nheads * a.half) return;
+    int i = (int)(idx % a.half);
+    int64_t th = idx / a.half;
+    int t = (int)(th / a.nheads), hd = (int)(th % a.nheads);
+    int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
+    float ang = (float)a.pos[t * 3 + axis] * a.inv_freq[i];
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    float c = bfround(cs), s = bfround(sn);
+    bf16_t* p = a.x + (int64_t)t * a.ldx + (int64_t)hd * a.head_dim;
+    float x1 = bf2f(p[i]), x2 = bf2f(p[i + a.half]);
+    p[i] = f2bf(bfround(x1 * c) - bfround(x2 * s));
+    p[i + a.half] = f2bf(bfround(x2 * c) + bfround(x1 * s));
+}
+// inv_freq_j = 1 / theta^(2j/rot) in fp32, as hf builds it
+static void rope_inv_freq(float theta, int rot, float* out) {
+    for (int j = 0; j < rot / 2; j++) out[j] = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
+}
+static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, const int* pos, float theta,
+                  const int sections[3], cudaStream_t stream) {
+    CHECK(rot % 2 == 0 && rot <= 128 && rot <= head_dim, "mrope: bad rotary dim %d", rot);
+    RopeArgs a;
+    a.x = x; a.ldx = ldx; a.T = T; a.nheads = nheads; a.head_dim = head_dim; a.half = rot / 2; a.pos = pos;
+    a.sec_h = sections[1]; a.sec_w = sections[2];
+    rope_inv_freq(theta, rot, a.inv_freq);
+    int64_t n = (int64_t)T * nheads * a.half;
+    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// gated deltanet: causal conv, gates, recurrent step
+//
+// conv state per slot: the last 3 raw in_proj_qkv outputs (model.md 3.7), stored tap-major
+// [3][conv_dim] bf16 (oldest first) so that a warp reads 64 consecutive bytes per tap. the
+// conv weight is the artifact's [4][conv_dim] (tap 3 multiplies the current token).
+// numerics: y = bf16( silu( sum_tau w_tau u_tau ) ) with the sum and silu in fp32 (one
+// rounding, as the fused causal_conv1d kernel does; hf's torch fallback rounds the conv
+// output to bf16 before the silu as well).
+
+enum { CONV_THREADS = 128, CONV_TOKENS = 16 };
+
+struct ConvStepArgs {
+    const bf16_t* u; int ldu;          // [C][conv_dim] raw projections
+    const bf16_t* w;                   // [4][conv_dim]
+    bf16_t* state; int64_t slot_stride;  // slot s at state + s*slot_stride: [3][conv_dim]
+    const int* slots;                  // [2C], see the header
+    bf16_t* y; int ldy;                // [C][conv_dim]
+    int C, conv_dim;
+};
+// decode: one thread per channel runs the C columns in order
+__global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
+    pdl_entry();
+    int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (ch >= a.conv_dim) return;
+    int D = a.conv_dim;
+    float w0 = bf2f(a.w[ch]), w1 = bf2f(a.w[D + ch]), w2 = bf2f(a.w[2 * D + ch]), w3 = bf2f(a.w[3 * D + ch]);
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f;  // u_{t-3}, u_{t-2}, u_{t-1}
+    for (int c = 0; c < a.C; c++) {
+        int sin = a.slots[c], sout = a.slots[a.C + c];
+        if (sin >= 0) {
+            const bf16_t* st = a.state + sin * a.slot_stride;
+            s0 = bf2f(st[ch]); s1 = bf2f(st[D + ch]); s2 = bf2f(st[2 * D + ch]);
+        }
+        float u = bf2f(a.u[(int64_t)c * a.ldu + ch]);
+        float acc = fmaf(w3, u, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
+        a.y[(int64_t)c * a.ldy + ch] = f2bf(silu_f(acc));
+        s0 = s1; s1 = s2; s2 = u;
+        if (sout >= 0) {
+            bf16_t* st = a.state + sout * a.slot_stride;
+            st[ch] = f2bf(s0); st[D + ch] = f2bf(s1); st[2 * D + ch] = f2bf(s2);
+        }
+    }
+}
+static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
+                      bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream) {
+    ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim};
+    launch_k(conv_step_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// prefill: T tokens, each thread one channel and CONV_TOKENS consecutive tokens. inputs
+// before the first token come from state_in (nullptr: zeros). the state is not touched here
+// (blocks of later tokens may still read state_in); conv_state_update writes it afterwards.
+__global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* __restrict__ w,
+                                                                    const bf16_t* state_in, bf16_t* y, int ldy, int T, int conv_dim) {
+    pdl_entry();
+    int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (ch >= conv_dim) return;
+    int D = conv_dim;
+    int t0 = blockIdx.y * CONV_TOKENS;
+    float w0 = bf2f(w[ch]), w1 = bf2f(w[D + ch]), w2 = bf2f(w[2 * D + ch]), w3 = bf2f(w[3 * D + ch]);
+    auto in = [&](int t) -> float {
+        if (t >= 0) return bf2f(u[(int64_t)t * ldu + ch]);
+        return state_in ? bf2f(state_in[(3 + t) * D + ch]) : 0.f;
+    };
+    float s0 = in(t0 - 3), s1 = in(t0 - 2), s2 = in(t0 - 1);
+    int t1 = t0 + CONV_TOKENS < T ? t0 + CONV_TOKENS : T;
+    for (int t = t0; t < t1; t++) {
+        float x = in(t);
+        float acc = fmaf(w3, x, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
+        y[(int64_t)t * ldy + ch] = f2bf(silu_f(acc));
+        s0 = s1; s1 = s2; s2 = x;
+    }
+}
+// the state after T tokens: the last 3 raw inputs (left-filled from state_in when T < 3)
+__global__ void conv_state_update_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* state_in, bf16_t* state_out, int T,
+                                         int conv_dim) {
+    pdl_entry();
+    int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (ch >= conv_dim) return;
+    float v[3];
+    for (int j = 0; j < 3; j++) {
+        int t = T - 3 + j;
+        v[j] = t >= 0 ? bf2f(u[(int64_t)t * ldu + ch]) : state_in ? bf2f(state_in[(3 + t) * conv_dim + ch]) : 0.f;
+    }
+    for (int j = 0; j < 3; j++) state_out[j * conv_dim + ch] = f2bf(v[j]);
+}
+static void conv_prefill(const bf16_t* u, int ldu, const bf16_t* w, const bf16_t* state_in, bf16_t* state_out, bf16_t* y,
+                         int ldy, int T, int conv_dim, cudaStream_t stream) {
+    dim3 grid(CEIL_DIV(conv_dim, CONV_THREADS), CEIL_DIV(T, CONV_TOKENS));
+    launch_k(conv_prefill_kernel, grid, CONV_THREADS, 0, stream, u, ldu, w, state_in, y, ldy, T, conv_dim);
+    cudaCheck(cudaGetLastError());
+    if (state_out) {
+        launch_k(conv_state_update_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, u, ldu, state_in, state_out, T, conv_dim);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// gdn gates (model.md 3.3), shared by the standalone kernel and the fused decode step:
+//   beta = bf16(sigmoid(b)) (hf computes it in the activation dtype), g = -exp(A_log) *
+//   softplus(a + dt_bias) in fp32 (a_log, dt_bias are stored fp32)
+__device__ __forceinline__ void gdn_gate_math(float a, float b, float a_log, float dt_bias, float& beta, float& g) {
+    beta = bfround(sigmoid_f(b));
+    g = -expf(a_log) * softplus_f(a + dt_bias);
+}
+// a, b: [T][*] bf16 projection outputs (lda, ldb); beta, g: [T][Hv] fp32
+__global__ void gdn_gates_kernel(const bf16_t* __restrict__ a, int lda, const bf16_t* __restrict__ b, int ldb, const float* __restrict__ a_log,
+                                 const float* __restrict__ dt_bias, float* beta, float* g, int T, int Hv) {
+    pdl_entry();
+    int idx = blockIdx.x * EW_THREADS + threadIdx.x;
+    if (idx >= T * Hv) return;
+    int t = idx / Hv, h = idx % Hv;
+    float be, gg;
+    gdn_gate_math(bf2f(a[(int64_t)t * lda + h]), bf2f(b[(int64_t)t * ldb + h]), a_log[h], dt_bias[h], be, gg);
+    beta[idx] = be; g[idx] = gg;
+}
+static void gdn_gates(const bf16_t* a, int lda, const bf16_t* b, int ldb, const float* a_log, const float* dt_bias,
+                      float* beta, float* g, int T, int Hv, cudaStream_t stream) {
+    launch_k(gdn_gates_kernel, CEIL_DIV(T * Hv, EW_THREADS), EW_THREADS, 0, stream, a, lda, b, ldb, a_log, dt_bias, beta, g, T, Hv);
+    cudaCheck(cudaGetLastError());
+}
+
+// recurrent gated delta rule, C columns of decode (model.md 3.5), fused with the l2 norm and
+// q scaling of q, k (3.4) and the gates (3.3). state fp32 [Hv][dk][dv] per slot (dk = dv =
+// 128), read and written through the slot map (header).
+// parallelisation: the dv columns of a head are independent (m_j, delta_j, o_j only need
+// column j of S), so block (head h, 32 columns) keeps its 128 x 32 slice of S in registers:
+// warp w holds rows [32w, 32w+32) of column j0 + lane (32 floats per thread, coalesced 128-byte
+// rows). per column: S *= e^g; m = S^T k; delta = beta (v - m); S += k delta^T; o = S^T q.
+// output o: bf16 [C][Hv*dv] (hf casts the fp32 core output once).
+enum { GDN_D = 128, GDN_COLS = 32, GDN_THREADS = 128 };
+struct GdnStepArgs {
+    const bf16_t* qkv; int ldqkv;   // conv output [C][conv_dim]: q heads | k heads | v heads
+    const bf16_t* a; const bf16_t* b; int ldab;  // [C][Hv] gate projections (bf16)
+    const float* a_log; const float* dt_bias;     // [Hv]
+    float* state; int64_t slot_stride;            // slot s at state + s*slot_stride
+    const int* slots;                             // [2C]
+    bf16_t* out; int ldo;                         // [C][Hv*dv]
+    int C, Hk, Hv;
+};
+__global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
+    pdl_entry();
+    const int h = blockIdx.x, j = blockIdx.y * GDN_COLS + (threadIdx.x & 31);
+    const int warp = threadIdx.x >> 5, tid = threadIdx.x, i0 = warp * 32;
+    const int hk = h / (a.Hv / a.Hk);
+    __shared__ float qs[GDN_D], ks[GDN_D], part[4][32];
+    float s[32];
+#pragma unroll
+    for (int r = 0; r < 32; r++) s[r] = 0.f;
+    const float a_log = a.a_log[h], dt_bias = a.dt_bias[h];
+    for (int c = 0; c < a.C; c++) {
+        int sin = a.slots[c], sout = a.slots[a.C + c];
+        if (sin >= 0) {
+            const float* S = a.state + sin * a.slot_stride + ((int64_t)h * GDN_D + i0) * GDN_D + j;
+#pragma unroll
+            for (int r = 0; r < 32; r++) s[r] = S[r * GDN_D];
+        }
+        const bf16_t* row = a.qkv + (int64_t)c * a.ldqkv;
+        float qv = bf2f(row[hk * GDN_D + tid]);
+        float kv = bf2f(row[(a.Hk + hk) * GDN_D + tid]);
+        float qq = block_sum(qv * qv);
+        float kk = block_sum(kv * kv);
+        qs[tid] = qv * rsqrtf(qq + 1e-6f) * 0.08838834764831845f;  // dk^-1/2
+        ks[tid] = kv * rsqrtf(kk + 1e-6f);
+        float beta, g;
+        gdn_gate_math(bf2f(a.a[(int64_t)c * a.ldab + h]), bf2f(a.b[(int64_t)c * a.ldab + h]), a_log, dt_bias, beta, g);
+        float eg = expf(g);
+        __syncthreads();
+        float m = 0.f;
+#pragma unroll
+        for (int r = 0; r < 32; r++) { s[r] *= eg; m = fmaf(s[r], ks[i0 + r], m); }
+        part[warp][threadIdx.x & 31] = m;
+        __syncthreads();
+        m = part[0][tid & 31] + part[1][tid & 31] + part[2][tid & 31] + part[3][tid & 31];
+        float vj = bf2f(row[(2 * a.Hk) * GDN_D + h * GDN_D + j]);
+        float delta = beta * (vj - m);
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < 32; r++) { s[r] = fmaf(ks[i0 + r], delta, s[r]); o = fmaf(s[r], qs[i0 + r], o); }
+        __syncthreads();  // everyone has read part (m)
+        part[warp][tid & 31] = o;
+        __syncthreads();
+        if (warp == 0) a.out[(int64_t)c * a.ldo + h * GDN_D + j] = f2bf(part[0][tid] + part[1][tid] + part[2][tid] + part[3][tid]);
+        if (sout >= 0) {
+            float* S = a.state + sout * a.slot_stride + ((int64_t)h * GDN_D + i0) * GDN_D + j;
+#pragma unroll
+            for (int r = 0; r < 32; r++) S[r * GDN_D] = s[r];
+        }
+        __syncthreads();  // qs, ks, part are reused by the next column
+    }
+}
+static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
+    CHECK(a.Hv % a.Hk == 0, "gdn_step: Hv %d not a multiple of Hk %d", a.Hv, a.Hk);
+    dim3 grid(a.Hv, GDN_D / GDN_COLS);
+    launch_k(gdn_step_kernel, grid, GDN_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// attention decode (model.md 2.4): bf16 kv cache, split-k over the context, gqa
+//
+// cache per layer: K and V [Hkv][cap][256] bf16 (position-addressed; rows past the visible
+// length are never read, so they may hold anything). kv_append writes the C new columns at
+// their positions first; then column c attends to keys 0..pos[c] (mtp verification: the
+// draft columns see each other causally).
+// attn_decode: block (kv head h, split sp) handles keys [sp*split_keys, +split_keys) for all
+// G*C queries of that kv head, 128 keys at a time: (1) thread = key: scores for every query
+// (q in shared memory, broadcast reads; no shuffles), (2) warp w owns queries w, w+4, ..:
+// online softmax over the 128 scores, (3) lanes over dims (8 each, 16-byte v rows): acc +=
+// p v. the partial (m, l, acc) of each split goes to scratch; attn_combine merges the splits,
+// normalizes, rounds to bf16 and applies the output gate: y = bf16(o * bf16(sigmoid(gate))).
+// scores are fp32 (q*k products of bf16, scale 1/16 exact); p and the sums fp32.
+
+enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16 };
+
+// kv cache formats (reference-engine.md 15). the codes live in [Hkv][cap][256] planes like the
+// bf16 cache (one byte per element for int8 / fp8), plus fp16 scales [Hkv][cap][4], one per 64
+// contiguous elements of a head vector:
+//   int8 (NInfer's INT8-G64): s = f16_rne(max|x| / 127), code = clamp(rne(x / s), -127, 127)
+//        (x * (1/s), 0 when s = 0), x ~ code * s
+//   fp8 (ours; NInfer's fp8 codec is not documented): e4m3 with the same per-64 scale,
+//        s = f16_rne(max|x| / 448) so the group's largest element lands at the top of the e4m3
+//        range, code = e4m3_rn_satfinite(x * (1/s)), x ~ code * s. e4m3 keeps 3 mantissa bits
+//        at every magnitude, so small elements of a group keep their relative precision
+//        (int8 loses them); the step at the top of the range is coarser (1/16 vs 1/127).
+enum KvDtype { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 };
+enum { KV_GROUP = 64, KV_GROUPS = ATT_HD / KV_GROUP };
+static const char* kv_dtype_name(int kv) { return kv == KV_INT8 ? "int8" : kv == KV_FP8 ? "fp8" : "bf16"; }
+static int kv_elem_bytes(int kv) { return kv == KV_BF16 ? 2 : 1; }
+
+// 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
+template <int KV> struct KvVec;
+template <> struct KvVec<KV_BF16> {
+    uint4 r;
+    __device__ __forceinline__ void load(const void* c, const __half*, int64_t row, int d0) {
+        r = *(const uint4*)((const bf16_t*)c + row * ATT_HD + d0);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint4(0, 0, 0, 0); }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+        const __nv_bfloat162* p2 = (const __nv_bfloat162*)&r;
+#pragma unroll
+        for (int e = 0; e < 4; e++) { float2 v = __bfloat1622float2(p2[e]); f[2 * e] = v.x; f[2 * e + 1] = v.y; }
+    }
+};
+template <> struct KvVec<KV_INT8> {
+    uint2 r; float s;
+    __device__ __forceinline__ void load(const void* c, const __half* sc, int64_t row, int d0) {
+        r = *(const uint2*)((const int8_t*)c + row * ATT_HD + d0);
+        s = __half2float(sc[row * KV_GROUPS + d0 / KV_GROUP]);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint2(0, 0); s = 0.f; }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = (float)(int8_t)(((i < 4 ? r.x : r.y) >> (8 * (i & 3))) & 0xFF) * s;
+    }
+};
+template <> struct KvVec<KV_FP8> {
+    uint2 r; float s;
+    __device__ __forceinline__ void load(const void* c, const __half* sc, int64_t row, int d0) {
+        r = *(const uint2*)((const uint8_t*)c + row * ATT_HD + d0);
+        s = __half2float(sc[row * KV_GROUPS + d0 / KV_GROUP]);
+    }
+    __device__ __forceinline__ void zero() { r = make_uint2(0, 0); s = 0.f; }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(((e < 2 ? r.x : r.y) >> (16 * (e & 1))) & 0xFFFF), __NV_E4M3);
+            float2 v = __half22float2(*(const __half2*)&h);
+            f[2 * e] = v.x * s; f[2 * e + 1] = v.y * s;
+        }
+    }
+};
+
+// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
+                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
+                                                             const int* __restrict__ pos, int Hkv) {
+    pdl_entry();
+    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
+    __shared__ float wmax[2][ATT_HD / 32];
+    const int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;  // the whole block returns together
+    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
+    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+    __syncthreads();
+    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
+    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+    const float sk = __half2float(hk), sv = __half2float(hv);
+    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+    const int64_t row = (int64_t)h * cap + p;
+    if constexpr (KV == KV_INT8) {
+        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+    } else {
+        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
+}
+
+__global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
+                                 bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
+    pdl_entry();
+    int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
+    int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;
+    kc[((int64_t)h * cap + p) * ATT_HD + d] = k[(int64_t)c * ldk + h * ATT_HD + d];
+    vc[((int64_t)h * cap + p) * ATT_HD + d] = v[(int64_t)c * ldv + h * ATT_HD + d];
+}
+static void kv_append(const bf16_t* k, int ldk, const bf16_t* v, int ldv, bf16_t* kc, bf16_t* vc, int64_t cap,
+                      const int* pos, int C, int Hkv, cudaStream_t stream) {
+    launch_k(kv_append_kernel, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, cap, pos, Hkv);
+    cudaCheck(cudaGetLastError());
+}
+// any cache format: bf16 copies, int8 / fp8 quantize per 64 elements (scales: null for bf16)
+static void kv_append(int kv, const bf16_t* k, int ldk, const bf16_t* v, int ldv, void* kc, void* vc, __half* ksc, __half* vsc,
+                      int64_t cap, const int* pos, int C, int Hkv, cudaStream_t stream) {
+    if (kv == KV_BF16) { kv_append(k, ldk, v, ldv, (bf16_t*)kc, (bf16_t*)vc, cap, pos, C, Hkv, stream); return; }
+    if (kv == KV_INT8) launch_k(kv_append_q_kernel<KV_INT8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    else launch_k(kv_append_q_kernel<KV_FP8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
+    cudaCheck(cudaGetLastError());
+}
+
+// the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
+// block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
+// place. kv heads: the same for k, then k and v appended at kvpos[c] (quantized for int8 /
+// fp8 as kv_append_q does). the roundings are those of the separate kernels: y = bf16(x * inv *
+// (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+struct AttnPrepArgs {
+    bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
+    const bf16_t* v; int ldv;           // [C][Hkv*256]
+    const bf16_t* qw; const bf16_t* kw; // norm weights (256)
+    const int* pos3; const int* kvpos;  // [C][3], [C]
+    void* kc; void* vc; __half* ksc; __half* vsc; int64_t cap;
+    int Hq, Hkv, half, sec_h, sec_w;
+    float eps;
+    float inv_freq[64];
+};
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepArgs a) {
+    pdl_entry();
+    const int nh = a.Hq + a.Hkv, c = blockIdx.x / nh, hh = blockIdx.x % nh, d = threadIdx.x, warp = d >> 5;
+    const bool isk = hh >= a.Hq;
+    __shared__ float ys[ATT_HD];
+    __shared__ float wmax[2][ATT_HD / 32];
+    bf16_t* row = a.qk + (int64_t)c * a.ldqk + (int64_t)hh * ATT_HD;
+    const float x = bf2f(row[d]);
+    const float ss = block_sum(x * x);
+    const float inv = rsqrtf(ss / (float)ATT_HD + a.eps);
+    const float wv = bf2f((isk ? a.kw : a.qw)[d]);
+    ys[d] = bfround(x * inv * (1.f + wv));
+    __syncthreads();
+    float out = ys[d];
+    if (d < 2 * a.half) {
+        const int i = d < a.half ? d : d - a.half;
+        const int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
+        const float ang = (float)a.pos3[c * 3 + axis] * a.inv_freq[i];
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float co = bfround(cs), si = bfround(sn), x1 = ys[i], x2 = ys[i + a.half];
+        out = d < a.half ? bfround(x1 * co) - bfround(x2 * si) : bfround(x2 * co) + bfround(x1 * si);
+    }
+    const bf16_t ob = f2bf(out);
+    row[d] = ob;
+    if (!isk) return;
+    const int h = hh - a.Hq;
+    const int64_t p = a.kvpos[c];
+    if (p < 0 || p >= a.cap) return;  // uniform over the block
+    const int64_t crow = (int64_t)h * a.cap + p;
+    const float xv = bf2f(a.v[(int64_t)c * a.ldv + h * ATT_HD + d]);
+    if constexpr (KV == KV_BF16) {
+        ((bf16_t*)a.kc)[crow * ATT_HD + d] = ob;
+        ((bf16_t*)a.vc)[crow * ATT_HD + d] = f2bf(xv);
+    } else {
+        const float xk = bf2f(ob);
+        float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+        if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+        __syncthreads();
+        const int gw = (d / KV_GROUP) * 2;
+        mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+        mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+        const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+        const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+        const float sk = __half2float(hk), sv = __half2float(hv);
+        const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+        if constexpr (KV == KV_INT8) {
+            ((int8_t*)a.kc)[crow * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+            ((int8_t*)a.vc)[crow * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+        } else {
+            ((uint8_t*)a.kc)[crow * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+            ((uint8_t*)a.vc)[crow * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+        }
+        if (d % KV_GROUP == 0) { a.ksc[crow * KV_GROUPS + d / KV_GROUP] = hk; a.vsc[crow * KV_GROUPS + d / KV_GROUP] = hv; }
+    }
+}
+static void attn_prep(int kv, bf16_t* qk, int ldqk, const bf16_t* v, int ldv, const bf16_t* qw, const bf16_t* kw, const int* pos3,
+                      const int* kvpos, void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap, int C, int Hq, int Hkv, int rot,
+                      float theta, const int sections[3], float eps, cudaStream_t stream) {
+    CHECK(rot % 2 == 0 && rot / 2 <= 64 && rot <= ATT_HD, "attn_prep: rotary dims %d", rot);
+    AttnPrepArgs a;
+    a.qk = qk; a.ldqk = ldqk; a.v = v; a.ldv = ldv; a.qw = qw; a.kw = kw; a.pos3 = pos3; a.kvpos = kvpos;
+    a.kc = kc; a.vc = vc; a.ksc = ksc; a.vsc = vsc; a.cap = cap; a.Hq = Hq; a.Hkv = Hkv; a.half = rot / 2;
+    a.sec_h = sections[1]; a.sec_w = sections[2]; a.eps = eps;
+    for (int j = 0; j < 64; j++) a.inv_freq[j] = j < rot / 2 ? 1.0f / powf(theta, (float)(2 * j) / (float)rot) : 0.f;
+    const unsigned blocks = (unsigned)(C * (Hq + Hkv));
+    if (kv == KV_INT8) launch_k(attn_prep_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a);
+    else if (kv == KV_FP8) launch_k(attn_prep_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a);
+    else launch_k(attn_prep_kernel<KV_BF16>, blocks, ATT_HD, 0, stream, a);
+}
+
+struct AttnArgs {
+    const bf16_t* q; int ldq;         // column c, head hq at q + c*ldq + hq*256 (normed, roped)
+    const void* kc; const void* vc; int64_t cap;   // codes [Hkv][cap][256] (KvDtype)
+    const __half* ksc; const __half* vsc;          // int8 / fp8 scales [Hkv][cap][4], else null
+    const int* pos;                   // [C] device
+    int C, Hq, Hkv;
+    int n_splits, split_keys;         // split_keys a multiple of ATT_KEYS
+    float* part_acc;                  // [Hkv][n_splits][G*C][256]
+    float* part_ml;                   // [Hkv][n_splits][G*C][2]
+    float scale;
+};
+template <int QPW, int KV>  // queries per warp: the block serves up to 4*QPW queries; KV: the cache format
+__global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
+    pdl_entry();
+    constexpr int NQ = 4 * QPW;
+    const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int G = a.Hq / a.Hkv, nq = G * a.C;
+    __shared__ __align__(16) float qs[NQ][ATT_HD];
+    __shared__ float ps[NQ][ATT_KEYS];
+    __shared__ int vis[NQ];
+    int lmax = 0;
+    for (int c = 0; c < a.C; c++) lmax = max(lmax, a.pos[c] + 1);
+    for (int i = tid; i < NQ * ATT_HD; i += ATT_THREADS) {
+        int qi = i / ATT_HD, d = i % ATT_HD;
+        float v = 0.f;
+        if (qi < nq) v = bf2f(a.q[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
+        qs[qi][d] = v;
+    }
+    if (tid < NQ) vis[tid] = tid < nq ? a.pos[tid / G] : -1;
+    // running softmax state of the queries this warp owns (qi = warp + 4k), replicated in lanes
+    float m_run[QPW], l_run[QPW], acc[QPW][8];
+#pragma unroll
+    for (int k = 0; k < QPW; k++) {
+        m_run[k] = -INFINITY; l_run[k] = 0.f;
+#pragma unroll
+        for (int d = 0; d < 8; d++) acc[k][d] = 0.f;
+    }
+    const int64_t hrow = (int64_t)h * a.cap;  // cache row of position 0 of this kv head
+    const int kbeg = sp * a.split_keys;
+    const int kend = min(kbeg + a.split_keys, lmax);
+    __syncthreads();
+    for (int k0 = kbeg; k0 < kend; k0 += ATT_KEYS) {
+        const int nk = min(ATT_KEYS, kend - k0);
+        // (1) scores, thread = key
+        {
+            int key = k0 + tid;
+            float sc[NQ];
+#pragma unroll
+            for (int q = 0; q < NQ; q++) sc[q] = 0.f;
+            if (tid < nk) {
+#pragma unroll 8
+                for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
+                    KvVec<KV> raw;
+                    raw.load(a.kc, a.ksc, hrow + key, d8 * 8);
+                    float kf[8];
+                    raw.get(kf);
+#pragma unroll
+                    for (int q = 0; q < NQ; q++) {
+                        const float4 qa = *(const float4*)&qs[q][d8 * 8], qb = *(const float4*)&qs[q][d8 * 8 + 4];
+                        sc[q] = fmaf(qa.x, kf[0], fmaf(qa.y, kf[1], fmaf(qa.z, kf[2], fmaf(qa.w, kf[3], sc[q]))));
+                        sc[q] = fmaf(qb.x, kf[4], fmaf(qb.y, kf[5], fmaf(qb.z, kf[6], fmaf(qb.w, kf[7], sc[q]))));
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < NQ; q++) ps[q][tid] = (tid < nk && key <= vis[q]) ? sc[q] : -INFINITY;
+        }
+        __syncthreads();
+        // (2) online softmax per owned query
+#pragma unroll
+        for (int k = 0; k < QPW; k++) {
+            int qi = warp + 4 * k;
+            float v0 = ps[qi][lane], v1 = ps[qi][lane + 32], v2 = ps[qi][lane + 64], v3 = ps[qi][lane + 96];
+            float cm = warp_max(fmaxf(fmaxf(v0, v1), fmaxf(v2, v3)));
+            float mn = fmaxf(m_run[k], cm);
+            float alpha = mn == -INFINITY ? 1.f : expf(m_run[k] - mn);
+            float e0 = mn == -INFINITY ? 0.f : expf(v0 - mn), e1 = mn == -INFINITY ? 0.f : expf(v1 - mn);
+            float e2 = mn == -INFINITY ? 0.f : expf(v2 - mn), e3 = mn == -INFINITY ? 0.f : expf(v3 - mn);
+            ps[qi][lane] = e0; ps[qi][lane + 32] = e1; ps[qi][lane + 64] = e2; ps[qi][lane + 96] = e3;
+            l_run[k] = l_run[k] * alpha + warp_sum(e0 + e1 + e2 + e3);
+            m_run[k] = mn;
+#pragma unroll
+            for (int d = 0; d < 8; d++) acc[k][d] *= alpha;
+        }
+        __syncwarp();
+        // (3) acc += p v, lanes over dims; each warp reads only the probabilities it wrote.
+        // v rows in batches of 8 so that 8 loads are in flight, not one
+        for (int t0 = 0; t0 < nk; t0 += 8) {
+            KvVec<KV> raw[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, hrow + k0 + t0 + j, lane * 8);
+                else raw[j].zero();
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float vf[8];
+                raw[j].get(vf);
+#pragma unroll
+                for (int k = 0; k < QPW; k++) {
+                    float p = t0 + j < nk ? ps[warp + 4 * k][t0 + j] : 0.f;
+#pragma unroll
+                    for (int d = 0; d < 8; d++) acc[k][d] = fmaf(p, vf[d], acc[k][d]);
+                }
+            }
+        }
+        __syncthreads();  // ps is rewritten by the next chunk
+    }
+#pragma unroll
+    for (int k = 0; k < QPW; k++) {
+        int qi = warp + 4 * k;
+        if (qi >= nq) continue;
+        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq + qi;
+        float* pa = a.part_acc + slot * ATT_HD + lane * 8;
+        *(float4*)pa = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+        *(float4*)(pa + 4) = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
+        if (lane == 0) { a.part_ml[slot * 2] = m_run[k]; a.part_ml[slot * 2 + 1] = l_run[k]; }
+    }
+}
+
+// merge the splits of column c, query head hq (block), one thread per dim
+__global__ void __launch_bounds__(ATT_HD) attn_combine_kernel(AttnArgs a, const bf16_t* __restrict__ gate, int ldg, bf16_t* y, int ldy) {
+    pdl_entry();
+    const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, d = threadIdx.x;
+    const int G = a.Hq / a.Hkv, nq = G * a.C, h = hq / G, qi = c * G + hq % G;
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, a.part_ml[(((int64_t)h * a.n_splits + s) * nq + qi) * 2]);
+    float L = 0.f, o = 0.f;
+    if (M != -INFINITY) {
+        for (int s = 0; s < a.n_splits; s++) {
+            int64_t slot = ((int64_t)h * a.n_splits + s) * nq + qi;
+            float m = a.part_ml[slot * 2];
+            if (m == -INFINITY) continue;
+            float e = expf(m - M);
+            L = fmaf(a.part_ml[slot * 2 + 1], e, L);
+            o = fmaf(a.part_acc[slot * ATT_HD + d], e, o);
+        }
+    }
+    float out = L > 0.f ? o / L : 0.f;
+    if (gate) out = bfround(out) * bfround(sigmoid_f(bf2f(gate[(int64_t)c * ldg + hq * ATT_HD + d])));
+    y[(int64_t)c * ldy + hq * ATT_HD + d] = f2bf(out);
+}
+
+// scratch floats attn_decode needs for (Hkv, n_splits, queries per launch)
+static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits) {
+    int G = Hq / Hkv, cols = ATT_MAX_Q / G;
+    return (size_t)Hkv * n_splits * (G * cols) * (ATT_HD + 2);
+}
+// split plan: keys per split (a multiple of ATT_KEYS) for contexts up to max_len in n_splits
+static int attn_split_keys(int64_t max_len, int n_splits) {
+    int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
+    return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
+}
+// y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
+// n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
+// gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
+template <int KV>
+static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
+    if (nq <= 4) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
+    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_kernel<4, KV>, grid, ATT_THREADS, 0, stream, a);
+}
+static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
+                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
+                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream);
+static void attn_decode(const bf16_t* q, int ldq, const bf16_t* kc, const bf16_t* vc, int64_t cap, const int* pos, int C,
+                        int Hq, int Hkv, int n_splits, int split_keys, float* scratch, const bf16_t* gate, int ldg, bf16_t* y,
+                        int ldy, cudaStream_t stream) {
+    attn_decode(KV_BF16, q, ldq, kc, vc, nullptr, nullptr, cap, pos, C, Hq, Hkv, n_splits, split_keys, scratch, gate, ldg, y, ldy, stream);
+}
+static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
+                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
+                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream) {
+    CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
+    int G = Hq / Hkv, cols = ATT_MAX_Q / G;
+    CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
+    for (int c0 = 0; c0 < C; c0 += cols) {
+        AttnArgs a;
+        a.q = q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = kc; a.vc = vc; a.cap = cap; a.pos = pos + c0;
+        a.ksc = ksc; a.vsc = vsc;
+        a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
+        a.n_splits = n_splits; a.split_keys = split_keys;
+        a.part_acc = scratch;
+        a.part_ml = scratch + (size_t)Hkv * n_splits * (G * cols) * ATT_HD;
+        a.scale = 1.0f / sqrtf((float)ATT_HD);
+        int nq = G * a.C;
+        dim3 grid(Hkv, n_splits);
+        if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
+        else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
+        else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
+        cudaCheck(cudaGetLastError());
+        launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
+                                                              y + (int64_t)c0 * ldy, ldy);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// ----------------------------------------------------------------------------
+// argmax over the first n logits of each of C columns (greedy sampling), lowest id on ties;
+// nan never wins. stage 1: ARGMAX_BLOCKS blocks per column each reduce a strided slice;
+// stage 2: one warp per column merges them. logits fp32 or bf16.
+
+enum { ARGMAX_THREADS = 256, ARGMAX_BLOCKS = 64 };
+
+__device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i) || (v != v && v2 == v2)) { v = v2; i = i2; }
+}
+template <typename T>
+__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_stage1_kernel(const T* __restrict__ logits, int64_t ld, int n, float* pv, int* pi) {
+    pdl_entry();
+    const int c = blockIdx.y;
+    const T* row = logits + (int64_t)c * ld;
+    float v = -INFINITY; int idx = INT32_MAX;
+    for (int k = blockIdx.x * ARGMAX_THREADS + threadIdx.x; k < n; k += ARGMAX_BLOCKS * ARGMAX_THREADS) {
+        float x;
+        if constexpr (sizeof(T) == 2) x = bf2f(row[k]); else x = row[k];
+        if (x == x) argmax_merge(v, idx, x, k);
+    }
+    for (int o = 16; o; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o); int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_merge(v, idx, v2, i2);
+    }
+    __shared__ float sv[ARGMAX_THREADS / 32]; __shared__ int si[ARGMAX_THREADS / 32];
+    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = v; si[threadIdx.x >> 5] = idx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_THREADS / 32; w++) argmax_merge(v, idx, sv[w], si[w]);
+        pv[c * ARGMAX_BLOCKS + blockIdx.x] = v; pi[c * ARGMAX_BLOCKS + blockIdx.x] = idx;
+    }
+}
+__global__ void argmax_stage2_kernel(const float* __restrict__ pv, const int* __restrict__ pi, int* out) {
+    pdl_entry();
+    const int c = blockIdx.x, lane = threadIdx.x;
+    float v = -INFINITY; int idx = INT32_MAX;
+    for (int k = lane; k < ARGMAX_BLOCKS; k += 32) argmax_merge(v, idx, pv[c * ARGMAX_BLOCKS + k], pi[c * ARGMAX_BLOCKS + k]);
+    for (int o = 16; o; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o); int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_merge(v, idx, v2, i2);
+    }
+    if (lane == 0) out[c] = idx == INT32_MAX ? 0 : idx;
+}
+// scratch: ARGMAX_BLOCKS * C floats + as many ints (argmax_scratch_bytes)
+static size_t argmax_scratch_bytes(int C) { return (size_t)C * ARGMAX_BLOCKS * 8; }
+template <typename T>
+static void argmax(const T* logits, int64_t ld, int n, int C, void* scratch, int* out, cudaStream_t stream) {
+    float* pv = (float*)scratch; int* pi = (int*)(pv + (size_t)C * ARGMAX_BLOCKS);
+    launch_k(argmax_stage1_kernel<T>, dim3(ARGMAX_BLOCKS, C), ARGMAX_THREADS, 0, stream, logits, ld, n, pv, pi);
+    cudaCheck(cudaGetLastError());
+    launch_k(argmax_stage2_kernel, C, 32, 0, stream, pv, pi, out);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// shared-memory matrix helpers (the prefill kernels)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void cp_async16_m(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t*)&v;
+}
+
+// ----------------------------------------------------------------------------
+// gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores
+//
+// prefill multiplies each weight by hundreds of tokens, so it is arithmetic, not a stream:
+// a block computes a 128-token x 128-row tile with mma.sync m16n8k16 (8 warps, 64 x 32 each),
+// k in steps of 64. the x tile arrives by cp.async (double buffered); the weight tile is read
+// into registers one step ahead and decoded into shared memory as exact bf16 *codes* (the
+// magic-number trick of the gemv: 128 + code in the mantissa of bf16 128, one bf16x2 fma
+// removes the 128 and the sign offset). the tensor core sums one quantization group of codes
+// times x, and that partial sum is scaled in fp32 by the group's fp16 scale: products exact,
+// sums fp32, the same arithmetic as the gemv (results differ from it only in summation order).
+// w8 has two 32-lane groups per k step (w8 codes do not fit the magic, they convert through
+// float); bf16 weights accumulate straight into the result. one __syncthreads per k step: the
+// step's buffers were filled before it, the next step's go to the other buffers.
+// requirements: cols % 64 == 0 (every qwen3.5 width); x 16-byte aligned with ldx % 8 == 0.
+// y as in the gemv: fp32, or bf16 with an optional residual y = bf16(resid + bf16(Wx)).
+
+enum { GM_BM = 128, GM_BN = 128, GM_BK = 64, GM_THREADS = 256, GM_LDS = GM_BK + 8 };  // smem rows padded: conflict-free ldmatrix
+static const size_t GM_SMEM = (size_t)2 * (GM_BM + GM_BN) * GM_LDS * 2 + (size_t)2 * GM_BN * 2 * sizeof(float);
+
+struct GemmArgs {
+    Mat w;
+    const bf16_t* x; int ldx; int T;
+    void* y; int ldy; int y_f32;
+    const bf16_t* resid; int ldr;
+};
+
+// one thread's share of a weight k step: row tid/2, lanes [32*(tid&1), +32) of the step
+// (w8: the whole group 2*kt + (tid&1); bf16: 32 elements)
+template <int F> struct GemmRaw {
+    uint4 b[F == FMT_BF16 ? 4 : F == FMT_W8 ? 2 : 1];
+    uint2 hi;
+    uint32_t sc;
+};
+template <int F>
+__device__ __forceinline__ void gemm_load_w(const Mat& w, int64_t row, int kt, int wh, GemmRaw<F>& r) {
+    const uint8_t* base = w.base + row * w.base_row;
+    if constexpr (F == FMT_BF16) {
+        const uint4* p = (const uint4*)(base + ((int64_t)kt * GM_BK + wh * 32) * 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.b[i] = __ldg(p + i);
+    } else if constexpr (F == FMT_W8) {
+        const int64_t grp = (int64_t)kt * 2 + wh;
+        const uint4* p = (const uint4*)(base + grp * 32);
+        r.b[0] = __ldg(p); r.b[1] = __ldg(p + 1);
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + grp);
+    } else {
+        r.b[0] = __ldg((const uint4*)(base + (int64_t)kt * 32 + wh * 16));
+        if constexpr (F == FMT_Q5) r.hi.x = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8 + wh * 4));
+        if constexpr (F == FMT_Q6) r.hi = __ldg((const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16 + wh * 8));
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
+    }
+}
+// decode to 32 bf16 values (codes, exact) at dst; the scale(s) to scd[0] (w8: scd[wh])
+template <int F>
+__device__ __forceinline__ void gemm_store_w(const GemmRaw<F>& r, bf16_t* dst, float* scd, int wh) {
+    uint32_t o[16];
+    if constexpr (F == FMT_BF16) {
+        const uint32_t* w = (const uint32_t*)r.b;
+#pragma unroll
+        for (int p = 0; p < 16; p++) o[p] = w[p];
+    } else if constexpr (F == FMT_W8) {
+        const uint32_t* w = (const uint32_t*)r.b;  // lane l is byte l & 3 of word l >> 2
+#pragma unroll
+        for (int p = 0; p < 16; p++) {
+            uint32_t word = w[p >> 1] >> (16 * (p & 1));
+            o[p] = pack_bf2((float)(int8_t)(word & 0xFF), (float)(int8_t)((word >> 8) & 0xFF));
+        }
+        scd[wh] = f16bits2f(r.sc);
+    } else {
+        // lane l: nibble at bits 4*(l&7) of base word l>>3; q5: bit 4 from bit l of hi.x; q6:
+        // bits 4-5 from bits 2l, 2l+1 of hi. u ^ sign bit is the offset-binary code, < 64.
+        const uint32_t* w = (const uint32_t*)r.b;
+        constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
+        constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
+        const uint64_t hi = F == FMT_Q6 ? ((uint64_t)r.hi.y << 32) | r.hi.x : (uint64_t)r.hi.x;
+#pragma unroll
+        for (int p = 0; p < 16; p++) {
+            const int l0 = 2 * p, l1 = 2 * p + 1;
+            uint32_t u0 = (w[l0 >> 3] >> (4 * (l0 & 7))) & 15u, u1 = (w[l1 >> 3] >> (4 * (l1 & 7))) & 15u;
+            if constexpr (F == FMT_Q5) { u0 |= (uint32_t)((hi >> l0) & 1u) << 4; u1 |= (uint32_t)((hi >> l1) & 1u) << 4; }
+            if constexpr (F == FMT_Q6) { u0 |= (uint32_t)((hi >> (2 * l0)) & 3u) << 4; u1 |= (uint32_t)((hi >> (2 * l1)) & 3u) << 4; }
+            o[p] = bf2_fma(((u0 ^ SB) | ((u1 ^ SB) << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+        }
+        if (wh == 0) scd[0] = f16bits2f(r.sc);
+    }
+    uint4* d = (uint4*)dst;
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+}
+
+template <int F>
+__global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
+    pdl_entry();
+    constexpr bool SCALED = F != FMT_BF16;
+    constexpr int NG = F == FMT_W8 ? 2 : 1;  // quantization groups per k step
+    constexpr int KS = 4 / NG;               // k16 steps per group
+    extern __shared__ __align__(16) uint8_t gm_smem[];
+    bf16_t* xs = (bf16_t*)gm_smem;                      // [2][BM][LDS]
+    bf16_t* ws = xs + 2 * GM_BM * GM_LDS;               // [2][BN][LDS]
+    float* scs = (float*)(ws + 2 * GM_BN * GM_LDS);     // [2][BN][2]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int64_t N = a.w.rows;
+    const int64_t n0 = (int64_t)blockIdx.x * GM_BN;
+    const int m0 = blockIdx.y * GM_BM;
+    const int nk = (int)(a.w.cols / GM_BK);
+    const int wr = tid >> 1, wh = tid & 1;
+    const int64_t wrow = n0 + wr < N ? n0 + wr : N - 1;  // rows past the end: read twice, never stored
+
+    auto load_x = [&](int kt, int buf) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = tid + i * GM_THREADS, r = c >> 3, c16 = c & 7;
+            const int m = m0 + r < a.T ? m0 + r : a.T - 1;
+            cp_async16_m(smem_u32(xs + ((size_t)buf * GM_BM + r) * GM_LDS + c16 * 8), a.x + (int64_t)m * a.ldx + (int64_t)kt * GM_BK + c16 * 8);
+        }
+        cp_async_commit_m();
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+    GemmRaw<F> raw;
+    load_x(0, 0);
+    gemm_load_w<F>(a.w, wrow, 0, wh, raw);
+    gemm_store_w<F>(raw, ws + (size_t)wr * GM_LDS + wh * 32, scs + wr * 2, wh);
+    for (int kt = 0; kt < nk; kt++) {
+        const int cur = kt & 1;
+        cp_async_wait_m<0>();
+        __syncthreads();  // step kt's tiles are in; everyone is done with step kt-1's buffers
+        if (kt + 1 < nk) {
+            load_x(kt + 1, cur ^ 1);
+            gemm_load_w<F>(a.w, wrow, kt + 1, wh, raw);
+        }
+        const bf16_t* xb = xs + (size_t)cur * GM_BM * GM_LDS;
+        const bf16_t* wb = ws + (size_t)cur * GM_BN * GM_LDS;
+        const float* sb = scs + cur * GM_BN * 2;
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) {
+            uint32_t bfr[KS][4][2];
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    const int row = wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    const int col = (gi * KS + ks) * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4(smem_u32(wb + row * GM_LDS + col), bfr[ks][2 * np][0], bfr[ks][2 * np][1], bfr[ks][2 * np + 1][0],
+                            bfr[ks][2 * np + 1][1]);
+                }
+            float s[4][2];
+            if constexpr (SCALED) {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    s[nt][0] = sb[(wn * 32 + nt * 8 + 2 * t) * 2 + gi];
+                    s[nt][1] = sb[(wn * 32 + nt * 8 + 2 * t + 1) * 2 + gi];
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                float tmp[4][4];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.f;
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t a0, a1, a2, a3;
+                    const int row = wm * 64 + mt * 16 + (lane & 15);
+                    const int col = (gi * KS + ks) * 16 + (lane >> 4) * 8;
+                    ldsm_x4(smem_u32(xb + row * GM_LDS + col), a0, a1, a2, a3);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        if constexpr (SCALED) mma_bf16_16816(tmp[nt], a0, a1, a2, a3, bfr[ks][nt][0], bfr[ks][nt][1]);
+                        else mma_bf16_16816(acc[mt][nt], a0, a1, a2, a3, bfr[ks][nt][0], bfr[ks][nt][1]);
+                    }
+                }
+                if constexpr (SCALED) {
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        acc[mt][nt][0] = fmaf(s[nt][0], tmp[nt][0], acc[mt][nt][0]);
+                        acc[mt][nt][1] = fmaf(s[nt][1], tmp[nt][1], acc[mt][nt][1]);
+                        acc[mt][nt][2] = fmaf(s[nt][0], tmp[nt][2], acc[mt][nt][2]);
+                        acc[mt][nt][3] = fmaf(s[nt][1], tmp[nt][3], acc[mt][nt][3]);
+                    }
+                }
+            }
+        }
+        if (kt + 1 < nk)
+            gemm_store_w<F>(raw, ws + ((size_t)(cur ^ 1) * GM_BN + wr) * GM_LDS + wh * 32, scs + ((cur ^ 1) * GM_BN + wr) * 2, wh);
+    }
+    // epilogue: thread (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8 tile
+    const int g = lane >> 2;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int m = m0 + wm * 64 + mt * 16 + g + (j >= 2 ? 8 : 0);
+                const int64_t n = n0 + wn * 32 + nt * 8 + 2 * t + (j & 1);
+                if (m >= a.T || n >= N) continue;
+                const float v = acc[mt][nt][j];
+                if (a.y_f32) {
+                    ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
+                } else {
+                    const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
+                    ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
+                }
+            }
+}
+static bool gemm_ok(const Mat& w) {
+    return (format_grouped(w.format) || w.format == FMT_BF16) && w.cols % GM_BK == 0;
+}
+static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
+                 cudaStream_t stream) {
+    CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
+    CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
+    switch (w.format) {
+        case FMT_Q4: launch_k(gemm_kernel<FMT_Q4>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_Q5: launch_k(gemm_kernel<FMT_Q5>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_Q6: launch_k(gemm_kernel<FMT_Q6>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_W8: launch_k(gemm_kernel<FMT_W8>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        case FMT_BF16: launch_k(gemm_kernel<FMT_BF16>, grid, GM_THREADS, GM_SMEM, stream, a); break;
+        default: CHECK(false, "gemm: format %s", format_name(w.format));
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// the matrix product of the forward: gemv for a few columns (decode), gemm for prefill pieces
+enum { LINEAR_GEMV_MAX = 8 };
+static bool g_force_gemv = false;  // tests: run every product through the gemv
+static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
+                   cudaStream_t stream) {
+    if (T > LINEAR_GEMV_MAX && !g_force_gemv && gemm_ok(w)) gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+    else gemv(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+}
+
+// ----------------------------------------------------------------------------
+// gated delta rule over a prefill piece (model.md 3.5), recurrent, state in registers
+//
+// the same recurrence as gdn_step, organised for many tokens: q and k arrive l2-normed in
+// fp32 (l2norm), beta and g from gdn_gates, so the loop over tokens does only the state
+// update. one warp owns 8 columns of one head's state: lane = column (lane & 7) x row part
+// (lane >> 3, 32 rows each), the 32 x 1 slice in registers. per token: m = k.S[:, j] (32 fma,
+// two shuffles), delta = beta (v_j - e^g m), S[:, j] = e^g S[:, j] + k delta, o_j = q.S[:, j]
+// (two shuffles). no barriers: q, k of the next token are fetched while this one is computed
+// and staged through a warp-private shared buffer. state fp32, read from state_in (null:
+// zeros) and written to state_out (may be the same slot). output bf16 [T][Hv*dv].
+
+enum { GDNP_COLS = 8, GDNP_ROWS = GDN_D / 4, GDNP_PAD = GDN_D + GDN_D / 32 * 4 };
+struct GdnPrefillArgs {
+    const float* q; const float* k; int ldqk;  // [T][Hk*128]; q already scaled by dk^-1/2
+    const bf16_t* v; int ldv;                  // value head h of token t at v + t*ldv + h*128
+    const float* beta; const float* g; int ldg;// [T][Hv]
+    const float* state_in; float* state_out;   // [Hv][dk][dv]
+    bf16_t* out; int ldo;                      // [T][Hv*dv]
+    int T, Hk, Hv;
+};
+__device__ __forceinline__ int gdnp_idx(int i) { return i + (i >> 5) * 4; }  // row parts 4 banks apart
+__global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
+    pdl_entry();
+    const int h = blockIdx.x, lane = threadIdx.x;
+    const int col = lane & 7, part = lane >> 3;
+    const int j = blockIdx.y * GDNP_COLS + col, i0 = part * GDNP_ROWS;
+    const int hk = h / (a.Hv / a.Hk);
+    __shared__ __align__(16) float qs[2][GDNP_PAD], ks[2][GDNP_PAD];
+    float s[GDNP_ROWS];
+#pragma unroll
+    for (int r = 0; r < GDNP_ROWS; r++)
+        s[r] = a.state_in ? a.state_in[((int64_t)h * GDN_D + i0 + r) * GDN_D + j] : 0.f;
+    float4 pq, pk; float pv, pb, pg;
+    auto fetch = [&](int tt) {
+        pq = *(const float4*)(a.q + (int64_t)tt * a.ldqk + hk * GDN_D + lane * 4);
+        pk = *(const float4*)(a.k + (int64_t)tt * a.ldqk + hk * GDN_D + lane * 4);
+        pv = bf2f(a.v[(int64_t)tt * a.ldv + h * GDN_D + j]);
+        pb = a.beta[(int64_t)tt * a.ldg + h];
+        pg = a.g[(int64_t)tt * a.ldg + h];
+    };
+    if (a.T > 0) fetch(0);
+    for (int t = 0; t < a.T; t++) {
+        const int buf = t & 1;
+        *(float4*)&qs[buf][gdnp_idx(lane * 4)] = pq;
+        *(float4*)&ks[buf][gdnp_idx(lane * 4)] = pk;
+        const float vj = pv, beta = pb, eg = expf(pg);
+        __syncwarp();
+        if (t + 1 < a.T) fetch(t + 1);
+        const float* kr = &ks[buf][gdnp_idx(i0)];
+        const float* qr = &qs[buf][gdnp_idx(i0)];
+        float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r += 4) {
+            const float4 kk = *(const float4*)&kr[r];
+            m0 = fmaf(s[r], kk.x, m0); m1 = fmaf(s[r + 1], kk.y, m1); m2 = fmaf(s[r + 2], kk.z, m2); m3 = fmaf(s[r + 3], kk.w, m3);
+        }
+        float m = (m0 + m1) + (m2 + m3);
+        m += __shfl_xor_sync(0xffffffffu, m, 8);
+        m += __shfl_xor_sync(0xffffffffu, m, 16);
+        const float delta = beta * (vj - eg * m);
+        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r += 4) {
+            const float4 kk = *(const float4*)&kr[r], qq = *(const float4*)&qr[r];
+            s[r] = fmaf(kk.x, delta, s[r] * eg); s[r + 1] = fmaf(kk.y, delta, s[r + 1] * eg);
+            s[r + 2] = fmaf(kk.z, delta, s[r + 2] * eg); s[r + 3] = fmaf(kk.w, delta, s[r + 3] * eg);
+            o0 = fmaf(s[r], qq.x, o0); o1 = fmaf(s[r + 1], qq.y, o1); o2 = fmaf(s[r + 2], qq.z, o2); o3 = fmaf(s[r + 3], qq.w, o3);
+        }
+        float o = (o0 + o1) + (o2 + o3);
+        o += __shfl_xor_sync(0xffffffffu, o, 8);
+        o += __shfl_xor_sync(0xffffffffu, o, 16);
+        if (part == 0) a.out[(int64_t)t * a.ldo + h * GDN_D + j] = f2bf(o);
+    }
+    if (a.state_out) {
+#pragma unroll
+        for (int r = 0; r < GDNP_ROWS; r++) a.state_out[((int64_t)h * GDN_D + i0 + r) * GDN_D + j] = s[r];
+    }
+}
+static void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
+    CHECK(a.Hv % a.Hk == 0 && a.ldqk % 4 == 0, "gdn_prefill: bad arguments");
+    launch_k(gdn_prefill_kernel, dim3(a.Hv, GDN_D / GDNP_COLS), 32, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// attention over a prefill piece (model.md 2.4): flash attention with tensor cores
+//
+// block = (64 queries, one query head); 4 warps of 16 queries. the keys come from the cache
+// (the piece's own rows were appended first), 64 at a time: S = Q K^T by mma (q and k bf16,
+// fp32 sums, scale 1/16 exact), causal mask by kv row (query t sees rows <= pos0 + t), online
+// softmax in fp32 per row (FA2: the score fragment becomes the A operand of P V in bf16), O in
+// fp32 registers (16 rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
+// (V's copy lands while S is computed); int8 / fp8 are decoded to bf16 on the way into
+// shared memory. rows past the last written key are zero-filled (never nan times 0). the
+// output is gated like attn_combine: y = bf16( bf16(o) * bf16(sigmoid(gate)) ).
+// the heaviest query tiles (most keys) are scheduled first.
+
+enum { FA_BQ = 64, FA_BK = 64, FA_THREADS = 128, FA_LDS = ATT_HD + 8 };
+static const size_t FA_SMEM = (size_t)3 * 64 * FA_LDS * 2;
+struct FlashArgs {
+    const bf16_t* q; int ldq;            // token t, head hq at q + t*ldq + hq*256
+    const void* kc; const void* vc; const __half* ksc; const __half* vsc; int64_t cap;
+    int pos0;                            // kv row of token 0 of the piece
+    int T, Hq, Hkv;
+    const bf16_t* gate; int ldg;         // [T][Hq*256]
+    bf16_t* y; int ldy;                  // [T][Hq*256]
+};
+template <int KV>
+__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t hrow, int key0, int nvalid, int tid) {
+    // 64 rows x 32 chunks of 8 elements; rows >= nvalid are zeros
+#pragma unroll 4
+    for (int i = 0; i < 64 * 32 / FA_THREADS; i++) {
+        const int c = tid + i * FA_THREADS, r = c >> 5, c8 = c & 31;
+        bf16_t* d = dst + r * FA_LDS + c8 * 8;
+        if (r >= nvalid) { *(uint4*)d = make_uint4(0, 0, 0, 0); continue; }
+        if constexpr (KV == KV_BF16) {
+            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (hrow + key0 + r) * ATT_HD + c8 * 8);
+        } else {
+            KvVec<KV> v;
+            v.load(cache, sc, hrow + key0 + r, c8 * 8);
+            float f[8];
+            v.get(f);
+            *(uint4*)d = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
+        }
+    }
+}
+template <int KV>
+__global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) {
+    pdl_entry();
+    extern __shared__ __align__(16) uint8_t fa_smem[];
+    bf16_t* Qs = (bf16_t*)fa_smem;
+    bf16_t* Ks = Qs + 64 * FA_LDS;
+    bf16_t* Vs = Ks + 64 * FA_LDS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int nqt = CEIL_DIV(a.T, FA_BQ);
+    const int q0 = (nqt - 1 - (int)blockIdx.x) * FA_BQ;  // heaviest first
+    const int hq = blockIdx.y, G = a.Hq / a.Hkv, h = hq / G;
+    const int64_t hrow = (int64_t)h * a.cap;
+    const int kv_len = a.pos0 + a.T;                         // rows written so far
+    const int q_last = min(q0 + FA_BQ, a.T) - 1;
+    const int n_keys = a.pos0 + q_last + 1;                  // keys the tile's last query sees
+    // q tile
+    for (int c = tid; c < 64 * 32; c += FA_THREADS) {
+        const int r = c >> 5, c8 = c & 31;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (q0 + r < a.T) v = *(const uint4*)(a.q + (int64_t)(q0 + r) * a.ldq + hq * ATT_HD + c8 * 8);
+        *(uint4*)(Qs + r * FA_LDS + c8 * 8) = v;
+    }
+    float O[32][4];
+#pragma unroll
+    for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const int qr0 = q0 + warp * 16 + g;                      // this thread's two query rows
+    const int qp[2] = {a.pos0 + qr0, a.pos0 + qr0 + 8};      // their kv rows (visibility)
+    const float scale = 1.0f / 16.0f;                        // 256^-1/2
+    for (int k0 = 0; k0 < n_keys; k0 += FA_BK) {
+        __syncthreads();  // the previous tile is consumed (and the q tile is written)
+        const int nvalid = min(FA_BK, kv_len - k0);
+        fa_load_tile<KV>(Ks, a.kc, a.ksc, hrow, k0, nvalid, tid);
+        if constexpr (KV == KV_BF16) cp_async_commit_m();
+        fa_load_tile<KV>(Vs, a.vc, a.vsc, hrow, k0, nvalid, tid);
+        if constexpr (KV == KV_BF16) { cp_async_commit_m(); cp_async_wait_m<1>(); }
+        __syncthreads();
+        // S = Q K^T for the warp's 16 rows x 64 keys
+        float S[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) S[i][0] = S[i][1] = S[i][2] = S[i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < ATT_HD / 16; ks++) {
+            uint32_t a0, a1, a2, a3;
+            ldsm_x4(smem_u32(Qs + (warp * 16 + (lane & 15)) * FA_LDS + ks * 16 + (lane >> 4) * 8), a0, a1, a2, a3);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(Ks + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * FA_LDS + ks * 16 + ((lane >> 3) & 1) * 8), b0, b1, b2, b3);
+                mma_bf16_16816(S[2 * np], a0, a1, a2, a3, b0, b1);
+                mma_bf16_16816(S[2 * np + 1], a0, a1, a2, a3, b2, b3);
+            }
+        }
+        // mask, online softmax
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int key = k0 + nt * 8 + 2 * t + (j & 1);
+                const float v = key <= qp[j >> 1] ? S[nt][j] * scale : -INFINITY;
+                S[nt][j] = v;
+                mx[j >> 1] = fmaxf(mx[j >> 1], v);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(mrow[r], mx[r]);
+            alpha[r] = mn == -INFINITY ? 1.f : __expf(mrow[r] - mn);
+            mrow[r] = mn;
+        }
+        float ls[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float mr = mrow[j >> 1];
+                const float p = mr == -INFINITY ? 0.f : __expf(S[nt][j] - mr);
+                S[nt][j] = p;
+                ls[j >> 1] += p;
+            }
+        lrow[0] = lrow[0] * alpha[0] + ls[0];
+        lrow[1] = lrow[1] * alpha[1] + ls[1];
+#pragma unroll
+        for (int i = 0; i < 32; i++) { O[i][0] *= alpha[0]; O[i][1] *= alpha[0]; O[i][2] *= alpha[1]; O[i][3] *= alpha[1]; }
+        if constexpr (KV == KV_BF16) cp_async_wait_m<0>();
+        __syncthreads();  // V is in
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            const uint32_t p0 = pack_bf2(S[2 * kk][0], S[2 * kk][1]), p1 = pack_bf2(S[2 * kk][2], S[2 * kk][3]);
+            const uint32_t p2 = pack_bf2(S[2 * kk + 1][0], S[2 * kk + 1][1]), p3 = pack_bf2(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < ATT_HD / 16; dp++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * FA_LDS + dp * 16 + (lane >> 4) * 8), b0, b1, b2, b3);
+                mma_bf16_16816(O[2 * dp], p0, p1, p2, p3, b0, b1);
+                mma_bf16_16816(O[2 * dp + 1], p0, p1, p2, p3, b2, b3);
+            }
+        }
+    }
+    // normalise, gate, store
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = qr0 + 8 * r;
+        if (row >= a.T) continue;
+        const float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
+        const bf16_t* gr = a.gate + (int64_t)row * a.ldg + hq * ATT_HD;
+        bf16_t* yr = a.y + (int64_t)row * a.ldy + hq * ATT_HD;
+#pragma unroll
+        for (int dt = 0; dt < 32; dt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int d = dt * 8 + 2 * t + j;
+                const float o = bfround(O[dt][2 * r + j] * inv) * bfround(sigmoid_f(bf2f(gr[d])));
+                yr[d] = f2bf(o);
+            }
+    }
+}
+static void flash_prefill(int kv, const FlashArgs& a, cudaStream_t stream) {
+    CHECK(a.Hq % a.Hkv == 0 && a.ldq % 8 == 0, "flash_prefill: bad arguments");
+    dim3 grid(CEIL_DIV(a.T, FA_BQ), a.Hq);
+    if (kv == KV_INT8) launch_k(flash_prefill_kernel<KV_INT8>, grid, FA_THREADS, FA_SMEM, stream, a);
+    else if (kv == KV_FP8) launch_k(flash_prefill_kernel<KV_FP8>, grid, FA_THREADS, FA_SMEM, stream, a);
+    else launch_k(flash_prefill_kernel<KV_BF16>, grid, FA_THREADS, FA_SMEM, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// a plain 16-byte copy, grid-stride: the copy-bandwidth ceiling of the benches
+__global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
+
+// the dynamic shared memory the prefill kernels ask for (once per device, before any capture)
+static void gpu_kernels_init() {
+    int dev = 0, major = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char* pdl = getenv("NINFER_PDL");
+    g_pdl = major >= 9 && pdl && !strcmp(pdl, "1");
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_W8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_INT8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+    cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+}
+
+// === 8. gpu forward ==========================================================
+//
+// loading, sequence state, the forward pass, cuda graphs, generation
+//
+// GpuEngine is one model resident on one gpu with one sequence:
+//   * weights: every tensor the chosen features need (text; not the draft head, mtp or vision
+//     until those features run on the gpu) is copied into one device allocation, in file
+//     order at 256-byte alignment, streamed from the mmap'd artifact through two pinned
+//     staging buffers; the cpu Weights views are then rebased onto the arena (a pointer into
+//     the mapping -> the same offset in the tensor's device copy), so every Mat / Vec the
+//     kernels see is the binder's view with device pointers.
+//   * sequence state (one allocation): per full-attention layer k and v caches [Hkv][cap][256]
+//     in the --kv-dtype format (+ fp16 scales for int8 / fp8); per deltanet layer `gdn_slots`
+//     slots of conv state [3][conv_dim] bf16 and recurrent state [Hv][dk][dv] fp32. `slot` is
+//     the live one; decode kernels read and write slots through a device slot map (section 7's
+//     header), so verification can snapshot every column (model.md 5.3) and prefix reuse can
+//     keep a copy (gpu_snapshot / gpu_restore).
+//   * workspace (one allocation): bf16 activations [T_max][features] for one prefill piece,
+//     fp32 logits for up to logit_rows rows, attention / argmax scratch, the step inputs.
+//
+// one forward call runs T tokens (columns) at kv rows pos..pos+T-1:
+//   T <= 8 (decode; mtp verification): gemv, conv_step / gdn_step through the slot map,
+//     attn_decode split over the context with a per-bucket plan
+//   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill, flash_prefill
+// numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
+// fp32 deltanet state, fp32 logits.
+//
+// measured (h200, 9b synthetic groupwise-int, test/bench-notes.md): pp512 9.7k tok/s, pp4096
+// 10.0k tok/s, tg128 287 tok/s (a step is 3.38 ms on the device: 2.65 ms of matrix products at
+// 47% of copy bandwidth, ~0.6 ms of small kernels, the rest gaps between kernels).
+//
+// cuda graphs: a decode step (embed -> layers -> final norm -> head -> argmax) reads its token,
+// positions and slots from a small device block, so a captured graph replays for any step.
+// only the attention split plan depends on the context length: one graph per length bucket
+// (powers of two from 512 keys: at most ~10 graphs), captured the first time a step lands in
+// the bucket. eager decode (--no-cuda-graph) launches the same kernels with the same plan, so
+// graph and eager decode give bit-identical logits.
+
+enum { DEC_COLS = 8, GPU_BUCKET0 = 512, GPU_MAX_BUCKETS = 24 };
+enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
+
+struct GpuOpts {
+    int device = 0;
+    int kv = KV_BF16;          // --kv-dtype
+    int max_context = 2048;    // --max-context: tokens per sequence
+    int kv_capacity = 0;       // --kv-capacity: kv rows allocated (0: = max_context, -1: auto)
+    int prefill_chunk = 1024;  // --prefill-chunk: tokens per prefill call
+    bool graphs = true;        // --no-cuda-graph turns them off
+    int gdn_slots = 2;         // live state + one snapshot (speculative decoding needs K+2)
+    bool quiet = false;        // no load progress / summary on stderr (tests)
+};
+
+// the step inputs of one forward call, device pointers
+struct StepPtrs {
+    int* ids;    // [T] token ids; id < 0: row (-1 - id) of the embedding override
+    int* pos3;   // [T][3] m-rope positions (t, h, w)
+    int* kvpos;  // [T] kv row of each column
+    int* slots;  // [2T] gdn slot map (decode path)
+    int* out;    // [T] argmax of each column's logits (decode path)
+};
+
+struct GpuEngine {
+    const Model* m = nullptr;
+    GpuOpts o;
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    int capacity = 0;   // kv rows = the sequence's capacity
+    int T_max = 0;      // tokens per forward call
+    int logit_rows = 0; // rows of fp32 logits the workspace holds
+    int domain = 0;     // sampled ids [0, domain)
+    int pos = 0, rope_delta = 0, slot = 0;  // the sequence: tokens in it, m-rope offset, live gdn slot
+    // weights
+    uint8_t* arena = nullptr; size_t arena_bytes = 0;
+    Weights w;          // device views
+    struct Span { const uint8_t* host; uint64_t bytes; uint64_t off; };
+    std::vector<Span> spans;
+    // sequence state
+    uint8_t* state = nullptr; size_t state_bytes = 0, gdn_state_off = 0;
+    void* kc[MAX_LAYERS] = {}; void* vc[MAX_LAYERS] = {};
+    __half* ksc[MAX_LAYERS] = {}; __half* vsc[MAX_LAYERS] = {};
+    bf16_t* conv[MAX_LAYERS] = {}; float* rec[MAX_LAYERS] = {};
+    int64_t conv_slot = 0, rec_slot = 0;  // elements per slot
+    // workspace
+    uint8_t* work = nullptr; size_t work_bytes = 0;
+    bf16_t *x = nullptr, *xb = nullptr, *qk = nullptr, *gv = nullptr, *att = nullptr, *u = nullptr;
+    bf16_t *pab = nullptr, *cy = nullptr, *core = nullptr, *gn = nullptr, *gu = nullptr, *hb = nullptr, *ovr = nullptr;
+    Mat ab[MAX_LAYERS];            // gdn layers: a_proj and b_proj as one [2Hv, H] view when adjacent in the arena
+    float *qn = nullptr, *kn = nullptr, *beta = nullptr, *gg = nullptr, *logits = nullptr, *attn_scr = nullptr;
+    void* amax_scr = nullptr;
+    int n_splits_max = 0;
+    float* last_logits = nullptr;  // the row of the last token of the last forward call
+    StepPtrs pre, dec;             // prefill inputs [T_max], decode inputs [DEC_COLS] (the graphs read dec)
+    int* h_in[2] = {};             // pinned mirrors of the input block, used in turn
+    cudaEvent_t in_done[2] = {};   // the copies out of each mirror have run
+    int in_cur = 0;
+    int* d_in = nullptr;           // device input block: pre | dec
+    size_t in_ints = 0, dec_off = 0;
+    float* h_logits = nullptr;     // pinned [vocab]
+    int* h_out = nullptr;          // pinned [DEC_COLS]
+    cudaGraphExec_t graph[GPU_MAX_BUCKETS] = {};
+    bool graph_used = false;
+    cudaStream_t side = nullptr;          // a second stream: independent products run beside the main chain
+    cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+};
+
+// run `side_work` on e->side concurrently with what the caller launches next on e->stream;
+// gpu_join makes e->stream wait for it. inside a capture this forks and joins graph branches.
+static bool g_fork = true;       // NINFER_FORK=0: everything on one stream
+static bool g_fuse_prep = true;  // attention inputs in one kernel (attn_prep); NINFER_FUSE=0: the separate kernels
+template <typename F>
+static void gpu_fork(GpuEngine* e, F side_work) {
+    if (!g_fork) { side_work(e->stream); return; }
+    cudaCheck(cudaEventRecord(e->fork_ev, e->stream));
+    cudaCheck(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
+    side_work(e->side);
+    cudaCheck(cudaEventRecord(e->join_ev, e->side));
+}
+static void gpu_join(GpuEngine* e) {
+    if (g_fork) cudaCheck(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
+}
+
+// ---- loading --------------------------------------------------------------------------------
+
+// does this tensor become resident? the text model only (draft head, mtp, vision: later)
+static bool gpu_needs_tensor(const std::string& name) {
+    if (name.rfind("text/", 0) != 0) return false;
+    if (name.rfind("text/draft_head", 0) == 0) return false;
+    return true;
+}
+
+// a pointer into the mapping -> the same byte of the tensor's device copy
+static const uint8_t* gpu_rebase(const GpuEngine* e, const uint8_t* p) {
+    if (!p) return nullptr;
+    size_t lo = 0, hi = e->spans.size();
+    while (hi - lo > 1) { size_t mid = (lo + hi) / 2; if (e->spans[mid].host <= p) lo = mid; else hi = mid; }
+    const GpuEngine::Span& s = e->spans[lo];
+    CHECK(p >= s.host && p <= s.host + s.bytes, "gpu_rebase: a weight view points outside the resident tensors");
+    return e->arena + s.off + (p - s.host);
+}
+static void gpu_rebase_mat(const GpuEngine* e, Mat* m) {
+    m->base = gpu_rebase(e, m->base); m->high = gpu_rebase(e, m->high); m->scale = gpu_rebase(e, m->scale);
+}
+static void gpu_rebase_vec(const GpuEngine* e, Vec* v) { v->p = gpu_rebase(e, v->p); }
+
+// the gpu kernels read norms as bf16 and the deltanet's a_log / dt_bias as fp32 (what
+// convert.py writes); anything else is a file this build cannot run on the gpu
+static bool gpu_check_formats(const Model* m, std::string* err) {
+    auto bad = [&](const char* what, NumFormat f, const char* want) {
+        *err = m->art.path + ": " + what + " is " + format_name(f) + "; the gpu path needs " + want; return false; };
+    const Weights& w = m->w;
+    if (w.final_norm.format != FMT_BF16) return bad("text/final_norm", w.final_norm.format, "BF16");
+    for (const LayerWeights& l : w.layers) {
+        if (l.input_norm.format != FMT_BF16 || l.post_norm.format != FMT_BF16) return bad("a layer norm", l.input_norm.format, "BF16");
+        if (l.full) {
+            if (l.attn.query_norm.format != FMT_BF16 || l.attn.key_norm.format != FMT_BF16) return bad("a q/k norm", l.attn.query_norm.format, "BF16");
+        } else {
+            if (l.gdn.norm.format != FMT_BF16) return bad("a gdn norm", l.gdn.norm.format, "BF16");
+            if (l.gdn.a_log.format != FMT_FP32 || l.gdn.dt_bias.format != FMT_FP32) return bad("a gdn a_log / dt_bias", l.gdn.a_log.format, "FP32");
+        }
+    }
+    return true;
+}
+
+static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+// copy the resident tensors into the arena (allocated by the caller, laid out by e->spans)
+static void gpu_upload_weights(GpuEngine* e) {
+    const size_t STAGE = 64ull << 20;
+    uint8_t* stage[2];
+    cudaEvent_t done[2];
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaHostAlloc((void**)&stage[i], STAGE, cudaHostAllocDefault));
+        cudaCheck(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(done[i], e->stream));
+    }
+    const bool bar = !e->o.quiet && isatty(2);
+    double t0 = now_s();
+    uint64_t total = 0, sent = 0, shown = 0;
+    for (const auto& s : e->spans) total += s.bytes;
+    int b = 0;
+    for (const auto& s : e->spans) {
+        for (uint64_t off = 0; off < s.bytes; off += STAGE) {
+            size_t n = (size_t)std::min<uint64_t>(STAGE, s.bytes - off);
+            cudaCheck(cudaEventSynchronize(done[b]));  // the buffer's previous copy is done
+            memcpy(stage[b], s.host + off, n);
+            cudaCheck(cudaMemcpyAsync(e->arena + s.off + off, stage[b], n, cudaMemcpyHostToDevice, e->stream));
+            cudaCheck(cudaEventRecord(done[b], e->stream));
+            b ^= 1;
+            sent += n;
+            if (bar && (sent - shown > (total >> 6) || sent == total)) {
+                shown = sent;
+                int pct = (int)(100.0 * sent / std::max<uint64_t>(total, 1)), w = pct / 4;
+                fprintf(stderr, "\rninfer: loading weights [%.*s%*s] %3d%% %.2f / %.2f GiB", w, "#########################", 25 - w, "", pct,
+                        gib(sent), gib(total));
+            }
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    if (bar) fprintf(stderr, "\n");
+    double dt = now_s() - t0;
+    if (!e->o.quiet) {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, e->device));
+        fprintf(stderr, "ninfer: %.2f GiB of weights on gpu %d (%s) in %.2f s (%.1f GiB/s)\n", gib(total), e->device, prop.name, dt, gib(total) / std::max(dt, 1e-9));
+    }
+    for (int i = 0; i < 2; i++) { cudaCheck(cudaEventDestroy(done[i])); cudaCheck(cudaFreeHost(stage[i])); }
+}
+
+// ---- sizes ------------------------------------------------------------------------------------
+
+static size_t gpu_kv_bytes_per_row(const Geometry& g, int kv) {  // one kv row of every full layer
+    size_t per = (size_t)g.Hkv * ATT_HD * kv_elem_bytes(kv) + (kv == KV_BF16 ? 0 : (size_t)g.Hkv * KV_GROUPS * 2);
+    return 2 * per * g.n_full;
+}
+static size_t gpu_gdn_bytes(const Geometry& g, int slots) {
+    return (size_t)g.n_gdn * slots * ((size_t)3 * g.conv_dim * 2 + (size_t)g.Hv * g.dk * g.dv * 4);
+}
+
+// attention split plan of a decode bucket: keys per split a multiple of ATT_KEYS, >= 256,
+// about 64 splits for long contexts
+static int gpu_bucket_of(int len) { int b = 0; while (((int64_t)GPU_BUCKET0 << b) < len) b++; return b; }
+static void gpu_attn_plan(int bucket, int* n_splits, int* split_keys) {
+    int64_t len = (int64_t)GPU_BUCKET0 << bucket;
+    int64_t sk = std::max<int64_t>(256, CEIL_DIV(CEIL_DIV(len, (int64_t)64), (int64_t)ATT_KEYS) * ATT_KEYS);
+    *split_keys = (int)sk;
+    *n_splits = (int)CEIL_DIV(len, sk);
+}
+
+// the workspace layout; with base == nullptr it only sizes (returns bytes)
+static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
+    const Geometry& g = e->m->geo;
+    size_t off = 0;
+    auto take = [&](size_t bytes) -> uint8_t* { off = align_up(off, 256); uint8_t* p = base ? base + off : nullptr; off += bytes; return p; };
+    const size_t T = e->T_max, qkd = (size_t)(g.Hq + g.Hkv) * g.head_dim, kd = (size_t)g.Hk * g.dk, vd = (size_t)g.Hv * g.dv;
+    e->x = (bf16_t*)take(T * g.H * 2);
+    e->xb = (bf16_t*)take(T * g.H * 2);
+    e->ovr = (bf16_t*)take(T * g.H * 2);
+    e->qk = (bf16_t*)take(T * qkd * 2);
+    e->gv = (bf16_t*)take(T * qkd * 2);
+    e->att = (bf16_t*)take(T * g.Hq * g.head_dim * 2);
+    e->u = (bf16_t*)take(T * (g.conv_dim + vd) * 2);  // [q | k | v | z]: the conv input, then the output gate
+    e->cy = (bf16_t*)take(T * g.conv_dim * 2);
+    e->pab = (bf16_t*)take(T * 2 * g.Hv * 2);            // [a | b] gate projections
+    e->core = (bf16_t*)take(T * vd * 2);
+    e->gn = (bf16_t*)take(T * vd * 2);
+    e->gu = (bf16_t*)take(T * 2 * g.I * 2);
+    e->hb = (bf16_t*)take(T * g.I * 2);
+    e->qn = (float*)take(T * kd * 4);
+    e->kn = (float*)take(T * kd * 4);
+    e->beta = (float*)take(T * g.Hv * 4);
+    e->gg = (float*)take(T * g.Hv * 4);
+    e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
+    e->attn_scr = (float*)take(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max) * 4);
+    e->amax_scr = take(argmax_scratch_bytes(DEC_COLS));
+    return align_up(off, 256);
+}
+
+// ---- build / free -------------------------------------------------------------------------------
+
+static void gpu_free(GpuEngine* e) {
+    if (!e) return;
+    for (auto& gx : e->graph) if (gx) cudaGraphExecDestroy(gx);
+    if (e->arena) cudaFree(e->arena);
+    if (e->state) cudaFree(e->state);
+    if (e->work) cudaFree(e->work);
+    if (e->d_in) cudaFree(e->d_in);
+    for (int i = 0; i < 2; i++) {
+        if (e->h_in[i]) cudaFreeHost(e->h_in[i]);
+        if (e->in_done[i]) cudaEventDestroy(e->in_done[i]);
+    }
+    if (e->h_logits) cudaFreeHost(e->h_logits);
+    if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->fork_ev) cudaEventDestroy(e->fork_ev);
+    if (e->join_ev) cudaEventDestroy(e->join_ev);
+    if (e->side) cudaStreamDestroy(e->side);
+    if (e->stream) cudaStreamDestroy(e->stream);
+    delete e;
+}
+
+// forget the sequence: position 0, zero deltanet states in every slot (kv rows are position-
+// addressed and overwritten)
+static void gpu_reset(GpuEngine* e) {
+    cudaCheck(cudaMemsetAsync(e->state + e->gdn_state_off, 0, e->state_bytes - e->gdn_state_off, e->stream));
+    e->pos = 0; e->rope_delta = 0; e->slot = 0;
+    e->last_logits = nullptr;
+}
+
+// one model on one gpu with one sequence of o.max_context tokens. on a user-facing failure
+// (no such device, not enough memory, a format the kernels cannot read) returns null with a
+// one-line *err.
+static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) {
+    const Geometry& g = m->geo;
+    int ndev = gpu_count();
+    if (ndev == 0) { *err = "no cuda device"; return nullptr; }
+    if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
+    if (!gpu_check_formats(m, err)) return nullptr;
+    if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
+        *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
+        return nullptr;
+    }
+    cudaCheck(cudaSetDevice(o.device));
+    gpu_kernels_init();
+    GpuEngine* e = new GpuEngine();
+    e->m = m; e->o = o; e->device = o.device;
+    cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming));
+    const char* fk = getenv("NINFER_FORK");
+    g_fork = !(fk && !strcmp(fk, "0"));
+    const char* fu = getenv("NINFER_FUSE");
+    g_fuse_prep = !(fu && !strcmp(fu, "0"));
+    FrontendIds fr;
+    if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
+    e->domain = fr.domain;
+
+    // weights layout: resident tensors in file order
+    uint64_t off = 0;
+    for (const TensorObject& t : m->art.objects) {
+        if (t.resource || !gpu_needs_tensor(t.name)) continue;
+        off = align_up(off, 256);
+        e->spans.push_back({t.data, t.bytes, off});
+        off += t.bytes;
+    }
+    e->arena_bytes = align_up(off, 256);
+
+    // sizes of the state and workspace
+    const size_t headroom = 256ull << 20;  // cuda context growth, graphs, library scratch
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv), gdn = gpu_gdn_bytes(g, o.gdn_slots);
+    e->T_max = std::max(1, o.prefill_chunk);
+    e->logit_rows = std::max<int>(DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
+    int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
+    auto work_for = [&](int cap) {
+        int b, ns, sk;
+        b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk);
+        e->n_splits_max = ns;
+        int tm = e->T_max; e->T_max = std::min(tm, cap);
+        size_t w = gpu_work_layout(e, nullptr);
+        e->T_max = tm;
+        return w;
+    };
+    if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
+        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
+        if (fixed >= free_b) rows = o.max_context;
+        else rows = std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64);
+        rows = (int)std::min<int64_t>(rows, INT32_MAX / 2);
+    }
+    e->capacity = rows;
+    e->T_max = std::min(e->T_max, e->capacity);
+    e->work_bytes = work_for(e->capacity);
+    e->state_bytes = align_up((size_t)e->capacity * kv_row + (size_t)g.n_full * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
+    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + headroom;
+    if (need > free_b) {
+        char buf[512];
+        snprintf(buf, sizeof buf,
+                 "not enough gpu memory on device %d: need %.2f GiB (weights %.2f, kv cache %.2f for %d tokens of %s, deltanet state %.2f, "
+                 "workspace %.2f for --prefill-chunk %d), %.2f GiB free of %.2f; lower --max-context / --kv-capacity, use --kv-dtype int8 or fp8, "
+                 "or a smaller --prefill-chunk",
+                 o.device, gib(need), gib(e->arena_bytes), gib((double)e->capacity * kv_row), e->capacity, kv_dtype_name(o.kv), gib(gdn),
+                 gib(e->work_bytes), e->T_max, gib(free_b), gib(total_b));
+        *err = buf;
+        gpu_free(e);
+        return nullptr;
+    }
+    cudaCheck(cudaMalloc(&e->arena, e->arena_bytes));
+    cudaCheck(cudaMalloc(&e->state, e->state_bytes));
+    cudaCheck(cudaMalloc(&e->work, e->work_bytes));
+    gpu_work_layout(e, e->work);
+    gpu_upload_weights(e);
+
+    // device weight views
+    e->w = m->w;
+    e->w.vision = VisionWeights();
+    e->w.mtp = MtpWeights();
+    e->w.draft_head = Mat();
+    e->w.draft_ids = nullptr;
+    gpu_rebase_mat(e, &e->w.token_embedding);
+    gpu_rebase_mat(e, &e->w.output_head);
+    gpu_rebase_vec(e, &e->w.final_norm);
+    for (LayerWeights& l : e->w.layers) {
+        gpu_rebase_vec(e, &l.input_norm); gpu_rebase_vec(e, &l.post_norm);
+        gpu_rebase_mat(e, &l.gate_up); gpu_rebase_mat(e, &l.down);
+        if (l.full) {
+            gpu_rebase_mat(e, &l.attn.query_key); gpu_rebase_mat(e, &l.attn.gate_value); gpu_rebase_mat(e, &l.attn.output);
+            gpu_rebase_vec(e, &l.attn.query_norm); gpu_rebase_vec(e, &l.attn.key_norm);
+        } else {
+            GdnWeights& d = l.gdn;
+            gpu_rebase_vec(e, &d.a_log); gpu_rebase_vec(e, &d.dt_bias); gpu_rebase_vec(e, &d.convolution); gpu_rebase_vec(e, &d.norm);
+            gpu_rebase_mat(e, &d.a_proj); gpu_rebase_mat(e, &d.b_proj); gpu_rebase_mat(e, &d.query_key);
+            gpu_rebase_mat(e, &d.value_z); gpu_rebase_mat(e, &d.output);
+        }
+    }
+    // a_proj and b_proj are consecutive in the file and (bf16, 256-byte multiples) in the arena:
+    // one product over both when the second starts where the first ends
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        const Mat& a = e->w.layers[l].gdn.a_proj; const Mat& b = e->w.layers[l].gdn.b_proj;
+        if (a.format == b.format && a.format == FMT_BF16 && a.cols == b.cols && b.base == a.base + a.rows * a.base_row) {
+            e->ab[l] = a; e->ab[l].rows = a.rows + b.rows;
+        }
+    }
+
+    // sequence state: kv planes, then the deltanet slots (zeroed by gpu_reset)
+    size_t so = 0;
+    auto take = [&](size_t bytes) { so = align_up(so, 256); uint8_t* p = e->state + so; so += bytes; return p; };
+    const size_t plane = (size_t)g.Hkv * e->capacity * ATT_HD * kv_elem_bytes(o.kv);
+    const size_t splane = (size_t)g.Hkv * e->capacity * KV_GROUPS * 2;
+    for (int l = 0; l < g.L; l++) {
+        if (!g.full[l]) continue;
+        e->kc[l] = take(plane); e->vc[l] = take(plane);
+        if (o.kv != KV_BF16) { e->ksc[l] = (__half*)take(splane); e->vsc[l] = (__half*)take(splane); }
+    }
+    so = align_up(so, 256);
+    e->gdn_state_off = so;
+    e->conv_slot = (int64_t)3 * g.conv_dim;
+    e->rec_slot = (int64_t)g.Hv * g.dk * g.dv;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        e->conv[l] = (bf16_t*)take((size_t)o.gdn_slots * e->conv_slot * 2);
+        e->rec[l] = (float*)take((size_t)o.gdn_slots * e->rec_slot * 4);
+    }
+    CHECK(so <= e->state_bytes, "state layout %zu > %zu", so, e->state_bytes);
+    cudaCheck(cudaMemsetAsync(e->state, 0, e->state_bytes, e->stream));  // no nan in never-written kv rows
+
+    // step inputs: prefill [T_max] then decode [DEC_COLS], each ids | pos3 | kvpos | slots | out
+    auto per = [](size_t T) { return T + 3 * T + T + 2 * T + T; };
+    e->in_ints = per(e->T_max) + per(DEC_COLS);
+    e->dec_off = per(e->T_max);
+    cudaCheck(cudaMalloc(&e->d_in, e->in_ints * sizeof(int)));
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaHostAlloc((void**)&e->h_in[i], e->in_ints * sizeof(int), cudaHostAllocDefault));
+        cudaCheck(cudaEventCreateWithFlags(&e->in_done[i], cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(e->in_done[i], e->stream));
+    }
+    auto ptrs = [](int* b, size_t T) { StepPtrs p; p.ids = b; p.pos3 = b + T; p.kvpos = b + 4 * T; p.slots = b + 5 * T; p.out = b + 7 * T; return p; };
+    e->pre = ptrs(e->d_in, e->T_max);
+    e->dec = ptrs(e->d_in + e->dec_off, DEC_COLS);
+    cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
+    cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
+    gpu_reset(e);
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return e;
+}
+
+// ---- the forward pass on the device --------------------------------------------------------
+
+// one decoder layer on e->x [T][H]. decode: the slot map, kv rows and positions come from P
+// (device); prefill: pos0 (host) is the kv row of column 0 and the live slot is e->slot.
+static bool g_force_attn_decode = false;  // tests: prefill attention through attn_decode
+static bool g_force_gdn_step = false;     // tests: prefill deltanet through gdn_step
+static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys) {
+    const Geometry& g = e->m->geo;
+    const LayerWeights& w = e->w.layers[l];
+    cudaStream_t s = e->stream;
+    const int H = g.H, hd = g.head_dim;
+    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
+    if (w.full) {
+        const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
+        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, e->xb, H, T, e->gv, ld, false, nullptr, 0, s2); });
+        linear(w.attn.query_key, e->xb, H, T, e->qk, ld, false, nullptr, 0, s);
+        if (g_fuse_prep) {
+            gpu_join(e);  // v
+            attn_prep(e->o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)w.attn.query_norm.p, (const bf16_t*)w.attn.key_norm.p, P.pos3,
+                      P.kvpos, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, T, g.Hq, g.Hkv, g.rope_dim, g.rope_theta,
+                      g.mrope_section, g.eps, s);
+        } else {
+            rmsnorm(e->qk, ld, e->qk, ld, (const bf16_t*)w.attn.query_norm.p, hd, T * g.Hq, g.Hq, g.eps, false, s);
+            rmsnorm(e->qk + qd, ld, e->qk + qd, ld, (const bf16_t*)w.attn.key_norm.p, hd, T * g.Hkv, g.Hkv, g.eps, false, s);
+            mrope(e->qk, ld, T, g.Hq, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+            mrope(e->qk + qd, ld, T, g.Hkv, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
+            gpu_join(e);  // v and the gate
+            kv_append(e->o.kv, e->qk + qd, ld, e->gv + qd, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hkv, s);
+        }
+        if (decode || g_force_attn_decode) {
+            attn_decode(e->o.kv, e->qk, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hq, g.Hkv, n_splits,
+                        split_keys, e->attn_scr, e->gv, ld, e->att, qd, s);
+        } else {
+            FlashArgs fa;
+            fa.q = e->qk; fa.ldq = ld; fa.kc = e->kc[l]; fa.vc = e->vc[l]; fa.ksc = e->ksc[l]; fa.vsc = e->vsc[l];
+            fa.cap = e->capacity; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
+            fa.gate = e->gv; fa.ldg = ld; fa.y = e->att; fa.ldy = qd;
+            flash_prefill(e->o.kv, fa, s);
+        }
+        linear(w.attn.output, e->att, qd, T, e->x, H, false, e->x, H, s);
+    } else {
+        const GdnWeights& d = w.gdn;
+        const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv, LU = C + vd, Hv2 = 2 * g.Hv;
+        // u = [q | k | v | z] per token: query_key into the first 2kd columns, value_z's [v | z]
+        // rows after them (one product each); the conv reads [q | k | v], the norm gate z
+        const bf16_t* z = e->u + C;
+        bf16_t *pa = e->pab, *pb = e->pab + g.Hv;
+        gpu_fork(e, [&](cudaStream_t s2) {  // value_z and the gate projections beside query_key
+            linear(d.value_z, e->xb, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s2);
+            if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s2);
+            else {
+                linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s2);
+                linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s2);
+            }
+        });
+        linear(d.query_key, e->xb, H, T, e->u, LU, false, nullptr, 0, s);
+        gpu_join(e);
+        bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
+        float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
+        if (decode) {
+            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s);
+        } else {
+            conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
+        }
+        if (decode || g_force_gdn_step) {
+            GdnStepArgs a;
+            a.qkv = e->cy; a.ldqkv = C; a.a = pa; a.b = pb; a.ldab = Hv2;
+            a.a_log = (const float*)d.a_log.p; a.dt_bias = (const float*)d.dt_bias.p;
+            a.state = e->rec[l]; a.slot_stride = e->rec_slot; a.slots = P.slots;
+            a.out = e->core; a.ldo = vd; a.C = T; a.Hk = g.Hk; a.Hv = g.Hv;
+            gdn_step(a, s);
+        } else {
+            l2norm(e->cy, C, e->qn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f / sqrtf((float)g.dk), s);
+            l2norm(e->cy + kd, C, e->kn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f, s);
+            gdn_gates(pa, Hv2, pb, Hv2, (const float*)d.a_log.p, (const float*)d.dt_bias.p, e->beta, e->gg, T, g.Hv, s);
+            GdnPrefillArgs a;
+            a.q = e->qn; a.k = e->kn; a.ldqk = kd; a.v = e->cy + 2 * kd; a.ldv = C;
+            a.beta = e->beta; a.g = e->gg; a.ldg = g.Hv; a.state_in = rst; a.state_out = rst;
+            a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv;
+            gdn_prefill(a, s);
+        }
+        gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
+        linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);
+    }
+    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
+    linear(w.gate_up, e->xb, H, T, e->gu, 2 * g.I, false, nullptr, 0, s);
+    swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
+    linear(w.down, e->hb, g.I, T, e->x, H, false, e->x, H, s);
+}
+
+// embed -> layers -> final norm -> head (-> argmax per column). logits fp32 in e->logits:
+// HEAD_LAST: row 0 = the last column's; HEAD_ALL: row t = column t's (T <= logit_rows).
+static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int pos0, int bucket, int head, bool amax) {
+    const Geometry& g = e->m->geo;
+    cudaStream_t s = e->stream;
+    int n_splits = 0, split_keys = 0;
+    gpu_attn_plan(bucket, &n_splits, &split_keys);
+    CHECK(n_splits <= e->n_splits_max, "attention plan of %d splits, scratch for %d", n_splits, e->n_splits_max);
+    embed_gather(e->w.token_embedding, P.ids, T, e->ovr, g.H, e->x, g.H, s);
+    for (int l = 0; l < g.L; l++) gpu_layer(e, l, T, P, decode, pos0, n_splits, split_keys);
+    if (head == HEAD_NONE) return;
+    const bf16_t* xr = head == HEAD_ALL ? e->x : e->x + (size_t)(T - 1) * g.H;
+    const int rows = head == HEAD_ALL ? T : 1;
+    CHECK(rows <= e->logit_rows, "logits of %d rows, room for %d", rows, e->logit_rows);
+    rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
+    linear(e->w.output_head, e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s);
+    if (amax) argmax<float>(e->logits, g.vocab, e->domain, rows, e->amax_scr, P.out, s);
+}
+
+// fill the host mirror of a step block for T columns at kv rows e->pos.., upload it
+static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const int* pos3, int T, const int* snap_slots) {
+    const size_t TT = decode ? DEC_COLS : e->T_max;
+    const int k = e->in_cur;
+    e->in_cur ^= 1;
+    cudaCheck(cudaEventSynchronize(e->in_done[k]));  // this mirror's previous copies have run
+    int* h = e->h_in[k] + (decode ? e->dec_off : 0);
+    int* hid = h; int* hp = h + TT; int* hkv = h + 4 * TT; int* hsl = h + 5 * TT;
+    for (int t = 0; t < T; t++) {
+        hid[t] = ids ? ids[t] : -1 - t;
+        for (int a = 0; a < 3; a++) hp[3 * t + a] = pos3 ? pos3[a * T + t] : e->pos + t + e->rope_delta;
+        hkv[t] = e->pos + t;
+        hsl[t] = t == 0 ? e->slot : -1;                                    // column 0 reads the live slot
+        hsl[T + t] = snap_slots ? snap_slots[t] : (t == T - 1 ? e->slot : -1);  // the last writes it back
+    }
+    int* d = e->d_in + (decode ? e->dec_off : 0);
+    // ids | pos3 | kvpos | slots (the out array is written by the device)
+    cudaCheck(cudaMemcpyAsync(d, hid, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + TT, hp, 3 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + 4 * TT, hkv, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(d + 5 * TT, hsl, 2 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaEventRecord(e->in_done[k], e->stream));
+}
+
+// the text model on T tokens of the sequence, continuing from its state: forward_cpu's
+// contract (ids may be null or < 0 per row with embed_override [T, H] fp32; pos3 [3, T] or
+// null; logits [T, vocab] when all_logits, else [vocab], may be null), plus snap_slots: for a
+// decode-path call (T <= 8), the gdn slot each column writes its state to (null: the live slot
+// after the last column). the last row's logits stay on the device (e->last_logits).
+static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_override, const int* pos3, int T, float* logits,
+                        bool all_logits, const int* snap_slots = nullptr) {
+    const Geometry& g = e->m->geo;
+    CHECK(T >= 1 && T <= e->T_max, "gpu forward of %d tokens (at most %d per call)", T, e->T_max);
+    CHECK(e->pos + T <= e->capacity, "context overflow: %d + %d > %d", e->pos, T, e->capacity);
+    CHECK(!all_logits || T <= e->logit_rows, "all logits of %d rows: at most %d per call", T, e->logit_rows);
+    const bool decode = T <= DEC_COLS;
+    CHECK(!snap_slots || decode, "per-column state snapshots need a decode-path call (T <= %d)", DEC_COLS);
+    std::vector<int> idv;
+    if (embed_override) {
+        std::vector<uint16_t> rows((size_t)T * g.H);
+        for (size_t i = 0; i < rows.size(); i++) rows[i] = f32_to_bf16(embed_override[i]);
+        cudaCheck(cudaMemcpyAsync(e->ovr, rows.data(), rows.size() * 2, cudaMemcpyHostToDevice, e->stream));
+        idv.resize(T);
+        for (int t = 0; t < T; t++) idv[t] = ids && ids[t] >= 0 ? ids[t] : -1 - t;
+        cudaCheck(cudaStreamSynchronize(e->stream));  // rows is a pageable temporary
+        ids = idv.data();
+    }
+    for (int t = 0; t < T && ids; t++) CHECK(ids[t] < g.vocab && (ids[t] >= 0 || embed_override), "token id %d outside the embedding", ids[t]);
+    gpu_stage_inputs(e, decode, ids, pos3, T, snap_slots);
+    const StepPtrs& P = decode ? e->dec : e->pre;
+    const int head = all_logits ? HEAD_ALL : HEAD_LAST;
+    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), head, decode);
+    e->last_logits = e->logits + (all_logits ? (size_t)(T - 1) * g.vocab : 0);
+    if (logits) {
+        cudaCheck(cudaMemcpyAsync(logits, e->logits, (size_t)(all_logits ? T : 1) * g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+        cudaCheck(cudaStreamSynchronize(e->stream));
+    }
+    if (snap_slots) e->slot = snap_slots[T - 1];
+    e->pos += T;
+}
+
+// one decode token at e->pos: the captured graph of its bucket (or the same kernels eagerly).
+// the logits stay on the device (e->last_logits), the greedy id in e->dec.out[0].
+static void gpu_decode(GpuEngine* e, int id) {
+    CHECK(e->pos < e->capacity, "context overflow at %d", e->pos);
+    CHECK(id >= 0 && id < e->m->geo.vocab, "token id %d outside the embedding", id);
+    gpu_stage_inputs(e, true, &id, nullptr, 1, nullptr);
+    const int b = gpu_bucket_of(e->pos + 1);
+    CHECK(b < GPU_MAX_BUCKETS, "bucket %d", b);
+    if (e->o.graphs) {
+        if (!e->graph[b]) {
+            cudaGraph_t gr;
+            cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+            gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
+            cudaCheck(cudaStreamEndCapture(e->stream, &gr));
+            cudaCheck(cudaGraphInstantiate(&e->graph[b], gr, 0));
+            cudaCheck(cudaGraphDestroy(gr));
+        }
+        cudaCheck(cudaGraphLaunch(e->graph[b], e->stream));
+        e->graph_used = true;
+    } else {
+        gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
+    }
+    e->last_logits = e->logits;
+    e->pos += 1;
+}
+
+// the next token from the last forward's logits: greedy on the device (the decode step already
+// took the argmax when `after_decode`), else the domain's logits to the host and the cpu sampler
+// (the same function as the cpu path, so the same seed gives the same draw from the same logits)
+static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
+    if (!e->last_logits) {  // nothing ran (empty prompt): the cpu path samples zero logits
+        std::vector<float> zero(e->domain, 0.0f);
+        return sample(smp, zero.data(), position, purpose);
+    }
+    if (smp->p.temperature <= 0.0f) {
+        if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
+        cudaCheck(cudaMemcpyAsync(e->h_out, e->dec.out, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+        cudaCheck(cudaStreamSynchronize(e->stream));
+        return e->h_out[0];
+    }
+    cudaCheck(cudaMemcpyAsync(e->h_logits, e->last_logits, (size_t)e->domain * 4, cudaMemcpyDeviceToHost, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return sample(smp, e->h_logits, position, purpose);
+}
+
+// state slots: copy the live deltanet state into slot `to` (prefix reuse keeps it), or make
+// slot `from` the live one again (kv rows are position-addressed: restoring also needs the
+// position the snapshot was taken at)
+static void gpu_snapshot(GpuEngine* e, int to) {
+    const Geometry& g = e->m->geo;
+    CHECK(to >= 0 && to < e->o.gdn_slots && to != e->slot, "snapshot slot %d", to);
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        cudaCheck(cudaMemcpyAsync(e->conv[l] + to * e->conv_slot, e->conv[l] + e->slot * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
+        cudaCheck(cudaMemcpyAsync(e->rec[l] + to * e->rec_slot, e->rec[l] + e->slot * e->rec_slot, e->rec_slot * 4, cudaMemcpyDeviceToDevice, e->stream));
+    }
+}
+static void gpu_restore(GpuEngine* e, int from, int pos) {
+    const Geometry& g = e->m->geo;
+    CHECK(from >= 0 && from < e->o.gdn_slots && pos >= 0 && pos <= e->capacity, "restore slot %d pos %d", from, pos);
+    for (int l = 0; l < g.L && from != e->slot; l++) {  // into the live slot; the snapshot stays
+        if (g.full[l]) continue;
+        cudaCheck(cudaMemcpyAsync(e->conv[l] + e->slot * e->conv_slot, e->conv[l] + from * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
+        cudaCheck(cudaMemcpyAsync(e->rec[l] + e->slot * e->rec_slot, e->rec[l] + from * e->rec_slot, e->rec_slot * 4, cudaMemcpyDeviceToDevice, e->stream));
+    }
+    e->pos = pos;
+    e->last_logits = nullptr;
+}
+
+// ---- generation ----------------------------------------------------------------------------
+
+// rows per forward call when every row's logits are kept (--logits-out, perplexity)
+static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
+
+// generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
+// when given), then sample, emit and decode until max_new, a stop id or a full context
+template <typename Emit>
+static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                             FILE* logits_out, Emit emit) {
+    const Geometry& g = e->m->geo;
+    GenStats s;
+    s.prompt = (int)prompt.size();
+    const int piece = logits_out ? gpu_logits_piece(e) : e->T_max;
+    std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
+    double t0 = now_s();
+    for (int i = 0; i < s.prompt; i += piece) {
+        int T = std::min(piece, s.prompt - i);
+        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
+        if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    s.prefill_s = now_s() - t0;
+    t0 = now_s();
+    for (int n = 0; n < max_new; n++) {
+        int id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
+        sampler_accept(smp, id);
+        s.generated++;
+        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
+        if (n + 1 == max_new || e->pos == e->capacity) break;
+        gpu_decode(e, id);
+    }
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
+// perplexity_cpu's contract on the gpu (non-overlapping windows, a fresh sequence each)
+static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int window, int64_t* scored) {
+    const Geometry& g = e->m->geo;
+    const int piece = gpu_logits_piece(e);
+    std::vector<float> logits((size_t)piece * g.vocab);
+    double nll = 0.0;
+    *scored = 0;
+    for (size_t w0 = 0; w0 < ids.size(); w0 += window) {
+        int n = (int)std::min<size_t>(window, ids.size() - w0);
+        gpu_reset(e);
+        for (int i = 0; i < n; i += piece) {
+            int T = std::min(piece, n - i);
+            gpu_forward(e, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true);
+            for (int t = 0; t < T && i + t + 1 < n; t++) {
+                const float* lg = logits.data() + (size_t)t * g.vocab;
+                float mx = lg[argmax(lg, g.vocab)];
+                double sum = 0.0;
+                for (int v = 0; v < g.vocab; v++) sum += exp((double)(lg[v] - mx));
+                nll += log(sum) + mx - lg[ids[w0 + i + t + 1]];
+                (*scored)++;
+            }
+        }
+    }
+    return nll;
+}
+
+// === 9. engine ===============================================================
+//
+// one sequence on either path: the interface the cli (and the server) drive
+
+struct Engine {
+    const Model* m = nullptr;
+    bool gpu = false;
+    RunState rs;           // cpu path
+    SeqState st;
+    GpuEngine* g = nullptr;  // gpu path
+};
+
+// cpu: max_context rows, prefill pieces of prefill_chunk; gpu: everything in o. false with *err
+// when the gpu path cannot start (the caller decides whether to fall back)
+static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o, std::string* err) {
+    *en = Engine();
+    en->m = m; en->gpu = gpu;
+    if (gpu) {
+        en->g = gpu_build(m, o, err);
+        return en->g != nullptr;
+    }
+    seq_build(&en->st, m->geo, o.max_context);
+    run_build(&en->rs, m->geo, std::min(o.prefill_chunk, o.max_context), o.max_context);
+    return true;
+}
+static void engine_free(Engine* en) {
+    if (en->gpu) gpu_free(en->g);
+    else if (en->st.block) { run_free(&en->rs); seq_free(&en->st); }
+    *en = Engine();
+}
+static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_reset(&en->st); }
+static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
+static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
+template <typename Emit>
+static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                                FILE* logits_out, Emit emit) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+}
+static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
+    if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
+    return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
+}
+
+// the gpu flags of the cli: true when argv[*i] is one (consumed, with its value); bad values
+// exit with one line. --max-context and --prefill-chunk stay the cli's own (both paths use them).
+static bool gpu_parse_flag(int argc, char** argv, int* i, GpuOpts* o) {
+    const char* a = argv[*i];
+    auto value = [&]() -> const char* {
+        if (*i + 1 >= argc) { fprintf(stderr, "ninfer: error: %s needs a value\n", a); exit(EXIT_FAILURE); }
+        return argv[++*i];
+    };
+    auto whole = [&](const char* v, long long lo, long long hi) {
+        char* end; errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || x < lo || x > hi) {
+            fprintf(stderr, "ninfer: error: %s: '%s' is not an integer in [%lld, %lld]\n", a, v, lo, hi); exit(EXIT_FAILURE);
+        }
+        return (int)x;
+    };
+    if (!strcmp(a, "--device")) { o->device = whole(value(), 0, 1024); return true; }
+    if (!strcmp(a, "--no-cuda-graph")) { o->graphs = false; return true; }
+    if (!strcmp(a, "--kv-dtype")) {
+        const char* v = value();
+        if (!strcmp(v, "bf16")) o->kv = KV_BF16;
+        else if (!strcmp(v, "int8")) o->kv = KV_INT8;
+        else if (!strcmp(v, "fp8")) o->kv = KV_FP8;
+        else { fprintf(stderr, "ninfer: error: --kv-dtype: '%s' is not one of bf16, int8, fp8\n", v); exit(EXIT_FAILURE); }
+        return true;
+    }
+    if (!strcmp(a, "--kv-capacity")) {
+        const char* v = value();
+        o->kv_capacity = !strcmp(v, "auto") ? -1 : whole(v, 1, INT32_MAX / 2);
+        return true;
+    }
+    return false;
+}
+static const char* const kGpuUsage =
+    "  --device N             cuda device (0)\n"
+    "  --kv-dtype T           kv cache: bf16, int8 (one fp16 scale per 64 elements), fp8 (e4m3, same scales) (bf16)\n"
+    "  --kv-capacity N|auto   kv rows to allocate (>= --max-context; auto: what fits with 1 GiB spare) (max-context)\n"
+    "  --no-cuda-graph        decode without cuda graphs (same kernels, launched one by one)\n";
+
+// === 10. info =================================================================
 
 static const char* const kResourceNames[] = {
     "frontend/tokenizer.json", "frontend/tokenizer_config.json", "frontend/chat_template.jinja",
@@ -1436,7 +4373,7 @@ static void print_info(FILE* f, const Model* m) {
     }
 }
 
-// === 8. text and serving =====================================================
+// === 11. text and serving =====================================================
 //
 // the path from text to text, shared by the cli and the server: render the chat template,
 // tokenize, generate on either path (Engine: cpu reference or gpu), and split the output
@@ -1615,7 +4552,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     return &s->api;
 }
 
-// === 9. cli ==================================================================
+// === 12. cli ==================================================================
 
 #ifndef NINFER_TESTING
 

@@ -1,4 +1,4 @@
-// tests for the gpu forward (gpu_wip.cuh): the prefill kernels against their decode twins and
+// tests for the gpu forward (ninfer.cu section 8): the prefill kernels against their decode twins and
 // float64 references, and the whole model on the gpu against the cpu reference path (fp32
 // everything) on the synthetic models and the trained kjv model.
 //

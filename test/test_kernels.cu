@@ -1,4 +1,4 @@
-// tests for the gpu kernel layer (gpu_wip.cuh): every kernel against a cpu twin on fresh
+// tests for the gpu kernel layer (ninfer.cu section 7): every kernel against a cpu twin on fresh
 // random inputs at the 9b and 0.8b layer sizes and at odd sizes, outputs poisoned (0xff bytes:
 // nan in bf16 and fp32) before each launch so an unwritten element fails.
 //
