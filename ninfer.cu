@@ -1118,6 +1118,7 @@ struct SamplerParams {
     float presence = 1.0f;     // presence penalty
     float frequency = 0.0f;    // frequency penalty
     uint64_t seed = 0;
+    std::vector<std::pair<int, float>> logit_bias;  // (id, added to its logit) before anything else, greedy too
 };
 
 enum { RNG_PREFILL = 0, RNG_DECODE = 1 };  // the purpose key: first token after a prefill, later tokens
@@ -1127,6 +1128,7 @@ struct Sampler {
     int domain = 0;                         // sample ids [0, domain)
     std::vector<int> counts;                // [domain] times each id was generated
     std::vector<std::pair<float, int>> cand;  // scratch: (adjusted logit, id)
+    std::vector<float> biased;              // scratch: logits + logit_bias
 };
 
 static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
@@ -1159,6 +1161,11 @@ static int argmax(const float* x, int n) {
 // pick the next token from logits [>= domain] for sequence position `position`
 static int sample(Sampler* s, const float* logits, uint64_t position, int purpose) {
     const SamplerParams& p = s->p;
+    if (!p.logit_bias.empty()) {
+        s->biased.assign(logits, logits + s->domain);
+        for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] += b.second;
+        logits = s->biased.data();
+    }
     if (p.temperature <= 0.0f) return argmax(logits, s->domain);
     auto& c = s->cand;
     c.clear();
@@ -4130,7 +4137,7 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
         std::vector<float> zero(e->domain, 0.0f);
         return sample(smp, zero.data(), position, purpose);
     }
-    if (smp->p.temperature <= 0.0f) {
+    if (smp->p.temperature <= 0.0f && smp->p.logit_bias.empty()) {  // greedy: the argmax on the device
         if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
         cudaCheck(cudaMemcpyAsync(e->h_out, e->dec.out, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
         cudaCheck(cudaStreamSynchronize(e->stream));
@@ -4499,6 +4506,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.max_new = smp.max_tokens;
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
+    rq.sp.logit_bias = smp.logit_bias;
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;

@@ -328,6 +328,22 @@ TEST(Sampler, GreedyTakesTheLowestIdOnTiesAndStaysInTheDomain) {
     EXPECT_EQ(sample(&s, lg.data(), 0, RNG_DECODE), 1);
 }
 
+// openai logit_bias: added to the logits before everything else, greedy included
+TEST(Sampler, LogitBias) {
+    float lg[6] = {0.5f, 3.0f, 1.0f, 2.9f, -1.0f, 0.0f};
+    SamplerParams p; p.temperature = 0.0f;
+    Sampler s; sampler_build(&s, p, 6);
+    EXPECT_EQ(sample(&s, lg, 0, RNG_DECODE), 1);
+    s.p.logit_bias = {{1, -100.0f}};
+    EXPECT_EQ(sample(&s, lg, 0, RNG_DECODE), 3);
+    s.p.logit_bias = {{4, 5.0f}, {99, 100.0f}};  // ids outside the domain are ignored
+    EXPECT_EQ(sample(&s, lg, 0, RNG_DECODE), 4);
+    s.p.temperature = 1.0f; s.p.top_k = 0; s.p.top_p = 1.0f; s.p.presence = 0.0f;
+    s.p.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {3, -100.0f}, {5, -100.0f}};
+    for (int i = 0; i < 20; i++) EXPECT_EQ(sample(&s, lg, i, RNG_DECODE), 4);
+    EXPECT_EQ(lg[1], 3.0f);  // the caller's logits are untouched
+}
+
 TEST(Sampler, TopKTopPMinPOnHandLogits) {
     // weights at temperature 1: exp(0), exp(-1), exp(-2), exp(-3), exp(-4) ~ 1, .368, .135, .050, .018
     std::vector<float> lg = {-2, 0, -1, -4, -3};

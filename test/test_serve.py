@@ -414,6 +414,16 @@ def hf_dir():
     return None
 
 
+@pytest.mark.skipif(FAKE, reason="the fake engine does not sample")
+def test_logit_bias_steers_the_real_engine(oai, mid):
+    # +100 on one token makes it the argmax at every step (9707 is "Hello" in the qwen3
+    # tokenizer that the synthetic models carry)
+    r = oai.chat.completions.create(model=mid, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                    temperature=0, logit_bias={"9707": 100}, extra_body={"enable_thinking": False})
+    assert r.choices[0].message.content == "HelloHelloHello", r.choices[0].message
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+
+
 @pytest.mark.skipif(FAKE, reason="the fake's counts are checked against its own rule above")
 def test_usage_equals_tokenizer_counts(oai, ant, mid):
     # the real engine: prompt tokens = hf tokenizers over the chat template rendered the way
