@@ -305,7 +305,7 @@ static inline void json_escape(std::string* out, const char* s, size_t n, bool a
             case '\b': out->append("\\b"); continue;
             case '\f': out->append("\\f"); continue;
         }
-        if (c < 0x20 || c == 0x7f) {
+        if (c < 0x20) {  // as python's json.dumps: DEL (0x7f) stays as it is
             out->append("\\u00"); out->push_back(hex[c >> 4]); out->push_back(hex[c & 15]);
         } else if (c < 0x80 || !ascii_only) {
             out->push_back((char)c);

@@ -862,32 +862,14 @@ static inline void py_number(const Json& v, std::string* out, bool json_style) {
     py_float_repr(v.num, out);
 }
 
-// json.dumps(v, ensure_ascii=False): python escapes only '"', '\\' and control characters
-static inline void py_json_string(const std::string& s, std::string* out) {
-    out->push_back('"');
-    for (unsigned char c : s) {
-        switch (c) {
-            case '"': out->append("\\\""); break;
-            case '\\': out->append("\\\\"); break;
-            case '\n': out->append("\\n"); break;
-            case '\r': out->append("\\r"); break;
-            case '\t': out->append("\\t"); break;
-            case '\b': out->append("\\b"); break;
-            case '\f': out->append("\\f"); break;
-            default:
-                if (c < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", c); out->append(b); }
-                else out->push_back((char)c);
-        }
-    }
-    out->push_back('"');
-}
-
+// strings as json.dumps(v, ensure_ascii=False) writes them: format.h's json_escape (only '"', '\\'
+// and control characters are escaped, \uXXXX in lowercase hex)
 static inline void py_tojson(const Json& v, std::string* out) {
     switch (v.type) {
         case JSON_NULL: out->append("null"); break;
         case JSON_BOOL: out->append(v.b ? "true" : "false"); break;
         case JSON_NUMBER: py_number(v, out, true); break;
-        case JSON_STRING: py_json_string(v.str, out); break;
+        case JSON_STRING: json_escape(out, v.str); break;
         case JSON_ARRAY:
             out->push_back('[');
             for (size_t k = 0; k < v.arr.size(); k++) { if (k) out->append(", "); py_tojson(v.arr[k], out); }
@@ -899,7 +881,7 @@ static inline void py_tojson(const Json& v, std::string* out) {
             for (auto& kv : py_items(v)) {
                 if (!first) out->append(", ");
                 first = false;
-                py_json_string(*kv.first, out);
+                json_escape(out, *kv.first);
                 out->append(": ");
                 py_tojson(*kv.second, out);
             }

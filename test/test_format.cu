@@ -107,6 +107,9 @@ TEST(Json, WriterRoundTrips) {
     std::string ascii;
     json_escape(&ascii, std::string("\xc3\xa9\xf0\x9f\x98\x80"), true);
     EXPECT_EQ(ascii, "\"\\u00e9\\ud83d\\ude00\"");
+    std::string del;
+    json_escape(&del, std::string("a\x7f\x1f"));
+    EXPECT_EQ(del, "\"a\x7f\\u001f\"");  // like python's json.dumps: DEL raw, controls escaped
     EXPECT_EQ(json_dump(Json::number(0.1)), "0.1");
     EXPECT_EQ(json_dump(Json::integer(-7)), "-7");
 }
