@@ -1455,21 +1455,41 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
-// programmatic dependent launch (hopper): every kernel of this file starts with pdl_entry(),
-// which waits until the kernels it depends on have finished and their writes are visible
-// (griddepcontrol.wait): with the launch attribute the next kernel's launch is prepared while
-// this one runs, to shorten the gaps between the ~400 small kernels of a decode step. launched
-// without the attribute (g_pdl off, or before sm_90) it is a no-op.
-// measured on the h200 (bench-notes, run 3): with the trigger at kernel entry the 9b decode step
-// got slower (3.93 -> 4.09 ms; the gemv chain 2.65 -> 2.95 ms: early-placed dependents take
-// the gemv's slots), so it is off by default; NINFER_PDL=1 turns on the wait-only form (the
-// implicit trigger at kernel end) for measurement.
+// programmatic dependent launch (hopper): every kernel of this file calls pdl_entry() before
+// it reads what an earlier kernel wrote or writes what one reads (griddepcontrol.wait: the
+// kernels it depends on have finished and their writes are visible); with the launch
+// attribute the next kernel's blocks can be placed while this one runs, which shortens the
+// gaps between the ~300 kernels of a decode step. launched without the attribute (g_pdl off,
+// or before sm_90) it is a no-op.
+// measured on the h200 (bench-notes): the first try (session 1: every kernel triggering at
+// entry) slowed the 9b step (3.93 -> 4.09 ms: early-placed dependents took the gemv's slots);
+// with the triggers below (small kernels after their wait, gemvs after their main loop, the
+// x-staged gemv's weight prefetch before its wait) it is on by default: 3.43 -> 3.20 ms per
+// step (session 2). NINFER_PDL=0 turns it off.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-static bool g_pdl = false;  // launch with the programmatic-serialization attribute (NINFER_PDL=1: on)
+// the trigger: griddepcontrol.launch_dependents lets the next kernel's blocks be placed once
+// every block of this grid has issued it (or exited); without it that happens at the end.
+// small kernels (a grid of at most one block per sm) trigger right after their wait: the next
+// gemv's blocks then take the idle sms and start streaming their weights (which no kernel
+// writes) before they wait for this kernel's output. a bigger grid does not trigger early,
+// because the early dependents would take slots its own later blocks need (measured for the
+// gemv chain, bench-notes run 3). the gemvs trigger after their main loop (gemv_xs_kernel).
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_entry_small() {
+    pdl_entry();
+    uint32_t nsm;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    if (gridDim.x * gridDim.y * gridDim.z <= nsm) pdl_release();
+}
+static bool g_pdl = false;  // launch with the programmatic-serialization attribute (gpu_kernels_init: sm_90+, NINFER_PDL=0: off)
 template <typename... KArgs, typename... Args>
 static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
@@ -1535,7 +1555,14 @@ struct GemvArgs {
     void* y; int ldy;         // y[c*ldy + r], bf16 or fp32
     int y_f32;
     const bf16_t* resid; int ldr;  // optional residual (may alias y)
+    // x-staged kernel only (gemv_fusable): what x is made from while it is staged, so the
+    // decode step needs no separate kernel for it. GEMV_X_RMS: x is the residual stream and the
+    // product reads bf16(x * rsqrt(mean(x^2) + eps) * (1 + xw)) (rmsnorm_kernel's math);
+    // GEMV_X_SWIGLU: x is [gate | up] (up at + cols) and the product reads
+    // bf16(bf16(silu(gate)) * up) (swiglu_kernel's math).
+    int xmode; const bf16_t* xw; float eps;
 };
+enum { GEMV_X_PLAIN = 0, GEMV_X_RMS = 1, GEMV_X_SWIGLU = 2 };
 
 __device__ __forceinline__ uint2 ldg_stream_u2(const void* p) {
     uint2 v;
@@ -1772,6 +1799,60 @@ __device__ __forceinline__ void gemv_load_x(uint4 (&xr)[2], const bf16_t* xq, bo
     }
 }
 
+// one group of RT row tiles: acc += scale * (codes . x) per tile, from the group's b fragments
+// and (offset trick) the sums of x over the group for columns 2t, 2t+1 (sx[0], sx[1])
+template <int F, int RT, bool OFFS>
+__device__ __forceinline__ void gemv_group(const uint32_t (&raw)[RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4],
+                                           const uint32_t (&b)[GemvFmt<F>::STEPS][2], const float (&sx)[4]) {
+    using Fm = GemvFmt<F>;
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        const uint32_t (&r0)[Fm::RAW] = raw[i][0];
+        const uint32_t (&r1)[Fm::RAW] = raw[i][1];
+        if constexpr (F == FMT_BF16) {
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
+        } else {
+            float dd[4] = {0.f, 0.f, 0.f, 0.f};
+            float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
+            if constexpr (F == FMT_W8) {
+                float dh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++) {
+                    uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
+                    gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
+                    gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
+                    gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
+                    gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
+                    mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
+                    mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
+                }
+                if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+                }
+            } else {
+                uint32_t hs[2][2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++)
+                    mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
+                                   gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
+                                   gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
+                if constexpr (OFFS) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
+                }
+            }
+            acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
+            acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
+            acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
+            acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
+        }
+    }
+}
+
 template <int F, int D, int RT, bool OFFS, bool FAST>
 __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4], const bf16_t* xq,
                                              bool xcol, int ub, int units, int t, int64_t K) {
@@ -1791,52 +1872,7 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][Gem
 #pragma unroll
             for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(sx, one, one, one, one, b[s][0], b[s][1]);
         }
-#pragma unroll
-        for (int i = 0; i < RT; i++) {
-            const uint32_t (&r0)[Fm::RAW] = raw[d][i][0];
-            const uint32_t (&r1)[Fm::RAW] = raw[d][i][1];
-            if constexpr (F == FMT_BF16) {
-#pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
-            } else {
-                float dd[4] = {0.f, 0.f, 0.f, 0.f};
-                float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
-                if constexpr (F == FMT_W8) {
-                    float dh[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int s = 0; s < Fm::STEPS; s++) {
-                        uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
-                        gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
-                        gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
-                        gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
-                        gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
-                        mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
-                        mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
-                    }
-                    if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
-                    }
-                } else {
-                    uint32_t hs[2][2];
-#pragma unroll
-                    for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
-#pragma unroll
-                    for (int s = 0; s < Fm::STEPS; s++)
-                        mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
-                                       gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
-                                       gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
-                    if constexpr (OFFS) {
-#pragma unroll
-                        for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
-                    }
-                }
-                acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
-                acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
-                acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
-                acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
-            }
-        }
+        gemv_group<F, RT, OFFS>(raw[d], acc, b, sx);
     }
 }
 
@@ -2011,6 +2047,185 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
     cp_async_wait<0>();
     gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
 }
+// the async kernel with x staged once per block in shared memory, in b-fragment order, with
+// the per-group sums of x the offset trick needs. in the kernels above the x side of a group
+// (two global loads, 8 byte permutes, 4 mma for sum(x)) and the copy addresses recomputed per
+// stage were ~40% of the instructions (sass of the q4 async kernel: 245 per 2-group stage,
+// of which 16 prmt, 8 sum mma, 12 constant moves, ~45 address ops), and the kernel is
+// issue-bound. here a group's x is two 16-byte shared loads plus one 8-byte load of its sums,
+// and a stage's copies advance four pointers by constants. the block's first S-1 weight stages
+// are issued before x is staged, so the two latencies overlap.
+// shared memory: the weight stages (static) + x (dynamic, gemv_xs_bytes): [C][units][4 t][W]
+// words (W = 2 * STEPS b words per thread and group), then sums [units][8] fp32 (columns >= C
+// are never written: they feed only accumulator columns the epilogue drops).
+template <int F> struct GemvXs { static constexpr int W = 2 * GemvFmt<F>::STEPS; };
+enum { GEMV_XS_MAX = 96 * 1024 };  // staged x beyond this (long k times many columns): the async kernel
+static size_t gemv_xs_bytes(NumFormat f, int units, int C) {
+    const int W = f == FMT_W8 ? 4 : 8;
+    return (size_t)C * units * 4 * W * 4 + (size_t)units * 8 * 4;
+}
+template <int F, int NW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = GemvXs<F>::W;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    __shared__ __align__(16) uint8_t sm[NW][S][Ly::BYTES];
+    extern __shared__ __align__(16) uint32_t xs[];  // [C][units][4][W] words, then sums
+    float* xsum = (float*)(xs + (size_t)C * units * 4 * W);
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+
+    // this lane's copy duties (as in gemv_async_kernel), as pointers that move by a constant
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)warp * D * Ly::HB;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)warp * D * 2;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&sm[warp][0][0]);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    uint32_t wslot = 0;  // byte offset of the stage slot the next copies go to
+    auto issue = [&]() {
+        const uint32_t slot = sbase + wslot;
+        cp_async16(slot + dst_b0, src_b0);
+        cp_async16(slot + dst_b1, src_b1);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s);
+        src_b0 += NW * D * 32; src_b1 += NW * D * 32; src_s += NW * D * 2;
+        if (Ly::HB) src_h += NW * D * Ly::HB;
+        wslot = wslot + Ly::BYTES == S * Ly::BYTES ? 0 : wslot + Ly::BYTES;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_entry();  // weights are never written: only x and y wait for the previous kernel
+
+    // rmsnorm'd x: each column's 1 / rms first (the same fp32 math as rmsnorm_kernel; the sum
+    // runs in another order, so a bf16 of x can differ in the last place now and then)
+    __shared__ float inv_rms[GEMV_MAX_COLS];
+    if (a.xmode == GEMV_X_RMS) {
+        const int K = (int)w.cols;
+        for (int c = 0; c < C; c++) {
+            const bf16_t* xc = a.x + (int64_t)c * a.ldx;
+            float ss = 0.f;
+            for (int k = threadIdx.x * 8; k < K; k += NW * 32 * 8) {
+                uint4 v = __ldg((const uint4*)(xc + k));
+                const bf16_t* e = (const bf16_t*)&v;
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+            }
+            ss = block_sum(ss);
+            if (threadIdx.x == 0) inv_rms[c] = rsqrtf(ss / (float)K + a.eps);
+        }
+        __syncthreads();
+    }
+
+    // stage x: entry (c, u, t) = the thread t's lanes of group u of column c, permuted into the
+    // b words of its steps; the quad of t's sums its lanes for the group's sum(x)
+    const int n_x = C * units * 4;
+    for (int i0 = 0; i0 < n_x; i0 += NW * 32) {
+        const int i = i0 + threadIdx.x;
+        float part = 0.f;
+        if (i < n_x) {
+            const int tt = i & 3, cu = i >> 2, c = cu / units, u = cu - c * units;
+            const int64_t k0 = (int64_t)u * Fm::G + tt * Fm::LPT;
+            const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
+            uint4 xr[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
+                uint4 v = __ldg((const uint4*)src + q);
+                if (a.xmode != GEMV_X_PLAIN) {
+                    bf16_t* e = (bf16_t*)&v;
+                    if (a.xmode == GEMV_X_RMS) {
+                        uint4 wv = __ldg((const uint4*)(a.xw + k0) + q);
+                        const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
+                    } else {
+                        uint4 uv = __ldg((const uint4*)(src + w.cols) + q);
+                        const bf16_t* ue = (const bf16_t*)&uv;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
+                    }
+                }
+                xr[q] = v;
+            }
+            uint32_t bw[W];
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
+            uint4* dst = (uint4*)(xs + (size_t)i * W);
+#pragma unroll
+            for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
+            const bf16_t* xe = (const bf16_t*)xr;
+#pragma unroll
+            for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
+        }
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / units; xsum[(cu - c * units) * 8 + c] = part; }
+    }
+    __syncthreads();
+
+    const bool xcol = g < C;
+    const uint32_t* xw = xs + (size_t)(xcol ? g : 0) * units * 4 * W + t * W;  // + u * 4 * W
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    uint32_t rslot = 0;
+    int ub = warp * D;
+    for (int it = 0; it < n_it; it++, ub += NW * D) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = &sm[warp][0][0] + rslot;
+        rslot = rslot + Ly::BYTES == S * Ly::BYTES ? 0 : rslot + Ly::BYTES;
+        uint32_t raw[D][1][2][Fm::RAW];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
+                raw[d][0][h][0] = v.x; raw[d][0][h][1] = v.y;
+                if constexpr (F == FMT_Q5) raw[d][0][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
+                else if constexpr (F == FMT_Q6) raw[d][0][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
+                else raw[d][0][h][2] = 0;
+                raw[d][0][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
+            }
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            uint32_t b[Fm::STEPS][2];
+            if (xcol) {
+                const uint4* p = (const uint4*)(xw + (size_t)(ub + d) * 4 * W);
+#pragma unroll
+                for (int q = 0; q < W / 4; q++) {
+                    uint4 v = p[q];
+                    b[2 * q][0] = v.x; b[2 * q][1] = v.y;
+                    if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v.z; b[2 * q + 1][1] = v.w; }
+                }
+            } else {
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++) b[s][0] = b[s][1] = 0;
+            }
+            const float2 sv = *(const float2*)(xsum + (ub + d) * 8 + 2 * t);
+            const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+            gemv_group<F, 1, true>(raw[d], acc, b, sx);
+        }
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_release();  // the next kernel's blocks may take the sms this grid leaves
+    cp_async_wait<0>();
+    gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
+}
+
 // k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
 // count (two groups per stage; 4-byte aligned scale pairs)
 template <int F>
@@ -2021,11 +2236,14 @@ static bool gemv_async_ok(const Mat& w) {
 // kernel variants for tests and benches; gemv() picks one by shape (gemv_auto_variant).
 //   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
 //   async kernel <NW, stages S, offset trick, min blocks/sm>; shapes it cannot take run variant 2
-static const int GEMV_VARIANTS = 8;
+//   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
+static const int GEMV_VARIANTS = 10;
 template <int F>
 static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
     int64_t rows = a.w.rows;
     unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
+    const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
+    if (variant >= 8 && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) variant = 7;
     if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
     switch (variant) {
         case 0: launch_k(gemv_kernel<F, 8, 2, 1, true, 3>, t1, 8 * 32, 0, stream, a); break;
@@ -2036,25 +2254,40 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 5: launch_k(gemv_kernel<F, 32, 2, 1, true, 1>, t1, 32 * 32, 0, stream, a); break;
         case 6: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, true, 8>, t1, 4 * 32, 0, stream, a); break;
         case 7: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 8, 3, true, 4>, t1, 8 * 32, 0, stream, a); break;
+        case 8: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 8, 3, 3>, t1, 8 * 32, xsb, stream, a); break;
+        case 9: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 4, 4, 6>, t1, 4 * 32, xsb, stream, a); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
 }
-// picked from the h200 measurements (test/bench-notes.md, run 5): q4 has the cheapest code
-// conversion and does best in the register kernel; q5/q6/w8 and the big head stream best
-// through the cp.async pipeline. every variant this can return passes the same tests.
-static int gemv_auto_variant(const Mat& w) {
-    if (w.rows >= 65536 || w.format == FMT_W8) return 6;  // output head, mtp: async, 4 warps x 4 stages
-    if (w.format == FMT_Q4) return w.rows > 4096 ? 4 : 1;  // register kernel (no offset trick / 4 groups per stage)
-    return 7;                                              // async, 8 warps x 3 stages (bf16 and odd k: variant 2)
+// picked from the h200 measurements (test/bench-notes.md, session 2): the x-staged kernel for
+// every grouped format (4 warps x 4 stages; 8 x 3 for long rows, where 4 warps per 16 rows
+// leave too few blocks in flight); bf16 and shapes it cannot take fall back (variant 7, 2).
+// every variant this can return passes the same tests.
+// more than two columns (mtp verification) stage too much x per block: the async kernel.
+static int gemv_auto_variant(const Mat& w, int C) {
+    if (w.format == FMT_BF16) return 2;
+    if (C > 2) return 7;
+    return w.cols > 8192 ? 8 : 9;
+}
+
+// what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
+struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
+// the x-staged kernel takes this product in one launch, so it can fuse an x transform
+static bool gemv_fusable(const Mat& w, int C) {
+    return format_grouped(w.format) && gemv_async_ok<FMT_Q4>(w) && C >= 1 && C <= GEMV_MAX_COLS &&
+           gemv_xs_bytes(w.format, (int)w.gpr, C) <= GEMV_XS_MAX;
 }
 
 // y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
-                         const bf16_t* resid, int ldr, cudaStream_t stream) {
+                         const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
-    if (variant < 0) variant = gemv_auto_variant(w);
+    if (variant < 0) variant = xt.mode != GEMV_X_PLAIN ? (w.cols > 8192 ? 8 : 9) : gemv_auto_variant(w, C);
+    CHECK(xt.mode == GEMV_X_PLAIN || ((variant == 8 || variant == 9) && gemv_fusable(w, C)),
+          "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld, %d columns)", variant, format_name(w.format),
+          (long long)w.cols, C);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
     for (int c0 = 0; c0 < C; c0 += GEMV_MAX_COLS) {
@@ -2065,6 +2298,7 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
         a.y = y_f32 ? (void*)((float*)y + (int64_t)c0 * ldy) : (void*)((bf16_t*)y + (int64_t)c0 * ldy);
         a.ldy = ldy; a.y_f32 = y_f32;
         a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
+        a.xmode = xt.mode; a.xw = xt.w; a.eps = xt.eps;
         switch (w.format) {
             case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
             case FMT_Q5: gemv_launch_variant<FMT_Q5>(variant, a, stream); break;
@@ -2076,8 +2310,8 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
     }
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
-                 int ldr, cudaStream_t stream) {
-    gemv_variant(gemv_auto_variant(w), w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream);
+                 int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
+    gemv_variant(-1, w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt);
 }
 
 // ----------------------------------------------------------------------------
@@ -2093,7 +2327,7 @@ enum { NORM_THREADS = 128 };
 // (used by no text norm of qwen3.5, kept for the vision tower and tests)
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
                                                                const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w) {
-    pdl_entry();
+    pdl_entry_small();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
     bf16_t* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
@@ -2122,7 +2356,7 @@ static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* 
 __global__ void __launch_bounds__(NORM_THREADS) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo, const bf16_t* __restrict__ z,
                                                                      int ldz, bf16_t* y, int ldy, const bf16_t* __restrict__ w, int n,
                                                                      int heads, float eps) {
-    pdl_entry();
+    pdl_entry_small();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* orow = o + (int64_t)tok * ldo + (int64_t)hd * n;
     const bf16_t* zrow = z + (int64_t)tok * ldz + (int64_t)hd * n;
@@ -2148,7 +2382,7 @@ static void gated_rmsnorm(const bf16_t* o, int ldo, const bf16_t* z, int ldz, bf
 enum { L2_THREADS = 128 };
 __global__ void __launch_bounds__(L2_THREADS) l2norm_kernel(const bf16_t* __restrict__ x, int ldx, float* y, int ldy, int n, int rows,
                                                             int heads, float eps, float scale) {
-    pdl_entry();
+    pdl_entry_small();
     int r = blockIdx.x * (L2_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     int tok = r / heads, hd = r % heads;
@@ -2175,7 +2409,7 @@ enum { EW_THREADS = 256 };
 // mlp activation (model.md 4.2) with hf's bf16 roundings: y = bf16( bf16(silu(gate)) * up ).
 // gu: [T][2I] = [gate | up] (the fused gate_up gemv output), y: [T][I]
 __global__ void swiglu_kernel(const bf16_t* __restrict__ gu, int ldgu, bf16_t* y, int ldy, int I, int T) {
-    pdl_entry();
+    pdl_entry_small();
     int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= (int64_t)I * T) return;
     int t = (int)(idx / I), i = (int)(idx % I);
@@ -2201,7 +2435,7 @@ __device__ __forceinline__ int dev_group_code(int f, const uint8_t* base, const 
 // weights copy exactly). ids[t] >= 0 gathers that row; ids[t] < 0 copies row (-1 - ids[t])
 // of `ovr` instead (per-token embedding overrides: vision features, mtp inputs).
 __global__ void embed_gather_kernel(Mat w, const int* __restrict__ ids, const bf16_t* __restrict__ ovr, int ldo, bf16_t* y, int ldy) {
-    pdl_entry();
+    pdl_entry_small();
     int t = blockIdx.y;
     int64_t k = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (k >= w.cols) return;
@@ -2238,7 +2472,7 @@ struct RopeArgs {
     float inv_freq[64];
 };
 __global__ void mrope_kernel(RopeArgs a) {
-    pdl_entry();
+    pdl_entry_small();
     int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= (int64_t)a.T * a.nheads * a.half) return;
     int i = (int)(idx % a.half);
@@ -2292,7 +2526,7 @@ struct ConvStepArgs {
 };
 // decode: one thread per channel runs the C columns in order
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
-    pdl_entry();
+    pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= a.conv_dim) return;
     int D = a.conv_dim;
@@ -2348,7 +2582,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t
 // the state after T tokens: the last 3 raw inputs (left-filled from state_in when T < 3)
 __global__ void conv_state_update_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* state_in, bf16_t* state_out, int T,
                                          int conv_dim) {
-    pdl_entry();
+    pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= conv_dim) return;
     float v[3];
@@ -2379,7 +2613,7 @@ __device__ __forceinline__ void gdn_gate_math(float a, float b, float a_log, flo
 // a, b: [T][*] bf16 projection outputs (lda, ldb); beta, g: [T][Hv] fp32
 __global__ void gdn_gates_kernel(const bf16_t* __restrict__ a, int lda, const bf16_t* __restrict__ b, int ldb, const float* __restrict__ a_log,
                                  const float* __restrict__ dt_bias, float* beta, float* g, int T, int Hv) {
-    pdl_entry();
+    pdl_entry_small();
     int idx = blockIdx.x * EW_THREADS + threadIdx.x;
     if (idx >= T * Hv) return;
     int t = idx / Hv, h = idx % Hv;
@@ -2412,7 +2646,7 @@ struct GdnStepArgs {
     int C, Hk, Hv;
 };
 __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
-    pdl_entry();
+    pdl_entry_small();
     const int h = blockIdx.x, j = blockIdx.y * GDN_COLS + (threadIdx.x & 31);
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, i0 = warp * 32;
     const int hk = h / (a.Hv / a.Hk);
@@ -2549,7 +2783,7 @@ template <int KV>
 __global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
                                                              void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
                                                              const int* __restrict__ pos, int Hkv) {
-    pdl_entry();
+    pdl_entry_small();
     const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
     __shared__ float wmax[2][ATT_HD / 32];
     const int64_t p = pos[c];
@@ -2578,7 +2812,7 @@ __global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __res
 
 __global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
                                  bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
-    pdl_entry();
+    pdl_entry_small();
     int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
     int64_t p = pos[c];
     if (p < 0 || p >= cap) return;
@@ -2616,7 +2850,7 @@ struct AttnPrepArgs {
 };
 template <int KV>
 __global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepArgs a) {
-    pdl_entry();
+    pdl_entry_small();
     const int nh = a.Hq + a.Hkv, c = blockIdx.x / nh, hh = blockIdx.x % nh, d = threadIdx.x, warp = d >> 5;
     const bool isk = hh >= a.Hq;
     __shared__ float ys[ATT_HD];
@@ -2699,7 +2933,7 @@ struct AttnArgs {
 };
 template <int QPW, int KV>  // queries per warp: the block serves up to 4*QPW queries; KV: the cache format
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
-    pdl_entry();
+    pdl_entry_small();
     constexpr int NQ = 4 * QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = a.Hq / a.Hkv, nq = G * a.C;
@@ -2808,7 +3042,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 
 // merge the splits of column c, query head hq (block), one thread per dim
 __global__ void __launch_bounds__(ATT_HD) attn_combine_kernel(AttnArgs a, const bf16_t* __restrict__ gate, int ldg, bf16_t* y, int ldy) {
-    pdl_entry();
+    pdl_entry_small();
     const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, d = threadIdx.x;
     const int G = a.Hq / a.Hkv, nq = G * a.C, h = hq / G, qi = c * G + hq % G;
     float M = -INFINITY;
@@ -2895,7 +3129,7 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 }
 template <typename T>
 __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_stage1_kernel(const T* __restrict__ logits, int64_t ld, int n, float* pv, int* pi) {
-    pdl_entry();
+    pdl_entry_small();
     const int c = blockIdx.y;
     const T* row = logits + (int64_t)c * ld;
     float v = -INFINITY; int idx = INT32_MAX;
@@ -2917,7 +3151,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_stage1_kernel(const T* 
     }
 }
 __global__ void argmax_stage2_kernel(const float* __restrict__ pv, const int* __restrict__ pi, int* out) {
-    pdl_entry();
+    pdl_entry_small();
     const int c = blockIdx.x, lane = threadIdx.x;
     float v = -INFINITY; int idx = INT32_MAX;
     for (int k = lane; k < ARGMAX_BLOCKS; k += 32) argmax_merge(v, idx, pv[c * ARGMAX_BLOCKS + k], pi[c * ARGMAX_BLOCKS + k]);
@@ -3198,9 +3432,13 @@ static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy
 enum { LINEAR_GEMV_MAX = 8 };
 static bool g_force_gemv = false;  // tests: run every product through the gemv
 static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
-                   cudaStream_t stream) {
-    if (T > LINEAR_GEMV_MAX && !g_force_gemv && gemm_ok(w)) gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
-    else gemv(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+                   cudaStream_t stream, GemvX xt = GemvX()) {
+    if (T > LINEAR_GEMV_MAX && !g_force_gemv && gemm_ok(w)) {
+        CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
+        gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
+    } else {
+        gemv(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream, xt);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -3470,13 +3708,19 @@ __global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
 }
 
-// the dynamic shared memory the prefill kernels ask for (once per device, before any capture)
+// the shared memory (static + dynamic) past 48 KB that kernels ask for: once per device, before any capture
+template <int F>
+static void gemv_xs_init() {
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_MAX));
+}
 static void gpu_kernels_init() {
     int dev = 0, major = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     const char* pdl = getenv("NINFER_PDL");
-    g_pdl = major >= 9 && pdl && !strcmp(pdl, "1");
+    g_pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -3939,16 +4183,24 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
 // (device); prefill: pos0 (host) is the kv row of column 0 and the live slot is e->slot.
 static bool g_force_attn_decode = false;  // tests: prefill attention through attn_decode
 static bool g_force_gdn_step = false;     // tests: prefill deltanet through gdn_step
+static bool g_fuse_x = true;  // decode: norms and swiglu inside the gemvs' x staging (tests turn it off)
 static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys) {
     const Geometry& g = e->m->geo;
     const LayerWeights& w = e->w.layers[l];
     cudaStream_t s = e->stream;
     const int H = g.H, hd = g.head_dim;
-    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
+    // decode: the products that read a norm of x (or swiglu of gate_up) make it themselves
+    // while staging x (GemvX), where the x-staged kernel takes them; else the separate kernel
+    auto fusable = [&](const Mat& m) { return decode && g_fuse_x && gemv_fusable(m, T); };
+    const bool fin = w.full ? fusable(w.attn.query_key) && fusable(w.attn.gate_value) : fusable(w.gdn.query_key) && fusable(w.gdn.value_z);
+    GemvX nin;
+    if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
+    const bf16_t* xin = fin ? e->x : e->xb;  // what the input projections read
+    if (!fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
     if (w.full) {
         const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
-        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, e->xb, H, T, e->gv, ld, false, nullptr, 0, s2); });
-        linear(w.attn.query_key, e->xb, H, T, e->qk, ld, false, nullptr, 0, s);
+        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, T, e->gv, ld, false, nullptr, 0, s2, nin); });
+        linear(w.attn.query_key, xin, H, T, e->qk, ld, false, nullptr, 0, s, nin);
         if (g_fuse_prep) {
             gpu_join(e);  // v
             attn_prep(e->o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)w.attn.query_norm.p, (const bf16_t*)w.attn.key_norm.p, P.pos3,
@@ -3980,15 +4232,16 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         // rows after them (one product each); the conv reads [q | k | v], the norm gate z
         const bf16_t* z = e->u + C;
         bf16_t *pa = e->pab, *pb = e->pab + g.Hv;
-        gpu_fork(e, [&](cudaStream_t s2) {  // value_z and the gate projections beside query_key
-            linear(d.value_z, e->xb, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s2);
+        gpu_fork(e, [&](cudaStream_t s2) {  // the gate projections (bf16: never fused) beside the others
+            if (fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s2);
             if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s2);
             else {
                 linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s2);
                 linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s2);
             }
         });
-        linear(d.query_key, e->xb, H, T, e->u, LU, false, nullptr, 0, s);
+        linear(d.query_key, xin, H, T, e->u, LU, false, nullptr, 0, s, nin);
+        linear(d.value_z, xin, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s, nin);
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
@@ -4017,10 +4270,13 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
         linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);
     }
-    rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
-    linear(w.gate_up, e->xb, H, T, e->gu, 2 * g.I, false, nullptr, 0, s);
-    swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
-    linear(w.down, e->hb, g.I, T, e->x, H, false, e->x, H, s);
+    GemvX npost, sw;
+    if (fusable(w.gate_up)) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }
+    else rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
+    linear(w.gate_up, npost.mode ? e->x : e->xb, H, T, e->gu, 2 * g.I, false, nullptr, 0, s, npost);
+    if (fusable(w.down)) sw.mode = GEMV_X_SWIGLU;
+    else swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
+    linear(w.down, sw.mode ? e->gu : e->hb, sw.mode ? 2 * g.I : g.I, T, e->x, H, false, e->x, H, s, sw);
 }
 
 // embed -> layers -> final norm -> head (-> argmax per column). logits fp32 in e->logits:
@@ -4037,8 +4293,10 @@ static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int p
     const bf16_t* xr = head == HEAD_ALL ? e->x : e->x + (size_t)(T - 1) * g.H;
     const int rows = head == HEAD_ALL ? T : 1;
     CHECK(rows <= e->logit_rows, "logits of %d rows, room for %d", rows, e->logit_rows);
-    rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
-    linear(e->w.output_head, e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s);
+    GemvX nf;
+    if (decode && g_fuse_x && gemv_fusable(e->w.output_head, rows)) { nf.mode = GEMV_X_RMS; nf.w = (const bf16_t*)e->w.final_norm.p; nf.eps = g.eps; }
+    else rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
+    linear(e->w.output_head, nf.mode ? xr : e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s, nf);
     if (amax) argmax<float>(e->logits, g.vocab, e->domain, rows, e->amax_scr, P.out, s);
 }
 
@@ -4058,11 +4316,10 @@ static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const in
         hsl[T + t] = snap_slots ? snap_slots[t] : (t == T - 1 ? e->slot : -1);  // the last writes it back
     }
     int* d = e->d_in + (decode ? e->dec_off : 0);
-    // ids | pos3 | kvpos | slots (the out array is written by the device)
-    cudaCheck(cudaMemcpyAsync(d, hid, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
-    cudaCheck(cudaMemcpyAsync(d + TT, hp, 3 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
-    cudaCheck(cudaMemcpyAsync(d + 4 * TT, hkv, T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
-    cudaCheck(cudaMemcpyAsync(d + 5 * TT, hsl, 2 * T * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    // ids | pos3 | kvpos | slots in one copy, the unused tails of each array included (the out
+    // array after them is written by the device): one copy per step, not four (a decode step
+    // is ~3 ms, and each copy costs a few us of latency in front of the graph)
+    cudaCheck(cudaMemcpyAsync(d, h, (5 * TT + T + T) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
     cudaCheck(cudaEventRecord(e->in_done[k], e->stream));
 }
 

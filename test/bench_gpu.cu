@@ -161,24 +161,33 @@ int main(int argc, char** argv) {
         double mbytes = 0;
         cudaGraph_t gr;
         cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        int kernels = 0;
-        auto mm = [&](const Mat& w, int ldy) {
-            linear(w, e->xb, (int)w.cols <= g.H ? g.H : (int)w.cols, 1, e->gu, ldy, false, nullptr, 0, e->stream);
+        int kernels = 0, fused_norms = 0, fused_swiglu = 0;
+        // as the step runs them: a product that reads a norm of x (nw) or swiglu of gate_up
+        // makes it while staging x where the x-staged kernel takes it (gpu_layer)
+        auto mm = [&](const Mat& w, const Vec* nw, bool sw = false) {
+            GemvX xt;
+            const bf16_t* x = e->xb;
+            int ldx = (int)w.cols <= g.H ? g.H : (int)w.cols;
+            if (g_fuse_x && (nw || sw) && gemv_fusable(w, 1)) {
+                if (sw) { xt.mode = GEMV_X_SWIGLU; x = e->gu; ldx = 2 * g.I; fused_swiglu++; }
+                else { xt.mode = GEMV_X_RMS; xt.w = (const bf16_t*)nw->p; xt.eps = g.eps; x = e->x; fused_norms++; }
+            }
+            linear(w, x, ldx, 1, e->logits, (int)w.rows, false, nullptr, 0, e->stream, xt);
             RowSplitGeom rg;
             mbytes += w.format == FMT_BF16 ? (double)w.rows * w.cols * 2 : (row_split_geom(w.format, w.rows, w.cols, &rg), (double)rg.bytes);
             kernels++;
         };
         for (int l = 0; l < g.L; l++) {
             const LayerWeights& lw = e->w.layers[l];
-            if (lw.full) { mm(lw.attn.query_key, 1); mm(lw.attn.gate_value, 1); mm(lw.attn.output, 1); }
+            if (lw.full) { mm(lw.attn.query_key, &lw.input_norm); mm(lw.attn.gate_value, &lw.input_norm); mm(lw.attn.output, nullptr); }
             else {
-                mm(lw.gdn.query_key, 1); mm(lw.gdn.value_z, 1);
-                if (e->ab[l].rows) mm(e->ab[l], 1); else { mm(lw.gdn.a_proj, 1); mm(lw.gdn.b_proj, 1); }
-                mm(lw.gdn.output, 1);
+                mm(lw.gdn.query_key, &lw.input_norm); mm(lw.gdn.value_z, &lw.input_norm);
+                if (e->ab[l].rows) mm(e->ab[l], nullptr); else { mm(lw.gdn.a_proj, nullptr); mm(lw.gdn.b_proj, nullptr); }
+                mm(lw.gdn.output, nullptr);
             }
-            mm(lw.gate_up, 1); mm(lw.down, 1);
+            mm(lw.gate_up, &lw.post_norm); mm(lw.down, nullptr, true);
         }
-        mm(e->w.output_head, 1);
+        mm(e->w.output_head, &e->w.final_norm);
         cudaCheck(cudaStreamEndCapture(e->stream, &gr));
         cudaGraphExec_t gx;
         cudaCheck(cudaGraphInstantiate(&gx, gr, 0));
@@ -188,8 +197,19 @@ int main(int argc, char** argv) {
             float t_step = time_graph(e->graph[0], 50);
             printf("decode     step graph %.3f ms/token on the device (%.1f tok/s without host round trips)\n", t_step, 1e3 / t_step);
         }
-        printf("decode     matrices only: %d products, %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n", kernels, mbytes / 1e9, t_mm,
-               mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
+        printf("decode     matrices only: %d products (%d with a fused norm, %d with fused swiglu), %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n",
+               kernels, fused_norms, fused_swiglu, mbytes / 1e9, t_mm, mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
+        // rmsnorm kernels left in the step: 2 per layer + the final one, less those the products
+        // make themselves (a layer's input norm counts once however many products fuse it)
+        int norm_kernels = 0;
+        for (int l = 0; l < g.L; l++) {
+            const LayerWeights& lw = e->w.layers[l];
+            bool fin = g_fuse_x && (lw.full ? gemv_fusable(lw.attn.query_key, 1) && gemv_fusable(lw.attn.gate_value, 1)
+                                            : gemv_fusable(lw.gdn.query_key, 1) && gemv_fusable(lw.gdn.value_z, 1));
+            norm_kernels += (!fin || !lw.full) + !(g_fuse_x && gemv_fusable(lw.gate_up, 1));  // gdn: the a/b branch keeps one
+        }
+        norm_kernels += !(g_fuse_x && gemv_fusable(e->w.output_head, 1));
+        const int swiglu_kernels = g.L - fused_swiglu;
         // the small kernels of a step, each kind alone in a graph as many times as a step runs it
         int l_gdn = 0, l_full = 0;
         while (g.full[l_gdn]) l_gdn++;
@@ -199,7 +219,7 @@ int main(int argc, char** argv) {
         int ns, sk; gpu_attn_plan(0, &ns, &sk);
         struct Kind { const char* name; int count; std::function<void(cudaStream_t)> f; };
         std::vector<Kind> kinds = {
-            {"rmsnorm (row of H)", g.L * 2 + 1, [&](cudaStream_t s) { rmsnorm(e->x, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, 1, 1, g.eps, false, s); }},
+            {"rmsnorm (row of H)", norm_kernels, [&](cudaStream_t s) { rmsnorm(e->x, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, 1, 1, g.eps, false, s); }},
             {"conv_step", g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
             {"gdn_step", g.n_gdn, [&](cudaStream_t s) {
                 GdnStepArgs a; a.qkv = e->cy; a.ldqkv = C; a.a = e->pab; a.b = e->pab + g.Hv; a.ldab = 2 * g.Hv;
@@ -207,7 +227,7 @@ int main(int argc, char** argv) {
                 a.slot_stride = e->rec_slot; a.slots = e->dec.slots; a.out = e->core; a.ldo = vd; a.C = 1; a.Hk = g.Hk; a.Hv = g.Hv;
                 gdn_step(a, s); }},
             {"gated_rmsnorm", g.n_gdn, [&](cudaStream_t s) { gated_rmsnorm(e->core, vd, e->u + C, LU, e->gn, vd, (const bf16_t*)wg.gdn.norm.p, g.dv, 1, g.Hv, g.eps, s); }},
-            {"swiglu", g.L, [&](cudaStream_t s) { swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, 1, s); }},
+            {"swiglu", swiglu_kernels, [&](cudaStream_t s) { swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, 1, s); }},
             {"attn_prep", g.n_full, [&](cudaStream_t s) {
                 attn_prep(o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)wf.attn.query_norm.p, (const bf16_t*)wf.attn.key_norm.p, e->dec.pos3,
                           e->dec.kvpos, e->kc[l_full], e->vc[l_full], e->ksc[l_full], e->vsc[l_full], e->capacity, 1, g.Hq, g.Hkv, g.rope_dim,
@@ -221,6 +241,7 @@ int main(int argc, char** argv) {
         };
         double total = 0;
         for (const Kind& k : kinds) {
+            if (k.count == 0) continue;
             cudaGraph_t gk;
             cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
             for (int r = 0; r < k.count; r++) k.f(e->stream);

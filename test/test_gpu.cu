@@ -399,14 +399,44 @@ TEST_P(GpuModel, PrefillKernelsMatchDecodeKernels) {
     }
 }
 
+// decode with the norms and swiglu fused into the gemvs' x staging (the default) against the
+// separate kernels: the same math except the order of each rmsnorm's sum of squares (a rare
+// last-place flip of a bf16 of x), so far inside the bound against the fp32 reference
+TEST_P(GpuModel, DecodeFusedMatchesSeparate) {
+    BOTH_OR_SKIP(B, GetParam().path, 128, 64);
+    const int V = B.m.geo.vocab, n = 20, steps = 8;
+    std::vector<int> ids = random_ids(n + steps, B.domain, 13);
+    std::vector<std::vector<float>> rows[2];
+    const bool graphs = B.g->o.graphs;
+    B.g->o.graphs = false;  // eager: a captured graph would replay the first setting
+    for (int fuse = 0; fuse < 2; fuse++) {
+        g_fuse_x = fuse == 1;
+        gpu_reset(B.g);
+        gpu_forward(B.g, ids.data(), nullptr, nullptr, n, nullptr, false);
+        for (int s = 0; s < steps; s++) { gpu_decode(B.g, ids[n + s]); rows[fuse].push_back(device_row(B.g)); }
+    }
+    g_fuse_x = true;
+    B.g->o.graphs = graphs;
+    double w = 0;
+    for (int s = 0; s < steps; s++) w = std::max(w, rel_l2(rows[1][s].data(), rows[0][s].data(), V));
+    fprintf(stderr, "  %s: %d decode steps, fused vs separate norms/swiglu: worst rel-l2 %.2e\n", GetParam().name, steps, w);
+    EXPECT_LT(w, 1e-2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kModels), [](const ::testing::TestParamInfo<ModelCase>& i) { return std::string(i.param.name); });
 
-// greedy generation of 64 tokens, gpu vs cpu. kjv (a trained model, clear margins) must agree
-// exactly. the random synthetic models have near ties (the hf goldens record greedy margins
-// of 3.5e-4 of max|logit|) that bf16 activations cannot resolve: there the tokens must agree
-// up to the first step where the reference's margin between its choice and the gpu's is
-// under 2% of max|logit| (printed), and from there on the test only reports.
-static void greedy_case(const char* path, bool exact) {
+// greedy generation of 64 tokens, gpu vs cpu, two ways.
+// free running (generate_gpu, the cli's loop): reported; the first divergence must be at a
+// near tie of the reference. teacher forced (the gpu fed the cpu's tokens, so every step is
+// compared on the same context): at each of the 64 steps the gpu's argmax must be the cpu's,
+// or the reference's margin between the two choices must be under `tie` of max|logit|.
+// the ties: bf16 activations move the logits by rel-l2 ~6e-3 (kjv, LogitsMatchCpu), so two
+// candidates closer than that can swap, and an fp32 summation order change anywhere (say a
+// new gemv) moves which ones do (kjv, 2026-11-29: a 1.2e-3 tie at step 26 flipped when the
+// gemv's sum(x) moved from the tensor core to fp32 adds). kjv (trained, clear margins): tie
+// 5e-3 and at most 2 tied steps of 64. the random synthetic models have near ties everywhere
+// (the hf goldens record greedy margins of 3.5e-4 of max|logit|): tie 2e-2, no count bound.
+static void greedy_case(const char* path, double tie, int max_ties) {
     Both B(path, 256, 64);
     ASSERT_TRUE(B.ok);
     const int V = B.m.geo.vocab, n = 64;
@@ -423,7 +453,13 @@ static void greedy_case(const char* path, bool exact) {
         cpu_ids.push_back(id); cpu_logits.push_back(lc);
         forward_cpu(&B.m, &B.rs, &B.st, &id, nullptr, nullptr, 1, lc.data(), false, nullptr);
     }
-    // gpu through generate_gpu (the cli's loop), greedy
+    auto margin = [&](int s, int other) {
+        const std::vector<float>& l = cpu_logits[s];
+        float mx = 0;
+        for (int v = 0; v < B.domain; v++) mx = std::max(mx, fabsf(l[v]));
+        return (l[cpu_ids[s]] - l[other]) / mx;
+    };
+    // free running, through generate_gpu (greedy)
     Sampler smp; SamplerParams sp; sp.temperature = 0;
     sampler_build(&smp, sp, B.domain);
     std::vector<int> gpu_ids;
@@ -431,18 +467,34 @@ static void greedy_case(const char* path, bool exact) {
     ASSERT_EQ(st.generated, n);
     int first = -1;
     for (int s = 0; s < n; s++) if (gpu_ids[s] != cpu_ids[s]) { first = s; break; }
-    if (first < 0) { fprintf(stderr, "  %s: %d greedy tokens identical\n", path, n); return; }
-    const std::vector<float>& l = cpu_logits[first];
-    float mx = 0;
-    for (int v = 0; v < B.domain; v++) mx = std::max(mx, fabsf(l[v]));
-    double margin = (l[cpu_ids[first]] - l[gpu_ids[first]]) / mx;
-    fprintf(stderr, "  %s: greedy tokens agree for %d of %d steps; at step %d cpu %d, gpu %d, reference margin %.2e of max|logit|\n", path,
-            first, n, first, cpu_ids[first], gpu_ids[first], margin);
-    if (exact) ADD_FAILURE() << "greedy tokens differ at step " << first;
-    else EXPECT_LT(margin, 2e-2) << "a divergence at a clear margin";
+    if (first < 0) fprintf(stderr, "  %s: free running: %d greedy tokens identical\n", path, n);
+    else {
+        double m = margin(first, gpu_ids[first]);
+        fprintf(stderr, "  %s: free running: greedy tokens agree for %d of %d steps; at step %d cpu %d, gpu %d, reference margin %.2e of max|logit|\n",
+                path, first, n, first, cpu_ids[first], gpu_ids[first], m);
+        EXPECT_LT(m, tie) << "free running: a divergence at a clear margin";
+    }
+    // teacher forced: the gpu decodes the cpu's tokens
+    gpu_reset(B.g);
+    std::vector<float> lg(V);
+    gpu_forward(B.g, prompt.data(), nullptr, nullptr, (int)prompt.size(), lg.data(), false);
+    int ties = 0;
+    double worst = 0;
+    for (int s = 0; s < n; s++) {
+        int g = argmax(lg.data(), B.domain);
+        if (g != cpu_ids[s]) {
+            double m = margin(s, g);
+            ties++; worst = std::max(worst, m);
+            EXPECT_LT(m, tie) << "teacher forced step " << s << ": gpu " << g << ", cpu " << cpu_ids[s] << " at a clear margin";
+        }
+        if (s + 1 < n) gpu_forward(B.g, &cpu_ids[s], nullptr, nullptr, 1, lg.data(), false);
+    }
+    fprintf(stderr, "  %s: teacher forced: %d of %d steps pick the cpu's token; %d ties (worst reference margin %.2e, bound %.0e)\n", path,
+            n - ties, n, ties, worst, tie);
+    if (max_ties >= 0) EXPECT_LE(ties, max_ties) << "too many ties for a trained model";
 }
-TEST(GpuGeneration, GreedyMatchesCpuKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); greedy_case("models/kjv/kjv.ninfer", true); }
-TEST(GpuGeneration, GreedyMatchesCpuTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); greedy_case("build/models/tiny.ninfer", false); }
+TEST(GpuGeneration, GreedyMatchesCpuKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); greedy_case("models/kjv/kjv.ninfer", 5e-3, 2); }
+TEST(GpuGeneration, GreedyMatchesCpuTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); greedy_case("build/models/tiny.ninfer", 2e-2, -1); }
 
 // the decode graphs replay exactly what eager decode computes: tokens and logits bit for bit,
 // greedy and sampled, across a bucket boundary (512 keys)

@@ -124,7 +124,7 @@ static void expect_close(const char* what, const std::vector<float>& got, const 
     fprintf(stderr, "  %-28s n=%zu  worst err/tol=%.3f  rel-l2=%.2e\n", what, got.size(), worst, sqrt(l2e / (l2r + 1e-300)));
 }
 
-#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; } while (0)
+#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
 
 // ---- random row-split matrices ------------------------------------------------------
 
@@ -340,6 +340,81 @@ TEST(Gemv, InPlaceResidual) {
         }
     }
     expect_close("q5 in-place residual", got, ref, atol, 1.0 / 256);
+}
+
+// the x transforms of the x-staged kernel (decode's fused rmsnorm / swiglu) against the
+// separate kernels followed by the plain product, same variant, on the gpu:
+// swiglu: the staged x is computed exactly as swiglu_kernel does, so y must be bit-identical.
+// rmsnorm: the only difference is the order of the sum of squares (a block of the gemv vs
+// rmsnorm_kernel's block), which moves 1/rms by an ulp or two and so rarely rounds an element
+// of x to the neighbouring bf16; bound: 1e-5 sum|w x| (accumulation, as in the plain test) +
+// 4 flipped elements of x (each moves y by <= 2^-7 max|w_k x_k|) + the bf16 output's half ulp
+// (both sides round, so 2 x 2^-9 |y|). a wrong lane, scale, norm weight or column is off by
+// far more (order |w_k x_k| * sqrt(k)).
+TEST(Gemv, FusedXTransforms) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t rows, cols; int C; bool f32, resid; int mode; const char* name; };
+    const Case cases[] = {
+        {FMT_Q4, 24576, 4096, 1, false, false, GEMV_X_RMS, "9b gate_up q4 + post norm"},
+        {FMT_Q5, 4096, 12288, 1, false, true, GEMV_X_SWIGLU, "9b down q5 + swiglu, residual"},
+        {FMT_Q5, 8192, 4096, 2, false, false, GEMV_X_RMS, "9b value_z q5 c2 + input norm"},
+        {FMT_Q6, 248320, 4096, 1, true, false, GEMV_X_RMS, "9b head q6 f32 + final norm"},
+        {FMT_W8, 10240, 4096, 2, false, false, GEMV_X_RMS, "w8 c2 + norm"},
+        {FMT_Q4, 4096, 1024, 1, false, false, GEMV_X_RMS, "0.8b gdn qk q4 + norm"},
+        {FMT_Q5, 1024, 3584, 2, false, true, GEMV_X_SWIGLU, "0.8b down q5 c2 + swiglu, residual"},
+        {FMT_Q6, 300, 256, 5, false, false, GEMV_X_RMS, "q6 300x256 c5 + norm"},
+    };
+    for (const Case& tc : cases)
+        for (int variant : {8, 9}) {
+            SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
+            HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+            Rng r = rng();
+            const bool sw = tc.mode == GEMV_X_SWIGLU;
+            const int ldx = (int)(sw ? 2 * tc.cols : tc.cols) + 8, ldh = (int)tc.cols + 8, ldy = (int)tc.rows + 3;
+            auto x = rand_bf16(r, (size_t)tc.C * ldx, sw ? 2.f : 3.f);   // the residual stream is not unit scale
+            auto nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
+            auto res = rand_bf16(r, (size_t)tc.C * ldy, 1.f);
+            Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+            Dev dx(x.size() * 2); up(dx, x);
+            Dev dn(nw.size() * 2); up(dn, nw);
+            Dev dh((size_t)tc.C * ldh * 2); dh.poison();
+            const size_t ysz = (size_t)tc.C * ldy * (tc.f32 ? 4 : 2);
+            Dev dy0(ysz), dy1(ysz);
+            if (tc.resid) { up(dy0, res); up(dy1, res); } else { dy0.poison(); dy1.poison(); }
+            Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
+            const bf16_t* rs0 = tc.resid ? dy0.as<bf16_t>() : nullptr;
+            const bf16_t* rs1 = tc.resid ? dy1.as<bf16_t>() : nullptr;
+            // separate: the transform's own kernel, then the plain product
+            if (sw) swiglu(dx.as<bf16_t>(), ldx, dh.as<bf16_t>(), ldh, (int)tc.cols, tc.C, 0);
+            else rmsnorm(dx.as<bf16_t>(), ldx, dh.as<bf16_t>(), ldh, dn.as<bf16_t>(), (int)tc.cols, tc.C, 1, 1e-6f, false, 0);
+            gemv_variant(variant, dm, dh.as<bf16_t>(), ldh, tc.C, dy0.p, ldy, tc.f32, rs0, ldy, 0);
+            // fused
+            GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+            gemv_variant(variant, dm, dx.as<bf16_t>(), ldx, tc.C, dy1.p, ldy, tc.f32, rs1, ldy, 0, xt);
+            cudaCheck(cudaDeviceSynchronize());
+            auto h = to_f32(down<uint16_t>(dh, (size_t)tc.C * ldh));
+            Mat hmat = hm.host();
+            std::vector<float> wrow(tc.cols);
+            std::vector<float> y0, y1;
+            if (tc.f32) { y0 = down<float>(dy0, (size_t)tc.C * ldy); y1 = down<float>(dy1, (size_t)tc.C * ldy); }
+            else { y0 = to_f32(down<uint16_t>(dy0, (size_t)tc.C * ldy)); y1 = to_f32(down<uint16_t>(dy1, (size_t)tc.C * ldy)); }
+            if (sw) {
+                EXPECT_EQ(memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << "swiglu fused vs separate: not bit-identical";
+                continue;
+            }
+            size_t bad = 0;
+            for (int64_t row = 0; row < tc.rows; row += tc.rows > 20000 ? 97 : 1) {
+                mat_row_dequant(hmat, row, wrow.data());
+                for (int c = 0; c < tc.C; c++) {
+                    double sa = 0, mx = 0;
+                    for (int64_t k = 0; k < tc.cols; k++) { double t = fabs((double)wrow[k] * h[(size_t)c * ldh + k]); sa += t; mx = std::max(mx, t); }
+                    double v0 = y0[(size_t)c * ldy + row], v1 = y1[(size_t)c * ldy + row];
+                    double tol = 1e-5 * sa + 4 * mx / 128 + (tc.f32 ? 0.0 : fabs(v0) / 256);
+                    if (!(fabs(v0 - v1) <= tol)) bad++;
+                }
+            }
+            EXPECT_EQ(bad, 0u) << "rmsnorm fused vs separate: elements out of bound";
+        }
 }
 
 // ---- norms -----------------------------------------------------------------------
