@@ -2055,7 +2055,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
 // issue-bound. here a group's x is two 16-byte shared loads plus one 8-byte load of its sums,
 // and a stage's copies advance four pointers by constants. the block's first S-1 weight stages
 // are issued before x is staged, so the two latencies overlap.
-// shared memory: the weight stages (static) + x (dynamic, gemv_xs_bytes): [C][units][4 t][W]
+// shared memory (dynamic): the weight stages, then x (gemv_xs_bytes): [C][units][4 t][W]
 // words (W = 2 * STEPS b words per thread and group), then sums [units][8] fp32 (columns >= C
 // are never written: they feed only accumulator columns the epilogue drops).
 template <int F> struct GemvXs { static constexpr int W = 2 * GemvFmt<F>::STEPS; };
@@ -2064,6 +2064,8 @@ static size_t gemv_xs_bytes(NumFormat f, int units, int C) {
     const int W = f == FMT_W8 ? 4 : 8;
     return (size_t)C * units * 4 * W * 4 + (size_t)units * 8 * 4;
 }
+template <int F> static size_t gemv_xs_smem(int NW, int S, size_t xsb) { return (size_t)NW * S * GemvAsyncLayout<F>::BYTES + xsb; }
+enum { GEMV_XS_SMEM_MAX = 160 * 1024 };  // the opt-in (the largest variant: 8 warps x 3 q6 stages + x)
 template <int F, int NW, int S, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     using Fm = GemvFmt<F>;
@@ -2074,8 +2076,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     const int64_t rows = w.rows;
     const int units = (int)w.gpr, C = a.C;
     const int64_t row0 = (int64_t)blockIdx.x * 16;
-    __shared__ __align__(16) uint8_t sm[NW][S][Ly::BYTES];
-    extern __shared__ __align__(16) uint32_t xs[];  // [C][units][4][W] words, then sums
+    extern __shared__ __align__(16) uint8_t xs_smem[];  // the weight stages [NW][S][BYTES], then x
+    uint8_t* sm_w = xs_smem + (size_t)warp * S * Ly::BYTES;
+    uint32_t* xs = (uint32_t*)(xs_smem + NW * S * Ly::BYTES);  // [C][units][4][W] words, then sums
     float* xsum = (float*)(xs + (size_t)C * units * 4 * W);
     auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
 
@@ -2086,7 +2089,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)warp * D * Ly::HB;
     if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
     const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)warp * D * 2;
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&sm[warp][0][0]);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
     const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
     const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
     const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
@@ -2184,7 +2187,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     for (int it = 0; it < n_it; it++, ub += NW * D) {
         cp_async_wait<S - 2>();
         __syncwarp();
-        const uint8_t* st = &sm[warp][0][0] + rslot;
+        const uint8_t* st = sm_w + rslot;
         rslot = rslot + Ly::BYTES == S * Ly::BYTES ? 0 : rslot + Ly::BYTES;
         uint32_t raw[D][1][2][Fm::RAW];
 #pragma unroll
@@ -2243,7 +2246,7 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
     int64_t rows = a.w.rows;
     unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if (variant >= 8 && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) variant = 7;
+    if (variant >= 8 && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) variant = 7;  // 8, 9: x-staged
     if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
     switch (variant) {
         case 0: launch_k(gemv_kernel<F, 8, 2, 1, true, 3>, t1, 8 * 32, 0, stream, a); break;
@@ -2254,8 +2257,8 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 5: launch_k(gemv_kernel<F, 32, 2, 1, true, 1>, t1, 32 * 32, 0, stream, a); break;
         case 6: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, true, 8>, t1, 4 * 32, 0, stream, a); break;
         case 7: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 8, 3, true, 4>, t1, 8 * 32, 0, stream, a); break;
-        case 8: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 8, 3, 3>, t1, 8 * 32, xsb, stream, a); break;
-        case 9: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 4, 4, 6>, t1, 4 * 32, xsb, stream, a); break;
+        case 8: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 8, 3, 3>, t1, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
+        case 9: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 4, 4, 6>, t1, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
@@ -2285,7 +2288,7 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
                          const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
     if (variant < 0) variant = xt.mode != GEMV_X_PLAIN ? (w.cols > 8192 ? 8 : 9) : gemv_auto_variant(w, C);
-    CHECK(xt.mode == GEMV_X_PLAIN || ((variant == 8 || variant == 9) && gemv_fusable(w, C)),
+    CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w, C)),
           "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld, %d columns)", variant, format_name(w.format),
           (long long)w.cols, C);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
@@ -3711,8 +3714,8 @@ __global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b
 // the shared memory (static + dynamic) past 48 KB that kernels ask for: once per device, before any capture
 template <int F>
 static void gemv_xs_init() {
-    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
 static void gpu_kernels_init() {
     int dev = 0, major = 0;
