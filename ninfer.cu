@@ -12,12 +12,13 @@
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
 //                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
-//                            counter-based rng
+//                            counter-based rng, the arithmetic shared with the gpu sampler
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
 //                            loop, perplexity
 //   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
 //                            stored formats, norms, m-rope, conv + gdn with state slots,
-//                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill)
+//                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill),
+//                            argmax and the sampler on the device
 //   8. gpu forward           loading into one device arena, sequence state, the forward pass,
 //                            cuda graph decode, generate_gpu / perplexity_gpu
 //   9. engine                one sequence on either path (cpu reference or gpu)
@@ -1109,6 +1110,8 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
 //     shortest prefix reaching top_p of the candidates' total weight; renormalise; draw.
 // the random number is counter-based, a hash of (seed, position, purpose): no mutable rng
 // state, so a run is reproducible from its seed and a snapshot/restore replays exactly.
+// the gpu path runs the same semantics on the device (sample_gpu, section 7) with the same
+// arithmetic helpers below, so for a top_k in 1..8192 it picks what sample() picks.
 
 struct SamplerParams {
     float temperature = 0.6f;  // <= 0: greedy
@@ -1140,16 +1143,79 @@ static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
 // record a generated token (for the penalties)
 static void sampler_accept(Sampler* s, int id) { if (id >= 0 && id < s->domain) s->counts[id]++; }
 
-static uint64_t splitmix64(uint64_t x) {
+// the rng is shared with the gpu sampler (section 7), so both draw the same number
+__host__ __device__ static inline uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
 }
 // uniform in [0, 1) from (seed, position, purpose)
-static float rng_uniform(uint64_t seed, uint64_t position, int purpose) {
+__host__ __device__ static inline float rng_uniform(uint64_t seed, uint64_t position, int purpose) {
     uint64_t x = splitmix64(splitmix64(splitmix64(seed) ^ position) ^ (uint64_t)purpose);
     return (float)(x >> 40) * (1.0f / 16777216.0f);
+}
+
+// the sampler's arithmetic, one function for the cpu and the gpu so that both compute the same
+// bits (the gpu sampler must pick what sample() picks from the same logits). two things would
+// otherwise differ: nvcc contracts a*b+c into one fma on the device (one rounding instead of
+// two), so the device side spells every operation with a round-to-nearest intrinsic; and
+// cuda's expf is not glibc's (up to 2 ulp apart), so the weights use sampler_exp below, the
+// same operations on both sides. the host side relies on the host compiler not contracting:
+// true for the x86-64 baseline this builds for (no fma instructions); a build with -mfma
+// takes the `volatile` form, which keeps every rounding.
+#if defined(__CUDA_ARCH__)
+#define SMP_FMUL(a, b) __fmul_rn(a, b)
+#define SMP_FADD(a, b) __fadd_rn(a, b)
+#define SMP_FSUB(a, b) __fsub_rn(a, b)
+#define SMP_DMUL(a, b) __dmul_rn(a, b)
+#define SMP_DADD(a, b) __dadd_rn(a, b)
+#elif defined(__FMA__) || defined(__FP_FAST_FMA)
+static inline float smp_round(float x) { volatile float v = x; return v; }
+static inline double smp_round(double x) { volatile double v = x; return v; }
+#define SMP_FMUL(a, b) smp_round((float)(a) * (float)(b))
+#define SMP_FADD(a, b) smp_round((float)(a) + (float)(b))
+#define SMP_FSUB(a, b) smp_round((float)(a) - (float)(b))
+#define SMP_DMUL(a, b) smp_round((double)(a) * (double)(b))
+#define SMP_DADD(a, b) smp_round((double)(a) + (double)(b))
+#else
+#define SMP_FMUL(a, b) ((float)(a) * (float)(b))
+#define SMP_FADD(a, b) ((float)(a) + (float)(b))
+#define SMP_FSUB(a, b) ((float)(a) - (float)(b))
+#define SMP_DMUL(a, b) ((double)(a) * (double)(b))
+#define SMP_DADD(a, b) ((double)(a) + (double)(b))
+#endif
+
+// exp(x) in fp32 for the sampler's weights: x = k ln2 + r with |r| <= ln2/2 (k rounded to
+// nearest by the 1.5 * 2^52 trick), exp(r) by its taylor series to r^9 in double (relative
+// error < 1e-11, so the fp32 result is the correctly rounded exp(x) except within 1e-11 of a
+// rounding midpoint), times 2^k. plain ieee operations only: the same bits on cpu and gpu.
+__host__ __device__ static inline float sampler_exp(float x) {
+    if (x != x) return x;
+    if (x < -104.0f) return 0.0f;       // below 2^-150: rounds to zero in fp32
+    if (x > 89.0f) return INFINITY;     // above fp32's range
+    const double shift = 6755399441055744.0;  // 1.5 * 2^52
+    double k = SMP_DADD(SMP_DADD(SMP_DMUL((double)x, 1.4426950408889634), shift), -shift);
+    double r = SMP_DADD((double)x, SMP_DMUL(-k, 0.6931471805599453));  // |k| <= 150: error ~1e-14
+    double p = 1.0 / 362880;  // 1/9!
+    const double c[9] = {1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0};
+    for (int i = 0; i < 9; i++) p = SMP_DADD(SMP_DMUL(p, r), c[i]);
+    union { uint64_t u; double d; } two_k;
+    two_k.u = (uint64_t)((int64_t)k + 1023) << 52;
+    double y = SMP_DMUL(p, two_k.d);  // exact: a power of two within double's range
+#if defined(__CUDA_ARCH__)
+    return __double2float_rn(y);
+#else
+    return (float)y;
+#endif
+}
+// a penalised logit: adj = logit - (presence + frequency * count) for a generated id
+__host__ __device__ static inline float sampler_penalise(float logit, float presence, float frequency, int count) {
+    return count ? SMP_FSUB(logit, SMP_FADD(presence, SMP_FMUL(frequency, (float)count))) : logit;
+}
+// a candidate's weight relative to the best: exp(adj / T - top), top = best adj / T
+__host__ __device__ static inline float sampler_weight(float adj, float inv_t, float top) {
+    return sampler_exp(SMP_FSUB(SMP_FMUL(adj, inv_t), top));
 }
 
 static int argmax(const float* x, int n) {
@@ -1163,16 +1229,14 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
     const SamplerParams& p = s->p;
     if (!p.logit_bias.empty()) {
         s->biased.assign(logits, logits + s->domain);
-        for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] += b.second;
+        for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] = SMP_FADD(s->biased[b.first], b.second);
         logits = s->biased.data();
     }
     if (p.temperature <= 0.0f) return argmax(logits, s->domain);
     auto& c = s->cand;
     c.clear();
     for (int i = 0; i < s->domain; i++) {
-        float adj = logits[i];
-        if (s->counts[i]) adj -= p.presence + p.frequency * (float)s->counts[i];
-        c.emplace_back(adj, i);
+        c.emplace_back(sampler_penalise(logits[i], p.presence, p.frequency, s->counts[i]), i);
     }
     auto before = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -1189,27 +1253,28 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
     }
     sort_upto(1);
     // weights relative to the best candidate: w = exp(adj/T - max)
-    const float inv_t = 1.0f / p.temperature, top = c[0].first * inv_t;
-    auto weight = [&](size_t i) { return expf(c[i].first * inv_t - top); };
+    const float inv_t = 1.0f / p.temperature, top = SMP_FMUL(c[0].first, inv_t);
+    auto weight = [&](size_t i) { return sampler_weight(c[i].first, inv_t, top); };
     float total = 0.0f;
     size_t above_min_p = 0;  // the candidates with w >= min_p (the best has w = 1): a sorted prefix
-    for (size_t i = 0; i < n; i++) { float w = weight(i); total += w; above_min_p += w >= p.min_p; }
+    for (size_t i = 0; i < n; i++) { float w = weight(i); total = SMP_FADD(total, w); above_min_p += w >= p.min_p; }
     size_t keep = p.min_p > 0.0f ? std::max<size_t>(above_min_p, 1) : n;
     if (p.top_p < 1.0f) {  // the shortest sorted prefix reaching top_p of the total
         float cum = 0.0f;
         size_t k = 0;
-        for (size_t chunk = 64; k < n && (k == 0 || cum < p.top_p * total); chunk *= 4) {
+        const float thr = SMP_FMUL(p.top_p, total);
+        for (size_t chunk = 64; k < n && (k == 0 || cum < thr); chunk *= 4) {
             sort_upto(k + chunk);
-            while (k < sorted && (k == 0 || cum < p.top_p * total)) cum += weight(k++);
+            while (k < sorted && (k == 0 || cum < thr)) cum = SMP_FADD(cum, weight(k++));
         }
         keep = std::min(keep, k);
     }
     if (keep < n) sort_upto(keep);  // the kept set is the best `keep` (the draw walks them in array order)
     float mass = 0.0f;
-    for (size_t i = 0; i < keep; i++) mass += weight(i);
-    float u = rng_uniform(p.seed, position, purpose) * mass;
+    for (size_t i = 0; i < keep; i++) mass = SMP_FADD(mass, weight(i));
+    float u = SMP_FMUL(rng_uniform(p.seed, position, purpose), mass);
     for (size_t i = 0; i < keep; i++) {
-        u -= weight(i);
+        u = SMP_FSUB(u, weight(i));
         if (u < 0.0f) return c[i].second;
     }
     return c[keep - 1].second;  // u landed on the rounding edge
@@ -1394,13 +1459,16 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 //   attention:  kv formats (bf16 / int8 / fp8 with fp16 scales per 64), kv_append, attn_prep (q/k
 //               norm + m-rope + append in one kernel), attn_decode (split-k over context, gqa) +
 //               attn_combine (x sigmoid gate)
-//   sampling:   argmax (two-stage, lowest id on ties)
+//   sampling:   argmax (two-stage, lowest id on ties); sample_gpu: sample() on the device (logit_bias,
+//               penalties from device counts, top-k by radix select or a full bitonic sort, then
+//               temperature / min_p / top_p / the draw in sample()'s order), sample_accept
 //   prefill:    gemm (mma.sync over exact codes, per-group fp32 scale), linear (gemv or gemm),
 //               gdn_prefill (recurrent, state in registers), flash_prefill (mma, causal, gqa)
 //   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
 //   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
 //               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
-//               (cuda graph per context bucket), gpu_pick, gpu_snapshot / gpu_restore,
+//               (cuda graph per context bucket), gpu_sampler_bind / gpu_sampler_accept, gpu_pick
+//               (4 bytes to the host per token), gpu_snapshot / gpu_restore,
 //               generate_gpu, perplexity_gpu
 //   interface:  Engine (one sequence on the cpu or the gpu path): engine_build / free / reset /
 //               generate / perplexity / pos / capacity; gpu_parse_flag, kGpuUsage
@@ -3176,6 +3244,383 @@ static void argmax(const T* logits, int64_t ld, int n, int C, void* scratch, int
 }
 
 // ----------------------------------------------------------------------------
+// sampling: sample()'s semantics (section 5) on the device, so that a sampled token costs 4
+// bytes to the host instead of the domain's logits (~1 MB) and a cpu sort.
+//
+// a candidate is a 64-bit key: the order-preserving bits of its adjusted logit on top, its
+// inverted id below. "larger key" is then exactly sample()'s order (adjusted logit descending,
+// the lower id first on ties; -0 and +0 are one value) and no two keys are equal, so a radix
+// select needs no tie rule. the stages, and why they are fused the way they are:
+//   adjust   logit_bias (in list order, as sample() adds it), then the presence / frequency
+//            penalty from the device count array (sampler_penalise: the same fp32 operations
+//            as the cpu). elementwise, so it lives in whichever kernel reads the row first:
+//            a separate pass would write and re-read the ~1 MB row for nothing.
+//   top-k    1 <= k <= SAMPLE_KMAX (the usual case, k = 20): sample_topk_kernel, one block per
+//            SAMPLE_CHUNK ids, keeps its chunk's best k (radix select in shared memory), then
+//            sample_draw_kernel (one block) selects the best k of those, sorts them (bitonic in
+//            shared memory) and finishes. two launches, the row read once.
+//   all      top_k <= 0, or k > SAMPLE_KMAX: sample_keys_kernel writes every key and a bitonic
+//            sort orders the whole (power-of-two padded) row: tile passes in shared memory and
+//            global passes for the long strides (~40 launches for 248k ids: slow, ~0.1-0.2 ms,
+//            but only for settings that are off the default), then sample_walk_kernel.
+//   finish   temperature, weights w = exp(adj/T - top) (sampler_weight, the cpu's bits), min_p,
+//            the shortest top_p prefix and the draw (rng_uniform of the same seed, position
+//            and purpose), walking the kept set in sorted order. these are prefix sums in fp32:
+//            one thread does them in sample()'s order, so the pick is sample()'s pick bit for
+//            bit. past SAMPLE_SEQ_MAX candidates (top_k <= 0 over a real vocabulary) that is too
+//            slow for one thread: 1024 threads each sum a segment and the segment sums are added
+//            in order. sample() itself sums a top_k <= 0 row in the order its partial sort left
+//            it, so there the totals differ in the last bits and a draw within a few ulp of a
+//            boundary can go the other way; the distribution is the same (test_kernels).
+// greedy (temperature <= 0) with a logit_bias is the k = 1 path without penalties or draw.
+
+enum { SAMPLE_THREADS = 1024, SAMPLE_CHUNK = 4096, SAMPLE_KMAX = 1024, SAMPLE_SEQ_MAX = 8192, SAMPLE_TILE = 2048,
+       SAMPLE_MAX_BIAS = 4096 };
+
+// one sample() call as the kernels see it
+struct SampleArgs {
+    const float* logits;    // [n] a logits row (its first n entries: the token domain)
+    int n;                  // the domain
+    const int* counts;      // [n] times each id was generated; null: no penalties (greedy)
+    float presence, frequency;
+    const int* bias_id;     // [n_bias] distinct biased ids, ascending
+    const int* bias_off;    // [n_bias + 1] each id's values in bias_val, in list order
+    const float* bias_val;
+    int n_bias;
+    int k;                  // candidates: top_k when 0 < top_k < n, else n (1 for greedy)
+    int greedy;             // the best candidate wins: no weights, no draw
+    int exact;              // the prefix sums in one thread (sample()'s order)
+    float inv_t, top_p, min_p;
+    uint64_t seed, position;
+    int purpose;
+    uint64_t* cand;         // scratch [CEIL_DIV(n, SAMPLE_CHUNK) * SAMPLE_KMAX] per-chunk best k
+    uint64_t* keys;         // scratch [sample_pad(n)] every key (the sort path)
+    float* w;               // scratch [sample_pad(n)] weights (the sort path)
+    int* out;               // [1] the picked id
+};
+
+// order-preserving bits of a float (-0 counts as +0, as sample()'s comparisons do), and back
+__host__ __device__ __forceinline__ uint32_t sample_fkey(float f) {
+    if (f == 0.0f) f = 0.0f;
+    union { float f; uint32_t u; } v; v.f = f;
+    return (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
+}
+__host__ __device__ __forceinline__ float sample_key_value(uint64_t key) {
+    uint32_t k = (uint32_t)(key >> 32);
+    union { float f; uint32_t u; } v; v.u = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
+    return v.f;
+}
+__host__ __device__ __forceinline__ int sample_key_id(uint64_t key) { return (int)~(uint32_t)key; }
+
+// adjusted logit of id i: logit + its biases (list order), minus its penalty
+__device__ __forceinline__ float sample_adjust(const SampleArgs& a, int i) {
+    float x = a.logits[i];
+    if (a.n_bias) {
+        int lo = 0, hi = a.n_bias;  // the first biased id >= i
+        while (lo < hi) { int mid = (lo + hi) >> 1; if (a.bias_id[mid] < i) lo = mid + 1; else hi = mid; }
+        if (lo < a.n_bias && a.bias_id[lo] == i)
+            for (int j = a.bias_off[lo]; j < a.bias_off[lo + 1]; j++) x = SMP_FADD(x, a.bias_val[j]);
+    }
+    if (a.counts) x = sampler_penalise(x, a.presence, a.frequency, a.counts[i]);
+    return x;
+}
+__device__ __forceinline__ uint64_t sample_key(const SampleArgs& a, int i) {
+    return (uint64_t)sample_fkey(sample_adjust(a, i)) << 32 | (uint32_t)~(uint32_t)i;
+}
+
+// the k-th largest of m distinct keys get(0..m), by the whole block: 8-bit digits from the
+// top; each pass histograms the keys that share the digits found so far, and one warp scans
+// the 256 bins (a shuffle scan over lanes of 8 bins) for the bin holding the k-th. it stops as
+// soon as that bin holds exactly the keys still needed (for continuous logits: 3-4 passes).
+// returns T with exactly min(k, m) of the keys >= T (0 when k >= m: all of them).
+struct SampleSelect { int hist[256]; uint64_t prefix, mask; int need, done; };
+template <typename Get>
+__device__ uint64_t sample_block_select(Get get, int m, int k, SampleSelect& s) {
+    if (k >= m) return 0;
+    if (threadIdx.x == 0) { s.prefix = 0; s.mask = 0; s.need = k; s.done = 0; }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
+        __syncthreads();
+        const uint64_t prefix = s.prefix, mask = s.mask;
+        for (int i = threadIdx.x; i < m; i += blockDim.x) {
+            uint64_t key = get(i);
+            if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {  // lane l: bins 255-8l down to 248-8l
+            const int lane = threadIdx.x, need = s.need;
+            int h[8], sum = 0;
+            for (int j = 0; j < 8; j++) { h[j] = s.hist[255 - 8 * lane - j]; sum += h[j]; }
+            int incl = sum;
+            for (int o = 1; o < 32; o <<= 1) { int t = __shfl_up_sync(0xffffffffu, incl, o); if (lane >= o) incl += t; }
+            int c = incl - sum;
+            if (c < need && need <= incl) {
+                for (int j = 0; j < 8; j++) {
+                    if (c + h[j] >= need) {
+                        s.prefix = prefix | (uint64_t)(255 - 8 * lane - j) << shift;
+                        s.mask = mask | 255ull << shift;
+                        s.need = need - c;
+                        s.done = h[j] == need - c;
+                        break;
+                    }
+                    c += h[j];
+                }
+            }
+        }
+        __syncthreads();
+        if (s.done) break;
+    }
+    return s.prefix;
+}
+
+// bitonic sort of a shared array of P keys (a power of two), descending, by the whole block
+__device__ void sample_block_sort(uint64_t* s, int P) {
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
+                int lo = (i / stride) * 2 * stride + (i % stride), hi = lo + stride;
+                bool desc = (lo & size) == 0;
+                uint64_t x = s[lo], y = s[hi];
+                if (desc ? x < y : x > y) { s[lo] = y; s[hi] = x; }
+            }
+            __syncthreads();
+        }
+}
+
+// temperature, min_p, top_p and the draw over n sorted candidates keys[0..n) with weights
+// w[0..n), by the whole block: nseg threads each own a contiguous segment; nseg = 1 is
+// sample()'s loops operation for operation (starting sums at 0 and offsets of 0 change no bit).
+struct SampleWalk { float seg_sum[SAMPLE_THREADS], seg_off[SAMPLE_THREADS]; int seg_cnt[SAMPLE_THREADS]; float total, mass; int above, kp, pick; };
+__device__ void sample_walk(const SampleArgs& a, const uint64_t* keys, const float* w, int n, int nseg, SampleWalk& s) {
+    const int t = threadIdx.x, S = CEIL_DIV(n, nseg), lo = min(n, t * S), hi = min(n, lo + S);
+    if (t < nseg) {  // the total weight and the count above min_p
+        float sum = 0.0f; int c = 0;
+        for (int i = lo; i < hi; i++) { sum = SMP_FADD(sum, w[i]); c += w[i] >= a.min_p; }
+        s.seg_sum[t] = sum; s.seg_cnt[t] = c;
+    }
+    __syncthreads();
+    if (t == 0) {
+        float acc = 0.0f; int c = 0;
+        for (int i = 0; i < nseg; i++) { s.seg_off[i] = acc; acc = SMP_FADD(acc, s.seg_sum[i]); c += s.seg_cnt[i]; }
+        s.total = acc; s.above = c; s.kp = n; s.pick = INT32_MAX;
+    }
+    __syncthreads();
+    int keep = a.min_p > 0.0f ? max(s.above, 1) : n;
+    if (a.top_p < 1.0f) {  // the shortest prefix whose weight reaches top_p of the total (at least 1)
+        const float thr = SMP_FMUL(a.top_p, s.total);
+        if (t < nseg) {
+            float cum = s.seg_off[t];
+            for (int i = lo; i < hi; i++) { cum = SMP_FADD(cum, w[i]); if (cum >= thr) { atomicMin(&s.kp, i + 1); break; } }
+        }
+        __syncthreads();
+        keep = min(keep, s.kp);
+    }
+    if (t < nseg && lo < keep && keep <= hi) {  // the kept mass, by the segment holding keep - 1
+        float m = s.seg_off[t];
+        for (int i = lo; i < keep; i++) m = SMP_FADD(m, w[i]);
+        s.mass = m;
+    }
+    __syncthreads();
+    const float u0 = SMP_FMUL(rng_uniform(a.seed, a.position, a.purpose), s.mass);
+    if (t < nseg && lo < keep) {  // the draw: the first i whose running weight passes u
+        float u = SMP_FSUB(u0, s.seg_off[t]);
+        for (int i = lo; i < min(hi, keep); i++) { u = SMP_FSUB(u, w[i]); if (u < 0.0f) { atomicMin(&s.pick, i); break; } }
+    }
+    __syncthreads();
+    if (t == 0) a.out[0] = sample_key_id(keys[s.pick == INT32_MAX ? keep - 1 : s.pick]);  // none: u met the rounding edge
+}
+
+// top-k, stage 1: the best min(k, chunk) keys of each SAMPLE_CHUNK ids (unordered) to
+// cand[blockIdx.x * k ..]; a short last chunk pads with key 0, below every real key
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs a) {
+    pdl_entry();
+    __shared__ uint64_t keys[SAMPLE_CHUNK];
+    __shared__ SampleSelect sel;
+    __shared__ int cnt;
+    const int base = blockIdx.x * SAMPLE_CHUNK, m = min(SAMPLE_CHUNK, a.n - base);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) keys[i] = sample_key(a, base + i);
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    const uint64_t T = sample_block_select([&](int i) { return keys[i]; }, m, a.k, sel);
+    uint64_t* out = a.cand + (size_t)blockIdx.x * a.k;
+    for (int i = threadIdx.x; i < m; i += blockDim.x)
+        if (keys[i] >= T) out[atomicAdd(&cnt, 1)] = keys[i];
+    for (int j = m + threadIdx.x; j < a.k; j += blockDim.x) out[j] = 0;
+}
+
+// top-k, stage 2 (one block): the best k of the chunks' candidates, sorted, then the finish
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
+    pdl_entry();
+    __shared__ uint64_t top[SAMPLE_KMAX];
+    __shared__ float w[SAMPLE_KMAX];
+    __shared__ SampleSelect sel;
+    __shared__ SampleWalk walk;
+    __shared__ int cnt;
+    const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
+    const uint64_t* cand = a.cand;
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    const uint64_t T = sample_block_select([&](int i) { return cand[i]; }, m, k, sel);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        uint64_t key = cand[i];
+        if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
+    }
+    int P = 1;
+    while (P < k) P <<= 1;
+    for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
+    __syncthreads();
+    sample_block_sort(top, P);
+    if (a.greedy) { if (threadIdx.x == 0) a.out[0] = sample_key_id(top[0]); return; }
+    const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
+    __syncthreads();
+    sample_walk(a, top, w, k, 1, walk);
+}
+
+// the sort path: every key (pad entries 0, which sort last)
+__global__ void sample_keys_kernel(SampleArgs a, int npad) {
+    pdl_entry();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < npad; i += gridDim.x * blockDim.x) a.keys[i] = i < a.n ? sample_key(a, i) : 0;
+}
+// bitonic steps with strides < SAMPLE_TILE inside one tile of shared memory, for the merge
+// sizes size_lo..size_hi (the first launch sorts whole tiles: 2..SAMPLE_TILE), one pair a thread
+__global__ void __launch_bounds__(SAMPLE_TILE / 2) sample_bitonic_tile_kernel(uint64_t* keys, int size_lo, int size_hi) {
+    pdl_entry();
+    __shared__ uint64_t s[SAMPLE_TILE];
+    uint64_t* g = keys + (size_t)blockIdx.x * SAMPLE_TILE;
+    for (int i = threadIdx.x; i < SAMPLE_TILE; i += blockDim.x) s[i] = g[i];
+    __syncthreads();
+    for (int size = size_lo; size <= size_hi; size <<= 1)
+        for (int stride = min(size, (int)SAMPLE_TILE) >> 1; stride > 0; stride >>= 1) {
+            const int i = threadIdx.x, lo = (i / stride) * 2 * stride + (i % stride), hi = lo + stride;
+            const bool desc = ((blockIdx.x * SAMPLE_TILE + lo) & size) == 0;
+            uint64_t x = s[lo], y = s[hi];
+            if (desc ? x < y : x > y) { s[lo] = y; s[hi] = x; }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < SAMPLE_TILE; i += blockDim.x) g[i] = s[i];
+}
+// one bitonic step with a stride >= SAMPLE_TILE over the whole array, one pair a thread
+__global__ void sample_bitonic_global_kernel(uint64_t* keys, int size, int stride) {
+    pdl_entry();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, lo = (i / stride) * 2 * stride + (i % stride), hi = lo + stride;
+    const bool desc = (lo & size) == 0;
+    uint64_t x = keys[lo], y = keys[hi];
+    if (desc ? x < y : x > y) { keys[lo] = y; keys[hi] = x; }
+}
+// the sort path's finish (one block) over the first k sorted keys
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_walk_kernel(SampleArgs a) {
+    pdl_entry();
+    __shared__ SampleWalk walk;
+    const float topv = SMP_FMUL(sample_key_value(a.keys[0]), a.inv_t);
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) a.w[i] = sampler_weight(sample_key_value(a.keys[i]), a.inv_t, topv);
+    __syncthreads();
+    sample_walk(a, a.keys, a.w, a.k, a.exact ? 1 : SAMPLE_THREADS, walk);
+}
+// a generated token: its count for the penalties
+__global__ void sample_accept_kernel(int* counts, int n, int id) {
+    pdl_entry();
+    if (id >= 0 && id < n) counts[id]++;
+}
+
+// the sampler's device state and scratch, one allocation for a domain of n ids
+struct SampleScratch {
+    int n = 0;
+    int* counts = nullptr;                // [n] the bound sampler's counts
+    int* bias_id = nullptr; int* bias_off = nullptr; float* bias_val = nullptr;  // the bound sampler's logit_bias table
+    int n_bias = 0;                       // its distinct ids; -1: over SAMPLE_MAX_BIAS (that sampler samples on the host)
+    uint64_t* cand = nullptr; uint64_t* keys = nullptr; float* w = nullptr;
+    int* out = nullptr;
+};
+static int sample_pad(int n) { int p = SAMPLE_TILE; while (p < n) p <<= 1; return p; }
+// lays the scratch out at base (null: only sizes); returns the bytes
+static size_t sample_layout(SampleScratch* s, uint8_t* base, int n) {
+    size_t off = 0;
+    auto take = [&](size_t bytes) -> uint8_t* { off = align_up(off, 256); uint8_t* p = base ? base + off : nullptr; off += bytes; return p; };
+    const size_t pad = sample_pad(n);
+    s->n = n;
+    s->counts = (int*)take((size_t)n * 4);
+    s->bias_id = (int*)take(SAMPLE_MAX_BIAS * 4);
+    s->bias_off = (int*)take((SAMPLE_MAX_BIAS + 1) * 4);
+    s->bias_val = (float*)take(SAMPLE_MAX_BIAS * 4);
+    s->cand = (uint64_t*)take((size_t)CEIL_DIV(n, SAMPLE_CHUNK) * SAMPLE_KMAX * 8);
+    s->keys = (uint64_t*)take(pad * 8);
+    s->w = (float*)take(pad * 4);
+    s->out = (int*)take(4);
+    return align_up(off, 256);
+}
+
+// the sampler's counts and logit_bias to the device (once per generation, not per token). the
+// bias list becomes distinct ids ascending, each with its values in list order (sample() adds
+// them in list order); more than SAMPLE_MAX_BIAS distinct ids: n_bias = -1 (the host samples).
+static void sample_upload(SampleScratch* s, const Sampler* smp, cudaStream_t stream) {
+    CHECK(smp->domain == s->n, "sampler domain %d, device sampler %d", smp->domain, s->n);
+    std::vector<std::pair<int, int>> e;  // (id, index in the list)
+    for (size_t i = 0; i < smp->p.logit_bias.size(); i++) {
+        int id = smp->p.logit_bias[i].first;
+        if (id >= 0 && id < s->n) e.emplace_back(id, (int)i);
+    }
+    std::sort(e.begin(), e.end());
+    std::vector<int> ids, off;
+    std::vector<float> val;
+    for (size_t i = 0; i < e.size(); i++) {
+        if (i == 0 || e[i].first != e[i - 1].first) { ids.push_back(e[i].first); off.push_back((int)val.size()); }
+        val.push_back(smp->p.logit_bias[e[i].second].second);
+    }
+    off.push_back((int)val.size());
+    s->n_bias = (int)ids.size();
+    if (val.size() > SAMPLE_MAX_BIAS) { s->n_bias = -1; return; }
+    // pageable sources: each call returns once its bytes are staged, so the temporaries may go
+    cudaCheck(cudaMemcpyAsync(s->counts, smp->counts.data(), (size_t)s->n * 4, cudaMemcpyHostToDevice, stream));
+    if (s->n_bias) {
+        cudaCheck(cudaMemcpyAsync(s->bias_id, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaMemcpyAsync(s->bias_off, off.data(), off.size() * 4, cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaMemcpyAsync(s->bias_val, val.data(), val.size() * 4, cudaMemcpyHostToDevice, stream));
+    }
+}
+
+// sample(smp, logits, position, purpose) on the device, with the counts and bias table of
+// the last sample_upload and the sampler parameters p: the picked id to s.out[0]. logits:
+// a device row whose first s.n entries are the domain's.
+static void sample_gpu(const float* logits, const SamplerParams& p, const SampleScratch& s, uint64_t position, int purpose, cudaStream_t stream) {
+    CHECK(s.n_bias >= 0, "logit_bias table over %d entries: sample on the host", (int)SAMPLE_MAX_BIAS);
+    SampleArgs a = {};
+    a.logits = logits; a.n = s.n;
+    a.greedy = p.temperature <= 0.0f;
+    a.counts = a.greedy ? nullptr : s.counts;  // greedy is the argmax of the biased logits
+    a.presence = p.presence; a.frequency = p.frequency;
+    a.bias_id = s.bias_id; a.bias_off = s.bias_off; a.bias_val = s.bias_val; a.n_bias = s.n_bias;
+    a.k = a.greedy ? 1 : (p.top_k > 0 && p.top_k < s.n ? p.top_k : s.n);
+    a.exact = a.k <= SAMPLE_SEQ_MAX;
+    a.inv_t = a.greedy ? 0.0f : 1.0f / p.temperature;  // sample()'s expression
+    a.top_p = p.top_p; a.min_p = p.min_p;
+    a.seed = p.seed; a.position = position; a.purpose = purpose;
+    a.cand = s.cand; a.keys = s.keys; a.w = s.w; a.out = s.out;
+    if (a.k <= SAMPLE_KMAX) {
+        launch_k(sample_topk_kernel, CEIL_DIV(s.n, SAMPLE_CHUNK), SAMPLE_THREADS, 0, stream, a);
+        cudaCheck(cudaGetLastError());
+        launch_k(sample_draw_kernel, 1, SAMPLE_THREADS, 0, stream, a);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    const int npad = sample_pad(s.n);
+    launch_k(sample_keys_kernel, npad / 256, 256, 0, stream, a, npad);
+    launch_k(sample_bitonic_tile_kernel, npad / SAMPLE_TILE, SAMPLE_TILE / 2, 0, stream, s.keys, 2, (int)SAMPLE_TILE);
+    for (int size = 2 * SAMPLE_TILE; size <= npad; size <<= 1) {
+        for (int stride = size / 2; stride >= SAMPLE_TILE; stride >>= 1)
+            launch_k(sample_bitonic_global_kernel, npad / 2 / 256, 256, 0, stream, s.keys, size, stride);
+        launch_k(sample_bitonic_tile_kernel, npad / SAMPLE_TILE, SAMPLE_TILE / 2, 0, stream, s.keys, size, size);
+    }
+    launch_k(sample_walk_kernel, 1, SAMPLE_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+// count a generated token on the device (sampler_accept's twin)
+static void sample_accept(const SampleScratch& s, int id, cudaStream_t stream) {
+    launch_k(sample_accept_kernel, 1, 1, 0, stream, s.counts, s.n, id);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
 // shared-memory matrix helpers (the prefill kernels)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -3837,12 +4282,18 @@ struct GpuEngine {
     bool graph_used = false;
     cudaStream_t side = nullptr;          // a second stream: independent products run beside the main chain
     cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+    // the sampler on the device (section 7's sampling): counts, bias table and scratch in one
+    // allocation; smp_bound is the Sampler whose counts and bias table it holds (gpu_sampler_bind)
+    uint8_t* smp_mem = nullptr;
+    SampleScratch smp;
+    const Sampler* smp_bound = nullptr;
 };
 
 // run `side_work` on e->side concurrently with what the caller launches next on e->stream;
 // gpu_join makes e->stream wait for it. inside a capture this forks and joins graph branches.
 static bool g_fork = true;       // NINFER_FORK=0: everything on one stream
 static bool g_fuse_prep = true;  // attention inputs in one kernel (attn_prep); NINFER_FUSE=0: the separate kernels
+static bool g_host_sample = false;  // NINFER_HOST_SAMPLE=1 (and tests): every sampled pick on the host, the old path
 template <typename F>
 static void gpu_fork(GpuEngine* e, F side_work) {
     if (!g_fork) { side_work(e->stream); return; }
@@ -4006,6 +4457,7 @@ static void gpu_free(GpuEngine* e) {
     }
     if (e->h_logits) cudaFreeHost(e->h_logits);
     if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->smp_mem) cudaFree(e->smp_mem);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
     if (e->join_ev) cudaEventDestroy(e->join_ev);
     if (e->side) cudaStreamDestroy(e->side);
@@ -4046,6 +4498,8 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     g_fork = !(fk && !strcmp(fk, "0"));
     const char* fu = getenv("NINFER_FUSE");
     g_fuse_prep = !(fu && !strcmp(fu, "0"));
+    const char* hs = getenv("NINFER_HOST_SAMPLE");
+    if (hs && !strcmp(hs, "1")) g_host_sample = true;
     FrontendIds fr;
     if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
     e->domain = fr.domain;
@@ -4175,6 +4629,9 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     e->dec = ptrs(e->d_in + e->dec_off, DEC_COLS);
     cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
     cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
+    // the device sampler: ~4.5 MB for a 248k domain, inside the headroom above
+    cudaCheck(cudaMalloc(&e->smp_mem, sample_layout(&e->smp, nullptr, e->domain)));
+    sample_layout(&e->smp, e->smp_mem, e->domain);
     gpu_reset(e);
     cudaCheck(cudaStreamSynchronize(e->stream));
     return e;
@@ -4389,9 +4846,27 @@ static void gpu_decode(GpuEngine* e, int id) {
     e->pos += 1;
 }
 
-// the next token from the last forward's logits: greedy on the device (the decode step already
-// took the argmax when `after_decode`), else the domain's logits to the host and the cpu sampler
-// (the same function as the cpu path, so the same seed gives the same draw from the same logits)
+// the device sampler mirrors one Sampler: its counts (the penalties) and its logit_bias table.
+// gpu_sampler_bind uploads them (once per generation: generate_gpu binds at its start, so a
+// Sampler that lives across calls and engine resets keeps its counts exactly as on the cpu
+// path); gpu_sampler_accept counts a generated token on both sides. whoever changes a bound
+// Sampler in another way binds it again.
+static void gpu_sampler_bind(GpuEngine* e, const Sampler* smp) {
+    e->smp_bound = nullptr;
+    if (smp->domain != e->domain) return;
+    sample_upload(&e->smp, smp, e->stream);
+    e->smp_bound = smp;
+}
+static void gpu_sampler_accept(GpuEngine* e, Sampler* smp, int id) {
+    sampler_accept(smp, id);
+    if (e->smp_bound == smp && id >= 0 && id < e->domain) sample_accept(e->smp, id, e->stream);
+}
+
+// the next token from the last forward's logits, sample()'s pick, with 4 bytes to the host:
+// greedy without a logit_bias is the argmax (the decode step already took it when
+// `after_decode`); everything else is sample_gpu with the bound sampler's state. the host
+// samples (the domain's logits to the host, the cpu sampler) only for g_host_sample, a
+// logit_bias of more than SAMPLE_MAX_BIAS ids, or a sampler of another domain.
 static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
     if (!e->last_logits) {  // nothing ran (empty prompt): the cpu path samples zero logits
         std::vector<float> zero(e->domain, 0.0f);
@@ -4402,6 +4877,15 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
         cudaCheck(cudaMemcpyAsync(e->h_out, e->dec.out, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
         cudaCheck(cudaStreamSynchronize(e->stream));
         return e->h_out[0];
+    }
+    if (!g_host_sample) {
+        if (e->smp_bound != smp) gpu_sampler_bind(e, smp);
+        if (e->smp_bound == smp && e->smp.n_bias >= 0) {
+            sample_gpu(e->last_logits, smp->p, e->smp, position, purpose, e->stream);
+            cudaCheck(cudaMemcpyAsync(e->h_out, e->smp.out, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+            cudaCheck(cudaStreamSynchronize(e->stream));
+            return e->h_out[0];
+        }
     }
     cudaCheck(cudaMemcpyAsync(e->h_logits, e->last_logits, (size_t)e->domain * 4, cudaMemcpyDeviceToHost, e->stream));
     cudaCheck(cudaStreamSynchronize(e->stream));
@@ -4456,10 +4940,11 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
     t0 = now_s();
+    if (smp->p.temperature > 0.0f || !smp->p.logit_bias.empty()) gpu_sampler_bind(e, smp);  // counts and bias as they are now
     for (int n = 0; n < max_new; n++) {
         int id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
-        sampler_accept(smp, id);
+        gpu_sampler_accept(e, smp, id);
         s.generated++;
         if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
         if (n + 1 == max_new || e->pos == e->capacity) break;

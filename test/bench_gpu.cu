@@ -5,8 +5,13 @@
 // rows at the mean context) / copy bandwidth measured here, in the same run, by a 16-byte
 // copy kernel over 2 x 1 GiB (bytes read + written).
 //
-//   build/test/bench_gpu MODEL [--bench pp512,pp4096,tg128,tg128@4096] [--reps N]
+//   build/test/bench_gpu MODEL [--bench pp512,pp4096,tg128,tg128@4096] [--reps N] [--sample]
 //                        [--prefill-chunk N] [--kv-dtype bf16|int8|fp8] [--no-cuda-graph] [--device N]
+//
+// --sample: tgN samples with the cli's defaults (temperature 0.6, top_k 20, top_p 0.95,
+// presence 1.0) instead of greedy, each token counted for the penalties as generate_gpu does;
+// on the device (sample_gpu), or with NINFER_HOST_SAMPLE=1 the old way (the logits row to the
+// host and the cpu sampler).
 //
 // decode steps are timed as the cli runs them: stage the step's inputs, replay the bucket's
 // graph, copy the greedy id back, synchronize (one host round trip per token). the first
@@ -42,6 +47,7 @@ int main(int argc, char** argv) {
     const char* path = nullptr;
     std::string spec = "pp512,pp4096,tg128";
     int reps = 3, chunk = 0;
+    bool sampled = false;
     GpuOpts o;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -49,8 +55,9 @@ int main(int argc, char** argv) {
         if (!strcmp(a, "--bench") && i + 1 < argc) spec = argv[++i];
         else if (!strcmp(a, "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(a, "--prefill-chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
+        else if (!strcmp(a, "--sample")) sampled = true;
         else if (a[0] != '-' && !path) path = a;
-        else { fprintf(stderr, "usage: bench_gpu MODEL [--bench pp512,pp4096,tg128] [--reps N] [--prefill-chunk N] [--kv-dtype T] [--no-cuda-graph]\n"); return 1; }
+        else { fprintf(stderr, "usage: bench_gpu MODEL [--bench pp512,pp4096,tg128] [--reps N] [--sample] [--prefill-chunk N] [--kv-dtype T] [--no-cuda-graph]\n"); return 1; }
     }
     if (!path) { fprintf(stderr, "bench_gpu: give a model\n"); return 1; }
     if (gpu_count() == 0) { fprintf(stderr, "bench_gpu: no gpu\n"); return 1; }
@@ -99,8 +106,11 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(1);
     std::vector<int> ids(std::max(need_ctx, 2));
     for (int& id : ids) id = (int)(rng() % e->domain);
-    Sampler smp; SamplerParams sp; sp.temperature = 0;
+    Sampler smp; SamplerParams sp;  // --sample: the defaults
+    if (!sampled) sp.temperature = 0;
     sampler_build(&smp, sp, e->domain);
+    printf("decoding   %s\n", !sampled ? "greedy (argmax on the device)" : g_host_sample ? "sampled on the host (NINFER_HOST_SAMPLE=1: the logits row to the host, the cpu sampler)"
+                                                                       : "sampled on the device (sample_gpu)");
     printf("model      %s (%s)\n", m.art.model_id.c_str(), path);
     printf("device     %s, %d SMs; copy bandwidth %.0f GB/s (read + write, 2 x 1 GiB)\n", prop.name, prop.multiProcessorCount, bw);
     printf("resident   %.3f GB weights; decode reads %.3f GB weights + %.1f MB deltanet state per token (+ %.1f KB kv per context token)\n",
@@ -119,9 +129,12 @@ int main(int argc, char** argv) {
             } else {
                 int pre = std::max(1, t.depth);
                 for (int i = 0; i < pre; i += e->T_max) gpu_forward(e, ids.data() + i, nullptr, nullptr, std::min(e->T_max, pre - i), nullptr, false);
+                sampler_build(&smp, sp, e->domain);  // fresh counts each run
+                gpu_sampler_bind(e, &smp);
                 int id = gpu_pick(e, &smp, e->pos, RNG_PREFILL, false);
                 cudaCheck(cudaEventRecord(e0, e->stream));
                 for (int s = 0; s < t.n; s++) {
+                    gpu_sampler_accept(e, &smp, id);
                     gpu_decode(e, id);
                     id = gpu_pick(e, &smp, e->pos, RNG_DECODE, true);
                 }
@@ -238,7 +251,14 @@ int main(int argc, char** argv) {
             {"embed + argmax", 1, [&](cudaStream_t s) {
                 embed_gather(e->w.token_embedding, e->dec.ids, 1, e->ovr, g.H, e->x, g.H, s);
                 argmax<float>(e->logits, g.vocab, e->domain, 1, e->amax_scr, e->dec.out, s); }},
+            {"sample_gpu (defaults)", 1, [&](cudaStream_t s) { sample_gpu(e->logits, SamplerParams(), e->smp, 0, RNG_DECODE, s); }},
         };
+        {   // the sampler reads the counts: a fresh sampler's zeros
+            Sampler fresh; sampler_build(&fresh, SamplerParams(), e->domain);
+            gpu_sampler_bind(e, &fresh);
+            cudaCheck(cudaStreamSynchronize(e->stream));
+            e->smp_bound = nullptr;
+        }
         double total = 0;
         for (const Kind& k : kinds) {
             if (k.count == 0) continue;
@@ -250,7 +270,7 @@ int main(int argc, char** argv) {
             cudaCheck(cudaGraphInstantiate(&xk, gk, 0));
             float t = time_graph(xk, 20);
             cudaCheck(cudaGraphExecDestroy(xk)); cudaCheck(cudaGraphDestroy(gk));
-            total += t;
+            if (strncmp(k.name, "sample_gpu", 10)) total += t;  // not part of a greedy step
             printf("decode       %-22s x%-3d %.3f ms (%.2f us each)\n", k.name, k.count, t, 1e3 * t / k.count);
         }
         printf("decode     small kernels alone: %.3f ms per token\n", total);

@@ -401,6 +401,26 @@ TEST(Sampler, PresenceAndFrequencyPenalties) {
     EXPECT_EQ(r.counts, (std::vector<int>{1, 0, 0}));
 }
 
+// sampler_exp (the weights' exp, the same bits on the gpu) against float64 exp: within one ulp
+// everywhere the weights live (x <= 0), and the correctly rounded value almost always (its
+// series error is ~1e-11 relative, so only x within that of a rounding midpoint can miss)
+TEST(Sampler, ExpIsCloseToCorrectlyRounded) {
+    std::mt19937 r(5);
+    std::uniform_real_distribution<float> ud(-110.0f, 0.0f);
+    int exact = 0, n = 200000;
+    for (int i = 0; i < n; i++) {
+        float x = i < 1000 ? -(float)i * 0.1f : ud(r);
+        float got = sampler_exp(x), want = (float)exp((double)x);
+        exact += got == want;
+        ASSERT_LE(fabs((double)got - exp((double)x)), fabs((double)nextafterf(want, INFINITY) - want) + 1e-45) << "x " << x;
+    }
+    EXPECT_GE(exact, n - 2);
+    EXPECT_EQ(sampler_exp(0.0f), 1.0f);
+    EXPECT_EQ(sampler_exp(-200.0f), 0.0f);
+    EXPECT_EQ(sampler_exp(-INFINITY), 0.0f);
+    EXPECT_TRUE(sampler_exp(NAN) != sampler_exp(NAN));
+}
+
 TEST(Sampler, DeterministicBySeedAndPosition) {
     std::vector<float> lg(1000);
     std::mt19937 r(9);

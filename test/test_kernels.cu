@@ -907,6 +907,236 @@ TEST(Sampling, Argmax) {
     for (int c = 0; c < C; c++) EXPECT_EQ(got[c], want[c]) << "bf16 column " << c;
 }
 
+// ---- sampling ----------------------------------------------------------------------
+//
+// sample_gpu against the cpu sample() on fresh random logits. for 0 < top_k < n (top_k <=
+// SAMPLE_SEQ_MAX) and greedy the device runs sample()'s operations in sample()'s order on the
+// same keys, so the pick must be identical every time: no tolerance. top_k <= 0 (or >= n)
+// sums the weights in another order than sample() (see section 7), so there the test checks
+// the distribution, and the agreement only where it is meaningful (below).
+
+// the device sampler's state and scratch for a domain of n ids, poisoned (0xff) up front
+struct DevSampler {
+    SampleScratch s;
+    Dev mem;
+    explicit DevSampler(int n) : mem(sample_layout(&s, nullptr, n)) { sample_layout(&s, mem.as<uint8_t>(), n); mem.poison(); }
+    // sample_gpu's pick; the output is poisoned first (-1 if never written)
+    int pick(const float* logits, const Sampler& smp, uint64_t pos, int purpose) {
+        cudaCheck(cudaMemset(s.out, 0xFF, 4));
+        sample_gpu(logits, smp.p, s, pos, purpose, 0);
+        int id = -2;
+        cudaCheck(cudaMemcpy(&id, s.out, 4, cudaMemcpyDeviceToHost));
+        return id;
+    }
+};
+
+// a logits row of V floats, the first n the domain: style 0 normal (sd 3); 1 heavy ties
+// (multiples of 0.5 from a normal: ~30 distinct values, -0 among them; presence 0.5 makes new
+// ties); 2 a few spikes over a normal floor. past the domain 1e9: never sampled.
+static std::vector<float> sample_logits(Rng& r, int n, int V, int style) {
+    std::vector<float> l(V, 1e9f);
+    for (int i = 0; i < n; i++) {
+        float x = r.normal();
+        l[i] = style == 0 ? 3.f * x : style == 1 ? roundf(4.f * x) * 0.5f : x;
+    }
+    if (style == 2) for (int j = 0; j < 6; j++) l[r.below(n)] = 12.f + r.normal();
+    return l;
+}
+// counts on a third of the best 200 ids (where penalties move the pick) and on 300 others
+static void sample_counts(Rng& r, Sampler* s, const std::vector<float>& l, int n) {
+    std::vector<float> c(l.begin(), l.begin() + n);
+    int m = std::min(200, n - 1);
+    std::nth_element(c.begin(), c.begin() + m, c.end(), std::greater<float>());
+    const float thr = c[m];
+    for (int i = 0; i < n; i++) if (l[i] > thr && r.below(3) == 0) s->counts[i] = 1 + r.below(4);
+    for (int j = 0; j < 300; j++) s->counts[r.below(n)] += 1;
+}
+// a bias list with an id three times (added in list order), ids outside the domain, and the
+// best id pushed out
+static std::vector<std::pair<int, float>> sample_bias(Rng& r, const std::vector<float>& l, int n) {
+    int best = argmax(l.data(), n), d = r.below(n);
+    return {{best, -100.f}, {r.below(n), 8.f}, {d, 7.5f}, {n + 3, 100.f}, {-1, 50.f}, {r.below(n), 4.f}, {d, 0.3f}, {d, -0.1f}};
+}
+
+struct SampleCase { float T; int top_k; float top_p, min_p, presence, frequency; bool bias; };
+static const SampleCase kSampleCases[] = {
+    {0.6f, 20, 0.95f, 0.0f, 1.0f, 0.0f, false},    // the defaults
+    {0.6f, 20, 0.95f, 0.0f, 1.0f, 0.0f, true},
+    {1.0f, 1, 1.0f, 0.0f, 0.0f, 0.0f, false},      // top_k 1
+    {0.8f, 2, 1.0f, 0.0f, 0.5f, 0.0f, false},
+    {1.0f, 20, 1.0f, 0.0f, 1.0f, 0.25f, false},    // top_p 1: no cut
+    {1.5f, 50, 0.9f, 0.05f, 0.5f, 0.3f, true},     // min_p and top_p
+    {0.3f, 64, 0.5f, 0.0f, 1.0f, -0.2f, true},
+    {1.0f, 20, 0.0f, 0.0f, 1.0f, 0.0f, false},     // top_p 0: the best only
+    {1.0f, 20, 1.0f, 1.0f, 0.0f, 0.0f, false},     // min_p 1: the best and its exact ties
+    {2.0f, 333, 0.99f, 0.01f, 1.0f, 0.0f, false},
+    {1.0f, 1024, 0.95f, 0.0f, 1.0f, 0.0f, true},   // the top-k path's cap (SAMPLE_KMAX)
+    {1.0f, 1025, 0.95f, 0.0f, 1.0f, 0.0f, false},  // past it: the sort path, sequential finish
+    {4.0f, 5000, 0.8f, 0.001f, 1.0f, 0.1f, true},
+    {0.0f, 20, 0.95f, 0.0f, 1.0f, 0.0f, false},    // greedy: the argmax, penalties ignored
+    {0.0f, 20, 0.95f, 0.0f, 1.0f, 0.0f, true},     // greedy with a logit_bias
+};
+
+TEST(Sampling, MatchesCpuSampler) {
+    NEED_GPU();
+    Rng r = rng();
+    struct Vocab { int n, V, positions; };
+    const Vocab vocabs[] = {{248077, 248320, 12}, {151936, 151936, 12}, {4099, 4116, 48}, {33, 40, 48}};
+    for (const Vocab& v : vocabs) {
+        DevSampler ds(v.n);
+        for (int style = 0; style < 3; style++) {
+            std::vector<float> l = sample_logits(r, v.n, v.V, style);
+            Dev dl(l.size() * 4); up(dl, l);
+            Sampler smp;
+            sampler_build(&smp, SamplerParams(), v.n);
+            sample_counts(r, &smp, l, v.n);
+            const std::vector<std::pair<int, float>> bias = sample_bias(r, l, v.n);
+            for (const SampleCase& c : kSampleCases) {
+                smp.p.temperature = c.T; smp.p.top_k = c.top_k; smp.p.top_p = c.top_p; smp.p.min_p = c.min_p;
+                smp.p.presence = c.presence; smp.p.frequency = c.frequency; smp.p.seed = r.u64();
+                smp.p.logit_bias = c.bias ? bias : std::vector<std::pair<int, float>>();
+                ds.mem.poison();
+                sample_upload(&ds.s, &smp, 0);
+                const bool exact = c.T <= 0.0f || (c.top_k > 0 && c.top_k < v.n && c.top_k <= SAMPLE_SEQ_MAX);
+                int same = 0;
+                for (int j = 0; j < v.positions; j++) {
+                    uint64_t pos = r.below(1 << 20);
+                    int purpose = j & 1;
+                    int want = sample(&smp, l.data(), pos, purpose), got = ds.pick(dl.as<float>(), smp, pos, purpose);
+                    ASSERT_TRUE(got >= 0 && got < v.n) << "id " << got;
+                    same += got == want;
+                    if (exact && got != want)
+                        ADD_FAILURE() << "n " << v.n << " style " << style << " T " << c.T << " top_k " << c.top_k << " top_p " << c.top_p << " min_p "
+                                      << c.min_p << " bias " << c.bias << " position " << pos << ": gpu " << got << ", cpu " << want;
+                }
+                // top_k >= n here only for the small vocabularies (n 33: weights of ~1/33 of the
+                // mass, n 4099 at T 4: ~1/4099); the summation orders differ by a few ulp of the
+                // total (~1e-6 relative), so a pick moves with probability ~1e-6 / 2.4e-4 < 1%
+                // per draw: 90% of 48 draws holds with a wide margin
+                if (!exact) EXPECT_GE(same, v.positions * 9 / 10) << "n " << v.n << " top_k " << c.top_k;
+            }
+        }
+        fprintf(stderr, "  sampling n %d: %zu parameter sets x 3 logits styles agree\n", v.n, sizeof(kSampleCases) / sizeof(kSampleCases[0]));
+    }
+}
+
+// the counts for the penalties live on the device: sample_accept after each pick, as
+// generate_gpu does, keeps them equal to the host's (a presence + frequency penalty on one
+// fixed row makes every pick depend on all earlier ones)
+TEST(Sampling, AcceptUpdatesDeviceCounts) {
+    NEED_GPU();
+    Rng r = rng();
+    const int n = 248077, V = 248320;
+    std::vector<float> l = sample_logits(r, n, V, 0);
+    for (int i = 0; i < n; i++) l[i] *= 0.2f;  // a flat top: penalties reorder it
+    Dev dl(l.size() * 4); up(dl, l);
+    DevSampler ds(n);
+    Sampler smp;
+    SamplerParams p; p.presence = 1.0f; p.frequency = 0.5f; p.seed = r.u64();
+    sampler_build(&smp, p, n);
+    sample_upload(&ds.s, &smp, 0);
+    int distinct = 0;
+    for (int j = 0; j < 96; j++) {
+        int want = sample(&smp, l.data(), j, RNG_DECODE), got = ds.pick(dl.as<float>(), smp, j, RNG_DECODE);
+        ASSERT_EQ(got, want) << "step " << j;
+        distinct += smp.counts[want] == 0;
+        sampler_accept(&smp, want);
+        sample_accept(ds.s, want, 0);
+    }
+    std::vector<int> dc(n);
+    cudaCheck(cudaMemcpy(dc.data(), ds.s.counts, n * 4, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(dc == smp.counts) << "device counts differ from the host's";
+    fprintf(stderr, "  96 penalised picks identical (%d distinct ids)\n", distinct);
+}
+
+// top_k <= 0 (and top_k past SAMPLE_SEQ_MAX): the whole sorted row with segmented sums. the
+// expected distribution comes from float64 on the host: candidates sorted, w = exp(adj/T -
+// max), the shortest top_p prefix, p = w / its mass. the logits have a head of 64 ids (~78% of
+// the mass) over a tail of 151872, so top_p 0.9 cuts deep into the tail: the kept set is tens
+// of thousands of ids and the cut is exercised. bins: each head id, the kept tail; a chi-square
+// over 4000 draws with 64 degrees of freedom has mean 64 and sd 11.3: the bound 150 (7.6 sd) is
+// never crossed by chance (p < 1e-9) but is by a wrong kept set (a 1% error of the tail mass
+// moves its bin by ~7 sd alone). draws past the cut are allowed only within max(16, 0.1%) ranks
+// of it, the reach of fp32 summation error (weights there are ~1e-6 of the total).
+TEST(Sampling, WholeVocabularyDistribution) {
+    NEED_GPU();
+    Rng r = rng();
+    const int n = 151936, H = 64, N = 4000;
+    std::vector<float> l(n);
+    for (int i = 0; i < n; i++) l[i] = r.normal();
+    for (int j = 0; j < H; j++) l[(size_t)j * 2371 % n] = 9.f + r.normal();
+    Dev dl(l.size() * 4); up(dl, l);
+    DevSampler ds(n);
+    std::vector<int> order(n), rank(n);
+    for (int i = 0; i < n; i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int i = 0; i < n; i++) rank[order[i]] = i;
+    // top_k 20000 keeps the head and the tail's best 19936 (~10% of their mass): top_p 0.99
+    // there, so the cut again falls deep in the tail
+    for (int top_k : {0, 200000, 20000}) {
+        const float top_p = top_k == 20000 ? 0.99f : 0.9f;
+        Sampler smp;
+        SamplerParams p; p.temperature = 1.0f; p.top_k = top_k; p.top_p = top_p; p.presence = 0; p.seed = r.u64();
+        sampler_build(&smp, p, n);
+        sample_upload(&ds.s, &smp, 0);
+        const int k = top_k > 0 && top_k < n ? top_k : n;
+        std::vector<double> w(k);
+        double total = 0, cum = 0;
+        for (int i = 0; i < k; i++) { w[i] = exp((double)l[order[i]] - l[order[0]]); total += w[i]; }
+        int kp = 0;
+        while (kp < k && (kp == 0 || cum < (double)top_p * total)) cum += w[kp++];
+        std::vector<double> expect(H + 1, 0.0);
+        for (int i = 0; i < kp; i++) expect[std::min(i, H)] += w[i] / cum;
+        std::vector<int> obs(H + 1, 0);
+        int past = 0;
+        for (int j = 0; j < N; j++) {
+            int id = ds.pick(dl.as<float>(), smp, j, RNG_DECODE);
+            ASSERT_TRUE(id >= 0 && id < n) << "id " << id;
+            int rk = rank[id];
+            if (rk >= kp) { past++; EXPECT_LT(rk, kp + std::max(16, kp / 1000)) << "a draw far past the top_p cut"; }
+            obs[std::min(rk, H)]++;
+        }
+        double chi2 = 0;
+        int bins = 0;
+        for (int b = 0; b <= H; b++) {  // bins past the cut expect nothing (draws there are checked above)
+            if (expect[b] <= 0) continue;
+            chi2 += (obs[b] - N * expect[b]) * (obs[b] - N * expect[b]) / (N * expect[b]);
+            bins++;
+        }
+        EXPECT_EQ(bins, H + 1) << "the cut should fall in the tail";
+        fprintf(stderr, "  top_k %d, top_p %.2f: kept %d of %d, tail mass %.3f (observed %.3f), chi-square %.1f (%d dof), %d draws past the cut\n",
+                top_k, top_p, kp, k, expect[H], (double)obs[H] / N, chi2, bins - 1, past);
+        EXPECT_LT(chi2, 150.0) << "top_k " << top_k;
+    }
+}
+
+// top_k <= 0 on a peaked row (the common shape of real logits): the head holds all but 1e-4
+// of the mass, so the different summation order moves totals by ~1e-7 relative and a pick
+// differs from sample()'s with probability ~1e-7 per draw; 128 draws must all agree up to one
+// (a 1-in-10^5 event, not a tolerance for a wrong kernel, which disagrees on most draws)
+TEST(Sampling, WholeVocabularyPeakedAgreesWithCpu) {
+    NEED_GPU();
+    Rng r = rng();
+    const int n = 248077, V = 248320, N = 128;
+    std::vector<float> l = sample_logits(r, n, V, 2);
+    for (int j = 0; j < 8; j++) l[r.below(n)] = 20.f + r.normal();
+    Dev dl(l.size() * 4); up(dl, l);
+    DevSampler ds(n);
+    Sampler smp;
+    SamplerParams p; p.temperature = 0.7f; p.top_k = 0; p.top_p = 0.95f; p.seed = r.u64();
+    sampler_build(&smp, p, n);
+    sample_counts(r, &smp, l, n);
+    sample_upload(&ds.s, &smp, 0);
+    std::vector<int> want(N), got(N);
+    #pragma omp parallel for schedule(dynamic)
+    for (int j = 0; j < N; j++) { Sampler s = smp; want[j] = sample(&s, l.data(), j, RNG_DECODE); }
+    for (int j = 0; j < N; j++) got[j] = ds.pick(dl.as<float>(), smp, j, RNG_DECODE);
+    int differ = 0;
+    for (int j = 0; j < N; j++) differ += got[j] != want[j];
+    fprintf(stderr, "  top_k 0, peaked row: %d of %d picks differ from the cpu's\n", differ, N);
+    EXPECT_LE(differ, 1);
+}
+
 // ---- benches (disabled by default; run on the gpu machine) ------------------------------
 
 static FILE* bench_log() {
