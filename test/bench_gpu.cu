@@ -13,8 +13,8 @@
 // on the device (sample_gpu), or with NINFER_HOST_SAMPLE=1 the old way (the logits row to the
 // host and the cpu sampler).
 //
-// decode steps are timed as the cli runs them: stage the step's inputs, replay the bucket's
-// graph, copy the greedy id back, synchronize (one host round trip per token). the first
+// decode steps are timed as the cli runs them (generate_gpu): stage the step's inputs, replay
+// the bucket's graph, pick on the device, the id to the host (one step ahead of the host). the first
 // run of each test is a warm-up (graph capture, first-touch), then the median of --reps runs.
 #define NINFER_TESTING
 #include "../ninfer.cu"
@@ -130,16 +130,14 @@ int main(int argc, char** argv) {
                 int pre = std::max(1, t.depth);
                 for (int i = 0; i < pre; i += e->T_max) gpu_forward(e, ids.data() + i, nullptr, nullptr, std::min(e->T_max, pre - i), nullptr, false);
                 sampler_build(&smp, sp, e->domain);  // fresh counts each run
-                gpu_sampler_bind(e, &smp);
-                int id = gpu_pick(e, &smp, e->pos, RNG_PREFILL, false);
+                cudaCheck(cudaStreamSynchronize(e->stream));
+                // the cli's loop (generate_gpu, continuing the sequence: an empty prompt): the
+                // pick from the prefill's logits, then t.n decode steps and their picks
                 cudaCheck(cudaEventRecord(e0, e->stream));
-                for (int s = 0; s < t.n; s++) {
-                    gpu_sampler_accept(e, &smp, id);
-                    gpu_decode(e, id);
-                    id = gpu_pick(e, &smp, e->pos, RNG_DECODE, true);
-                }
+                GenStats gs = generate_gpu(e, &smp, {}, t.n + 1, {}, nullptr, [](int) {});
                 cudaCheck(cudaEventRecord(e1, e->stream));
                 cudaCheck(cudaEventSynchronize(e1));
+                CHECK(gs.generated == t.n + 1, "decode stopped after %d tokens", gs.generated);
             }
             cudaCheck(cudaEventElapsedTime(&el, e0, e1));
             if (r > 0) ms.push_back(el);
