@@ -1463,7 +1463,8 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 //               penalties from device counts, top-k by radix select or a full bitonic sort, then
 //               temperature / min_p / top_p / the draw in sample()'s order), sample_accept
 //   prefill:    gemm (mma.sync over exact codes, per-group fp32 scale), linear (gemv or gemm),
-//               gdn_prefill (recurrent, state in registers), flash_prefill (mma, causal, gqa)
+//               gdn_prefill (recurrent, state in registers), gdn_prefill_chunked (wy/ut chunks of
+//               64, tf32 mma), flash_prefill (mma, causal, gqa)
 //   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
 //   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
 //               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
@@ -3910,6 +3911,7 @@ struct GdnPrefillArgs {
     const float* state_in; float* state_out;   // [Hv][dk][dv]
     bf16_t* out; int ldo;                      // [T][Hv*dv]
     int T, Hk, Hv;
+    float* scratch = nullptr;                  // chunked form only: gdn_chunked_scratch_floats(T, Hv)
 };
 __device__ __forceinline__ int gdnp_idx(int i) { return i + (i >> 5) * 4; }  // row parts 4 banks apart
 __global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
@@ -3972,6 +3974,407 @@ __global__ void __launch_bounds__(32) gdn_prefill_kernel(GdnPrefillArgs a) {
 static void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     CHECK(a.Hv % a.Hk == 0 && a.ldqk % 4 == 0, "gdn_prefill: bad arguments");
     launch_k(gdn_prefill_kernel, dim3(a.Hv, GDN_D / GDNP_COLS), 32, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// gated delta rule over a prefill piece, chunked (model.md 3.6), tensor cores
+//
+// the recurrent kernel above does T dependent steps per head, ~1,100 cycles each with ~4 warps
+// per sm: 2.4 ms per 9b layer at T = 4096 (h200). the chunked form turns the steps inside a
+// chunk of 64 tokens into matrix products; only the chunk-to-chunk state update stays serial.
+// measured (h200, 9b, us per layer; test_kernels Bench.DISABLED_GdnPrefill9B, bench-notes):
+// T = 64: 22.6 vs 26.6 recurrent, 512: 55 vs 196, 4096: 398 (prep 127) vs 2,427.
+// two kernels:
+//   gdn_chunk_prep (one block per chunk x value head, all chunks in parallel): Gamma = the
+//     cumulative log-decay in the chunk; A[r][s] = beta_r (k_r.k_s) e^(Gamma_r - Gamma_s) for
+//     s < r; T = (I + A)^-1 (16x16 diagonal blocks by forward substitution, then the blocks
+//     below them, T_ij = -T_ii sum_k A_ik T_kj, in fp32); writes T' = T diag(beta) and
+//     P[r][s] = (q_r.k_s) e^(Gamma_r - Gamma_s) for s <= r (the intra-chunk attention) to the
+//     scratch, tf32-rounded, and Gamma.
+//   gdn_chunk_scan (one block per value head x NC state columns, the chunks in order): the
+//     state slice S [128 x NC] lives in mma accumulators; per chunk, with X = K S, Y = Q S
+//     (one 128-row product: [K; Q] S),
+//        V_new = T' (V - e^Gamma X)                     (= U - W S of model.md 3.6, with
+//                                                        U = T diag(beta) V, W = T diag(beta e^Gamma) K)
+//        O     = e^Gamma Y + P V_new                    -> out (bf16)
+//        S     = e^Gamma_last S + K^T (e^(Gamma_last - Gamma) V_new)
+//     columns of S are independent, so the 128 / NC blocks of a head share nothing but the
+//     chunk's K, Q, T', P, which each loads (cp.async, prefetched one stage ahead).
+// numerics: mma.sync m16n8k8 tf32 with fp32 accumulation; every operand is rounded to tf32
+// (cvt.rna: relative error <= 2^-11) once, the state is fp32 in registers between chunks and
+// is read from / written to the fp32 state slots. tf32 rather than bf16 (2^-8) because the
+// state carries over the whole prompt and into decode, and V - e^Gamma K S cancels when the
+// state already predicts v; the work is small enough (~20 GFLOP per 9b layer at T = 4096) that
+// the tf32 rate is not the limit. measured against a float64 recurrence: state rel-l2 4-5e-4
+// (~2^-11, not growing with T: the update is a contraction), output 1.7e-3 (its bf16 rounding);
+// a numpy model of these roundings (test/gdn_rounding.py) puts the state at 3e-3 for
+// near-identical keys with beta ~ 1; bf16 operands give 4e-3 on random keys and 2.4e-2 there.
+// decays: e^(Gamma_r - Gamma_s) is only formed for s <= r and e^Gamma_r, e^(Gamma_last -
+// Gamma_r) are <= 1, so strong decay underflows to 0 and never overflows. a partial last
+// chunk is zero-padded (q = k = v = 0, beta = 0, g = 0), which leaves the result unchanged.
+
+enum { GDC = 64, GDC_LDK = GDN_D + 4, GDC_LDT = GDC + 4, GDC_TILE = 2 * GDC * GDC + GDC, GDC_PREP_THREADS = 128,
+       GDC_SCAN_THREADS = 256 };
+static_assert((int)GDC == (int)GDN_CHUNK, "the gpu chunk is the cpu reference's");
+static const size_t GDC_PREP_SMEM = (size_t)2 * GDC * GDC_LDK * 4;
+// scratch per prefill piece: per (chunk, value head) T' [64][64], P [64][64], Gamma [64]
+static size_t gdn_chunked_scratch_floats(int T, int Hv) { return (size_t)CEIL_DIV(T, GDC) * Hv * GDC_TILE; }
+template <int NC>
+static constexpr size_t gdc_scan_smem() {
+    return ((size_t)3 * GDC * GDC_LDK + 2 * GDC * GDC_LDT + (size_t)(128 + 2 * GDC) * (NC + 8) + 2 * GDC) * 4;
+}
+static int g_sms = 132;               // multiprocessors of the device (gpu_kernels_init)
+// prefill pieces of this many tokens or more take the chunked form: the pair costs ~22 us at any
+// T <= 64 (the prep block's latency), the recurrent kernel 0.41 us per token (h200, 9b: 0.92x at
+// T = 48, 1.18x at 64). NINFER_GDN_CHUNKED=N sets it (0: never)
+static int g_gdn_chunked_min = 64;
+
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(tf32_bits(x)); }
+__device__ __forceinline__ void mma_tf32_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// the a fragment (16 rows x 8 k, row-major fp32 in shared memory, row stride ld floats) of
+// m16n8k8 tf32 by one ldmatrix.x4: matrix i = rows (i & 1) * 8.., k (i >> 1) * 4..; lane
+// gets row lane/4, k lane%4 of each, which is the tf32 fragment layout
+__device__ __forceinline__ void ldsm_a_tf32(const float* base, int ld, int lane, uint32_t (&a)[4]) {
+    ldsm_x4(smem_u32(base + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4), a[0], a[1], a[2], a[3]);
+}
+// 64 rows of 128 fp32 (row r at src + r*ld) into shared memory [64][GDC_LDK]; rows >= n zero
+__device__ __forceinline__ void gdc_load_rows(float* dst, const float* src, int64_t ld, int n, int tid, int nthreads) {
+    for (int i = tid; i < GDC * 32; i += nthreads) {
+        const int r = i >> 5, c4 = (i & 31) * 4;
+        float* d = dst + r * GDC_LDK + c4;
+        if (r < n) cp_async16_m(smem_u32(d), src + (int64_t)r * ld + c4);
+        else *(float4*)d = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+__global__ void __launch_bounds__(GDC_PREP_THREADS) gdn_chunk_prep_kernel(GdnPrefillArgs a) {
+    pdl_entry();
+    extern __shared__ __align__(16) float gp_smem[];
+    __shared__ float Gs[GDC], Bs[GDC];
+    const int c = blockIdx.x, h = blockIdx.y, hk = h / (a.Hv / a.Hk);
+    const int t0 = c * GDC, n = min(GDC, a.T - t0);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    float* Ks = gp_smem;
+    float* Qs = Ks + GDC * GDC_LDK;
+    gdc_load_rows(Ks, a.k + (int64_t)t0 * a.ldqk + hk * GDN_D, a.ldqk, n, tid, GDC_PREP_THREADS);
+    gdc_load_rows(Qs, a.q + (int64_t)t0 * a.ldqk + hk * GDN_D, a.ldqk, n, tid, GDC_PREP_THREADS);
+    cp_async_commit_m();
+    float* tile = a.scratch + ((int64_t)c * a.Hv + h) * GDC_TILE;
+    if (tid < GDC) Bs[tid] = tid < n ? a.beta[(int64_t)(t0 + tid) * a.ldg + h] : 0.f;
+    if (warp == 0) {  // Gamma: inclusive scan of g, tokens lane and lane + 32
+        float v0 = lane < n ? a.g[(int64_t)(t0 + lane) * a.ldg + h] : 0.f;
+        float v1 = lane + 32 < n ? a.g[(int64_t)(t0 + lane + 32) * a.ldg + h] : 0.f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y0 = __shfl_up_sync(0xffffffffu, v0, o), y1 = __shfl_up_sync(0xffffffffu, v1, o);
+            if (lane >= o) { v0 += y0; v1 += y1; }
+        }
+        v1 += __shfl_sync(0xffffffffu, v0, 31);
+        Gs[lane] = v0; Gs[lane + 32] = v1;
+        tile[2 * GDC * GDC + lane] = v0; tile[2 * GDC * GDC + lane + 32] = v1;
+    }
+    cp_async_wait_m<0>();
+    __syncthreads();
+    // K K^T and Q K^T, rows 16 warp.. of each, 64 columns
+    float kk[8][4], qk[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) kk[i][j] = qk[i][j] = 0.f;
+#pragma unroll 4
+    for (int ks = 0; ks < GDN_D / 8; ks++) {
+        uint32_t ak[4], aq[4];
+        ldsm_a_tf32(Ks + 16 * warp * GDC_LDK + ks * 8, GDC_LDK, lane, ak);
+        ldsm_a_tf32(Qs + 16 * warp * GDC_LDK + ks * 8, GDC_LDK, lane, aq);
+#pragma unroll
+        for (int j = 0; j < 4; j++) { ak[j] = tf32_bits(__uint_as_float(ak[j])); aq[j] = tf32_bits(__uint_as_float(aq[j])); }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            const float* kb = Ks + (nt * 8 + g) * GDC_LDK + ks * 8 + t;
+            const uint32_t b0 = tf32_bits(kb[0]), b1 = tf32_bits(kb[4]);
+            mma_tf32_1688(kk[nt], ak[0], ak[1], ak[2], ak[3], b0, b1);
+            mma_tf32_1688(qk[nt], aq[0], aq[1], aq[2], aq[3], b0, b1);
+        }
+    }
+    __syncthreads();  // K and Q are consumed: the space becomes A, T and the merge scratch
+    float* Am = gp_smem;               // [64][GDC_LDT]
+    float* Tm = Am + GDC * GDC_LDT;    // [64][GDC_LDT], lower block triangle only
+    float* Mm = Tm + GDC * GDC_LDT;    // [3][16][17]
+    float* Pg = tile + GDC * GDC;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = 16 * warp + g + 8 * hf, s = nt * 8 + 2 * t;
+            float av[2], pv[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float d = expf(Gs[r] - Gs[s + e]);  // used only where s + e <= r (<= 1 there)
+                av[e] = s + e < r ? Bs[r] * kk[nt][2 * hf + e] * d : 0.f;
+                pv[e] = s + e <= r ? tf32_round(qk[nt][2 * hf + e] * d) : 0.f;
+            }
+            *(float2*)&Am[r * GDC_LDT + s] = make_float2(av[0], av[1]);
+            *(float2*)&Pg[r * GDC + s] = make_float2(pv[0], pv[1]);
+        }
+    __syncthreads();
+    // T = (I + A)^-1. diagonal 16x16 blocks: thread (block i, column cc), forward substitution
+    if (tid < GDC) {
+        const int i = tid >> 4, cc = tid & 15;
+        const float* Ad = Am + 16 * i * GDC_LDT + 16 * i;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float acc = r == cc ? 1.f : 0.f;
+#pragma unroll
+            for (int m = 0; m < r; m++) acc = fmaf(-Ad[r * GDC_LDT + m], x[m], acc);
+            x[r] = acc;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++) Tm[(16 * i + r) * GDC_LDT + 16 * i + cc] = x[r];
+    }
+    __syncthreads();
+    // the blocks below: (I + A) T = I in block row i gives T_ij = -T_ii M_ij with
+    // M_ij = sum_{k=j}^{i-1} A_ik T_kj (the T_kj are rows of earlier block rows)
+    for (int i = 1; i < 4; i++) {
+        for (int e = tid; e < i * 256; e += GDC_PREP_THREADS) {
+            const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+            const float* ar = Am + (16 * i + r) * GDC_LDT;
+            float acc = 0.f;
+            for (int col = 16 * j; col < 16 * i; col++) acc = fmaf(ar[col], Tm[col * GDC_LDT + 16 * j + cc], acc);
+            Mm[(16 * j + r) * 17 + cc] = acc;
+        }
+        __syncthreads();
+        for (int e = tid; e < i * 256; e += GDC_PREP_THREADS) {
+            const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+            const float* tr = Tm + (16 * i + r) * GDC_LDT + 16 * i;
+            float acc = 0.f;
+            for (int m = 0; m <= r; m++) acc = fmaf(tr[m], Mm[(16 * j + m) * 17 + cc], acc);
+            Tm[(16 * i + r) * GDC_LDT + 16 * j + cc] = -acc;
+        }
+        __syncthreads();
+    }
+    // T' = T diag(beta), zero above the diagonal blocks
+    for (int e = tid; e < GDC * GDC / 4; e += GDC_PREP_THREADS) {
+        const int r = e >> 4, s4 = (e & 15) * 4;
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) v[q] = (s4 >> 4) <= (r >> 4) ? tf32_round(Tm[r * GDC_LDT + s4 + q] * Bs[s4 + q]) : 0.f;
+        *(float4*)&tile[r * GDC + s4] = make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+// one block = value head blockIdx.x, state columns blockIdx.y * NC.. (8 warps). warp w owns
+// rows 16w.. of the state slice (NC/8 accumulator tiles of 16 x 8). shared memory: K (two
+// stages), Q, T', P, the state as the b operand, R = V - e^Gamma X, V_new, Gamma (two stages).
+// per chunk, three barriers:
+//   B1  K, Q, T', Gamma of the chunk and S are in: every warp computes 16 rows of [K; Q] S;
+//       warps 0-3 write R, warps 4-7 keep e^Gamma Y as their output accumulators
+//   B2  R is in: V_new = T' R (each warp a 16 x NC/2 tile)
+//   B3  V_new and P are in: warps 4-7 add P V_new and store O; every warp updates its rows of S
+//       and writes them back as the next chunk's b operand
+// prefetch (cp.async groups, in order): after B1 P(c) and K(c+1), after B2 Q(c+1), after B3
+// T'(c+1) and Gamma(c+1); before B3 wait for P(c) (2 younger groups may fly), before B1 for all.
+template <int NC>
+__global__ void __launch_bounds__(GDC_SCAN_THREADS, 1) gdn_chunk_scan_kernel(GdnPrefillArgs a) {
+    pdl_entry();
+    constexpr int NT = NC / 8, LDS = NC + 8;  // LDS = 8 mod 32 (or 24): conflict-free b-fragment reads
+    extern __shared__ __align__(16) float gs_smem[];
+    float* Kb = gs_smem;                      // [2][64][GDC_LDK]
+    float* Qs = Kb + 2 * GDC * GDC_LDK;       // [64][GDC_LDK]
+    float* Ts = Qs + GDC * GDC_LDK;           // [64][GDC_LDT]
+    float* Ps = Ts + GDC * GDC_LDT;           // [64][GDC_LDT]
+    float* Ss = Ps + GDC * GDC_LDT;           // [128][LDS] the state, tf32-rounded
+    float* Rs = Ss + 128 * LDS;               // [64][LDS]
+    float* Vn = Rs + GDC * LDS;               // [64][LDS]
+    float* Gb = Vn + GDC * LDS;               // [2][64]
+    const int h = blockIdx.x, j0 = blockIdx.y * NC, hk = h / (a.Hv / a.Hk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int nch = CEIL_DIV(a.T, GDC);
+    const float* kbase = a.k + hk * GDN_D;
+    const float* qbase = a.q + hk * GDN_D;
+    auto tile = [&](int c) { return a.scratch + ((int64_t)c * a.Hv + h) * GDC_TILE; };
+    auto chunk_n = [&](int c) { return min(GDC, a.T - c * GDC); };
+    auto load_tile = [&](float* dst, const float* src) {  // 64 x 64 fp32
+        for (int i = tid; i < GDC * GDC / 4; i += GDC_SCAN_THREADS) {
+            const int r = i >> 4, c4 = (i & 15) * 4;
+            cp_async16_m(smem_u32(dst + r * GDC_LDT + c4), src + r * GDC + c4);
+        }
+    };
+    auto load_gamma = [&](float* dst, const float* src) { if (tid < GDC / 4) cp_async16_m(smem_u32(dst + tid * 4), src + tid * 4); };
+    // the state slice: rows 16 warp + g (+8), columns j0 + 8 nt + 2t (+1)
+    const int sr = 16 * warp + g;
+    float S[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        float2 lo = make_float2(0.f, 0.f), hi = lo;
+        if (a.state_in) {
+            const float* p = a.state_in + ((int64_t)h * GDN_D + sr) * GDN_D + j0 + nt * 8 + 2 * t;
+            lo = *(const float2*)p; hi = *(const float2*)(p + 8 * GDN_D);
+        }
+        S[nt][0] = lo.x; S[nt][1] = lo.y; S[nt][2] = hi.x; S[nt][3] = hi.y;
+    }
+    auto store_S = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            *(float2*)&Ss[sr * LDS + nt * 8 + 2 * t] = make_float2(tf32_round(S[nt][0]), tf32_round(S[nt][1]));
+            *(float2*)&Ss[(sr + 8) * LDS + nt * 8 + 2 * t] = make_float2(tf32_round(S[nt][2]), tf32_round(S[nt][3]));
+        }
+    };
+    gdc_load_rows(Kb, kbase, a.ldqk, chunk_n(0), tid, GDC_SCAN_THREADS);
+    gdc_load_rows(Qs, qbase, a.ldqk, chunk_n(0), tid, GDC_SCAN_THREADS);
+    load_tile(Ts, tile(0));
+    load_gamma(Gb, tile(0) + 2 * GDC * GDC);
+    cp_async_commit_m();
+    store_S();
+    const int rr = 16 * (warp & 3) + g;  // this warp's chunk rows in [K; Q] S, V_new and O: rr, rr + 8
+    for (int c = 0; c < nch; c++) {
+        const int n = chunk_n(c), t0 = c * GDC, buf = c & 1;
+        const float* Ks = Kb + buf * GDC * GDC_LDK;
+        const float* Gm = Gb + buf * GDC;
+        uint32_t vv[NT][2];  // warps 0-3: v at rows rr, rr + 8 (bf16 pairs)
+        if (warp < 4) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const bf16_t* vp = a.v + (int64_t)(t0 + rr) * a.ldv + h * GDN_D + j0 + nt * 8 + 2 * t;
+                vv[nt][0] = rr < n ? *(const uint32_t*)vp : 0u;
+                vv[nt][1] = rr + 8 < n ? *(const uint32_t*)(vp + 8 * (int64_t)a.ldv) : 0u;
+            }
+        }
+        cp_async_wait_m<0>();
+        __syncthreads();  // B1
+        load_tile(Ps, tile(c) + GDC * GDC);
+        cp_async_commit_m();
+        if (c + 1 < nch) gdc_load_rows(Kb + (buf ^ 1) * GDC * GDC_LDK, kbase + (int64_t)(t0 + GDC) * a.ldqk, a.ldqk, chunk_n(c + 1), tid, GDC_SCAN_THREADS);
+        cp_async_commit_m();
+        // [K; Q] S: warp w < 4 rows 16w.. of K S, warp w >= 4 rows 16(w-4).. of Q S
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        {
+            const float* As = (warp < 4 ? Ks : Qs) + 16 * (warp & 3) * GDC_LDK;
+#pragma unroll 4
+            for (int ks = 0; ks < GDN_D / 8; ks++) {
+                uint32_t af[4];
+                ldsm_a_tf32(As + ks * 8, GDC_LDK, lane, af);
+#pragma unroll
+                for (int j = 0; j < 4; j++) af[j] = tf32_bits(__uint_as_float(af[j]));
+                const float* sb = Ss + (ks * 8 + t) * LDS + g;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma_tf32_1688(acc[nt], af[0], af[1], af[2], af[3], __float_as_uint(sb[nt * 8]), __float_as_uint(sb[4 * LDS + nt * 8]));
+            }
+        }
+        const float e0 = expf(Gm[rr]), e1 = expf(Gm[rr + 8]);
+        if (warp < 4) {  // R = V - e^Gamma K S
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float2 v0 = __bfloat1622float2(*(const __nv_bfloat162*)&vv[nt][0]);
+                const float2 v1 = __bfloat1622float2(*(const __nv_bfloat162*)&vv[nt][1]);
+                *(float2*)&Rs[rr * LDS + nt * 8 + 2 * t] = make_float2(tf32_round(v0.x - e0 * acc[nt][0]), tf32_round(v0.y - e0 * acc[nt][1]));
+                *(float2*)&Rs[(rr + 8) * LDS + nt * 8 + 2 * t] = make_float2(tf32_round(v1.x - e1 * acc[nt][2]), tf32_round(v1.y - e1 * acc[nt][3]));
+            }
+        } else {  // O starts as e^Gamma Q S
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) { acc[nt][0] *= e0; acc[nt][1] *= e0; acc[nt][2] *= e1; acc[nt][3] *= e1; }
+        }
+        __syncthreads();  // B2
+        if (c + 1 < nch) gdc_load_rows(Qs, qbase + (int64_t)(t0 + GDC) * a.ldqk, a.ldqk, chunk_n(c + 1), tid, GDC_SCAN_THREADS);
+        cp_async_commit_m();
+        {  // V_new = T' R: rows 16 (warp & 3).., columns (warp >> 2) * NC/2..
+            constexpr int NH = NT / 2;
+            float vacc[NH][4];
+#pragma unroll
+            for (int q = 0; q < NH; q++) vacc[q][0] = vacc[q][1] = vacc[q][2] = vacc[q][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < GDC / 8; ks++) {
+                uint32_t af[4];
+                ldsm_a_tf32(Ts + 16 * (warp & 3) * GDC_LDT + ks * 8, GDC_LDT, lane, af);
+                const float* rb = Rs + (ks * 8 + t) * LDS + (warp >> 2) * NH * 8 + g;
+#pragma unroll
+                for (int q = 0; q < NH; q++)
+                    mma_tf32_1688(vacc[q], af[0], af[1], af[2], af[3], __float_as_uint(rb[q * 8]), __float_as_uint(rb[4 * LDS + q * 8]));
+            }
+#pragma unroll
+            for (int q = 0; q < NH; q++) {
+                const int col = ((warp >> 2) * NH + q) * 8 + 2 * t;
+                *(float2*)&Vn[rr * LDS + col] = make_float2(tf32_round(vacc[q][0]), tf32_round(vacc[q][1]));
+                *(float2*)&Vn[(rr + 8) * LDS + col] = make_float2(tf32_round(vacc[q][2]), tf32_round(vacc[q][3]));
+            }
+        }
+        cp_async_wait_m<2>();  // P(c) is in (K(c+1), Q(c+1) may still be in flight)
+        __syncthreads();       // B3
+        if (c + 1 < nch) { load_tile(Ts, tile(c + 1)); load_gamma(Gb + (buf ^ 1) * GDC, tile(c + 1) + 2 * GDC * GDC); }
+        cp_async_commit_m();
+        if (warp >= 4) {  // O += P V_new, store rows < n
+#pragma unroll
+            for (int ks = 0; ks < GDC / 8; ks++) {
+                uint32_t af[4];
+                ldsm_a_tf32(Ps + 16 * (warp - 4) * GDC_LDT + ks * 8, GDC_LDT, lane, af);
+                const float* vb = Vn + (ks * 8 + t) * LDS + g;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma_tf32_1688(acc[nt], af[0], af[1], af[2], af[3], __float_as_uint(vb[nt * 8]), __float_as_uint(vb[4 * LDS + nt * 8]));
+            }
+            bf16_t* op = a.out + (int64_t)(t0 + rr) * a.ldo + h * GDN_D + j0 + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (rr < n) *(__nv_bfloat162*)(op + nt * 8) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
+                if (rr + 8 < n) *(__nv_bfloat162*)(op + 8 * (int64_t)a.ldo + nt * 8) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
+            }
+        }
+        {  // S = e^Gamma_last S + K^T (e^(Gamma_last - Gamma) V_new): rows 16 warp.. of S
+            const float gl = Gm[GDC - 1], dl = expf(gl);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) { S[nt][0] *= dl; S[nt][1] *= dl; S[nt][2] *= dl; S[nt][3] *= dl; }
+#pragma unroll
+            for (int ks = 0; ks < GDC / 8; ks++) {
+                const int k0 = ks * 8 + t;
+                const float* kr0 = Ks + k0 * GDC_LDK + 16 * warp + g;
+                const float* kr1 = kr0 + 4 * GDC_LDK;
+                const uint32_t a0 = tf32_bits(kr0[0]), a1 = tf32_bits(kr0[8]), a2 = tf32_bits(kr1[0]), a3 = tf32_bits(kr1[8]);
+                const float d0 = expf(gl - Gm[k0]), d1 = expf(gl - Gm[k0 + 4]);
+                const float* vb = Vn + k0 * LDS + g;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma_tf32_1688(S[nt], a0, a1, a2, a3, tf32_bits(vb[nt * 8] * d0), tf32_bits(vb[4 * LDS + nt * 8] * d1));
+            }
+        }
+        store_S();  // Ss was last read before B2
+    }
+    if (a.state_out) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float* p = a.state_out + ((int64_t)h * GDN_D + sr) * GDN_D + j0 + nt * 8 + 2 * t;
+            *(float2*)p = make_float2(S[nt][0], S[nt][1]);
+            *(float2*)(p + 8 * GDN_D) = make_float2(S[nt][2], S[nt][3]);
+        }
+    }
+}
+// state columns per scan block: the fewest that still fill the device in one wave (a block
+// takes most of an sm's shared memory): 9b (32 heads) 32 columns = 128 blocks, 0.8b 16, 27b 64
+static int gdn_scan_cols(int Hv) {
+    for (int nc : {16, 32, 64})
+        if (Hv * (GDN_D / nc) <= g_sms) return nc;
+    return 64;
+}
+static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, int nc = 0) {
+    CHECK(a.Hv % a.Hk == 0 && a.ldqk % 4 == 0 && a.ldv % 2 == 0 && a.ldo % 2 == 0 && a.scratch && a.T > 0, "gdn_prefill_chunked: bad arguments");
+    launch_k(gdn_chunk_prep_kernel, dim3(CEIL_DIV(a.T, GDC), a.Hv), GDC_PREP_THREADS, GDC_PREP_SMEM, stream, a);
+    cudaCheck(cudaGetLastError());
+    if (!nc) nc = gdn_scan_cols(a.Hv);
+    if (nc == 16) launch_k(gdn_chunk_scan_kernel<16>, dim3(a.Hv, GDN_D / 16), GDC_SCAN_THREADS, gdc_scan_smem<16>(), stream, a);
+    else if (nc == 32) launch_k(gdn_chunk_scan_kernel<32>, dim3(a.Hv, GDN_D / 32), GDC_SCAN_THREADS, gdc_scan_smem<32>(), stream, a);
+    else launch_k(gdn_chunk_scan_kernel<64>, dim3(a.Hv, GDN_D / 64), GDC_SCAN_THREADS, gdc_scan_smem<64>(), stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4178,6 +4581,11 @@ static void gpu_kernels_init() {
     cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
     cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_INT8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
     cudaCheck(cudaFuncSetAttribute(flash_prefill_kernel<KV_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FA_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GDC_PREP_SMEM));
+    cudaCheck(cudaFuncSetAttribute(gdn_chunk_scan_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc_scan_smem<16>()));
+    cudaCheck(cudaFuncSetAttribute(gdn_chunk_scan_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc_scan_smem<32>()));
+    cudaCheck(cudaFuncSetAttribute(gdn_chunk_scan_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc_scan_smem<64>()));
+    cudaCheck(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
 }
 
 // === 8. gpu forward ==========================================================
@@ -4203,7 +4611,8 @@ static void gpu_kernels_init() {
 // one forward call runs T tokens (columns) at kv rows pos..pos+T-1:
 //   T <= 8 (decode; mtp verification): gemv, conv_step / gdn_step through the slot map,
 //     attn_decode split over the context with a per-bucket plan
-//   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill, flash_prefill
+//   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill (recurrent below
+//     g_gdn_chunked_min tokens, chunked from there on), flash_prefill
 // numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
 // fp32 deltanet state, fp32 logits.
 //
@@ -4268,6 +4677,7 @@ struct GpuEngine {
     bf16_t *pab = nullptr, *cy = nullptr, *core = nullptr, *gn = nullptr, *gu = nullptr, *hb = nullptr, *ovr = nullptr;
     Mat ab[MAX_LAYERS];            // gdn layers: a_proj and b_proj as one [2Hv, H] view when adjacent in the arena
     float *qn = nullptr, *kn = nullptr, *beta = nullptr, *gg = nullptr, *logits = nullptr, *attn_scr = nullptr;
+    float* gdn_scr = nullptr;      // chunked delta rule scratch of one prefill piece (T', P, Gamma per chunk and head)
     void* amax_scr = nullptr;
     int n_splits_max = 0;
     float* last_logits = nullptr;  // the row of the last token of the last forward call
@@ -4438,6 +4848,7 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
     e->kn = (float*)take(T * kd * 4);
     e->beta = (float*)take(T * g.Hv * 4);
     e->gg = (float*)take(T * g.Hv * 4);
+    e->gdn_scr = (float*)take(gdn_chunked_scratch_floats((int)T, g.Hv) * 4);
     e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
     e->attn_scr = (float*)take(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max) * 4);
     e->amax_scr = take(argmax_scratch_bytes(DEC_COLS));
@@ -4503,6 +4914,8 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     g_fuse_prep = !(fu && !strcmp(fu, "0"));
     const char* hs = getenv("NINFER_HOST_SAMPLE");
     if (hs && !strcmp(hs, "1")) g_host_sample = true;
+    const char* gc = getenv("NINFER_GDN_CHUNKED");  // N: prefill pieces of >= N tokens take the chunked delta rule; 0: none
+    if (gc) g_gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
     FrontendIds fr;
     if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
     e->domain = fr.domain;
@@ -4728,8 +5141,9 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             GdnPrefillArgs a;
             a.q = e->qn; a.k = e->kn; a.ldqk = kd; a.v = e->cy + 2 * kd; a.ldv = C;
             a.beta = e->beta; a.g = e->gg; a.ldg = g.Hv; a.state_in = rst; a.state_out = rst;
-            a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv;
-            gdn_prefill(a, s);
+            a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv; a.scratch = e->gdn_scr;
+            if (T >= g_gdn_chunked_min) gdn_prefill_chunked(a, s);
+            else gdn_prefill(a, s);
         }
         gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
         linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);

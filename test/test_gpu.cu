@@ -193,6 +193,21 @@ TEST(GpuKernels, GdnPrefillMatchesStep) {
     fprintf(stderr, "  gdn prefill vs step: output rel-l2 %.2e, state rel-l2 %.2e\n", eo, es);
     EXPECT_LT(eo, 2e-3);  // bf16 outputs of fp32 sums in different orders
     EXPECT_LT(es, 1e-5);  // fp32 state
+    // path c: the chunked form (two chunks, the second partial) from the same state; tf32
+    // operands (2^-11) instead of fp32: test_kernels' Gdn.ChunkedPrefill derives the bounds
+    gpu_kernels_init();
+    Dev dsc(s0.size() * 4), doc((size_t)T * Hv * D * 2), dscr(gdn_chunked_scratch_floats(T, Hv) * 4);
+    up(dsc, s0);
+    pa_.state_in = dsc.as<float>(); pa_.state_out = dsc.as<float>(); pa_.out = doc.as<bf16_t>(); pa_.scratch = dscr.as<float>();
+    gdn_prefill_chunked(pa_, 0);
+    auto oc = down<uint16_t>(doc, (size_t)T * Hv * D);
+    auto sc = down<float>(dsc, s0.size());
+    std::vector<float> fc(oc.size());
+    for (size_t i = 0; i < oc.size(); i++) fc[i] = bf16_to_f32(oc[i]);
+    double co = rel_l2(fc.data(), fb.data(), fc.size()), cs = rel_l2(sc.data(), sb.data(), sb.size());
+    fprintf(stderr, "  gdn chunked vs step: output rel-l2 %.2e, state rel-l2 %.2e\n", co, cs);
+    EXPECT_LT(co, 4e-3);
+    EXPECT_LT(cs, 2e-3);
 }
 
 // ---- attention: flash prefill vs the split-k decode kernel ----------------------------------
@@ -327,10 +342,18 @@ static double logits_tol(const char* name, const Model* m, const std::vector<int
 
 class GpuModel : public ::testing::TestWithParam<ModelCase> {};
 
+// the piece length from which prefill takes the chunked delta rule, for one test
+struct ChunkedMin {
+    int old;
+    explicit ChunkedMin(int v) : old(g_gdn_chunked_min) { g_gdn_chunked_min = v; }
+    ~ChunkedMin() { g_gdn_chunked_min = old; }
+};
+
 // prefill logits of every row, then single-token decode steps, gpu vs cpu; and the same prompt
 // in pieces of 16 (pieces of 16, 16 and 8 tokens: the last goes through the decode kernels)
 TEST_P(GpuModel, LogitsMatchCpu) {
     BOTH_OR_SKIP(B, GetParam().path, 128, 64);
+    ChunkedMin cm(9);  // every prefill piece (> 8 tokens) through the chunked delta rule
     const int V = B.m.geo.vocab, n = 40;
     std::vector<int> ids = random_ids(n + 6, B.domain, 11);
     std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
@@ -375,6 +398,7 @@ TEST_P(GpuModel, LogitsMatchCpu) {
 // split-k attention, the prefill deltanet vs the recurrent step (each switched alone)
 TEST_P(GpuModel, PrefillKernelsMatchDecodeKernels) {
     BOTH_OR_SKIP(B, GetParam().path, 128, 64);
+    ChunkedMin cm(9);  // the reference prefill uses the chunked delta rule
     const int V = B.m.geo.vocab, n = 50;
     std::vector<int> ids = random_ids(n, B.domain, 12);
     std::vector<float> ref((size_t)n * V), got((size_t)n * V);
@@ -397,6 +421,51 @@ TEST_P(GpuModel, PrefillKernelsMatchDecodeKernels) {
         // each other by the same bf16 noise (kjv, first h200 run: 1.2e-2 for gemv vs gemm)
         EXPECT_LT(w, tol) << names[k];
     }
+    // the recurrent prefill kernel for the chunked one
+    gpu_reset(B.g);
+    g_gdn_chunked_min = 1 << 30;
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, got.data(), true);
+    g_gdn_chunked_min = 9;
+    double w = 0;
+    for (int t = 0; t < n; t++) w = std::max(w, rel_l2(got.data() + (size_t)t * V, ref.data() + (size_t)t * V, V));
+    fprintf(stderr, "  %s: recurrent gdn_prefill for chunked: worst row rel-l2 %.2e\n", GetParam().name, w);
+    EXPECT_LT(w, tol);
+}
+
+// a prompt of several chunks (200 tokens: 64 + 64 + 64 + 8) through the chunked delta rule in
+// one piece, and in pieces of 72 (64 + 8, 64 + 8, 56: partial chunks inside a piece, the state
+// carried between pieces), against the cpu reference's rows
+TEST_P(GpuModel, ChunkedPrefillMatchesCpu) {
+    BOTH_OR_SKIP(B, GetParam().path, 256, 200);
+    ChunkedMin cm(9);
+    const int V = B.m.geo.vocab, n = 200;
+    std::vector<int> ids = random_ids(n, B.domain, 13);
+    std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
+    forward_cpu(&B.m, &B.rs, &B.st, ids.data(), nullptr, nullptr, n, lc.data(), true, nullptr);
+    const double tol = logits_tol(GetParam().name, &B.m, ids, n, 1e-2);
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, lg.data(), true);
+    double w1 = 0, w2 = 0;
+    for (int t = 0; t < n; t++) w1 = std::max(w1, rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
+    GpuOpts o; o.max_context = 256; o.prefill_chunk = 72; o.quiet = true;
+    std::string err;
+    GpuEngine* e2 = gpu_build(&B.m, o, &err);
+    ASSERT_TRUE(e2) << err;
+    for (int i = 0; i < n; i += 72) {
+        const int T = std::min(72, n - i);
+        gpu_forward(e2, ids.data() + i, nullptr, nullptr, T, lg.data(), true);
+        for (int t = 0; t < T; t++) w2 = std::max(w2, rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)(i + t) * V, V));
+    }
+    gpu_free(e2);
+    double w3 = 0;  // the recurrent prefill kernel on the same prompt, for scale
+    gpu_reset(B.g);
+    g_gdn_chunked_min = 1 << 30;
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, lg.data(), true);
+    g_gdn_chunked_min = 9;
+    for (int t = 0; t < n; t++) w3 = std::max(w3, rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
+    fprintf(stderr, "  %s: %d tokens, chunked: one piece worst row rel-l2 %.2e, pieces of 72 %.2e (recurrent kernel: %.2e)\n",
+            GetParam().name, n, w1, w2, w3);
+    EXPECT_LT(w1, tol);
+    EXPECT_LT(w2, tol);
 }
 
 // decode with the norms and swiglu fused into the gemvs' x staging (the default) against the

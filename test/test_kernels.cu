@@ -792,6 +792,162 @@ TEST(Gdn, RecurrentStep) {
     gdn_step_case(16, 48, 3, true);   // 27b grouping (3 value heads per key head)
 }
 
+// ---- chunked prefill delta rule -----------------------------------------------------
+
+// the kernel's inputs as the model produces them: q, k l2-normalised fp32 (q times dk^-1/2;
+// odd key heads strongly correlated across tokens, which makes the triangular solve work),
+// v bf16, beta in (0, 1) (bf16-rounded, as gdn_gates makes it), g = -exp(A_log) softplus(x)
+// with A_log per head in [-4, 2.5] (decay per token from ~1 - 1e-4 to e^-60) and head 0 at
+// A_log = 3 (strong decay: Gamma underflows within a chunk), a nonzero random input state
+struct GdnInputs {
+    int Hk, Hv, T, ldqk, ldv;
+    std::vector<float> q, k, beta, g, S0;
+    std::vector<uint16_t> v;
+};
+static GdnInputs gdn_inputs(int Hk, int Hv, int T) {
+    Rng r = rng();
+    const int D = 128;
+    GdnInputs in; in.Hk = Hk; in.Hv = Hv; in.T = T; in.ldqk = Hk * D + 4; in.ldv = Hv * D + 8;
+    in.q.assign((size_t)T * in.ldqk, 0.f); in.k.assign((size_t)T * in.ldqk, 0.f);
+    for (int hk = 0; hk < Hk; hk++) {
+        const double rho = hk % 2 ? 0.9 : 0.0;
+        double m[128];
+        for (int i = 0; i < D; i++) m[i] = r.normal();
+        for (int t = 0; t < T; t++) {
+            double kv[128], qv[128], kk = 0, qq = 0;
+            for (int i = 0; i < D; i++) {
+                kv[i] = rho * m[i] + sqrt(1 - rho * rho) * r.normal(); qv[i] = r.normal();
+                kk += kv[i] * kv[i]; qq += qv[i] * qv[i];
+            }
+            for (int i = 0; i < D; i++) {
+                in.k[(size_t)t * in.ldqk + hk * D + i] = (float)(kv[i] / sqrt(kk));
+                in.q[(size_t)t * in.ldqk + hk * D + i] = (float)(qv[i] / sqrt(qq) / sqrt(128.0));
+            }
+        }
+    }
+    in.v = rand_bf16(r, (size_t)T * in.ldv, 1.f);
+    in.beta.resize((size_t)T * Hv); in.g.resize((size_t)T * Hv);
+    std::vector<double> alog(Hv);
+    for (int h = 0; h < Hv; h++) alog[h] = h == 0 ? 3.0 : r.uniform(-4.f, 2.5f);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hv; h++) {
+            double x = 2.0 * r.normal();
+            in.g[(size_t)t * Hv + h] = (float)(-exp(alog[h]) * (x > 20 ? x : log1p(exp(x))));
+            in.beta[(size_t)t * Hv + h] = bfr(r.uniform(0.02f, 0.98f));
+        }
+    in.S0.resize((size_t)Hv * D * D);
+    for (auto& s : in.S0) s = 0.5f * r.normal();
+    return in;
+}
+// float64 recurrence (model.md 3.5) on the same inputs: o [T][Hv*128], S [Hv][128][128], and
+// orss = sqrt(sum_i (S_t[i][j] q_t[i])^2), the root sum of squares of the terms of o (the
+// scale of its rounding error)
+static void gdn_reference(const GdnInputs& in, std::vector<double>& o, std::vector<double>& S, std::vector<double>& orss) {
+    const int D = 128, Hv = in.Hv, T = in.T, G = in.Hv / in.Hk;
+    o.assign((size_t)T * Hv * D, 0.0);
+    orss.assign((size_t)T * Hv * D, 0.0);
+    S.assign(in.S0.begin(), in.S0.end());
+    #pragma omp parallel for schedule(dynamic)
+    for (int h = 0; h < Hv; h++) {
+        double* Sh = &S[(size_t)h * D * D];
+        for (int t = 0; t < T; t++) {
+            const float* q = &in.q[(size_t)t * in.ldqk + (h / G) * D];
+            const float* k = &in.k[(size_t)t * in.ldqk + (h / G) * D];
+            const double eg = exp((double)in.g[(size_t)t * Hv + h]), beta = in.beta[(size_t)t * Hv + h];
+            double m[128] = {}, o_[128] = {}, oa[128] = {};
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++) { Sh[i * D + j] *= eg; m[j] += Sh[i * D + j] * k[i]; }
+            for (int j = 0; j < D; j++) m[j] = beta * (bf16_to_f32(in.v[(size_t)t * in.ldv + h * D + j]) - m[j]);
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++) { Sh[i * D + j] += k[i] * m[j]; o_[j] += Sh[i * D + j] * q[i]; oa[j] += (Sh[i * D + j] * q[i]) * (Sh[i * D + j] * q[i]); }
+            for (int j = 0; j < D; j++) { o[(size_t)t * Hv * D + h * D + j] = o_[j]; orss[(size_t)t * Hv * D + h * D + j] = sqrt(oa[j]); }
+        }
+    }
+}
+static GdnPrefillArgs gdn_args(const GdnInputs& in, const Dev& dq, const Dev& dk, const Dev& dv, const Dev& dbe, const Dev& dg,
+                               const float* s_in, float* s_out, const Dev& dout, int ldo, const Dev& dscr) {
+    GdnPrefillArgs a;
+    a.q = dq.as<float>(); a.k = dk.as<float>(); a.ldqk = in.ldqk; a.v = dv.as<bf16_t>(); a.ldv = in.ldv;
+    a.beta = dbe.as<float>(); a.g = dg.as<float>(); a.ldg = in.Hv; a.state_in = s_in; a.state_out = s_out;
+    a.out = dout.as<bf16_t>(); a.ldo = ldo; a.T = in.T; a.Hk = in.Hk; a.Hv = in.Hv; a.scratch = dscr.as<float>();
+    return a;
+}
+
+// the chunked kernels (gdn_prefill_chunked) against the float64 recurrence. tolerances from
+// the precision: every product has tf32 operands (relative rounding u = 2^-11 each), fp32
+// sums, so a dot of n terms errs by ~u x the root sum of squares of its terms (independent
+// roundings), whatever its result: near 0 when its terms cancel;
+// the state update is a contraction (eigenvalues of e^g (I - beta k k^T) in [0, 1]), so the
+// state error stays ~u x rms(S) over any number of chunks instead of growing with T (first
+// h200 run: state rel-l2 4-5e-4 ~ u at T = 63 .. 1000). bounds, with margin for the tails
+// over up to 6M elements and the ill-conditioned solves of correlated keys:
+//   state:  |err| <= 32u rms(S of the head) + 4u |ref|, rel-l2 <= 4u (~2e-3)
+//   output: |err| <= 2^-8 |ref| (the bf16 rounding) + 64u rss_i(S_t[i][j] q_t[i]) (the
+//           roundings of the state, of V_new and of P add up to a few u x rss, and the max
+//           over 6M elements is ~5 sigma; an output near 0 from cancelling terms keeps the
+//           error of its terms: a bound by the rms of the output row failed there by up to 56x
+//           in the first run, 1.3% errors on 2e-4 outputs, ~2u x rss), rel-l2 <= 4e-3 (bf16
+//           rounding alone: ~1.1e-3; measured 1.7e-3)
+static void gdn_chunked_case(int Hk, int Hv, int T, bool alias, int nc = 0) {
+    SCOPED_TRACE("gdn chunked Hk " + std::to_string(Hk) + " Hv " + std::to_string(Hv) + " T " + std::to_string(T) +
+                 (alias ? " (state in place)" : "") + (nc ? " nc " + std::to_string(nc) : ""));
+    const int D = 128, ldo = Hv * D + 2;
+    const double u = 1.0 / 2048;
+    GdnInputs in = gdn_inputs(Hk, Hv, T);
+    Dev dq(in.q.size() * 4), dk(in.k.size() * 4), dv(in.v.size() * 2), dbe(in.beta.size() * 4), dg(in.g.size() * 4);
+    up(dq, in.q); up(dk, in.k); up(dv, in.v); up(dbe, in.beta); up(dg, in.g);
+    Dev dsi(in.S0.size() * 4), dso(in.S0.size() * 4), dout((size_t)T * ldo * 2), dscr(gdn_chunked_scratch_floats(T, Hv) * 4);
+    up(dsi, in.S0);
+    dso.poison(); dout.poison(); dscr.poison();
+    float* sout = alias ? dsi.as<float>() : dso.as<float>();
+    gdn_prefill_chunked(gdn_args(in, dq, dk, dv, dbe, dg, dsi.as<float>(), sout, dout, ldo, dscr), 0, nc);
+    cudaCheck(cudaGetLastError());
+    auto gout = down<uint16_t>(dout, (size_t)T * ldo);
+    std::vector<float> gst = alias ? down<float>(dsi, in.S0.size()) : down<float>(dso, in.S0.size());
+    if (!alias) { auto si = down<float>(dsi, in.S0.size()); ASSERT_EQ(memcmp(si.data(), in.S0.data(), si.size() * 4), 0) << "state_in was modified"; }
+    std::vector<double> ro, rs, rorss;
+    gdn_reference(in, ro, rs, rorss);
+    // state
+    std::vector<double> atol(rs.size());
+    for (int h = 0; h < Hv; h++) {
+        double ss = 0;
+        for (int i = 0; i < D * D; i++) ss += rs[(size_t)h * D * D + i] * rs[(size_t)h * D * D + i];
+        for (int i = 0; i < D * D; i++) atol[(size_t)h * D * D + i] = 32 * u * sqrt(ss / (D * D));
+    }
+    expect_close("gdn chunked state", gst, rs, atol, 4 * u);
+    double e2 = 0, r2 = 0;
+    for (size_t i = 0; i < rs.size(); i++) { e2 += (gst[i] - rs[i]) * (gst[i] - rs[i]); r2 += rs[i] * rs[i]; }
+    EXPECT_LT(sqrt(e2 / r2), 4 * u) << "state rel-l2";
+    // output (columns of the padded rows are not compared: they are not written)
+    std::vector<float> go; std::vector<double> ref, otol;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < Hv * D; j++) {
+            go.push_back(bf16_to_f32(gout[(size_t)t * ldo + j]));
+            ref.push_back(ro[(size_t)t * Hv * D + j]);
+            otol.push_back(64 * u * rorss[(size_t)t * Hv * D + j]);
+        }
+    expect_close("gdn chunked output", go, ref, otol, 1.0 / 256);
+    e2 = r2 = 0;
+    for (size_t i = 0; i < ref.size(); i++) { e2 += (go[i] - ref[i]) * (go[i] - ref[i]); r2 += ref[i] * ref[i]; }
+    EXPECT_LT(sqrt(e2 / r2), 4e-3) << "output rel-l2";
+    for (int t = 0; t < T; t++)  // the padding columns of out stay untouched
+        for (int j = Hv * D; j < ldo; j++) ASSERT_EQ(gout[(size_t)t * ldo + j], 0xFFFFu) << "out[" << t << "][" << j << "] written";
+}
+TEST(Gdn, ChunkedPrefill) {
+    NEED_GPU();
+    gpu_kernels_init();
+    struct { int Hk, Hv; } geos[] = {{16, 32}, {16, 16}, {16, 48}, {2, 4}};  // 9b/4b, 0.8b/2b, 27b, tiny (grouping 2, 1, 3, 2)
+    int i = 0;
+    for (auto ge : geos)
+        for (int T : {1, 63, 64, 65, 200, 1000}) gdn_chunked_case(ge.Hk, ge.Hv, T, (i++ % 2) == 1);
+}
+// every column split of the scan on the 9b geometry (small: also the compute-sanitizer case)
+TEST(Gdn, ChunkedPrefillColumnSplits) {
+    NEED_GPU();
+    gpu_kernels_init();
+    for (int nc : {16, 32, 64}) gdn_chunked_case(16, 32, 130, nc == 32, nc);
+}
+
 // ---- attention -------------------------------------------------------------------
 
 // float64 twin on the same bf16 cache; the output rounds to bf16 and the gate multiplies
@@ -1356,6 +1512,37 @@ TEST(Bench, DISABLED_DecodeOps9B) {
         double gbs = 2.0 * Hkv * len * HD * 2 / (ms * 1e-3) / 1e9;
         BENCH_PRINT("attn_decode 9b C=1 len %6d (%d splits): %.2f us/layer, %.0f GB/s kv traffic (%.0f%% of copy)\n", len, n_splits, ms * 1e3, gbs,
                     100 * gbs / bw);
+    }
+}
+
+// the prefill delta rule at 9b sizes (Hk 16, Hv 32): the recurrent kernel against the chunked
+// pair over piece lengths (where the chunked form starts to pay: g_gdn_chunked_min), the prep
+// kernel alone, and the scan's column splits at T = 4096
+TEST(Bench, DISABLED_GdnPrefill9B) {
+    NEED_GPU();
+    gpu_kernels_init();
+    const int Tmax = 4096, Hv = 32, D = 128;
+    GdnInputs in = gdn_inputs(16, Hv, Tmax);
+    Dev dq(in.q.size() * 4), dk(in.k.size() * 4), dv(in.v.size() * 2), dbe(in.beta.size() * 4), dg(in.g.size() * 4);
+    up(dq, in.q); up(dk, in.k); up(dv, in.v); up(dbe, in.beta); up(dg, in.g);
+    Dev ds(in.S0.size() * 4), dout((size_t)Tmax * Hv * D * 2), dscr(gdn_chunked_scratch_floats(Tmax, Hv) * 4);
+    up(ds, in.S0);
+    BENCH_PRINT("gdn prefill 9b (Hk 16, Hv 32), %d sms: us per layer call\n", g_sms);
+    BENCH_PRINT("%6s %12s %12s %12s %8s\n", "T", "recurrent", "chunked", "prep only", "speedup");
+    for (int T : {9, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096}) {
+        GdnPrefillArgs a = gdn_args(in, dq, dk, dv, dbe, dg, ds.as<float>(), ds.as<float>(), dout, Hv * D, dscr);
+        a.T = T;
+        const int reps = T >= 1024 ? 3 : 20;
+        double tr = time_graph_ms([&](cudaStream_t s, int) { gdn_prefill(a, s); }, reps, 7);
+        double tc = time_graph_ms([&](cudaStream_t s, int) { gdn_prefill_chunked(a, s); }, reps, 7);
+        double tp = time_graph_ms([&](cudaStream_t s, int) {
+            launch_k(gdn_chunk_prep_kernel, dim3(CEIL_DIV(a.T, GDC), a.Hv), GDC_PREP_THREADS, GDC_PREP_SMEM, s, a); }, reps, 7);
+        BENCH_PRINT("%6d %12.1f %12.1f %12.1f %7.2fx\n", T, tr * 1e3, tc * 1e3, tp * 1e3, tr / tc);
+    }
+    GdnPrefillArgs a = gdn_args(in, dq, dk, dv, dbe, dg, ds.as<float>(), ds.as<float>(), dout, Hv * D, dscr);
+    for (int nc : {16, 32, 64}) {
+        double t = time_graph_ms([&](cudaStream_t s, int) { gdn_prefill_chunked(a, s, nc); }, 3, 7);
+        BENCH_PRINT("T 4096, scan with %d state columns per block (%d blocks): chunked %.1f us\n", nc, Hv * D / nc, t * 1e3);
     }
 }
 
