@@ -1472,7 +1472,7 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 //               (4 bytes to the host per token), gpu_snapshot / gpu_restore,
 //               generate_gpu, perplexity_gpu
 //   interface:  Engine (one sequence on the cpu or the gpu path): engine_build / free / reset /
-//               generate / perplexity / pos / capacity; gpu_parse_flag, kGpuUsage
+//               generate / perplexity / pos / capacity; gpu_parse_flag (main's usage lists the flags)
 //
 // conventions (all kernels):
 //   activations are [columns][features], features fastest, with a row stride `ld` in elements;
@@ -4616,9 +4616,13 @@ static void gpu_kernels_init() {
 // numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
 // fp32 deltanet state, fp32 logits.
 //
-// measured (h200, 9b synthetic groupwise-int, test/bench-notes.md): pp512 9.7k tok/s, pp4096
-// 10.0k tok/s, tg128 287 tok/s (a step is 3.38 ms on the device: 2.65 ms of matrix products at
-// 47% of copy bandwidth, ~0.6 ms of small kernels, the rest gaps between kernels).
+//   decode (T <= 8, g_fuse_x): the products that read a norm of the residual stream, and
+//     down (swiglu of gate_up), make their x while staging it (GemvX), so a step has 24 row
+//     norms (the a/b branch of each deltanet layer) instead of 65 and no swiglu kernel.
+//
+// measured (h200, 9b synthetic groupwise-int, test/bench-notes.md, session 2): pp512 10.8k tok/s,
+// pp4096 11.5k tok/s, tg128 306 tok/s greedy / 303 sampled (a step is 3.18 ms on the device:
+// the products ~2.6-2.9 ms at 42-48% of copy bandwidth, ~0.33 ms of small kernels, gaps).
 //
 // cuda graphs: a decode step (embed -> layers -> final norm -> head -> argmax) reads its token,
 // positions and slots from a small device block, so a captured graph replays for any step.
@@ -5526,11 +5530,6 @@ static bool gpu_parse_flag(int argc, char** argv, int* i, GpuOpts* o) {
     }
     return false;
 }
-static const char* const kGpuUsage =
-    "  --device N             cuda device (0)\n"
-    "  --kv-dtype T           kv cache: bf16, int8 (one fp16 scale per 64 elements), fp8 (e4m3, same scales) (bf16)\n"
-    "  --kv-capacity N|auto   kv rows to allocate (>= --max-context; auto: what fits with 1 GiB spare) (max-context)\n"
-    "  --no-cuda-graph        decode without cuda graphs (same kernels, launched one by one)\n";
 
 // === 10. info =================================================================
 
