@@ -12,10 +12,23 @@
 //     sensitivity) (logits_tol; measured values are printed); greedy generation may diverge
 //     at a near tie of the reference (greedy_case). LogitsMatchCpu, GreedyMatchesCpu*.
 //   * the same reference in its bf16 mode (RunState::bf16: bf16 roundings at exactly the gpu
-//     path's points, ninfer.cu section 4): what is left is fp32 summation order, so the issue's
-//     literal bounds apply on every model: logits rel-l2 <= 1e-2 on the goldens' prompts,
-//     prefill and decode, and 64 free-running greedy tokens identical. LogitsMatchBf16Cpu,
-//     GreedyMatchesBf16Cpu*.
+//     path's points, ninfer.cu section 4). what is left between the two is fp32 summation
+//     order. Bf16CpuByDepth shows the emulation is right: one layer deep, the median row's
+//     logits agree to ~1e-7 (fp32 noise: bit-equal bf16 activations) where the fp32 path is
+//     7e-3 away. LogitsMatchBf16Cpu and GreedyMatchesBf16Cpu* hold the gpu to the issue's
+//     literal bounds (logits rel-l2 <= 1e-2 on the goldens' prompts, prefill and decode; 64
+//     free-running greedy tokens identical on tiny). those do NOT hold on the synthetic
+//     models (h200, first run: 15 of 20 prompts and 19 of 20 decode runs over 1e-2, worst
+//     3.9e-2; greedy on tiny parts at step 3, where the emulation's own top-2 margin is
+//     1.7e-4 of max|logit|), nor everywhere on kjv (1.2e-2 .. 1.5e-2 on 3 of 12; 64 greedy
+//     tokens identical). the cause is not a missed rounding point: a different summation
+//     order flips a bf16 rounding now and then, and these models amplify one flip into ~1e-2
+//     of the logits within a few layers or tokens. the cpu emulation against itself with its
+//     products summed in double instead of fp32 (nothing else changed) differs the same way
+//     (tiny* 1.4e-2 .. 3.2e-2, kjv up to 1.65e-2), and so does the gpu against itself with
+//     gemv for gemm (only the summation order differs; PrefillKernelsMatchDecodeKernels:
+//     3.4e-2 on tiny, 1.2e-2 on kjv). so those two tests fail by design of the bound, not of
+//     the kernels; they print the figures the issue asks for.
 //
 // run from the repo root; artifacts from `make models` (build/models) and models/kjv.
 // every test skips without a gpu.
@@ -440,11 +453,10 @@ TEST_P(GpuModel, LogitsMatchBf16Cpu) {
         std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
         forward_cpu(&B.m, &E.rs, &E.st, prompt.data(), nullptr, nullptr, n, lc.data(), true, nullptr);
         gpu_forward(B.g, prompt.data(), nullptr, nullptr, n, lg.data(), true);
-        double wp = 0, mean = 0;
-        for (int t = 0; t < n; t++) {
-            double e = rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V);
-            wp = std::max(wp, e); mean += e / n;
-        }
+        std::vector<double> rows(n);
+        for (int t = 0; t < n; t++) rows[t] = rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V);
+        std::sort(rows.begin(), rows.end());
+        const double wp = rows.back(), med = rows[n / 2];
         std::vector<float> row(lc.end() - V, lc.end());
         double wd = 0;
         for (int s = 0; s < steps; s++) {
@@ -454,10 +466,11 @@ TEST_P(GpuModel, LogitsMatchBf16Cpu) {
             std::vector<float> got = device_row(B.g);
             wd = std::max(wd, rel_l2(got.data(), row.data(), V));
         }
-        fprintf(stderr, "  %s: vs bf16 cpu: prompt of %3d (%s kernels): rows worst rel-l2 %.2e, mean %.2e; %d decode steps worst %.2e\n",
-                GetParam().name, n, n > DEC_COLS ? "prefill" : "decode", wp, mean, steps, wd);
-        EXPECT_LT(wp, 1e-2) << "prompt of " << n << " tokens";
-        EXPECT_LT(wd, 1e-2) << "decode after a prompt of " << n << " tokens";
+        fprintf(stderr, "  %s: vs bf16 cpu: prompt of %3d (%s kernels): rows worst rel-l2 %.2e, median %.2e; %d decode steps worst %.2e\n",
+                GetParam().name, n, n > DEC_COLS ? "prefill" : "decode", wp, med, steps, wd);
+        // the issue's literal bound (see the header: fp32 summation order breaks it on these models)
+        EXPECT_LT(wp, 1e-2) << "issue bound, prompt of " << n << " tokens";
+        EXPECT_LT(wd, 1e-2) << "issue bound, decode after a prompt of " << n << " tokens";
     }
 }
 
@@ -465,9 +478,11 @@ TEST_P(GpuModel, LogitsMatchBf16Cpu) {
 // weights; the final norm and head right after layer k), the goldens' 65-token prompt through
 // the prefill kernels. per depth: worst / median row rel-l2 of the logits, gpu vs bf16 cpu and
 // fp32 cpu vs bf16 cpu, and the share of the last layer's residual stream (bf16 on both paths)
-// that is bit-equal between the gpu and the bf16 cpu. with every rounding point emulated the
-// gpu stays much closer to the emulation than the fp32 path does at shallow depth; what grows
-// with depth is the model amplifying rare last-place flips (fp32 summation order differs)
+// that is bit-equal between the gpu and the bf16 cpu. with every rounding point emulated, one
+// layer deep the median row agrees to fp32 noise (h200: 7e-8 .. 1.3e-7 on all five models,
+// against 2.7e-4 .. 7.7e-3 for the fp32 path; a single missed rounding point would put it near
+// the latter); the worst rows, and every row deeper, show the model amplifying the rare
+// last-place flips that a different summation order makes
 TEST_P(GpuModel, Bf16CpuByDepth) {
     NEED_GPU();
     const char* path = GetParam().path;
@@ -509,7 +524,7 @@ TEST_P(GpuModel, Bf16CpuByDepth) {
         stats(lg, &gw, &gm); stats(lf, &fw, &fm);
         fprintf(stderr, "  %s: depth %d%s: vs bf16 cpu: gpu worst %.2e median %.2e | fp32 cpu worst %.2e median %.2e | residual bit-equal %.2f%%\n",
                 GetParam().name, k, g.full[k - 1] ? " (attn)" : "", gw, gm, fw, fm, 100.0 * same / xg.size());
-        if (k <= 2) EXPECT_LT(gw, 0.25 * fw) << "depth " << k << ": the gpu is not much closer to the bf16 cpu than the fp32 cpu is";
+        if (k == 1) EXPECT_LT(gm, 1e-5) << "one layer deep the median row should agree to fp32 noise: a rounding point is not emulated";
         run_free(&rf); seq_free(&sf);
         gpu_free(e);
     }
