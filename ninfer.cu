@@ -6,7 +6,8 @@
 //   2. geometry              the model's dimensions, read from the artifact's tensor shapes
 //   3. weights               plain structs of views into the mmap'd artifact; the binder
 //                            that validates the whole inventory
-//   4. reference path (cpu)  the model math in fp32, the oracle for every kernel:
+//   4. reference path (cpu)  the model math in fp32, the oracle for every kernel (and, for
+//                            the tests, a bf16 mode that rounds where the gpu path does):
 //                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
 //                            recurrent state; snapshot/restore) and RunState, 4.4 attention
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
@@ -496,8 +497,9 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 // the readable statement of the model math (model.md 2-5), and the oracle every gpu kernel is
 // tested against. float32 throughout: weights are decoded exactly from the mmap'd artifact a
 // row at a time (bf16 -> fp32, or fp16 scale * integer code, both exact in fp32), activations
-// and sums are fp32, the deltanet state is fp32. nothing is rounded to bf16: what this matches
-// is hugging face in float32 with the artifact's weights (bf16 values or dequantized codes).
+// and sums are fp32, the deltanet state is fp32. nothing is rounded to bf16 (outside the
+// tests' bf16 mode, at the end of this header): what this matches is hugging face in float32
+// with the artifact's weights (bf16 values or dequantized codes).
 //
 // one forward call runs a piece of T tokens of one sequence through the text model:
 //
@@ -516,6 +518,25 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 //
 // parallelism is plain openmp: over output rows in the products, over heads in attention and
 // the deltanet. results do not depend on the thread count.
+//
+// bf16 mode (RunState::bf16, off by default; tests only). the gpu path keeps activations in
+// bf16 and so rounds at about a dozen points per layer; on chaotic models (the random
+// synthetic ones) that alone moves the logits past any useful bound from the fp32 math. with
+// the flag set, this path rounds to bf16 at exactly the points where the gpu forward
+// (section 8, gpu_layer / gpu_model) rounds, and keeps fp32 where it does, so the gpu can be
+// held to it tightly (test_gpu); the default fp32 path is unchanged bit for bit. the points:
+//   embedding rows; every norm's output (input, post, final, q/k) as bf16(x r (1 + w));
+//   every projection's output; residual adds as bf16(x + bf16(W h)); logits stay fp32
+//   attention: rope on bf16 with bf16 cos/sin, bf16(bf16(x1 c) -+ bf16(x2 s)); the kv cache
+//     holds those bf16 values; output bf16(bf16(o) * bf16(sigmoid(gate))). pieces of more
+//     than BF16_DECODE_COLS tokens (the gpu's flash prefill) multiply V by bf16 softmax
+//     weights, tile by tile with a running max; shorter pieces (split-k decode) keep them fp32
+//   deltanet: conv output bf16(silu(sum)) (conv window: the raw bf16 inputs); l2-normed q, k
+//     and the gate g fp32, beta = bf16(sigmoid(b)); state fp32; core output bf16; gated norm
+//     bf16(bf16(w bf16(o r)) silu(z))
+//   mlp: bf16(bf16(silu(gate)) * up)
+// the sums themselves are fp32 in a different order than the gpu's, so a rounding can still
+// land on the other side now and then. the mtp module is not emulated (the gpu has no mtp).
 
 // ---- 4.1 products with stored weights --------------------------------------------------
 
@@ -604,6 +625,10 @@ HOT_LOOP static void matmul(float* y, int64_t ldy, const float* x, int64_t ldx, 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu(float x) { return x * sigmoid(x); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  // torch's threshold
+
+// bf16 mode (see the section header): round to the nearest bf16, kept in fp32
+static inline float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+static void bf16_round(float* x, size_t n) { for (size_t i = 0; i < n; i++) x[i] = bf16r(x[i]); }
 
 // zero-centred rmsnorm (model.md 4.1): out = x / sqrt(mean(x^2) + eps) * (1 + w). in place ok.
 static void rmsnorm(float* out, const float* x, const Vec& w, int n, float eps) {
@@ -707,7 +732,13 @@ struct RunState {
     float* mtp_in = nullptr;// [T, 2H] mtp: [norm(embedding) | norm(hidden)]
     float* rope_cos = nullptr, *rope_sin = nullptr;  // [T, rope_dim/2] per token
     float inv_freq[64] = {};  // rope_dim/2 frequencies (model.md 2.3)
+    bool bf16 = false;        // round activations where the gpu path does (section header); set after run_build
 };
+
+// bf16 mode: the gpu runs pieces of more than this many tokens through its prefill kernels,
+// whose flash attention takes the softmax weights of each tile of this many keys as bf16
+// (test_gpu asserts both equal DEC_COLS and FA_BK)
+enum { BF16_DECODE_COLS = 8, BF16_FLASH_KEYS = 64 };
 
 static size_t gdn_chunk_scratch(const Geometry& g) { return (size_t)GDN_CHUNK * (GDN_CHUNK + 2 + g.dk + g.dv); }
 
@@ -756,10 +787,17 @@ static void rope_tables(RunState* r, const Geometry& g, const int* pos3, int bas
     }
 }
 
-// rotate the first rope_dim dims of one head, rotate_half (neox) style; the rest pass
-static void rope_apply(float* x, const float* cos, const float* sin, int half) {
+// rotate the first rope_dim dims of one head, rotate_half (neox) style; the rest pass.
+// bf16 mode: cos, sin and each product rounded, then the sum (hf in bf16; mrope_kernel)
+static void rope_apply(float* x, const float* cos, const float* sin, int half, bool bf16) {
     for (int i = 0; i < half; i++) {
         float x0 = x[i], x1 = x[i + half];
+        if (bf16) {
+            const float c = bf16r(cos[i]), s = bf16r(sin[i]);
+            x[i] = bf16r(bf16r(x0 * c) - bf16r(x1 * s));
+            x[i + half] = bf16r(bf16r(x1 * c) + bf16r(x0 * s));
+            continue;
+        }
         x[i] = x0 * cos[i] - x1 * sin[i];
         x[i + half] = x1 * cos[i] + x0 * sin[i];
     }
@@ -772,6 +810,7 @@ static void attention_cpu(const Geometry& g, RunState* r, const AttnWeights& w, 
     // 1. projections: [q | k] and [gate | v] (the artifact already de-interleaved q and gate)
     matmul(r->qk, ld, r->xb, g.H, w.query_key, T);
     matmul(r->gv, ld, r->xb, g.H, w.gate_value, T);
+    if (r->bf16) { bf16_round(r->qk, (size_t)T * ld); bf16_round(r->gv, (size_t)T * ld); }
     // 2. per-head q/k rmsnorm (1+w), then rope; k and v go to the cache
     #pragma omp parallel for schedule(static) if ((int64_t)T * ld * 8 >= PARALLEL_MIN)
     for (int t = 0; t < T; t++) {
@@ -779,12 +818,14 @@ static void attention_cpu(const Geometry& g, RunState* r, const AttnWeights& w, 
         for (int h = 0; h < g.Hq; h++) {
             float* q = r->qk + (size_t)t * ld + h * hd;
             rmsnorm(q, q, w.query_norm, hd, g.eps);
-            rope_apply(q, c, s, half);
+            if (r->bf16) bf16_round(q, hd);
+            rope_apply(q, c, s, half, r->bf16);
         }
         for (int h = 0; h < g.Hkv; h++) {
             float* k = r->qk + (size_t)t * ld + qd + h * hd;
             rmsnorm(k, k, w.key_norm, hd, g.eps);
-            rope_apply(k, c, s, half);
+            if (r->bf16) bf16_round(k, hd);
+            rope_apply(k, c, s, half, r->bf16);
             memcpy(kcache + ((size_t)(row0 + t) * g.Hkv + h) * hd, k, hd * sizeof(float));
             memcpy(vcache + ((size_t)(row0 + t) * g.Hkv + h) * hd, r->gv + (size_t)t * ld + qd + h * hd, hd * sizeof(float));
         }
@@ -792,6 +833,7 @@ static void attention_cpu(const Geometry& g, RunState* r, const AttnWeights& w, 
     // 3. causal softmax attention, query head h reading kv head h / (Hq/Hkv); then the
     //    sigmoid output gate
     const float scale = 1.0f / sqrtf((float)hd);
+    const bool flash = r->bf16 && T > BF16_DECODE_COLS;  // bf16 mode, a gpu prefill piece
     #pragma omp parallel for schedule(static) if ((int64_t)T * (row0 + T) * qd * 2 >= PARALLEL_MIN)
     for (int h = 0; h < g.Hq; h++) {
         const int kvh = h / (g.Hq / g.Hkv);
@@ -804,17 +846,43 @@ static void attention_cpu(const Geometry& g, RunState* r, const AttnWeights& w, 
                 sc[j] = dot(q, kcache + ((size_t)j * g.Hkv + kvh) * hd, hd) * scale;
                 mx = sc[j] > mx ? sc[j] : mx;
             }
-            float sum = 0.0f;
-            for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
             float* o = r->att + (size_t)t * qd + h * hd;
             for (int d = 0; d < hd; d++) o[d] = 0.0f;
-            for (int j = 0; j < n; j++) {
-                const float p = sc[j] / sum;
-                const float* v = vcache + ((size_t)j * g.Hkv + kvh) * hd;
-                for (int d = 0; d < hd; d++) o[d] += p * v[d];
+            if (flash) {
+                // flash_prefill's arithmetic: keys in tiles from row 0 with a running max m;
+                // o = sum_tiles alpha-rescaled sum bf16(e^(s - m)) v, over the fp32 sum of the
+                // unrounded weights
+                float m = -INFINITY, l = 0.0f;
+                for (int k0 = 0; k0 < n; k0 += BF16_FLASH_KEYS) {
+                    const int k1 = n - k0 < BF16_FLASH_KEYS ? n : k0 + BF16_FLASH_KEYS;
+                    float tmx = -INFINITY;
+                    for (int j = k0; j < k1; j++) tmx = sc[j] > tmx ? sc[j] : tmx;
+                    const float mn = tmx > m ? tmx : m, alpha = expf(m - mn);
+                    m = mn;
+                    float ls = 0.0f;
+                    for (int d = 0; d < hd; d++) o[d] *= alpha;
+                    for (int j = k0; j < k1; j++) {
+                        const float p = expf(sc[j] - m), pb = bf16r(p);
+                        ls += p;
+                        const float* v = vcache + ((size_t)j * g.Hkv + kvh) * hd;
+                        for (int d = 0; d < hd; d++) o[d] += pb * v[d];
+                    }
+                    l = l * alpha + ls;
+                }
+                const float inv = 1.0f / l;
+                for (int d = 0; d < hd; d++) o[d] *= inv;
+            } else {
+                float sum = 0.0f;
+                for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+                for (int j = 0; j < n; j++) {
+                    const float p = sc[j] / sum;
+                    const float* v = vcache + ((size_t)j * g.Hkv + kvh) * hd;
+                    for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                }
             }
             const float* gate = r->gv + (size_t)t * ld + h * hd;
-            for (int d = 0; d < hd; d++) o[d] *= sigmoid(gate[d]);
+            if (r->bf16) for (int d = 0; d < hd; d++) o[d] = bf16r(bf16r(o[d]) * bf16r(sigmoid(gate[d])));
+            else for (int d = 0; d < hd; d++) o[d] *= sigmoid(gate[d]);
         }
     }
     // 4. output projection
@@ -950,8 +1018,13 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
     matmul(r->z, vd, r->xb, g.H, mat_rows(w.value_z, vd, vd), T);
     matmul(r->ga, g.Hv, r->xb, g.H, w.a_proj, T);
     matmul(r->gb, g.Hv, r->xb, g.H, w.b_proj, T);
+    if (r->bf16) {
+        bf16_round(r->qkv, (size_t)T * C); bf16_round(r->z, (size_t)T * vd);
+        bf16_round(r->ga, (size_t)T * g.Hv); bf16_round(r->gb, (size_t)T * g.Hv);
+    }
     // 2. causal conv + silu, carrying the conv window
     gdn_conv(r->conv, r->qkv, conv_state, w.convolution, T, C);
+    if (r->bf16) bf16_round(r->conv, (size_t)T * C);
     // 3-4. l2-normalise q and k per head, scale q; gates beta = sigmoid(b) and
     //      g = -exp(A_log) softplus(a + dt_bias)
     const float qscale = 1.0f / sqrtf((float)g.dk);
@@ -962,7 +1035,7 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
         for (int h = 0; h < g.Hv; h++) {
             float* a = r->ga + (size_t)t * g.Hv + h; float* b = r->gb + (size_t)t * g.Hv + h;
             *a = -expf(w.a_log.at(h)) * softplus(*a + w.dt_bias.at(h));
-            *b = sigmoid(*b);
+            *b = r->bf16 ? bf16r(sigmoid(*b)) : sigmoid(*b);
         }
     }
     // 5. the delta rule per value head; value head h reads key head h / (Hv/Hk)
@@ -977,6 +1050,7 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
         if (T == 1) gdn_recurrent_step(Sh, q, k, v, r->ga[h], r->gb[h], o, g.dk, g.dv);
         else gdn_chunked(Sh, q, k, v, C, r->ga + h, r->gb + h, g.Hv, o, vd, T, g.dk, g.dv, r->chunk + h * gdn_chunk_scratch(g));
     }
+    if (r->bf16) bf16_round(r->core, (size_t)T * vd);
     // 6. gated rmsnorm per head (plain w, 3.8): o / rms(o) * w * silu(z); then the output projection
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < g.Hv; h++) {
@@ -985,7 +1059,8 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
             float ss = 0.0f;
             for (int j = 0; j < g.dv; j++) ss += o[j] * o[j];
             const float rs = 1.0f / sqrtf(ss / g.dv + g.eps);
-            for (int j = 0; j < g.dv; j++) o[j] = (w.norm.at(j) * (o[j] * rs)) * silu(z[j]);
+            if (r->bf16) for (int j = 0; j < g.dv; j++) o[j] = bf16r(bf16r(w.norm.at(j) * bf16r(o[j] * rs)) * silu(z[j]));
+            else for (int j = 0; j < g.dv; j++) o[j] = (w.norm.at(j) * (o[j] * rs)) * silu(z[j]);
         }
     }
     matmul(r->out, g.H, r->core, vd, w.output, T);
@@ -996,23 +1071,38 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
 // swiglu (4.2): down(silu(gate x) * up x). reads r->xb, writes r->out
 static void mlp_cpu(const Geometry& g, RunState* r, const LayerWeights& w, int T) {
     matmul(r->mlp, 2 * g.I, r->xb, g.H, w.gate_up, T);
+    if (r->bf16) bf16_round(r->mlp, (size_t)T * 2 * g.I);
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < g.I; i++)
-            r->hb[(size_t)t * g.I + i] = silu(r->mlp[(size_t)t * 2 * g.I + i]) * r->mlp[(size_t)t * 2 * g.I + g.I + i];
+        for (int i = 0; i < g.I; i++) {
+            const float gt = r->mlp[(size_t)t * 2 * g.I + i], up = r->mlp[(size_t)t * 2 * g.I + g.I + i];
+            r->hb[(size_t)t * g.I + i] = r->bf16 ? bf16r(bf16r(silu(gt)) * up) : silu(gt) * up;
+        }
     matmul(r->out, g.H, r->hb, g.I, w.down, T);
+}
+
+// x += y (n floats); bf16 mode: x = bf16(x + bf16(y)), hf's two roundings (model.md 4.3)
+static void residual_add(const RunState* r, float* x, const float* y, size_t n) {
+    if (r->bf16) for (size_t i = 0; i < n; i++) x[i] = bf16r(x[i] + bf16r(y[i]));
+    else for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+// the norm of each of the T rows of r->x into r->xb (bf16 mode: rounded)
+static void norm_rows(const Geometry& g, RunState* r, const Vec& w, int T) {
+    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, w, g.H, g.eps);
+    if (r->bf16) bf16_round(r->xb, (size_t)T * g.H);
 }
 
 // one decoder layer (4.3) on r->x [T, H]. full layers use kcache/vcache from kv row row0 on;
 // deltanet layers use conv_state and S.
 static void layer_cpu(const Geometry& g, RunState* r, const LayerWeights& w, float* kcache, float* vcache,
                       float* conv_state, float* S, int row0, int T) {
-    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, w.input_norm, g.H, g.eps);
+    norm_rows(g, r, w.input_norm, T);
     if (w.full) attention_cpu(g, r, w.attn, kcache, vcache, row0, T);
     else gdn_cpu(g, r, w.gdn, conv_state, S, T);
-    for (size_t i = 0; i < (size_t)T * g.H; i++) r->x[i] += r->out[i];
-    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, w.post_norm, g.H, g.eps);
+    residual_add(r, r->x, r->out, (size_t)T * g.H);
+    norm_rows(g, r, w.post_norm, T);
     mlp_cpu(g, r, w, T);
-    for (size_t i = 0; i < (size_t)T * g.H; i++) r->x[i] += r->out[i];
+    residual_add(r, r->x, r->out, (size_t)T * g.H);
 }
 
 // rows of x: the embedding of ids[t], or row t of embed_override where ids is null or
@@ -1032,7 +1122,7 @@ static void embed_cpu(const Model* m, float* x, const int* ids, const float* emb
 // T rows ([T, vocab]) or of the last one ([vocab])
 static void head_cpu(const Model* m, RunState* r, const Vec& norm, int T, float* logits, bool all_logits, float* hidden_out) {
     const Geometry& g = m->geo;
-    for (int t = 0; t < T; t++) rmsnorm(r->xb + (size_t)t * g.H, r->x + (size_t)t * g.H, norm, g.H, g.eps);
+    norm_rows(g, r, norm, T);
     if (hidden_out) memcpy(hidden_out, r->xb, (size_t)T * g.H * sizeof(float));
     if (!logits) return;
     if (all_logits) matmul(logits, g.vocab, r->xb, g.H, m->w.output_head, T);
@@ -1053,6 +1143,7 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
     CHECK(r->capacity >= st->capacity, "run state for %d rows, sequence of %d", r->capacity, st->capacity);
     CHECK(st->pos + T <= st->capacity, "context overflow: %d + %d > %d", st->pos, T, st->capacity);
     embed_cpu(m, r->x, ids, embed_override, T);
+    if (r->bf16) bf16_round(r->x, (size_t)T * g.H);
     rope_tables(r, g, pos3, st->pos + st->rope_delta, T);
     for (int l = 0; l < g.L; l++)
         layer_cpu(g, r, m->w.layers[l], st->key[l], st->value[l], st->conv[l], st->rec[l], st->pos, T);

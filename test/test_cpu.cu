@@ -279,6 +279,69 @@ TEST(Forward, EmbeddingOverrideAndExplicitPositions) {
     EXPECT_EQ(0, memcmp(lg_b.data(), lg_c.data(), lg_b.size() * 4));
 }
 
+// relative l2 distance |a - b| / |b|
+static double rel_l2(const float* a, const float* b, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; e += d * d; r += (double)b[i] * b[i]; }
+    return sqrt(e / (r + 1e-300));
+}
+
+// the bf16 mode (RunState::bf16, the gpu path's oracle in test_gpu): off after run_build; on,
+// the final hidden and the kv cache hold bf16 values, and on the trained kjv model the logits
+// stay within bf16 noise of the fp32 path (a check that the emulation is not silently broken;
+// the default path itself is unchanged bit for bit, which the hf goldens above hold to 1e-4).
+// prompts: the kjv greedy prompt of test_gpu (23 tokens of text: a flash-emulating piece, one
+// key tile) and 150 random ids (three key tiles), each followed by 8 decode steps (split-k
+// emulation). bounds: 1e-2 on the text prompt and on every decode step; on the long random
+// prompt 1e-2 for the median row and 2e-2 for the worst (measured 1.4e-2: bf16 roundings
+// compound over a long prompt of random ids; the gpu itself sits 1.1e-2 from the fp32 path on
+// kjv prompts, LogitsMatchCpu)
+TEST(Forward, Bf16ModeRoundsAndTracksFp32) {
+    const char* path = "models/kjv/kjv.ninfer";
+    const int cap = 160;
+    LOAD_OR_SKIP(A, path, cap, cap);  // fp32
+    LOAD_OR_SKIP(B, path, cap, cap);  // bf16 mode
+    EXPECT_FALSE(B.rs.bf16) << "bf16 mode must be off by default";
+    B.rs.bf16 = true;
+    const Geometry& g = A.m.geo;
+    const int V = g.vocab;
+    const std::vector<int> genesis = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323,
+                                      279, 2430, 339, 624, 3036, 279, 2430, 339, 572, 2041, 1352};
+    int full = -1;
+    for (int l = 0; l < g.L && full < 0; l++) if (g.full[l]) full = l;
+    ASSERT_GE(full, 0);
+    for (const std::vector<int>& prompt : {genesis, random_ids(150, V, 31)}) {
+        const int n = (int)prompt.size(), steps = 8;
+        seq_reset(&A.st); seq_reset(&B.st);
+        std::vector<float> la((size_t)n * V), lb((size_t)n * V), hb((size_t)n * g.H);
+        forward_cpu(&A.m, &A.rs, &A.st, prompt.data(), nullptr, nullptr, n, la.data(), true, nullptr);
+        forward_cpu(&B.m, &B.rs, &B.st, prompt.data(), nullptr, nullptr, n, lb.data(), true, hb.data());
+        size_t off = 0;
+        for (float v : hb) off += bf16r(v) != v;
+        const size_t kvn = (size_t)n * g.Hkv * g.head_dim;
+        for (size_t i = 0; i < kvn; i++) off += bf16r(B.st.key[full][i]) != B.st.key[full][i] || bf16r(B.st.value[full][i]) != B.st.value[full][i];
+        EXPECT_EQ(off, 0u) << "bf16 mode left values that are not bf16 in the final hidden or the kv cache";
+        std::vector<double> rows(n);
+        for (int t = 0; t < n; t++) rows[t] = rel_l2(lb.data() + (size_t)t * V, la.data() + (size_t)t * V, V);
+        std::sort(rows.begin(), rows.end());
+        const double wp = rows.back(), med = rows[n / 2];
+        double wd = 0;
+        std::vector<float> da(la.end() - V, la.end()), db(V);
+        for (int s = 0; s < steps; s++) {
+            int id = argmax(da.data(), V);
+            forward_cpu(&A.m, &A.rs, &A.st, &id, nullptr, nullptr, 1, da.data(), false, nullptr);
+            forward_cpu(&B.m, &B.rs, &B.st, &id, nullptr, nullptr, 1, db.data(), false, nullptr);
+            wd = std::max(wd, rel_l2(db.data(), da.data(), V));
+        }
+        printf("  kjv, bf16 mode vs fp32: prompt of %d: rows worst rel-l2 %.2e, median %.2e; %d decode steps worst %.2e\n", n, wp,
+               med, steps, wd);
+        const bool text = prompt == genesis;
+        EXPECT_LT(wp, text ? 1e-2 : 2e-2) << "prompt of " << n;
+        EXPECT_LT(med, 1e-2) << "prompt of " << n;
+        EXPECT_LT(wd, 1e-2) << "decode after a prompt of " << n;
+    }
+}
+
 // the mtp first pass in one call equals the same rows one at a time through its kv cache
 TEST(Mtp, RowwiseMatchesOneShot) {
     LOAD_OR_SKIP(L, "build/models/tiny.ninfer", 64, 64);

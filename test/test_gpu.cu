@@ -1,14 +1,34 @@
 // tests for the gpu forward (ninfer.cu section 8): the prefill kernels against their decode twins and
-// float64 references, and the whole model on the gpu against the cpu reference path (fp32
-// everything) on the synthetic models and the trained kjv model.
+// float64 references, and the whole model on the gpu against the cpu reference path on the
+// synthetic models and the trained kjv model.
 //
-// the gpu path rounds activations to bf16 where hf does (model.md 8), the cpu reference does
-// not. how far that moves the logits depends on the model: the trained kjv model stays within
-// ~1e-2 relative l2, the random synthetic ones are chaotic (the fp32 reference itself moves by
-// 1.2e-2 .. 3.7e-2 when only its residual stream is rounded to bf16 once per layer), so the bound
-// is max(1e-2, 6x that measured sensitivity) (logits_tol; measured values are printed). greedy
-// generation is compared token by token; a divergence is accepted only at a near tie of the
-// reference (see GreedyMatchesCpu).
+// two oracles for the whole model:
+//   * the fp32 reference (forward_cpu as is): the independent check, the math the hf goldens
+//     hold to 1e-4 (test_cpu). the gpu path rounds activations to bf16 where hf does (model.md
+//     8), the reference does not, and how far that moves the logits depends on the model: the
+//     trained kjv model stays within ~1e-2 relative l2, the random synthetic ones are chaotic
+//     (the fp32 reference itself moves by 1.2e-2 .. 3.7e-2 when only its residual stream is
+//     rounded to bf16 once per layer), so the bound is max(1e-2, 6x that measured
+//     sensitivity) (logits_tol; measured values are printed); greedy generation may diverge
+//     at a near tie of the reference (greedy_case). LogitsMatchCpu, GreedyMatchesCpu*.
+//   * the same reference in its bf16 mode (RunState::bf16: bf16 roundings at exactly the gpu
+//     path's points, ninfer.cu section 4). what is left between the two is fp32 summation
+//     order. Bf16CpuByDepth shows the emulation is right: one layer deep, the median row's
+//     logits agree to ~1e-7 (fp32 noise: bit-equal bf16 activations) where the fp32 path is
+//     7e-3 away. LogitsMatchBf16Cpu and GreedyMatchesBf16Cpu* hold the gpu to the issue's
+//     literal bounds (logits rel-l2 <= 1e-2 on the goldens' prompts, prefill and decode; 64
+//     free-running greedy tokens identical on tiny). those do NOT hold on the synthetic
+//     models (h200, first run: 15 of 20 prompts and 19 of 20 decode runs over 1e-2, worst
+//     3.9e-2; greedy on tiny parts at step 3, where the emulation's own top-2 margin is
+//     1.7e-4 of max|logit|), nor everywhere on kjv (1.2e-2 .. 1.5e-2 on 3 of 12; 64 greedy
+//     tokens identical). the cause is not a missed rounding point: a different summation
+//     order flips a bf16 rounding now and then, and these models amplify one flip into ~1e-2
+//     of the logits within a few layers or tokens. the cpu emulation against itself with its
+//     products summed in double instead of fp32 (nothing else changed) differs the same way
+//     (tiny* 1.4e-2 .. 3.2e-2, kjv up to 1.65e-2), and so does the gpu against itself with
+//     gemv for gemm (only the summation order differs; PrefillKernelsMatchDecodeKernels:
+//     3.4e-2 on tiny, 1.2e-2 on kjv). so those two tests fail by design of the bound, not of
+//     the kernels; they print the figures the issue asks for.
 //
 // run from the repo root; artifacts from `make models` (build/models) and models/kjv.
 // every test skips without a gpu.
@@ -20,6 +40,11 @@
 #include <sstream>
 
 #define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; } while (0)
+
+// the bf16 mode of the cpu reference emulates the gpu's choice of kernels by piece length
+static_assert((int)BF16_DECODE_COLS == (int)DEC_COLS && (int)BF16_DECODE_COLS == (int)LINEAR_GEMV_MAX,
+              "bf16 mode: pieces of more than DEC_COLS tokens take the prefill kernels");
+static_assert((int)BF16_FLASH_KEYS == (int)FA_BK, "bf16 mode: flash_prefill's key tile");
 
 static bool file_exists(const std::string& p) { struct stat st; return stat(p.c_str(), &st) == 0; }
 
@@ -255,14 +280,44 @@ TEST(GpuKernels, FlashPrefillMatchesDecode) {
 
 // ---- whole model ----------------------------------------------------------------------------
 
-struct ModelCase { const char* name; const char* path; };
+// golden: the hf goldens whose prompts LogitsMatchBf16Cpu uses (test/golden, test_cpu's Golden)
+struct ModelCase { const char* name; const char* path; const char* golden; };
 static const ModelCase kModels[] = {
-    {"tiny", "build/models/tiny.ninfer"},
-    {"tiny_gqa1", "build/models/tiny-gqa1.ninfer"},
-    {"tiny_gqa3", "build/models/tiny-gqa3.ninfer"},
-    {"tiny_bf16", "build/models/tiny-bf16.ninfer"},
-    {"kjv", "models/kjv/kjv.ninfer"},
+    {"tiny", "build/models/tiny.ninfer", "test/golden/hf_tiny_groupwise-int.json"},
+    {"tiny_gqa1", "build/models/tiny-gqa1.ninfer", "test/golden/hf_tiny-gqa1_groupwise-int.json"},
+    {"tiny_gqa3", "build/models/tiny-gqa3.ninfer", "test/golden/hf_tiny-gqa3_groupwise-int.json"},
+    {"tiny_bf16", "build/models/tiny-bf16.ninfer", "test/golden/hf_tiny_bf16.json"},
+    {"kjv", "models/kjv/kjv.ninfer", nullptr},
 };
+
+// the kjv greedy prompt: "In the beginning God created the heaven and the earth.\nAnd the earth was without"
+static const std::vector<int> kKjvPrompt = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323,
+                                            279, 2430, 339, 624, 3036, 279, 2430, 339, 572, 2041, 1352};
+
+// the prompts of a model's hf goldens (lengths 1, 7, 64, 65, 200: the decode kernels for the
+// first two, the prefill kernels for the rest). kjv has no goldens: its greedy prompt and random
+// ids of the goldens' lengths.
+static std::vector<std::vector<int>> golden_prompts(const ModelCase& c, int domain) {
+    std::vector<std::vector<int>> out;
+    if (!c.golden) {
+        out.push_back(kKjvPrompt);
+        for (int n : {1, 7, 64, 65, 200}) out.push_back(random_ids(n, domain, 100 + n));
+        return out;
+    }
+    std::ifstream f(c.golden);
+    EXPECT_TRUE(f) << c.golden;
+    std::stringstream ss; ss << f.rdbuf();
+    Json gold; std::string err;
+    EXPECT_TRUE(json_parse(ss.str(), &gold, &err)) << c.golden << ": " << err;
+    if (const Json* ps = gold.get("prompts"))
+        for (const Json& p : ps->arr) {
+            std::vector<int> ids;
+            for (const Json& x : p.get("ids")->arr) ids.push_back((int)x.i);
+            out.push_back(ids);
+        }
+    EXPECT_FALSE(out.empty()) << c.golden << ": no prompts";
+    return out;
+}
 
 // the model on both paths, one sequence each
 struct Both {
@@ -296,6 +351,17 @@ struct Both {
     if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)"; \
     Both var(path, cap, chunk, ##__VA_ARGS__); \
     ASSERT_TRUE(var.ok)
+
+// a cpu reference sequence in bf16 mode (the gpu's oracle)
+struct Bf16Cpu {
+    RunState rs; SeqState st;
+    Bf16Cpu(const Model* m, int T_max, int capacity) {
+        run_build(&rs, m->geo, T_max, capacity);
+        seq_build(&st, m->geo, capacity);
+        rs.bf16 = true;
+    }
+    ~Bf16Cpu() { run_free(&rs); seq_free(&st); }
+};
 
 static std::vector<float> device_row(GpuEngine* e) {
     std::vector<float> v(e->m->geo.vocab);
@@ -392,6 +458,100 @@ TEST_P(GpuModel, LogitsMatchCpu) {
         EXPECT_LT(wp, tol);
         gpu_free(e2);
     }
+}
+
+// the gpu against the cpu reference in bf16 mode (the gpu's own roundings, see the header) with
+// the issue's bound: on each of the goldens' prompts, every row of the prompt's logits, then 8
+// decode steps (the tokens the emulation picks greedily, fed to both), rel-l2 <= 1e-2
+TEST_P(GpuModel, LogitsMatchBf16Cpu) {
+    const int cap = 256, steps = 8;
+    BOTH_OR_SKIP(B, GetParam().path, cap, cap);
+    Bf16Cpu E(&B.m, cap, cap);
+    const int V = B.m.geo.vocab;
+    for (const std::vector<int>& prompt : golden_prompts(GetParam(), B.domain)) {
+        const int n = (int)prompt.size();
+        ASSERT_LE(n + steps, cap);
+        seq_reset(&E.st);
+        gpu_reset(B.g);
+        std::vector<float> lc((size_t)n * V), lg((size_t)n * V);
+        forward_cpu(&B.m, &E.rs, &E.st, prompt.data(), nullptr, nullptr, n, lc.data(), true, nullptr);
+        gpu_forward(B.g, prompt.data(), nullptr, nullptr, n, lg.data(), true);
+        std::vector<double> rows(n);
+        for (int t = 0; t < n; t++) rows[t] = rel_l2(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V);
+        std::sort(rows.begin(), rows.end());
+        const double wp = rows.back(), med = rows[n / 2];
+        std::vector<float> row(lc.end() - V, lc.end());
+        double wd = 0;
+        for (int s = 0; s < steps; s++) {
+            int id = argmax(row.data(), B.domain);
+            forward_cpu(&B.m, &E.rs, &E.st, &id, nullptr, nullptr, 1, row.data(), false, nullptr);
+            gpu_decode(B.g, id);
+            std::vector<float> got = device_row(B.g);
+            wd = std::max(wd, rel_l2(got.data(), row.data(), V));
+        }
+        fprintf(stderr, "  %s: vs bf16 cpu: prompt of %3d (%s kernels): rows worst rel-l2 %.2e, median %.2e; %d decode steps worst %.2e\n",
+                GetParam().name, n, n > DEC_COLS ? "prefill" : "decode", wp, med, steps, wd);
+        // the issue's literal bound (see the header: fp32 summation order breaks it on these models)
+        EXPECT_LT(wp, 1e-2) << "issue bound, prompt of " << n << " tokens";
+        EXPECT_LT(wd, 1e-2) << "issue bound, decode after a prompt of " << n << " tokens";
+    }
+}
+
+// where the gpu and the bf16 cpu part ways: the model cut to its first k layers (the same
+// weights; the final norm and head right after layer k), the goldens' 65-token prompt through
+// the prefill kernels. per depth: worst / median row rel-l2 of the logits, gpu vs bf16 cpu and
+// fp32 cpu vs bf16 cpu, and the share of the last layer's residual stream (bf16 on both paths)
+// that is bit-equal between the gpu and the bf16 cpu. with every rounding point emulated, one
+// layer deep the median row agrees to fp32 noise (h200: 7e-8 .. 1.3e-7 on all five models,
+// against 2.7e-4 .. 7.7e-3 for the fp32 path; a single missed rounding point would put it near
+// the latter); the worst rows, and every row deeper, show the model amplifying the rare
+// last-place flips that a different summation order makes
+TEST_P(GpuModel, Bf16CpuByDepth) {
+    NEED_GPU();
+    const char* path = GetParam().path;
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing (make models)";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    const Geometry& g = m.geo;
+    const int V = g.vocab, cap = 128;
+    FrontendIds fr;
+    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
+    std::vector<int> ids;
+    for (const std::vector<int>& p : golden_prompts(GetParam(), fr.domain)) if (p.size() == 65) ids = p;
+    ASSERT_EQ(ids.size(), 65u);
+    const int n = (int)ids.size();
+    for (int k = 1; k <= g.L; k++) {
+        Model mk = m;  // shallow: the same mapping and weight views, fewer layers
+        mk.geo.L = k;
+        GpuOpts o; o.max_context = cap; o.prefill_chunk = cap; o.quiet = true;
+        GpuEngine* e = gpu_build(&mk, o, &err);
+        ASSERT_TRUE(e) << err;
+        Bf16Cpu E(&mk, cap, cap);
+        RunState rf; SeqState sf;
+        run_build(&rf, mk.geo, cap, cap); seq_build(&sf, mk.geo, cap);
+        std::vector<float> lb((size_t)n * V), lf((size_t)n * V), lg((size_t)n * V);
+        forward_cpu(&mk, &E.rs, &E.st, ids.data(), nullptr, nullptr, n, lb.data(), true, nullptr);
+        forward_cpu(&mk, &rf, &sf, ids.data(), nullptr, nullptr, n, lf.data(), true, nullptr);
+        gpu_forward(e, ids.data(), nullptr, nullptr, n, lg.data(), true);
+        std::vector<uint16_t> xg((size_t)n * g.H);
+        cudaCheck(cudaMemcpy(xg.data(), e->x, xg.size() * 2, cudaMemcpyDeviceToHost));
+        size_t same = 0;
+        for (size_t i = 0; i < xg.size(); i++) same += bf16_to_f32(xg[i]) == E.rs.x[i];
+        auto stats = [&](const std::vector<float>& a, double* worst, double* med) {
+            std::vector<double> r(n);
+            for (int t = 0; t < n; t++) r[t] = rel_l2(a.data() + (size_t)t * V, lb.data() + (size_t)t * V, V);
+            std::sort(r.begin(), r.end());
+            *worst = r.back(); *med = r[n / 2];
+        };
+        double gw, gm, fw, fm;
+        stats(lg, &gw, &gm); stats(lf, &fw, &fm);
+        fprintf(stderr, "  %s: depth %d%s: vs bf16 cpu: gpu worst %.2e median %.2e | fp32 cpu worst %.2e median %.2e | residual bit-equal %.2f%%\n",
+                GetParam().name, k, g.full[k - 1] ? " (attn)" : "", gw, gm, fw, fm, 100.0 * same / xg.size());
+        if (k == 1) EXPECT_LT(gm, 1e-5) << "one layer deep the median row should agree to fp32 noise: a rounding point is not emulated";
+        run_free(&rf); seq_free(&sf);
+        gpu_free(e);
+    }
+    model_close(&m);
 }
 
 // the prefill kernels against the decode kernels inside the model: gemm vs gemv, flash vs
@@ -494,7 +654,7 @@ TEST_P(GpuModel, DecodeFusedMatchesSeparate) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kModels), [](const ::testing::TestParamInfo<ModelCase>& i) { return std::string(i.param.name); });
 
-// greedy generation of 64 tokens, gpu vs cpu, two ways.
+// greedy generation of 64 tokens, gpu vs the fp32 cpu reference, two ways.
 // free running (generate_gpu, the cli's loop): reported; the first divergence must be at a
 // near tie of the reference. teacher forced (the gpu fed the cpu's tokens, so every step is
 // compared on the same context): at each of the 64 steps the gpu's argmax must be the cpu's,
@@ -510,8 +670,7 @@ static void greedy_case(const char* path, double tie, int max_ties) {
     ASSERT_TRUE(B.ok);
     const int V = B.m.geo.vocab, n = 64;
     std::vector<int> prompt = random_ids(12, B.domain, 21);
-    if (std::string(path).find("kjv") != std::string::npos)  // "In the beginning God created the heaven and the earth.\nAnd the earth was without"
-        prompt = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323, 279, 2430, 339, 624, 3036, 279, 2430, 339, 572, 2041, 1352};
+    if (std::string(path).find("kjv") != std::string::npos) prompt = kKjvPrompt;
     // cpu greedy with the logits of every step
     std::vector<float> lc(V);
     std::vector<std::vector<float>> cpu_logits;
@@ -561,6 +720,54 @@ static void greedy_case(const char* path, double tie, int max_ties) {
     fprintf(stderr, "  %s: teacher forced: %d of %d steps pick the cpu's token; %d ties (worst reference margin %.2e, bound %.0e)\n", path,
             n - ties, n, ties, worst, tie);
     if (max_ties >= 0) EXPECT_LE(ties, max_ties) << "too many ties for a trained model";
+}
+// greedy generation of 64 tokens with the bf16 kv cache, the gpu free running (generate_gpu, the
+// cli's loop) against the cpu reference in bf16 mode: identical (the issue's acceptance). the
+// emulation's smallest top-2 margin over the 64 steps is printed, and on a divergence its
+// margin at that step (a near tie there: fp32 summation order, which is all that is left)
+static void greedy_bf16_case(const char* path, const std::vector<int>& prompt_in) {
+    Both B(path, 256, 64);
+    ASSERT_TRUE(B.ok);
+    ASSERT_EQ(B.g->o.kv, (int)KV_BF16);
+    Bf16Cpu E(&B.m, 64, 256);
+    const int V = B.m.geo.vocab, n = 64;
+    const std::vector<int> prompt = prompt_in.empty() ? random_ids(12, B.domain, 21) : prompt_in;
+    std::vector<float> lc(V);
+    std::vector<int> cpu_ids;
+    std::vector<double> margin;  // (top1 - top2) / max|logit| of the emulation, per step
+    forward_cpu(&B.m, &E.rs, &E.st, prompt.data(), nullptr, nullptr, (int)prompt.size(), lc.data(), false, nullptr);
+    for (int s = 0; s < n; s++) {
+        int id = argmax(lc.data(), B.domain);
+        float mx = 0, second = -INFINITY;
+        for (int v = 0; v < B.domain; v++) { mx = std::max(mx, fabsf(lc[v])); if (v != id) second = std::max(second, lc[v]); }
+        cpu_ids.push_back(id); margin.push_back((lc[id] - second) / mx);
+        forward_cpu(&B.m, &E.rs, &E.st, &id, nullptr, nullptr, 1, lc.data(), false, nullptr);
+    }
+    Sampler smp; SamplerParams sp; sp.temperature = 0;
+    sampler_build(&smp, sp, B.domain);
+    std::vector<int> gpu_ids;
+    GenStats st = generate_gpu(B.g, &smp, prompt, n, {}, nullptr, [&](int id) { gpu_ids.push_back(id); });
+    ASSERT_EQ(st.generated, n);
+    int first = -1;
+    for (int s = 0; s < n; s++) if (gpu_ids[s] != cpu_ids[s]) { first = s; break; }
+    const int lo = (int)(std::min_element(margin.begin(), margin.end()) - margin.begin());
+    if (first < 0)
+        fprintf(stderr, "  %s: vs bf16 cpu, free running: %d greedy tokens identical (smallest emulation margin %.2e of max|logit|, step %d)\n",
+                path, n, margin[lo], lo);
+    else
+        fprintf(stderr, "  %s: vs bf16 cpu, free running: greedy tokens agree for %d of %d steps; at step %d cpu %d, gpu %d, emulation margin %.2e of max|logit|\n",
+                path, first, n, first, cpu_ids[first], gpu_ids[first], margin[first]);
+    EXPECT_EQ(first, -1) << "gpu and bf16 cpu greedy tokens differ";
+}
+TEST(GpuGeneration, GreedyMatchesBf16CpuTiny) {
+    NEED_GPU();
+    if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP();
+    greedy_bf16_case("build/models/tiny.ninfer", {});
+}
+TEST(GpuGeneration, GreedyMatchesBf16CpuKjv) {
+    NEED_GPU();
+    if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP();
+    greedy_bf16_case("models/kjv/kjv.ninfer", kKjvPrompt);
 }
 TEST(GpuGeneration, GreedyMatchesCpuKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); greedy_case("models/kjv/kjv.ninfer", 5e-3, 2); }
 TEST(GpuGeneration, GreedyMatchesCpuTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); greedy_case("build/models/tiny.ninfer", 2e-2, -1); }
