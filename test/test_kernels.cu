@@ -348,9 +348,10 @@ TEST(Gemv, InPlaceResidual) {
 // rmsnorm: the only difference is the order of the sum of squares (a block of the gemv vs
 // rmsnorm_kernel's block), which moves 1/rms by an ulp or two and so rarely rounds an element
 // of x to the neighbouring bf16; bound: 1e-5 sum|w x| (accumulation, as in the plain test) +
-// 4 flipped elements of x (each moves y by <= 2^-7 max|w_k x_k|) + the bf16 output's half ulp
-// (both sides round, so 2 x 2^-9 |y|). a wrong lane, scale, norm weight or column is off by
-// far more (order |w_k x_k| * sqrt(k)).
+// 4 flipped elements of x (each moves y by <= 2^-7 max|w_k x_k|) + one ulp of the bf16 output
+// (2^-7 |y|: two sums a little apart can round to neighbouring bf16 values; the first version
+// allowed half that and failed 5 of 16384 outputs once, h200 run 10). a wrong lane, scale,
+// norm weight or column is off by far more (order |w_k x_k| * sqrt(k)).
 TEST(Gemv, FusedXTransforms) {
     NEED_GPU();
     struct Case { NumFormat f; int64_t rows, cols; int C; bool f32, resid; int mode; const char* name; };
@@ -409,7 +410,7 @@ TEST(Gemv, FusedXTransforms) {
                     double sa = 0, mx = 0;
                     for (int64_t k = 0; k < tc.cols; k++) { double t = fabs((double)wrow[k] * h[(size_t)c * ldh + k]); sa += t; mx = std::max(mx, t); }
                     double v0 = y0[(size_t)c * ldy + row], v1 = y1[(size_t)c * ldy + row];
-                    double tol = 1e-5 * sa + 4 * mx / 128 + (tc.f32 ? 0.0 : fabs(v0) / 256);
+                    double tol = 1e-5 * sa + 4 * mx / 128 + (tc.f32 ? 0.0 : fabs(v0) / 128);
                     if (!(fabs(v0 - v1) <= tol)) bad++;
                 }
             }
