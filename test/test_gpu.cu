@@ -531,6 +531,11 @@ TEST_P(GpuModel, Bf16CpuByDepth) {
     for (const std::vector<int>& p : golden_prompts(GetParam(), fr.domain)) if (p.size() == 65) ids = p;
     ASSERT_EQ(ids.size(), 65u);
     const int n = (int)ids.size();
+    // the recurrent deltanet prefill: the chunked form (pieces of >= 64 tokens by default) runs
+    // its products in tf32 on tensor cores, roundings the bf16 mode does not emulate (measured
+    // at depth 1 with it: median 5.3e-3, 43% of the residual bit-equal, h200 run 15)
+    struct Restore { int v = g_gdn_chunked_min; ~Restore() { g_gdn_chunked_min = v; } } restore;
+    g_gdn_chunked_min = 1 << 30;
     for (int k = 1; k <= g.L; k++) {
         Model mk = m;  // shallow: the same mapping and weight views, fewer layers
         mk.geo.L = k;
