@@ -3177,10 +3177,7 @@ static std::string http_url_decode(const std::string& s) {
 // GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, and the endpoints
 // that explicitly fail (POST .../cancel, POST /v1/responses/compact)
 static void resp_handle_stored(ServeConn* c, const HttpRequest& rq, bool keep, ServeReqLog* lg) {
-    std::string rest = rq.path.substr(14);  // after "/v1/responses/"
-    size_t q = rest.find('?');
-    std::string query = q == std::string::npos ? "" : rest.substr(q + 1);
-    rest = rest.substr(0, q);
+    std::string rest = rq.path.substr(14), query = rq.query;  // after "/v1/responses/"
     size_t slash = rest.find('/');
     std::string id = http_url_decode(rest.substr(0, slash)), sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
     bool get = rq.method == "GET" || rq.method == "HEAD";
