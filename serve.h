@@ -296,8 +296,10 @@ static void serve_usage(FILE* f) {
         "  --max-long-anchors-per-continuation N (2), --max-cache-markers-per-request N (4)\n"
         "                                prefix-cache capacities\n"
         "  --context-cost-presets FILE, --media-cache-mib N (1024), --media-live-mib N (2048),\n"
-        "  --media-preprocess-threads N (0 = auto), --response-store-max-records N (1024),\n"
-        "  --response-store-max-mib N (256)\n"
+        "  --media-preprocess-threads N (0 = auto)\n"
+        "  --response-store-max-records N  /v1/responses kept for previous_response_id and GET, least\n"
+        "                                recently used out first; 0 = none (1024)\n"
+        "  --response-store-max-mib N    the memory they may take (256)\n"
         "generation defaults (request fields override them unless --greedy):\n"
         "  --default-max-tokens N        output limit when a request gives none (8192)\n"
         "  --no-thinking                 render the non-thinking prompt by default (thinking on)\n"
@@ -307,7 +309,12 @@ static void serve_usage(FILE* f) {
         "  --temperature F (0..2), --top-p F (0..1), --top-k N, --min-p F (0..1),\n"
         "  --presence-penalty F (-2..2), --frequency-penalty F (-2..2), --seed N\n"
         "                                sampler defaults (the model's preset; seed: random per request)\n"
-        "  -h, --help                    this text\n");
+        "  -h, --help                    this text\n"
+        "\n"
+        "endpoints: POST /v1/chat/completions (logprobs, top_logprobs), /v1/responses,\n"
+        "/v1/responses/input_tokens, /v1/completions (text or token-id prompt, echo, logprobs),\n"
+        "/v1/messages, /v1/messages/count_tokens; GET/DELETE /v1/responses/{id}, GET\n"
+        "/v1/responses/{id}/input_items, GET /health, /v1/models, /v1/models/{id}\n");
 }
 
 // strict number parsing: the whole string, inside [lo, hi]
@@ -1498,7 +1505,7 @@ static bool resp_content(const Json& c, bool vision, bool assistant, std::string
     text->clear();
     *parts = Json::array();
     bool media = false;
-    if (c.is_string()) { *text = c.str; return true; }
+    if (c.is_string()) { *text = c.str; *parts = Json(); return true; }
     if (!c.is_array()) return api_fail(e, (where + ".content").c_str(), "content must be a string or an array of content parts");
     for (const auto& p : c.arr) {
         const Json* t = p.is_object() ? p.get("type") : nullptr;
