@@ -1274,7 +1274,7 @@ def test_flags_errors():
         (["--cors=yes"], "--cors takes no value"),
         (["--no-prefix-reuse", "--host-kv-mib", "1"], "--no-prefix-reuse cannot be combined with --host-kv-mib"),
         (["--max-concurrency", "4"], "--max-concurrency 4 is not supported yet"),
-        (["--response-store-max-records", "5"], "not supported yet"),
+        (["--response-store-max-records", "-1"], "--response-store-max-records"),
         (["--vision"], "--vision is not supported yet" if FAKE else None),
         (["--kv-dtype", "fp8"], "--kv-dtype fp8 is not supported yet" if FAKE else None),
         (["--host-kv-mib", "64"], "--host-kv-mib is not supported yet" if FAKE else None),
