@@ -15,7 +15,8 @@
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
 //                            counter-based rng, the arithmetic shared with the gpu sampler
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop, perplexity
+//                            loop with its tap (prompt logits, sampled rows), logprobs,
+//                            perplexity
 //   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
 //                            stored formats, norms, m-rope, conv + gdn with state slots,
 //                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill),
@@ -25,7 +26,8 @@
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
-//                            calls with stop strings; serve.h's engine interface
+//                            calls with stop strings; serve.h's engine interface (chat and
+//                            completion prompts, per-token logprobs, prompt scoring)
 //  12. cli                   poor man's argparse and main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
@@ -1374,7 +1376,8 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
 // === 6. generation (cpu) =====================================================
 //
 // what the cli runs on the reference path: the token domain and stop ids from the artifact's
-// frontend resources, a generation loop, --logits-out and --perplexity.
+// frontend resources, a generation loop (whose tap gives --logits-out and the server's
+// logprobs), and --perplexity.
 
 // what generation needs from the artifact's frontend resources (never hard-coded ids):
 //   domain  the ids the tokenizer can produce: 1 + the largest id of tokenizer.json (model.vocab
@@ -1473,8 +1476,9 @@ static bool emit_more(Emit& emit, int id) {
 
 // what a generation reports besides the ids, for --logits-out and the server's logprobs.
 // prompt_rows gets the prompt's logits, every row, piece by piece in order ([T, vocab] fp32);
-// sampled gets the logits an emitted id was drawn from ([vocab]: the model's raw output,
-// before temperature, penalties and bias), just before the id is emitted (a stop id is not).
+// sampled gets the logits each sampled id was drawn from ([vocab]: the model's raw output,
+// before temperature, penalties and bias), just before the id is emitted; a stop id too
+// (then nothing is emitted after it).
 // null callbacks are not called. asking for prompt rows prefills in pieces of at most
 // logits_piece rows; on the gpu, asking for sampled rows copies one row to the host per token
 // and turns the step-ahead pipelining off.
@@ -1509,10 +1513,10 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     t0 = now_s();
     for (int n = 0; n < max_new; n++) {
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+        if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
         s.generated++;
-        if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
         if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
@@ -5537,13 +5541,13 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         } else {
             id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         }
+        if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
         const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
         if (stop) { s.stopped = true; s.stop_id = id; }
         else {
             if (ahead) sampler_accept(smp, id);  // the device counted it already
             else gpu_sampler_accept(e, smp, id);
             s.generated++;
-            if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
             if (!emit_more(emit, id)) s.cancelled = true;  // a stop string, or the client left
         }
         if (stop || s.cancelled) {
@@ -5937,6 +5941,14 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!sink.emit(sink.ctx, ev) || sink.cancelled(sink.ctx)) { cancelled = true; return false; }
         return true;
     });
+    if (p.raw && r.gen.stopped && tk.pending.id == r.gen.stop_id) {
+        // a completion lists its stop id too (one entry per counted token: lm-evaluation-harness
+        // drops the last entry of echo + max_tokens 1 as the generated one); chat does not
+        ServeEvent ev;
+        ev.kind = SERVE_LOGPROB;
+        ev.logprobs.push_back(std::move(tk.pending));
+        sink.emit(sink.ctx, ev);
+    }
     res->prompt_tokens = r.gen.prompt;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
     res->reasoning_tokens = tk.reasoning;

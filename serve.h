@@ -1,10 +1,10 @@
-// serve.h: ninfer-serve, an http/1.1 server speaking openai chat completions and anthropic
-// messages over plain posix sockets. it parses and validates requests, queues them for one
+// serve.h: ninfer-serve, an http/1.1 server speaking openai chat completions, responses and
+// legacy completions, and anthropic messages over plain posix sockets. it parses and validates requests, queues them for one
 // engine thread, and streams what the engine produces back as json or server-sent events.
 //
 // defines:
-//   engine interface: ServeChat, ServePrompt, ServeSampling, ServeEvent, ServeSink,
-//                     ServeResult, ServeError, ServeEngine, ServeBackend
+//   engine interface: ServeChat, ServePrompt, ServeSampling, ServeLogprob, ServeEvent,
+//                     ServeSink, ServeResult, ServeError, ServeEngine, ServeBackend
 //   options:          ServeOptions, serve_parse_args, serve_check_features, serve_usage
 //   http:             HttpLimits, HttpRequest, http_parse_head, ChunkedDecoder, chunked_feed,
 //                     http_status_text
@@ -19,7 +19,8 @@
 //
 // the shape of the server (see shared/docs/server.md for the checklist it follows):
 //   - the main thread accepts; one detached thread per connection reads requests, answers
-//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare);
+//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare;
+//     completion prompts: prepare_text);
 //   - one engine thread owns the model and runs queued requests one at a time in fifo order
 //     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
 //     and a request that waits longer than --pending-timeout-ms gets 503;
@@ -1810,6 +1811,9 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     }
     r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
+    if (r->chat.preserve_thinking)  // the engine's renderer has no such option yet: refused, not ignored
+        return api_fail(e, body.get("preserve_thinking") ? "preserve_thinking" : "chat_template_kwargs.preserve_thinking",
+                        "preserve_thinking is not supported yet (closed-turn reasoning is dropped, as the template does)");
     if (counting) return true;
     int64_t x;
     if ((k = api_int(body, "max_output_tokens", 16, INT_MAX, &x, e)) < 0) return false;
@@ -2387,20 +2391,14 @@ static Json compl_logprobs_take(ServeGen* g) {
     return o;
 }
 static Json compl_chunk(ServeGen* g, const std::string& text, const char* finish) {
+    Json o = openai_chunk(g, Json(), finish);  // a chat chunk's envelope, a completion's choice
+    o.set("object", Json::string("text_completion"));
     Json ch = Json::object();
     ch.set("index", Json::integer(0));
     ch.set("text", Json::string(text));
     ch.set("logprobs", compl_logprobs_take(g));
     ch.set("finish_reason", finish ? Json::string(finish) : Json());
-    Json choices = Json::array();
-    choices.push(ch);
-    Json o = Json::object();
-    o.set("id", Json::string(g->id));
-    o.set("object", Json::string("text_completion"));
-    o.set("created", Json::integer(g->created));
-    o.set("model", Json::string(g->model));
-    o.set("choices", choices);
-    if (g->include_usage) o.set("usage", Json());
+    o.get("choices")->arr[0] = ch;
     return o;
 }
 // streaming with echo: the prompt goes out first, once it is scored (before any output)
@@ -3022,6 +3020,10 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
         catch (...) { ok = false; e = serve_make_error(500, "internal_error", "prompt preparation failed"); }
     }
     if (!ok) {
+        if (route == SERVE_ROUTE_RESPONSES || route == SERVE_ROUTE_RESPONSES_COUNT) {  // the engine names chat fields
+            if (e.param == "reasoning_effort") e.param = "reasoning.effort";
+            if (e.param == "messages") e.param = "input";
+        }
         if (e.status < 400) e.status = 400;
         if (e.message.empty()) e.message = "the request could not be rendered";
         serve_conn_send_error(c, anth, e, keep, lg);

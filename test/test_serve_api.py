@@ -411,6 +411,9 @@ def test_fake_responses_input_items_and_fixed_failures(fake):
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "invalid_request_error"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input[0].content", "vision_disabled"),
     ({"instructions": 3}, "instructions", "invalid_request_error"),
+    ({"preserve_thinking": True}, "preserve_thinking", "invalid_request_error"),
+    ({"chat_template_kwargs": {"preserve_thinking": True}}, "chat_template_kwargs.preserve_thinking", "invalid_request_error"),
+    ({"reasoning": {"effort": "low"}}, "reasoning.effort", "reasoning_effort_not_supported"),
 ])
 def test_fake_responses_refuse_by_name(fake, extra, param, code):
     body = {"model": model_of(fake), "input": "hi"}
@@ -491,3 +494,38 @@ def test_fake_chat_logprobs(fake):
         body.update(bad)
         st, _, b = request(fake.port, "POST", "/v1/chat/completions", body)
         assert st == 400 and json.loads(b)["error"]["param"] == param
+
+
+def test_fake_hostile_bodies_never_crash(fake):
+    """every field of both endpoints with every wrong json type: a 400 (or a 200 where the value
+    happens to be valid), never a 5xx, and the server answers afterwards"""
+    m = model_of(fake)
+    wrong = [None, True, -1, 0, 1.5, 1e300, "", "x" * 300, [], [None], [[]], {}, {"a": None}, [{"type": None}],
+             [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": None}]}],
+             [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}],
+             [{"type": "reasoning", "content": [{"type": "reasoning_text"}]}]]
+    bases = {"/v1/completions": ({"model": m, "prompt": "hi", "max_tokens": 4},
+                                 ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                  "frequency_penalty", "seed", "stop", "echo", "logprobs", "stream", "stream_options", "n",
+                                  "best_of", "logit_bias", "suffix"]),
+             "/v1/responses": ({"model": m, "input": "hi", "max_output_tokens": 16},
+                               ["model", "input", "instructions", "previous_response_id", "max_output_tokens", "stream", "store",
+                                "temperature", "top_p", "metadata", "reasoning", "preserve_thinking", "chat_template_kwargs",
+                                "text", "tools", "tool_choice", "parallel_tool_calls", "truncation", "top_logprobs",
+                                "service_tier", "background", "include"]),
+             "/v1/responses/input_tokens": ({"model": m, "input": "hi"}, ["input", "instructions", "tools", "reasoning"])}
+    n = 0
+    for path, (base, fields) in bases.items():
+        for f in fields:
+            for v in wrong:
+                body = dict(base)
+                body[f] = v
+                st, _, b = request(fake.port, "POST", path, body)
+                assert st in (200, 400, 404), (path, f, v, st, b)
+                if st != 200:
+                    err = json.loads(b)["error"]
+                    assert err["message"] and err["code"], (path, f, v, b)
+                n += 1
+    assert n > 600
+    st, _, b = request(fake.port, "POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 4})
+    assert st == 200, b
