@@ -129,6 +129,20 @@ def test_completions_prompt_logprobs_equal_the_models(real, tmp_path):
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 1
 
 
+def test_completions_list_a_generated_stop_token(real, tmp_path):
+    """a stop id (<|im_end|>, forced by logit_bias) ends the completion: it counts in usage and
+    has its entry, with the model's raw logprob (the bias is a sampler setting, not the model)"""
+    ids = kjv_ids("And God said")
+    lp = oracle_logprobs(tmp_path, ids)
+    r = client(real).completions.create(model=model_of(real), prompt=ids, echo=True, max_tokens=4, logprobs=1,
+                                        temperature=0, logit_bias={"4258": 100})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and r.usage.completion_tokens == 1 and ch.text == "And God said"
+    assert len(ch.logprobs.token_logprobs) == len(ids) + 1 and ch.logprobs.tokens[-1] == "<|im_end|>"
+    exact = 1e-5 if on_cpu(real) else tol(real)
+    assert abs(ch.logprobs.token_logprobs[-1] - lp[-1, 4258]) < exact and lp[-1, 4258] < lp[-1].max() - 1
+
+
 def test_completions_score_only_and_string_prompt(real, tmp_path):
     ids = kjv_ids(TEXT)
     lp = oracle_logprobs(tmp_path, ids)
