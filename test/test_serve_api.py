@@ -12,12 +12,13 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import numpy as np
 import openai
 import pytest
 
-from test_serve import Server, request, sse_events
+from test_serve import Conn, Server, http, request, sse_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, os.environ.get("NINFER_BIN", "build/test/ninfer"))
@@ -543,3 +544,22 @@ def test_fake_hostile_bodies_never_crash(fake):
     assert n > 600
     st, _, b = request(fake.port, "POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 4})
     assert st == 200, b
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"input": "[[tokens=300]][[delay=20]]", "max_output_tokens": 400, "reasoning": {"effort": "none"}}),
+    ("/v1/completions", {"prompt": "[[tokens=300]][[delay=20]]", "max_tokens": 400, "logprobs": 2}),
+])
+def test_fake_client_leaves_mid_stream(fake, path, body):
+    """the generation is cancelled at the next token; the server answers at once"""
+    m = model_of(fake)
+    mark = len(fake.log)
+    c = Conn(fake.port)
+    c.send(http("POST", path, json.dumps(dict(body, model=m, stream=True)).encode()))
+    c.read_until(b"w2")
+    c.close()
+    t0 = time.time()
+    st, _, _ = request(fake.port, "POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 2})
+    assert st == 200 and time.time() - t0 < 2
+    line = fake.wait_log(r" 499 POST " + path + r" .*completion=(\d+)", since=mark)
+    assert int(re.search(r"completion=(\d+)", line).group(1)) < 100
