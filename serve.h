@@ -2143,7 +2143,7 @@ static std::string http_response_head(int status, const char* ctype, long long c
     if (g_serve.opt.cors)
         h += "Access-Control-Allow-Origin: *\r\n"
              "Access-Control-Allow-Headers: Authorization, Content-Type, x-api-key, anthropic-version\r\n"
-             "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n";
+             "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\n";
     h += extra;
     h += "\r\n";
     return h;
@@ -3319,7 +3319,7 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         return k;
     };
     if (rq.method == "OPTIONS") {
-        serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
+        serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, DELETE, OPTIONS\r\n");
         lg.status = 204; serve_log_request(lg);
         return keep && !has_body;
     }
