@@ -101,7 +101,7 @@ struct ServePrompt {
 // sampler and limits for one request, already resolved (engine preset < flags < request <
 // --greedy) and range-checked
 struct ServeSampling {
-    int max_tokens = 0;            // output limit, > 0, already clamped to the context left
+    int max_tokens = 0;            // output limit, > 0 (0 only with prompt_logprobs), already clamped to the context left
     float temperature = 0.6f;      // <= 0: argmax
     float top_p = 0.95f;
     int top_k = 20;                // <= 0: no limit
@@ -136,7 +136,8 @@ struct ServeEvent {
     std::string tool_name;         // TOOL_CALL: one complete call
     std::string tool_args;         // TOOL_CALL: its arguments, a json object as text
     std::vector<ServeLogprob> logprobs;  // LOGPROB: the token about to be emitted (before its
-                                   // text's events); PROMPT_LOGPROBS: the next prompt tokens in order
+                                   // text's events; for a raw prompt also a stop id that ended it);
+                                   // PROMPT_LOGPROBS: the next prompt tokens in order
 };
 
 // how generate talks back. both functions are called on the engine thread only.
@@ -170,7 +171,7 @@ struct ServeEngine {
     void* self = nullptr;
     std::string model_id;          // the artifact's identity model id: the default --model-id
     int max_context = 0;           // tokens; prompt + output must fit
-    int n_vocab = 0;               // logit_bias ids must be below it (0: not checked)
+    int n_vocab = 0;               // logit_bias and prompt ids must be below it (0: not checked)
     bool vision = false;           // image / video parts accepted (else 400 vision_disabled)
     ServeSampling defaults;        // the model's sampler preset (max_tokens and stop unused)
     // render and tokenize a chat. runs on a connection thread (requests and count_tokens),
