@@ -176,6 +176,44 @@ def test_completions_generated_logprobs_equal_the_models(real, tmp_path):
     assert cli.rstrip("\n") == ch.text
 
 
+def byte_level_id(tok, b):
+    """the id of the token whose raw bytes are b (gpt-2 byte-level alphabet), via hf tokenizers"""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for x in range(256):
+        if x not in bs:
+            bs.append(x)
+            cs.append(256 + n)
+            n += 1
+    m = dict(zip(bs, map(chr, cs)))
+    i = tok.token_to_id("".join(m[x] for x in b))
+    assert i is not None, b
+    return i
+
+
+def test_chat_sampled_logprobs_equal_the_models(real, tmp_path):
+    """sampled (temperature 1): each token's logprob is the model's at that token, not the argmax's"""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(ROOT, "models/kjv/tokenizer/tokenizer.json"))
+    c, m = client(real), model_of(real)
+    r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "And God said"}], max_tokens=12, temperature=1.0,
+                                  top_p=1.0, seed=7, logprobs=True, top_logprobs=2, extra_body={"enable_thinking": False, "top_k": 0})
+    content = r.choices[0].logprobs.content
+    p = subprocess.run([BIN, KJV, "--prompt", "And God said", "--no-thinking", "--print-token-ids", "--max-new", "1"],
+                       capture_output=True, text=True, timeout=300)
+    prompt = [int(x) for x in re.search(r"prompt ids:([ 0-9]+)", p.stderr).group(1).split()]
+    gen = [byte_level_id(tok, bytes(e.bytes)) for e in content]
+    lp = oracle_logprobs(tmp_path, prompt + gen)
+    t = tol(real)
+    below = 0
+    for k, e in enumerate(content):
+        row = lp[len(prompt) - 1 + k]
+        assert abs(e.logprob - row[gen[k]]) < t, (k, e.logprob, row[gen[k]])
+        assert abs(e.top_logprobs[0].logprob - row.max()) < t
+        below += e.logprob < e.top_logprobs[0].logprob - 1e-3
+    assert below > 0  # some sampled tokens were not the argmax: the test sees more than greedy
+
+
 def test_completions_stop_echo_and_stream(real):
     c, m = client(real), model_of(real)
     full = c.completions.create(model=m, prompt="And God said", max_tokens=16, temperature=0).choices[0].text
