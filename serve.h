@@ -3052,8 +3052,9 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
                 serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "the prompt has a token id outside the vocabulary", "prompt"), keep, lg);
                 return keep;
             }
-    if (ar.logprobs >= 0 && !s.eng->token_bytes) {
-        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "this engine gives no logprobs", "logprobs"), keep, lg);
+    if ((ar.logprobs >= 0 || (ar.echo && ar.raw_is_ids)) && !s.eng->token_bytes) {
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "this engine gives no token texts (logprobs, echo of ids)",
+                                                        ar.logprobs >= 0 ? "logprobs" : "echo"), keep, lg);
         return keep;
     }
     for (const auto& lb : ar.logit_bias)
