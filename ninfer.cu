@@ -5889,14 +5889,16 @@ static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
     ServedTokens* t = (ServedTokens*)ctx;
     ServeEvent ev;
     ev.kind = SERVE_PROMPT_LOGPROBS;
-    for (int k = 0; k < T; k++, t->row++) {
-        if (t->row + 1 >= (int)t->prompt->size()) break;  // the last row predicts the first output token
-        ServeLogprob e;
-        e.id = (*t->prompt)[t->row + 1];
+    const int n = std::max(0, std::min(T, (int)t->prompt->size() - 1 - t->row));  // the last row predicts the first output token
+    ev.logprobs.resize(n);
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < n; k++) {  // rows are independent: one softmax over the vocabulary each
+        ServeLogprob& e = ev.logprobs[k];
+        e.id = (*t->prompt)[t->row + 1 + k];
         e.logprob = token_logprobs(lg + (size_t)k * vocab, vocab, t->s->t.fr.domain, e.id, t->top_n, &e.top);
-        ev.logprobs.push_back(std::move(e));
     }
-    if (!ev.logprobs.empty()) t->sink->emit(t->sink->ctx, ev);  // a client gone is seen at the next token
+    t->row += T;
+    if (n > 0) t->sink->emit(t->sink->ctx, ev);  // a client gone is seen at the next token
 }
 static void served_on_token(void* ctx, int id, int channel) {
     ServedTokens* t = (ServedTokens*)ctx;
