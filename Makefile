@@ -26,7 +26,7 @@ LDLIBS   := -lgomp -lpthread -ldl -lrt
 GTEST    := -lgtest_main -lgtest -lpthread
 
 HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h)
-TEST_HEADERS := test/test_util.h test/gemv_variants.cuh
+TEST_HEADERS := test/test_util.h test/dev_kernels.cuh
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
 

@@ -1783,7 +1783,7 @@ template <int F> struct GemvFmt {
 // shift places them at bit 4 (and 5) of each half.
 // the offset trick: the pair is code + offset (GemvOffset: 136, 144, 160), the bare magic
 // value; the kernel subtracts offset * sum(x) per group in fp32, which saves a bf16 fma per
-// pair (the version without it is test/gemv_variants.cuh's variant 4).
+// pair (the version without it is test/dev_kernels.cuh's variant 4).
 template <int F> struct GemvOffset { static constexpr float v = F == FMT_Q4 ? 136.f : F == FMT_Q5 ? 144.f : F == FMT_Q6 ? 160.f : 0.f; };
 template <int F>
 __device__ __forceinline__ uint32_t gemv_pair(const uint32_t (&r)[GemvFmt<F>::RAW], uint32_t hs0, uint32_t hs1, int p) {
@@ -2359,7 +2359,7 @@ static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.c
 // stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); more
 // than two columns (mtp verification) stage too much x per block: the async kernel; bf16 and
 // shapes the async kernels cannot take: the register kernel. the other measured versions are
-// test/gemv_variants.cuh's (tests and benches index all of them by number).
+// test/dev_kernels.cuh's (tests and benches index all of them by number).
 enum GemvKernel {
     GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
@@ -2582,7 +2582,8 @@ static void embed_gather(const Mat& w, const int* ids, int T, const bf16_t* ovr,
     cudaCheck(cudaGetLastError());
 }
 
-// partial interleaved m-rope (model.md 2.3), in place on nheads heads of head_dim per token:
+// partial interleaved m-rope (model.md 2.3; attn_prep applies it, test/dev_kernels.cuh keeps the
+// separate kernel as its reference), in place on nheads heads of head_dim per token:
 // dims [0, rot) rotate as rotate_half pairs (i, i+rot/2); the rest pass through. pair i uses
 // position axis T/H/W by the interleaved rule of mrope_section; angle = pos[t][axis] *
 // inv_freq[i] in fp32; cos/sin rounded to bf16, products and sum rounded to bf16 as hf does:
@@ -2592,44 +2593,6 @@ static void embed_gather(const Mat& w, const int* ids, int T, const bf16_t* ovr,
 static void rope_inv_freq(float theta, int rot, float* out) {
     for (int j = 0; j < 64; j++) out[j] = j < rot / 2 ? 1.0f / powf(theta, (float)(2 * j) / (float)rot) : 0.f;
 }
-#ifdef NINFER_TESTING  // the forward ropes inside attn_prep; this separate kernel is its reference in the tests
-struct RopeArgs {
-    bf16_t* x; int ldx;
-    int T, nheads, head_dim, half;  // half = rot / 2 (32)
-    const int* pos;
-    int sec_h, sec_w;               // mrope_section[1], [2]
-    float inv_freq[64];
-};
-__global__ void mrope_kernel(RopeArgs a) {
-    pdl_entry_small();
-    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
-    if (idx >= (int64_t)a.T * a.nheads * a.half) return;
-    int i = (int)(idx % a.half);
-    int64_t th = idx / a.half;
-    int t = (int)(th / a.nheads), hd = (int)(th % a.nheads);
-    int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
-    float ang = (float)a.pos[t * 3 + axis] * a.inv_freq[i];
-    float sn, cs;
-    sincosf(ang, &sn, &cs);
-    float c = bfround(cs), s = bfround(sn);
-    bf16_t* p = a.x + (int64_t)t * a.ldx + (int64_t)hd * a.head_dim;
-    float x1 = bf2f(p[i]), x2 = bf2f(p[i + a.half]);
-    p[i] = f2bf(bfround(x1 * c) - bfround(x2 * s));
-    p[i + a.half] = f2bf(bfround(x2 * c) + bfround(x1 * s));
-}
-static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, const int* pos, float theta,
-                  const int sections[3], cudaStream_t stream) {
-    CHECK(rot % 2 == 0 && rot <= 128 && rot <= head_dim, "mrope: bad rotary dim %d", rot);
-    RopeArgs a;
-    a.x = x; a.ldx = ldx; a.T = T; a.nheads = nheads; a.head_dim = head_dim; a.half = rot / 2; a.pos = pos;
-    a.sec_h = sections[1]; a.sec_w = sections[2];
-    rope_inv_freq(theta, rot, a.inv_freq);
-    int64_t n = (int64_t)T * nheads * a.half;
-    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
-    cudaCheck(cudaGetLastError());
-}
-#endif  // NINFER_TESTING
-
 // ---- 7.5 gated deltanet decode: conv, gates, recurrent step ---------------------------------
 // gated deltanet: causal conv, gates, recurrent step
 //
@@ -2833,7 +2796,7 @@ static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
 // attention decode (model.md 2.4): bf16 kv cache, split-k over the context, gqa
 //
 // cache per layer: K and V [Hkv][cap][256] bf16 (position-addressed; rows past the visible
-// length are never read, so they may hold anything). kv_append writes the C new columns at
+// length are never read, so they may hold anything). attn_prep writes the C new columns at
 // their positions first; then column c attends to keys 0..pos[c] (mtp verification: the
 // draft columns see each other causally).
 // attn_decode: block (kv head h, split sp) handles keys [sp*split_keys, +split_keys) for all
@@ -2907,74 +2870,12 @@ template <> struct KvVec<KV_FP8> {
     }
 };
 
-#ifdef NINFER_TESTING  // the forward appends inside attn_prep; the separate append is its reference in the tests
-// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
-template <int KV>
-__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
-                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
-                                                             const int* __restrict__ pos, int Hkv) {
-    pdl_entry_small();
-    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
-    __shared__ float wmax[2][ATT_HD / 32];
-    const int64_t p = pos[c];
-    if (p < 0 || p >= cap) return;  // the whole block returns together
-    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
-    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
-    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
-    __syncthreads();
-    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
-    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
-    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
-    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
-    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
-    const float sk = __half2float(hk), sv = __half2float(hv);
-    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
-    const int64_t row = (int64_t)h * cap + p;
-    if constexpr (KV == KV_INT8) {
-        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
-        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
-    } else {
-        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
-        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
-    }
-    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
-}
-
-__global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
-                                 bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
-    pdl_entry_small();
-    int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
-    int64_t p = pos[c];
-    if (p < 0 || p >= cap) return;
-    kc[((int64_t)h * cap + p) * ATT_HD + d] = k[(int64_t)c * ldk + h * ATT_HD + d];
-    vc[((int64_t)h * cap + p) * ATT_HD + d] = v[(int64_t)c * ldv + h * ATT_HD + d];
-}
-// k and v of C columns (head h at k + c*ldk + h*256) into the cache rows pos[c]: bf16 copies,
-// int8 / fp8 quantized per 64 elements.
-struct KvAppendArgs {
-    const bf16_t* k = nullptr; int ldk = 0;
-    const bf16_t* v = nullptr; int ldv = 0;
-    KvCache c;
-    const int* pos = nullptr;  // [C] device
-    int C = 0, Hkv = 0;
-};
-static void kv_append(const KvAppendArgs& a, cudaStream_t stream) {
-    const KvCache& c = a.c;
-    const unsigned blocks = (unsigned)(a.C * a.Hkv);
-    if (c.kv == KV_BF16)
-        launch_k(kv_append_kernel, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, (bf16_t*)c.kc, (bf16_t*)c.vc, c.cap, a.pos, a.Hkv);
-    else if (c.kv == KV_INT8)
-        launch_k(kv_append_q_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
-    else launch_k(kv_append_q_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
-    cudaCheck(cudaGetLastError());
-}
-#endif  // NINFER_TESTING
-
 // the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
 // block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
-// place. kv heads: the same for k, then k and v appended at kvpos[c] (quantized for int8 /
-// fp8 as kv_append_q does). the roundings are those of the separate kernels: y = bf16(x * inv *
-// (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+// place. kv heads: the same for k, then k and v appended at kvpos[c] (int8 / fp8 quantized
+// per 64 elements). the roundings are those of the separate kernels (rmsnorm, and
+// test/dev_kernels.cuh's mrope and kv_append): y = bf16(x * inv * (1+w)); rotated dims
+// bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
 struct AttnPrepParams {
     bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
     const bf16_t* v; int ldv;           // [C][Hkv*256]
@@ -3216,13 +3117,6 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits) {
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     return (size_t)Hkv * n_splits * (G * cols) * (ATT_HD + 2);
 }
-#ifdef NINFER_TESTING
-// split plan: keys per split (a multiple of ATT_KEYS) for contexts up to max_len in n_splits
-static int attn_split_keys(int64_t max_len, int n_splits) {
-    int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
-    return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
-}
-#endif
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
 // n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
 // gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
@@ -5860,6 +5754,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.max_context = o.max_context;
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
+    g.tune = gpu_tuning_from_env();
     if (!text_model_open(&s->t, path, err) || !text_model_start(&s->t, false, g, "ninfer-serve", err)) { delete s; return nullptr; }
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;

@@ -14,7 +14,7 @@
 // (they print a table; NINFER_BENCH_LOG=path appends it to a file).
 #define NINFER_TESTING
 #include "../ninfer.cu"
-#include "gemv_variants.cuh"
+#include "dev_kernels.cuh"
 #include "test_util.h"
 #include <gtest/gtest.h>
 #include <random>

@@ -1,9 +1,13 @@
-// gemv kernel versions kept for the kernel tests and benches (llm.c's dev/cuda): the product's
-// gemv() (ninfer.cu 7.2) reaches four configurations; the other measured versions of the
-// register kernel, with the row-tile count RT and the offset trick OFFS as parameters, live
-// here with the variant table that test_kernels and the benches index. include after ninfer.cu
-// (under NINFER_TESTING): it reuses the product's fragments (GemvFmt, lop3, gemv_xfrag, ...).
-// why each version exists and how they measured: test/bench-notes.md, "gemv versions".
+// kernels the product does not launch, kept for the kernel tests and benches (llm.c's dev/cuda).
+// include after ninfer.cu (under NINFER_TESTING): they reuse the product's device helpers.
+//   * gemv versions: the product's gemv() (ninfer.cu 7.2) reaches four configurations; the
+//     other measured versions of the register kernel, with the row-tile count RT and the
+//     offset trick OFFS as parameters, live here with the variant table that test_kernels and
+//     the benches index (why each exists and how it measured: test/bench-notes.md, "gemv
+//     versions").
+//   * the separate kernels attn_prep (ninfer.cu 7.6) fuses: m-rope and the kv append, each
+//     tested against its cpu twin, and attn_prep against them (Attention.PrepMatchesSeparateKernels).
+//   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 #pragma once
 
 namespace gemv_dev {
@@ -312,4 +316,109 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
             default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
         }
     });
+}
+
+// ---- the separate attention-input kernels (attn_prep fuses them) ----------------------------
+
+struct RopeArgs {
+    bf16_t* x; int ldx;
+    int T, nheads, head_dim, half;  // half = rot / 2 (32)
+    const int* pos;
+    int sec_h, sec_w;               // mrope_section[1], [2]
+    float inv_freq[64];
+};
+__global__ void mrope_kernel(RopeArgs a) {
+    pdl_entry_small();
+    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (idx >= (int64_t)a.T * a.nheads * a.half) return;
+    int i = (int)(idx % a.half);
+    int64_t th = idx / a.half;
+    int t = (int)(th / a.nheads), hd = (int)(th % a.nheads);
+    int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
+    float ang = (float)a.pos[t * 3 + axis] * a.inv_freq[i];
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    float c = bfround(cs), s = bfround(sn);
+    bf16_t* p = a.x + (int64_t)t * a.ldx + (int64_t)hd * a.head_dim;
+    float x1 = bf2f(p[i]), x2 = bf2f(p[i + a.half]);
+    p[i] = f2bf(bfround(x1 * c) - bfround(x2 * s));
+    p[i + a.half] = f2bf(bfround(x2 * c) + bfround(x1 * s));
+}
+static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, const int* pos, float theta,
+                  const int sections[3], cudaStream_t stream) {
+    CHECK(rot % 2 == 0 && rot <= 128 && rot <= head_dim, "mrope: bad rotary dim %d", rot);
+    RopeArgs a;
+    a.x = x; a.ldx = ldx; a.T = T; a.nheads = nheads; a.head_dim = head_dim; a.half = rot / 2; a.pos = pos;
+    a.sec_h = sections[1]; a.sec_w = sections[2];
+    rope_inv_freq(theta, rot, a.inv_freq);
+    int64_t n = (int64_t)T * nheads * a.half;
+    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
+                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
+                                                             const int* __restrict__ pos, int Hkv) {
+    pdl_entry_small();
+    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
+    __shared__ float wmax[2][ATT_HD / 32];
+    const int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;  // the whole block returns together
+    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
+    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+    __syncthreads();
+    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
+    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+    const float sk = __half2float(hk), sv = __half2float(hv);
+    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+    const int64_t row = (int64_t)h * cap + p;
+    if constexpr (KV == KV_INT8) {
+        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+    } else {
+        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
+}
+
+__global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
+                                 bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
+    pdl_entry_small();
+    int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
+    int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;
+    kc[((int64_t)h * cap + p) * ATT_HD + d] = k[(int64_t)c * ldk + h * ATT_HD + d];
+    vc[((int64_t)h * cap + p) * ATT_HD + d] = v[(int64_t)c * ldv + h * ATT_HD + d];
+}
+// k and v of C columns (head h at k + c*ldk + h*256) into the cache rows pos[c]: bf16 copies,
+// int8 / fp8 quantized per 64 elements.
+struct KvAppendArgs {
+    const bf16_t* k = nullptr; int ldk = 0;
+    const bf16_t* v = nullptr; int ldv = 0;
+    KvCache c;
+    const int* pos = nullptr;  // [C] device
+    int C = 0, Hkv = 0;
+};
+static void kv_append(const KvAppendArgs& a, cudaStream_t stream) {
+    const KvCache& c = a.c;
+    const unsigned blocks = (unsigned)(a.C * a.Hkv);
+    if (c.kv == KV_BF16)
+        launch_k(kv_append_kernel, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, (bf16_t*)c.kc, (bf16_t*)c.vc, c.cap, a.pos, a.Hkv);
+    else if (c.kv == KV_INT8)
+        launch_k(kv_append_q_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
+    else launch_k(kv_append_q_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
+    cudaCheck(cudaGetLastError());
+}
+
+// split plan: keys per split (a multiple of ATT_KEYS) for contexts up to max_len in n_splits
+static int attn_split_keys(int64_t max_len, int n_splits) {
+    int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
+    return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
 }
