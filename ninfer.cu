@@ -2010,7 +2010,10 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt
 
 // the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
 // 2t, 2t+1 of the tile (the mma accumulator layout). then one thread per output element adds
-// the residual, rounds and stores.
+// the residual, rounds and stores. the tile index i (always 0: one 16-row tile) stays in the
+// index arithmetic on purpose: without it ptxas schedules the whole x-staged kernel
+// differently and a 9b decode step measured 0.6% slower (h200, test/bench-notes.md, the
+// tuning switches); with it the sass of every gemv kernel is the measured one's.
 template <int NW>
 __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[4], int64_t row0, int warp, int lane) {
     const int64_t rows = a.w.rows;
@@ -2018,11 +2021,11 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
     for (int idx = threadIdx.x; idx < 128; idx += NW * 32) {
-        int ln = (idx >> 2) & 31, j = idx & 3;
+        int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
         float s = 0.f;
 #pragma unroll
-        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][ln])[j];
-        int64_t row = row0 + (ln >> 2) + (j >= 2 ? 8 : 0);
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
+        int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         int col = 2 * (ln & 3) + (j & 1);
         if (row < rows && col < a.C) {
             if (a.y_f32) {
