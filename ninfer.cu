@@ -1543,7 +1543,7 @@ static float token_logprobs(const float* lg, int vocab, int domain, int id, int 
     for (int v = 0; v < vocab; v++) sum += exp((double)(lg[v] - mx));
     const double lse = log(sum) + mx;
     top->clear();
-    if (top_n > 0) {  // insertion into a short sorted list: one pass, n log-free
+    if (top_n > 0) {  // insertion into a short sorted list, one pass over the domain
         top->reserve(top_n + 1);
         for (int v = 0; v < domain; v++) {
             if ((int)top->size() == top_n && !(lg[v] > top->back().second)) continue;
