@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 #include <algorithm>
+#include <charconv>
 #include <dirent.h>
 #include <sys/stat.h>
 #include "format.h"  // defines: Json, json_parse (the preprocessor configs)
@@ -298,19 +299,21 @@ static inline void check_dims(const char* fmt, int64_t w, int64_t h, const Media
 // 16-bit grayscale is its high byte too, where PIL clamps the 16-bit value to 255 (its I;16
 // to RGB conversion), which would turn a real 16-bit scan white.
 
-static inline uint32_t png_crc(const uint8_t* p, size_t n) {
-    static uint32_t table[256];
-    static bool init = false;
-    if (!init) {
+struct PngCrcTable {
+    uint32_t t[256];
+    PngCrcTable() {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
             for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
+            t[i] = c;
         }
-        init = true;
     }
+};
+
+static inline uint32_t png_crc(const uint8_t* p, size_t n) {
+    static const PngCrcTable table;  // a magic static: thread-safe initialisation
     uint32_t c = 0xffffffffu;
-    for (size_t i = 0; i < n; i++) c = table[(c ^ p[i]) & 255] ^ (c >> 8);
+    for (size_t i = 0; i < n; i++) c = table.t[(c ^ p[i]) & 255] ^ (c >> 8);
     return c ^ 0xffffffffu;
 }
 
@@ -927,7 +930,9 @@ enum ImageFormat { IMG_UNKNOWN, IMG_PNG, IMG_JPEG, IMG_PPM };
 // goes to *unsupported
 static inline ImageFormat image_sniff(const uint8_t* d, size_t n, const char** unsupported) {
     *unsupported = nullptr;
-    auto is = [&](size_t at, const char* s) { size_t k = strlen(s); return n >= at + k && !memcmp(d + at, s, k); };
+    // a literal's bytes at offset `at` (sizeof, not strlen: several signatures hold zero bytes)
+    auto at_is = [&](size_t at, const char* s, size_t k) { return n >= at + k && !memcmp(d + at, s, k); };
+#define is(at, lit) at_is(at, lit, sizeof(lit) - 1)
     if (is(0, "\x89PNG\r\n\x1a\n")) return IMG_PNG;
     if (n >= 3 && d[0] == 0xff && d[1] == 0xd8 && d[2] == 0xff) return IMG_JPEG;
     if (n >= 3 && d[0] == 'P' && (d[1] == '2' || d[1] == '3' || d[1] == '5' || d[1] == '6') &&
@@ -946,6 +951,7 @@ static inline ImageFormat image_sniff(const uint8_t* d, size_t n, const char** u
     else if (is(0, "8BPS")) *unsupported = "PSD";
     else if (is(0, "%PDF")) *unsupported = "PDF";
     else if (is(0, "<svg") || is(0, "<?xml")) *unsupported = "SVG";
+#undef is
     return IMG_UNKNOWN;
 }
 
@@ -1009,4 +1015,400 @@ static inline bool image_load(const std::string& path, const MediaLimits& lim, I
     std::vector<uint8_t> bytes;
     if (!media_read_file(path, lim.max_bytes, &bytes, err)) return false;
     return image_decode(bytes.data(), bytes.size(), lim, out, err, path.c_str());
+}
+
+// === preprocessing: config ======================================================
+//
+// the artifact's frontend/preprocessor_config.json and frontend/video_preprocessor_config.json
+// (convert.py writes them; model.md 6.1-6.2). every member is honoured or refused by name.
+
+enum Resample {
+    RESAMPLE_TORCHVISION,  // Qwen2VLImageProcessor, transformers' default: torch's uint8 antialiased bicubic
+    RESAMPLE_PIL,          // Qwen2VLImageProcessorPil: PIL's Image.resize(BICUBIC) (pillow >= 13 pass order)
+};
+
+struct VisionConfig {
+    int patch = 16, merge = 2, temporal = 2;      // patch_size, merge_size, temporal_patch_size
+    int64_t min_pixels = 65536, max_pixels = 16777216;             // image size {shortest_edge, longest_edge}
+    float mean[3] = {0.5f, 0.5f, 0.5f}, std[3] = {0.5f, 0.5f, 0.5f};
+    double rescale = 0.00392156862745098;
+    Resample resample = RESAMPLE_TORCHVISION;
+    // video (the video processor is torchvision-only in transformers)
+    int64_t video_min_pixels = 4096, video_max_pixels = 25165824;
+    float video_mean[3] = {0.5f, 0.5f, 0.5f}, video_std[3] = {0.5f, 0.5f, 0.5f};
+    double video_rescale = 0.00392156862745098;
+    double fps = 2.0;                             // frames sampled per second of video
+    int min_frames = 4, max_frames = 768;
+    int factor() const { return patch * merge; }
+    int row_len() const { return 3 * temporal * patch * patch; }  // values in one patch row
+};
+
+static inline bool vision_config_one(const std::string& text, bool video, VisionConfig* c, std::string* err) {
+    const char* file = video ? "video_preprocessor_config.json" : "preprocessor_config.json";
+    Json j;
+    if (!json_parse(text, &j, err)) { *err = std::string(file) + ": " + *err; return false; }
+    if (!j.is_object()) { *err = std::string(file) + ": not a json object"; return false; }
+    auto bad = [&](const std::string& key, const std::string& why) { *err = std::string(file) + ": " + key + ": " + why; return false; };
+    auto num = [&](const Json& v, double* out) { if (!v.is_number()) return false; *out = v.num; return true; };
+    int64_t mn = -1, mx = -1, smin = -1, smax = -1;
+    for (auto& kv : j.obj) {
+        const std::string& k = kv.first;
+        const Json& v = kv.second;
+        double x;
+        if (k == "do_convert_rgb" || k == "do_normalize" || k == "do_rescale" || k == "do_resize" || (video && k == "do_sample_frames")) {
+            if (!v.is_bool()) return bad(k, "expected true or false");
+            if (!v.b) return bad(k, "false is not supported (ninfer always does this step)");
+        } else if (k == "image_mean" || k == "image_std") {
+            if (!v.is_array() || v.size() != 3) return bad(k, "expected 3 numbers");
+            float* dst = k == "image_mean" ? (video ? c->video_mean : c->mean) : (video ? c->video_std : c->std);
+            for (int i = 0; i < 3; i++) {
+                if (!num(v.arr[i], &x) || (k == "image_std" && !(x > 0))) return bad(k, "expected 3 numbers (std > 0)");
+                dst[i] = (float)x;
+            }
+        } else if (k == "rescale_factor") {
+            if (!num(v, &x) || !(x > 0)) return bad(k, "expected a positive number");
+            (video ? c->video_rescale : c->rescale) = x;
+        } else if (k == "patch_size" || k == "merge_size" || k == "temporal_patch_size") {
+            if (!v.is_number() || !v.is_int || v.i < 1 || v.i > 64) return bad(k, "expected an integer in [1, 64]");
+            int want = k == "patch_size" ? c->patch : k == "merge_size" ? c->merge : c->temporal;
+            if (video && v.i != want) return bad(k, "differs from the image processor's (" + std::to_string(want) + ")");
+            (k == "patch_size" ? c->patch : k == "merge_size" ? c->merge : c->temporal) = (int)v.i;
+        } else if (k == "resample") {
+            if (!v.is_number() || !v.is_int || v.i != 3) return bad(k, "only 3 (bicubic) is supported");
+        } else if (k == "size") {
+            const Json* se = v.get("shortest_edge");
+            const Json* le = v.get("longest_edge");
+            if (!v.is_object() || v.size() != 2 || !se || !le || !se->is_int || !le->is_int || se->i < 1 || le->i < se->i)
+                return bad(k, "expected {\"shortest_edge\": min pixels, \"longest_edge\": max pixels} with 1 <= min <= max");
+            smin = se->i; smax = le->i;
+        } else if (k == "min_pixels" || k == "max_pixels") {
+            if (!v.is_int || v.i < 1) return bad(k, "expected a positive integer");
+            (k == "min_pixels" ? mn : mx) = v.i;
+        } else if (!video && k == "image_processor_type") {
+            if (!v.is_string()) return bad(k, "expected a string");
+            if (v.str == "Qwen2VLImageProcessorPil") c->resample = RESAMPLE_PIL;
+            else if (v.str == "Qwen2VLImageProcessorFast" || v.str == "Qwen2VLImageProcessor") c->resample = RESAMPLE_TORCHVISION;
+            else return bad(k, "'" + v.str + "' is not a qwen2-vl image processor");
+        } else if (video && k == "video_processor_type") {
+            if (!v.is_string() || (v.str != "Qwen3VLVideoProcessor" && v.str != "Qwen2VLVideoProcessor")) return bad(k, "expected Qwen3VLVideoProcessor");
+        } else if (video && k == "fps") {
+            if (!num(v, &x) || !(x > 0) || x > 1000) return bad(k, "expected a number in (0, 1000]");
+            c->fps = x;
+        } else if (video && (k == "min_frames" || k == "max_frames")) {
+            if (!v.is_int || v.i < 1 || v.i > 100000) return bad(k, "expected an integer in [1, 100000]");
+            (k == "min_frames" ? c->min_frames : c->max_frames) = (int)v.i;
+        } else if (k == "processor_class") {
+            // which python class bundles the processors: nothing to honour here
+        } else {
+            return bad(k, "unknown member (not supported by ninfer's preprocessing)");
+        }
+    }
+    // transformers' __init__: min_pixels / max_pixels override the size dict
+    if (mn >= 0) smin = mn;
+    if (mx >= 0) smax = mx;
+    if (smin >= 0) (video ? c->video_min_pixels : c->min_pixels) = smin;
+    if (smax >= 0) (video ? c->video_max_pixels : c->max_pixels) = smax;
+    if (video && c->min_frames > c->max_frames) return bad("min_frames", "is over max_frames");
+    return true;
+}
+
+// both resources; an empty string keeps that processor's defaults (the values of model.md 6.1-6.2)
+static inline bool vision_config_parse(const std::string& image_json, const std::string& video_json, VisionConfig* c, std::string* err) {
+    *c = VisionConfig();
+    if (!image_json.empty() && !vision_config_one(image_json, false, c, err)) return false;
+    if (!video_json.empty() && !vision_config_one(video_json, true, c, err)) return false;
+    return true;
+}
+
+// === preprocessing: smart_resize ================================================
+//
+// transformers' smart_resize (qwen2_vl image, qwen3_vl video): the nearest multiple of the
+// factor (python's round: half to even), then scaled into [min, max] pixels keeping the aspect
+// ratio. the processors' own errors are reproduced, message for message.
+
+static inline double py_round(double x) { return std::nearbyint(x); }  // the default fenv: half to even
+
+// python's repr of a float in the range the messages need (below 1e16): shortest round trip
+static inline std::string py_repr(double x) {
+    char b[64];
+    auto r = std::to_chars(b, b + sizeof b, x, std::chars_format::fixed);
+    std::string s(b, r.ptr);
+    if (s.find('.') == std::string::npos) s += ".0";
+    return s;
+}
+
+static inline bool aspect_ok(int64_t h, int64_t w, std::string* err) {
+    double ar = (double)std::max(h, w) / (double)std::min(h, w);
+    if (ar > 200) { *err = "absolute aspect ratio must be smaller than 200, got " + py_repr(ar); return false; }
+    return true;
+}
+
+static inline bool smart_resize_image(int64_t h, int64_t w, int factor, int64_t min_pixels, int64_t max_pixels,
+                                      int* out_h, int* out_w, std::string* err) {
+    if (!aspect_ok(h, w, err)) return false;
+    double hb = py_round((double)h / factor) * factor, wb = py_round((double)w / factor) * factor;
+    if (hb * wb > (double)max_pixels) {
+        double beta = sqrt((double)(h * w) / (double)max_pixels);
+        hb = std::max((double)factor, floor((double)h / beta / factor) * factor);
+        wb = std::max((double)factor, floor((double)w / beta / factor) * factor);
+    } else if (hb * wb < (double)min_pixels) {
+        double beta = sqrt((double)min_pixels / (double)(h * w));
+        hb = ceil((double)h * beta / factor) * factor;
+        wb = ceil((double)w * beta / factor) * factor;
+    }
+    if (hb < factor || wb < factor || hb > (1 << 20) || wb > (1 << 20)) {
+        char b[160]; snprintf(b, sizeof b, "smart_resize of %lldx%lld gives %.0fx%.0f pixels, outside [%d, %d]",
+                              (long long)w, (long long)h, wb, hb, factor, 1 << 20);
+        *err = b; return false;
+    }
+    *out_h = (int)hb; *out_w = (int)wb;
+    return true;
+}
+
+static inline bool smart_resize_video(int64_t t, int64_t h, int64_t w, int tfactor, int factor, int64_t min_pixels,
+                                      int64_t max_pixels, int* out_h, int* out_w, std::string* err) {
+    if (t < tfactor) { *err = "t:" + std::to_string(t) + " must be larger than temporal_factor:" + std::to_string(tfactor); return false; }
+    if (h < factor || w < factor) {  // python: int(height * scale)
+        double scale = std::max((double)factor / h, (double)factor / w);
+        h = (int64_t)((double)h * scale); w = (int64_t)((double)w * scale);
+    }
+    if (!aspect_ok(h, w, err)) return false;
+    double hb = py_round((double)h / factor) * factor, wb = py_round((double)w / factor) * factor;
+    double tb = py_round((double)t / tfactor) * tfactor;
+    if (tb * hb * wb > (double)max_pixels) {
+        double beta = sqrt((double)(t * h * w) / (double)max_pixels);
+        hb = std::max((double)factor, floor((double)h / beta / factor) * factor);
+        wb = std::max((double)factor, floor((double)w / beta / factor) * factor);
+    } else if (tb * hb * wb < (double)min_pixels) {
+        double beta = sqrt((double)min_pixels / (double)(t * h * w));
+        hb = ceil((double)h * beta / factor) * factor;
+        wb = ceil((double)w * beta / factor) * factor;
+    }
+    if (hb < factor || wb < factor || hb > (1 << 20) || wb > (1 << 20)) {
+        char b[160]; snprintf(b, sizeof b, "smart_resize of %lldx%lld gives %.0fx%.0f pixels, outside [%d, %d]",
+                              (long long)w, (long long)h, wb, hb, factor, 1 << 20);
+        *err = b; return false;
+    }
+    *out_h = (int)hb; *out_w = (int)wb;
+    return true;
+}
+
+// === preprocessing: antialiased bicubic resampling ==============================
+//
+// both references are separable filters with Keys' cubic (a = -0.5) stretched by the scale
+// when shrinking (antialiasing), coefficients normalised to sum 1, fixed-point on uint8 with a
+// uint8 image between the passes. they differ in the fixed point and the pass order:
+//   PIL: 22-bit coefficients; horizontal pass first unless the height shrinks by more than
+//        twice the width's shrink in pixels (pillow 13, Resample.c), then vertical first.
+//   torchvision (torch's uint8 aa kernel on cpu): 16-bit coefficients at the largest
+//        precision that keeps the biggest one under 2^15; always horizontal first.
+// one pass is skipped when that dimension keeps its size (both references do).
+
+struct ResampleTaps {
+    std::vector<int> start, count;   // per output sample: first input sample and tap count
+    std::vector<int32_t> w;          // (out, ksize) fixed-point weights
+    int ksize = 0, prec = 0;
+};
+
+static inline double keys_cubic(double x) {
+    const double a = -0.5;
+    if (x < 0) x = -x;
+    if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+    if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0;
+}
+
+static inline ResampleTaps resample_taps(int in, int out, Resample mode) {
+    ResampleTaps t;
+    const double scale = (double)in / out, fs = std::max(scale, 1.0), support = 2.0 * fs, inv = 1.0 / fs;
+    t.ksize = (int)ceil(support) * 2 + 1;
+    t.start.resize(out); t.count.resize(out);
+    std::vector<double> k((size_t)out * t.ksize, 0.0);
+    double wmax = 0;
+    for (int i = 0; i < out; i++) {
+        const double center = (i + 0.5) * scale;
+        int lo = (int)(center - support + 0.5), hi = (int)(center + support + 0.5);
+        if (lo < 0) lo = 0;
+        if (hi > in) hi = in;
+        const int n = std::min(hi - lo, t.ksize);
+        double* ki = &k[(size_t)i * t.ksize];
+        double sum = 0;
+        for (int j = 0; j < n; j++) { ki[j] = keys_cubic((j + lo - center + 0.5) * inv); sum += ki[j]; }
+        if (sum != 0) for (int j = 0; j < n; j++) ki[j] /= sum;
+        for (int j = 0; j < n; j++) wmax = std::max(wmax, ki[j]);
+        t.start[i] = lo; t.count[i] = n;
+    }
+    if (mode == RESAMPLE_PIL) t.prec = 22;
+    else {
+        for (t.prec = 0; t.prec < 22; t.prec++)
+            if ((int)(0.5 + wmax * (1 << (t.prec + 1))) >= (1 << 15)) break;
+    }
+    t.w.resize(k.size());
+    for (size_t i = 0; i < k.size(); i++) t.w[i] = (int32_t)(k[i] * (1 << t.prec) + (k[i] < 0 ? -0.5 : 0.5));
+    return t;
+}
+
+// one pass along x (horizontal) or y over an rgb8 image
+static inline void resample_pass(const uint8_t* src, int w, int h, uint8_t* dst, int ow, int oh, const ResampleTaps& t, bool horizontal) {
+    const int64_t half = (int64_t)1 << (t.prec - 1 < 0 ? 0 : t.prec - 1);
+    for (int y = 0; y < oh; y++)
+        for (int x = 0; x < ow; x++) {
+            const int i = horizontal ? x : y;
+            const int32_t* k = &t.w[(size_t)i * t.ksize];
+            int64_t acc[3] = {half, half, half};
+            for (int j = 0; j < t.count[i]; j++) {
+                const int sx = horizontal ? t.start[i] + j : x, sy = horizontal ? y : t.start[i] + j;
+                const uint8_t* p = src + ((size_t)sy * w + sx) * 3;
+                acc[0] += p[0] * (int64_t)k[j]; acc[1] += p[1] * (int64_t)k[j]; acc[2] += p[2] * (int64_t)k[j];
+            }
+            uint8_t* o = dst + ((size_t)y * ow + x) * 3;
+            for (int c = 0; c < 3; c++) { int64_t v = acc[c] >> t.prec; o[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); }
+        }
+    (void)h;
+}
+
+static inline void image_resize(const Image& in, int ow, int oh, Resample mode, Image* out) {
+    const bool nh = ow != in.w, nv = oh != in.h;
+    const bool vertical_first = mode == RESAMPLE_PIL && nh && nv && in.h - oh > 0 && (int64_t)(in.h - oh) > 2 * (int64_t)(in.w - ow);
+    Image cur = in, tmp;
+    auto pass = [&](bool horizontal) {
+        const int tw = horizontal ? ow : cur.w, th = horizontal ? cur.h : oh;
+        ResampleTaps t = resample_taps(horizontal ? cur.w : cur.h, horizontal ? ow : oh, mode);
+        tmp.w = tw; tmp.h = th; tmp.rgb.assign((size_t)tw * th * 3, 0);
+        resample_pass(cur.rgb.data(), cur.w, cur.h, tmp.rgb.data(), tw, th, t, horizontal);
+        std::swap(cur, tmp);
+    };
+    if (vertical_first) { pass(false); pass(true); }
+    else { if (nh) pass(true); if (nv) pass(false); }
+    *out = std::move(cur);
+}
+
+// === preprocessing: patch rows ==================================================
+//
+// one media item as the tower takes it: patch rows in (t, bh, bw, ih, iw) order (2x2 merge
+// blocks of 16x16 patches, row-major), each row (c=3, tp=temporal, ph, pw) flattened, the
+// layout of the conv3d weight [Dv, 3, 2, 16, 16]. an image is one temporal patch whose two
+// frames are the same picture.
+
+struct VisionItem {
+    bool video = false;
+    int t = 0, h = 0, w = 0;          // grid_thw: temporal patches, patch rows, patch columns
+    int row_len = 0;                  // 3 * temporal * patch * patch (1536)
+    std::vector<float> pixels;        // (t * h * w, row_len)
+    std::vector<double> timestamps;   // video: seconds per temporal patch, the "<%.1f seconds>" of the prompt
+    int rows() const { return t * h * w; }
+    int tokens(int merge) const { return t * h * w / (merge * merge); }  // image/video pad tokens
+};
+
+// normalised value of an 8-bit sample, with the reference's float rounding: torchvision fuses
+// rescale and normalize into (p - mean/s) / (std/s) in float32; the PIL backend rescales in
+// float64, rounds to float32, then (x - mean) / std in float32
+static inline float vision_normalize(int p, double rescale, float mean, float std, Resample mode) {
+    if (mode == RESAMPLE_TORCHVISION) {
+        const float m = mean * (float)(1.0 / rescale), s = std * (float)(1.0 / rescale);
+        return ((float)p - m) / s;
+    }
+    const float x = (float)((double)p * rescale);
+    return (x - mean) / std;
+}
+
+// frames: resized rgb8 frames of one item, frames.size() == t * temporal
+static inline void vision_patchify(const std::vector<const Image*>& frames, const VisionConfig& c, const float* mean,
+                                   const float* std, double rescale, Resample mode, VisionItem* it) {
+    const int P = c.patch, M = c.merge, T = c.temporal;
+    const int W = frames[0]->w, H = frames[0]->h;
+    it->t = (int)frames.size() / T; it->h = H / P; it->w = W / P; it->row_len = c.row_len();
+    it->pixels.resize((size_t)it->rows() * it->row_len);
+    float lut[3][256];
+    for (int ch = 0; ch < 3; ch++) for (int p = 0; p < 256; p++) lut[ch][p] = vision_normalize(p, rescale, mean[ch], std[ch], mode);
+    float* o = it->pixels.data();
+    for (int gt = 0; gt < it->t; gt++)
+        for (int bh = 0; bh < it->h / M; bh++)
+            for (int bw = 0; bw < it->w / M; bw++)
+                for (int ih = 0; ih < M; ih++)
+                    for (int iw = 0; iw < M; iw++) {
+                        const int y0 = (bh * M + ih) * P, x0 = (bw * M + iw) * P;
+                        for (int ch = 0; ch < 3; ch++)
+                            for (int tp = 0; tp < T; tp++) {
+                                const Image* f = frames[(size_t)gt * T + tp];
+                                for (int y = 0; y < P; y++) {
+                                    const uint8_t* src = &f->rgb[((size_t)(y0 + y) * W + x0) * 3 + ch];
+                                    for (int x = 0; x < P; x++) *o++ = lut[ch][src[3 * x]];
+                                }
+                            }
+                    }
+}
+
+// an image resized as the processor does before it normalises (smart_resize with the image
+// min/max pixels, then the configured resampling)
+static inline bool vision_image_resized(const Image& img, const VisionConfig& c, Image* out, std::string* err) {
+    int oh, ow;
+    if (!smart_resize_image(img.h, img.w, c.factor(), c.min_pixels, c.max_pixels, &oh, &ow, err)) return false;
+    image_resize(img, ow, oh, c.resample, out);
+    return true;
+}
+
+// one image: resized, normalised, in patch rows
+static inline bool vision_image(const Image& img, const VisionConfig& c, VisionItem* it, std::string* err) {
+    Image r;
+    if (!vision_image_resized(img, c, &r, err)) return false;
+    std::vector<const Image*> frames(c.temporal, &r);
+    *it = VisionItem();
+    vision_patchify(frames, c, c.mean, c.std, c.rescale, c.resample, it);
+    return true;
+}
+
+// === video ======================================================================
+//
+// Qwen3VLVideoProcessor.sample_frames with fps sampling: n = int(total / video_fps * fps),
+// clamped to [min_frames, max_frames] and to total, indices round(linspace(0, total-1, n)).
+// a directory or list of frames has no frame rate; transformers then assumes 24, and so
+// does ninfer unless told (--video-fps).
+
+static inline std::vector<int64_t> video_sample_indices(int64_t total, double video_fps, const VisionConfig& c) {
+    int64_t n = (int64_t)((double)total / video_fps * c.fps);
+    n = std::min(std::max(n, (int64_t)c.min_frames), std::min((int64_t)c.max_frames, total));
+    std::vector<int64_t> idx((size_t)std::max<int64_t>(n, 0));
+    for (int64_t i = 0; i < n; i++) {
+        // numpy.linspace: start + i * step, the last one exactly stop
+        double v = n == 1 ? 0.0 : i == n - 1 ? (double)(total - 1) : i * ((double)(total - 1) / (double)(n - 1));
+        idx[i] = (int64_t)py_round(v);
+    }
+    return idx;
+}
+
+// Qwen3VLProcessor._calculate_timestamps: the indices padded to a multiple of temporal with the
+// last one, each index / video_fps, the mean of each temporal patch's first and last
+static inline std::vector<double> vision_video_timestamps(std::vector<int64_t> idx, double video_fps, int temporal) {
+    while (!idx.empty() && idx.size() % temporal) idx.push_back(idx.back());
+    std::vector<double> ts;
+    for (size_t i = 0; i + temporal <= idx.size(); i += temporal)
+        ts.push_back(((double)idx[i] / video_fps + (double)idx[i + temporal - 1] / video_fps) / 2);
+    return ts;
+}
+
+// the sampled frames of one video (all the same size): smart_resize over the frame count,
+// resample each (torchvision), pad to a multiple of temporal with the last frame, patch rows
+static inline bool vision_video(const std::vector<Image>& frames, const std::vector<int64_t>& indices, double video_fps,
+                                const VisionConfig& c, VisionItem* it, std::string* err) {
+    if (frames.empty()) { *err = "the video has no frames"; return false; }
+    for (size_t i = 1; i < frames.size(); i++)
+        if (frames[i].w != frames[0].w || frames[i].h != frames[0].h) {
+            *err = "frame " + std::to_string(i) + " is " + std::to_string(frames[i].w) + "x" + std::to_string(frames[i].h) +
+                   ", frame 0 is " + std::to_string(frames[0].w) + "x" + std::to_string(frames[0].h) + " (a video's frames must have one size)";
+            return false;
+        }
+    int oh, ow;
+    if (!smart_resize_video((int64_t)frames.size(), frames[0].h, frames[0].w, c.temporal, c.factor(), c.video_min_pixels,
+                            c.video_max_pixels, &oh, &ow, err)) return false;
+    std::vector<Image> rs(frames.size());
+    for (size_t i = 0; i < frames.size(); i++) image_resize(frames[i], ow, oh, RESAMPLE_TORCHVISION, &rs[i]);
+    std::vector<const Image*> fp;
+    for (auto& r : rs) fp.push_back(&r);
+    while (fp.size() % c.temporal) fp.push_back(fp.back());
+    *it = VisionItem();
+    it->video = true;
+    vision_patchify(fp, c, c.video_mean, c.video_std, c.video_rescale, RESAMPLE_TORCHVISION, it);
+    it->timestamps = vision_video_timestamps(indices, video_fps, c.temporal);
+    return true;
 }

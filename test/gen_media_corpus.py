@@ -35,7 +35,7 @@ def rng(seed):
     return np.random.default_rng(seed)
 
 
-def content(h, w, seed, c=3):
+def content(h, w, seed, c=3, noise=True):
     # smooth gradients + a checkerboard + noise: every frequency, so idct and resampling errors show
     y, x = np.mgrid[0:h, 0:w]
     r = rng(seed)
@@ -43,7 +43,7 @@ def content(h, w, seed, c=3):
     for k in range(c):
         g = (x * (97 + 31 * k) / max(w, 1) + y * (59 + 17 * k) / max(h, 1)) % 256
         chk = ((x // (3 + k) + y // (2 + k)) % 2) * 60
-        n = r.integers(0, 40, size=(h, w))
+        n = r.integers(0, 40, size=(h, w)) if noise else 0
         chans.append((g + chk + n) % 256)
     return np.stack(chans, -1).astype(np.uint8)
 
@@ -108,7 +108,8 @@ def filter_rows(rows, bpp, seed):
 ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
 
 
-def write_png(path, samples, depth, ctype, interlace=False, plte=None, trns=None, exif=None, level=9, seed=0):
+def write_png(path, samples, depth, ctype, interlace=False, plte=None, trns=None, exif=None, level=9, seed=0,
+              strategy=zlib.Z_DEFAULT_STRATEGY):
     h, w, ch = samples.shape
     bpp = max(1, ch * depth // 8)
     raw = b""
@@ -126,7 +127,8 @@ def write_png(path, samples, depth, ctype, interlace=False, plte=None, trns=None
         data += png_chunk(b"PLTE", plte)
     if trns is not None:
         data += png_chunk(b"tRNS", trns)
-    z = zlib.compress(raw, level)
+    co = zlib.compressobj(level, zlib.DEFLATED, 15, 9, strategy)
+    z = co.compress(raw) + co.flush()
     for i in range(0, len(z), 997):  # several IDAT chunks
         data += png_chunk(b"IDAT", z[i:i + 997])
     data += png_chunk(b"IEND", b"")
@@ -193,6 +195,11 @@ def gen_decode():
     # stored (uncompressed) deflate blocks
     write_png(os.path.join(MEDIA, "png_stored.png"), rng(99).integers(0, 256, size=(9, 17, 3)), 8, 2, level=0, seed=99)
     cases.append("png_stored.png")
+    # fixed-huffman and huffman-only / rle deflate streams (zlib's strategies)
+    for strat, sname in ((zlib.Z_FIXED, "fixed"), (zlib.Z_HUFFMAN_ONLY, "huffonly"), (zlib.Z_RLE, "rle")):
+        name = f"png_{sname}.png"
+        write_png(os.path.join(MEDIA, name), content(23, 31, 120 + strat), 8, 2, seed=strat, strategy=strat)
+        cases.append(name)
     # png exif orientation
     for o in (3, 6):
         name = f"png_exif{o}.png"
