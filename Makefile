@@ -127,13 +127,13 @@ TEST_BINS += $(BUILD)/test/test_vision
 
 # the decoders under asan + ubsan on mutations of the corpus's png and jpeg files (a few
 # seconds: FUZZ_ITERS mutations per file; FUZZ_ITERS=100000 for a long run)
-FUZZ_ITERS ?= 300
+FUZZ_ITERS ?= 400
 $(BUILD)/test/fuzz_vision: test/fuzz_vision.cc vision.h format.h Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(VISION_CXXFLAGS) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -o $@ test/fuzz_vision.cc
 .PHONY: fuzz-vision
 fuzz-vision: $(BUILD)/test/fuzz_vision
-	$(BUILD)/test/fuzz_vision $(FUZZ_ITERS) test/media/*.png test/media/*.jpg
+	$(BUILD)/test/fuzz_vision $(FUZZ_ITERS) test/media/png_*.png test/media/pil_*.png test/media/jpg_*.jpg
 
 # the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
 # deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);

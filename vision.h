@@ -457,11 +457,12 @@ struct JpegHuff {
         for (int l = 1; l <= 16; l++) {
             valptr[l] = k; mincode[l] = code;
             for (int i = 0; i < counts[l - 1]; i++, k++, code++) {
+                // as libjpeg: the codes of a length must end below all-ones
+                if (code + 1 >= (1 << l)) media_fail("jpeg: huffman table is over-subscribed");
                 if (l <= 9)
                     for (int j = 0; j < 1 << (9 - l); j++) fast[(code << (9 - l)) | j] = (uint16_t)(vals[k] << 4 | l);
             }
             maxcode[l] = counts[l - 1] ? code - 1 : -1;
-            if (code >= (1 << l) && counts[l - 1]) media_fail("jpeg: huffman table is over-subscribed");  // as libjpeg: no all-ones code
             code <<= 1;
         }
         maxcode[17] = 0x7fffffff;

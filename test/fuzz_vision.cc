@@ -1,10 +1,25 @@
 // a mutation fuzzer for vision.h's decoders, built with asan + ubsan (make fuzz-vision).
 //   build/test/fuzz_vision ITERS FILE...
 // each file is decoded as is, then ITERS times mutated (bit flips, byte sets, chunk-length and
-// marker-length edits, cuts, duplicated and deleted spans) and decoded again, and the decoded
+// marker-length edits, cuts, duplicated and deleted spans; png crcs mostly made valid again)
+// and decoded again, and the decoded
 // images preprocessed at a small size: any crash, leak, overflow or undefined behaviour stops
 // the run; a failure must be one line. deterministic (a fixed xorshift seed per file).
 #include "vision.h"
+
+// rewrites every png chunk's crc, so a mutation reaches inflate, the filters and the pixel
+// code instead of stopping at the first crc check
+static void fix_png_crcs(std::vector<uint8_t>& g) {
+    if (g.size() < 8 || g[0] != 0x89 || g[1] != 'P') return;
+    size_t pos = 8;
+    while (pos + 12 <= g.size()) {
+        uint32_t len = (uint32_t)g[pos] << 24 | g[pos + 1] << 16 | g[pos + 2] << 8 | g[pos + 3];
+        if (len > g.size() - pos - 12) return;
+        uint32_t crc = png_crc(&g[pos + 4], len + 4);
+        for (int i = 0; i < 4; i++) g[pos + 8 + len + i] = (uint8_t)(crc >> (24 - 8 * i));
+        pos += 12 + (size_t)len;
+    }
+}
 
 int main(int argc, char** argv) {
     if (argc < 3) { fprintf(stderr, "usage: fuzz_vision ITERS FILE...\n"); return 2; }
@@ -44,6 +59,7 @@ int main(int argc, char** argv) {
                     }
                 }
             }
+            if (rnd() % 4) fix_png_crcs(g);
             Image im;
             runs++;
             if (image_decode(g.data(), g.size(), lim, &im, &err)) {
