@@ -55,6 +55,7 @@
 #include "format.h"    // defines: Json, Artifact, artifact_open, Mat, mat_rows, mat_row_dequant
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
+#include "vision.h"    // defines: Image, image_load, VisionConfig, VisionItem, vision_image, video_load, MediaLimits
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -5880,6 +5881,13 @@ static void usage(FILE* f) {
         "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
+        "  --image PATH           an image (png, jpeg, ppm/pgm), repeatable\n"
+        "  --video PATH           a video: a directory of frames, a comma-separated list of images, or a\n"
+        "                         video file decoded by an ffmpeg on PATH; repeatable\n"
+        "  --video-fps F          frame rate of a directory or list of frames (24, as transformers assumes)\n"
+        "  --max-image-pixels N   decoded pixels allowed per image (67108864)\n"
+        "  --max-video-pixels N   decoded pixels allowed per video, sampled frames summed (134217728)\n"
+        "  --max-media-mib N      bytes allowed per media file, in MiB (256)\n"
         "\n"
         "generation:\n"
         "  --max-new N            output token limit (128)\n"
@@ -5910,6 +5918,10 @@ static void usage(FILE* f) {
         "  --render               print the rendered prompt (with --prompt or --messages) and exit\n"
         "  --print-token-ids      print prompt and generated ids on stderr, each id beside its text\n"
         "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "  --decode-out FILE      write the decoded pixels of the one --image (exif orientation applied)\n"
+        "                         as rgb8 [height, width, 3]; prints 'image WIDTH HEIGHT'\n"
+        "  --pixels-out FILE      write the preprocessed pixel values of every --image and --video, in\n"
+        "                         order, as float32 [patch rows, 1536]; prints 'image|video T H W' (grid_thw)\n"
         "  --perplexity FILE      perplexity over a text file or a file of token ids, in\n"
         "                         non-overlapping windows of --max-context tokens\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
@@ -5964,6 +5976,55 @@ static std::string show_piece(const std::string& s) {
     return o;
 }
 
+// --decode-out / --pixels-out: media through vision.h with the artifact's preprocessor
+// configs, no tower. stdout: one line per item (the decoded size, or grid_thw); a video's
+// sampled frame timestamps go to stderr.
+static int media_diagnostics(const char* model_path, const std::vector<std::string>& images, const std::vector<std::string>& videos,
+                             double video_fps, const MediaLimits& lim, const char* decode_out, const char* pixels_out) {
+    std::string err;
+    if (decode_out) {
+        if (images.size() != 1 || !videos.empty() || pixels_out) die("--decode-out takes exactly one --image (and no --video or --pixels-out)");
+        Image im;
+        if (!image_load(images[0], lim, &im, &err)) die("%s", err.c_str());
+        FILE* f = fopen(decode_out, "wb");
+        if (!f) die("%s: cannot create: %s", decode_out, strerror(errno));
+        if (fwrite(im.rgb.data(), 1, im.rgb.size(), f) != im.rgb.size() || fclose(f) != 0) die("%s: write failed: %s", decode_out, strerror(errno));
+        printf("image %d %d\n", im.w, im.h);
+        return 0;
+    }
+    Model m;
+    if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
+    if (!m.geo.has_vision) die("%s: the model has no vision tower; --image and --video need a vision model", model_path);
+    VisionConfig cfg;
+    if (!vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                             artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err))
+        die("%s: %s", model_path, err.c_str());
+    FILE* f = fopen(pixels_out, "wb");
+    if (!f) die("%s: cannot create: %s", pixels_out, strerror(errno));
+    auto put = [&](const VisionItem& it) {
+        if (fwrite(it.pixels.data(), sizeof(float), it.pixels.size(), f) != it.pixels.size()) die("%s: write failed: %s", pixels_out, strerror(errno));
+        printf("%s %d %d %d\n", it.video ? "video" : "image", it.t, it.h, it.w);
+    };
+    for (const std::string& p : images) {
+        Image im;
+        VisionItem it;
+        if (!image_load(p, lim, &im, &err)) die("%s", err.c_str());
+        if (!vision_image(im, cfg, &it, &err)) die("%s: %s", p.c_str(), err.c_str());
+        put(it);
+    }
+    for (const std::string& p : videos) {
+        VisionItem it;
+        if (!video_load(p, video_fps, cfg, lim, &it, &err)) die("%s", err.c_str());
+        put(it);
+        fprintf(stderr, "ninfer: %s: %d temporal patches at", p.c_str(), it.t);
+        for (double ts : it.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
+        fprintf(stderr, "\n");
+    }
+    if (fclose(f) != 0) die("%s: write failed: %s", pixels_out, strerror(errno));
+    model_close(&m);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     // the server is the same binary under another name
     const char* base = strrchr(argv[0], '/');
@@ -5988,6 +6049,11 @@ int main(int argc, char** argv) {
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
     GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph
+    std::vector<std::string> images, videos;  // --image, --video
+    double video_fps = 24;             // a frame list has no rate; transformers assumes 24
+    MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
+    const char* decode_out = nullptr;  // --decode-out
+    const char* pixels_out = nullptr;  // --pixels-out
 
     // poor man's argparse
     for (int i = 1; i < argc; i++) {
@@ -6021,6 +6087,14 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--no-thinking")) no_thinking = true;
         else if (!strcmp(a, "--raw-output")) raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) print_ids = true;
+        else if (!strcmp(a, "--image")) images.push_back(value());
+        else if (!strcmp(a, "--video")) videos.push_back(value());
+        else if (!strcmp(a, "--video-fps")) video_fps = parse_float(a, value(), 0.001, 1000);
+        else if (!strcmp(a, "--max-image-pixels")) media_limits.max_pixels = parse_int(a, value(), 1, 1ll << 40);
+        else if (!strcmp(a, "--max-video-pixels")) media_limits.max_video_pixels = parse_int(a, value(), 1, 1ll << 42);
+        else if (!strcmp(a, "--max-media-mib")) media_limits.max_bytes = parse_int(a, value(), 1, 1 << 20) << 20;
+        else if (!strcmp(a, "--decode-out")) decode_out = value();
+        else if (!strcmp(a, "--pixels-out")) pixels_out = value();
         else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") || !strcmp(a, "--vision") ||
                  !strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
@@ -6047,6 +6121,12 @@ int main(int argc, char** argv) {
         model_close(&m);
         return 0;
     }
+    if (decode_out || pixels_out) {
+        if (images.empty() && videos.empty()) die("%s needs an --image or a --video", decode_out ? "--decode-out" : "--pixels-out");
+        return media_diagnostics(model_path, images, videos, video_fps, media_limits, decode_out, pixels_out);
+    }
+    if (!images.empty() || !videos.empty())
+        die("--image and --video need the vision tower, which this build does not run yet (--pixels-out and --decode-out work)");
     if (!inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 
     // text in: render the chat template or take the text as is; tokenize

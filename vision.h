@@ -37,6 +37,8 @@
 #include <charconv>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <errno.h>
+#include <ctype.h>
 #include "format.h"  // defines: Json, json_parse (the preprocessor configs)
 
 // === limits =====================================================================
@@ -1249,39 +1251,58 @@ static inline ResampleTaps resample_taps(int in, int out, Resample mode) {
     return t;
 }
 
-// one pass along x (horizontal) or y over an rgb8 image
+// one pass along x (horizontal) or y over an rgb8 image. int32 sums, as both references: the
+// coefficients' absolute sum stays under 1.3 * 2^prec, so 255 times it fits (prec <= 22)
 static inline void resample_pass(const uint8_t* src, int w, int h, uint8_t* dst, int ow, int oh, const ResampleTaps& t, bool horizontal) {
-    const int64_t half = (int64_t)1 << (t.prec - 1 < 0 ? 0 : t.prec - 1);
-    for (int y = 0; y < oh; y++)
-        for (int x = 0; x < ow; x++) {
-            const int i = horizontal ? x : y;
-            const int32_t* k = &t.w[(size_t)i * t.ksize];
-            int64_t acc[3] = {half, half, half};
-            for (int j = 0; j < t.count[i]; j++) {
-                const int sx = horizontal ? t.start[i] + j : x, sy = horizontal ? y : t.start[i] + j;
-                const uint8_t* p = src + ((size_t)sy * w + sx) * 3;
-                acc[0] += p[0] * (int64_t)k[j]; acc[1] += p[1] * (int64_t)k[j]; acc[2] += p[2] * (int64_t)k[j];
+    const int32_t half = t.prec ? 1 << (t.prec - 1) : 0;
+    auto clip = [&](int32_t v) -> uint8_t { v >>= t.prec; return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); };
+    if (horizontal) {
+        for (int y = 0; y < oh; y++) {
+            const uint8_t* row = src + (size_t)y * w * 3;
+            uint8_t* o = dst + (size_t)y * ow * 3;
+            for (int x = 0; x < ow; x++, o += 3) {
+                const int32_t* k = &t.w[(size_t)x * t.ksize];
+                const uint8_t* p = row + (size_t)t.start[x] * 3;
+                int32_t a0 = half, a1 = half, a2 = half;
+                for (int j = 0; j < t.count[x]; j++, p += 3) { a0 += p[0] * k[j]; a1 += p[1] * k[j]; a2 += p[2] * k[j]; }
+                o[0] = clip(a0); o[1] = clip(a1); o[2] = clip(a2);
             }
-            uint8_t* o = dst + ((size_t)y * ow + x) * 3;
-            for (int c = 0; c < 3; c++) { int64_t v = acc[c] >> t.prec; o[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); }
         }
+    } else {
+        std::vector<int32_t> acc((size_t)ow * 3);
+        for (int y = 0; y < oh; y++) {
+            std::fill(acc.begin(), acc.end(), half);
+            const int32_t* k = &t.w[(size_t)y * t.ksize];
+            for (int j = 0; j < t.count[y]; j++) {
+                const uint8_t* p = src + (size_t)(t.start[y] + j) * w * 3;
+                const int32_t kj = k[j];
+                for (size_t i = 0; i < acc.size(); i++) acc[i] += p[i] * kj;
+            }
+            uint8_t* o = dst + (size_t)y * ow * 3;
+            for (size_t i = 0; i < acc.size(); i++) o[i] = clip(acc[i]);
+        }
+    }
     (void)h;
 }
 
 static inline void image_resize(const Image& in, int ow, int oh, Resample mode, Image* out) {
     const bool nh = ow != in.w, nv = oh != in.h;
     const bool vertical_first = mode == RESAMPLE_PIL && nh && nv && in.h - oh > 0 && (int64_t)(in.h - oh) > 2 * (int64_t)(in.w - ow);
-    Image cur = in, tmp;
+    const Image* cur = &in;
+    Image bufs[2];
+    int which = 0;
     auto pass = [&](bool horizontal) {
-        const int tw = horizontal ? ow : cur.w, th = horizontal ? cur.h : oh;
-        ResampleTaps t = resample_taps(horizontal ? cur.w : cur.h, horizontal ? ow : oh, mode);
-        tmp.w = tw; tmp.h = th; tmp.rgb.assign((size_t)tw * th * 3, 0);
-        resample_pass(cur.rgb.data(), cur.w, cur.h, tmp.rgb.data(), tw, th, t, horizontal);
-        std::swap(cur, tmp);
+        Image& o = bufs[which++];
+        o.w = horizontal ? ow : cur->w; o.h = horizontal ? cur->h : oh;
+        o.rgb.resize((size_t)o.w * o.h * 3);
+        ResampleTaps t = resample_taps(horizontal ? cur->w : cur->h, horizontal ? ow : oh, mode);
+        resample_pass(cur->rgb.data(), cur->w, cur->h, o.rgb.data(), o.w, o.h, t, horizontal);
+        cur = &o;
     };
     if (vertical_first) { pass(false); pass(true); }
     else { if (nh) pass(true); if (nv) pass(false); }
-    *out = std::move(cur);
+    if (cur == &in) *out = in;
+    else *out = std::move(*const_cast<Image*>(cur));
 }
 
 // === preprocessing: patch rows ==================================================
@@ -1411,5 +1432,217 @@ static inline bool vision_video(const std::vector<Image>& frames, const std::vec
     it->video = true;
     vision_patchify(fp, c, c.video_mean, c.video_std, c.video_rescale, RESAMPLE_TORCHVISION, it);
     it->timestamps = vision_video_timestamps(indices, video_fps, c.temporal);
+    return true;
+}
+
+// === video: frames from a directory, a list, or a file through ffmpeg ==========
+//
+// spec: a directory (its files sorted by name, hidden ones skipped), a comma-separated list of
+// image files (in that order), or a video file, decoded by an `ffmpeg` found on PATH (never
+// linked; popen with the path quoted). frames are counted first, then only the sampled ones
+// are decoded. `frames_fps` is the frame rate of a directory or list (transformers assumes 24);
+// a video file's own rate comes from ffmpeg.
+
+static inline std::string shell_quote(const std::string& s) {
+    std::string o = "'";
+    for (char ch : s) { if (ch == '\'') o += "'\\''"; else o += ch; }
+    return o + "'";
+}
+
+static inline std::string find_on_path(const char* exe) {
+    const char* p = getenv("PATH");
+    std::string path = p ? p : "";
+    size_t a = 0;
+    while (a <= path.size()) {
+        size_t b = path.find(':', a);
+        if (b == std::string::npos) b = path.size();
+        std::string dir = path.substr(a, b - a);
+        if (dir.empty()) dir = ".";
+        std::string f = dir + "/" + exe;
+        struct stat st;
+        if (stat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111)) return f;
+        a = b + 1;
+    }
+    return "";
+}
+
+// runs a command, collecting its stdout up to max_bytes; false when it fails or says too much
+static inline bool run_capture(const std::string& cmd, size_t max_bytes, std::vector<uint8_t>* out, int* status) {
+    FILE* f = popen(cmd.c_str(), "r");
+    if (!f) return false;
+    out->clear();
+    uint8_t buf[1 << 16];
+    size_t k;
+    bool over = false;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (out->size() + k > max_bytes) { over = true; break; }
+        out->insert(out->end(), buf, buf + k);
+    }
+    if (over) while (fread(buf, 1, sizeof buf, f) > 0) {}
+    *status = pclose(f);
+    return !over;
+}
+
+struct VideoSource {
+    std::vector<std::string> files;   // frames as image files, or
+    std::string video;                // a video file for ffmpeg
+    std::string ffmpeg;
+};
+
+static inline bool video_open(const std::string& spec, VideoSource* src, std::string* err) {
+    *src = VideoSource();
+    if (spec.find(',') != std::string::npos) {
+        size_t a = 0;
+        while (a <= spec.size()) {
+            size_t b = spec.find(',', a);
+            if (b == std::string::npos) b = spec.size();
+            if (b == a) { *err = spec + ": an empty name in the list of frames"; return false; }
+            src->files.push_back(spec.substr(a, b - a));
+            a = b + 1;
+        }
+        return true;
+    }
+    struct stat st;
+    if (stat(spec.c_str(), &st) != 0) { *err = spec + ": cannot open: " + strerror(errno); return false; }
+    if (S_ISDIR(st.st_mode)) {
+        DIR* d = opendir(spec.c_str());
+        if (!d) { *err = spec + ": cannot open the directory: " + strerror(errno); return false; }
+        while (struct dirent* e = readdir(d)) {
+            if (e->d_name[0] == '.') continue;
+            std::string f = spec + "/" + e->d_name;
+            struct stat fs;
+            if (stat(f.c_str(), &fs) == 0 && S_ISREG(fs.st_mode)) src->files.push_back(f);
+        }
+        closedir(d);
+        std::sort(src->files.begin(), src->files.end());
+        if (src->files.empty()) { *err = spec + ": the directory has no frame files"; return false; }
+        return true;
+    }
+    src->video = spec;
+    src->ffmpeg = find_on_path("ffmpeg");
+    if (src->ffmpeg.empty()) {
+        *err = spec + ": decoding a video file needs an ffmpeg on PATH, and there is none (give a directory of frames or a comma-separated list of images instead)";
+        return false;
+    }
+    return true;
+}
+
+// frame count and rate of a video file: ffmpeg copies the video stream's packets to nowhere
+// and reports the count (-progress), and prints the stream's rate in its header
+static inline bool ffmpeg_probe(const VideoSource& s, int64_t* frames, double* fps, std::string* err) {
+    std::string cmd = shell_quote(s.ffmpeg) + " -nostdin -hide_banner -i " + shell_quote(s.video) +
+                      " -map 0:v:0 -c copy -f null -progress pipe:1 - 2>&1";
+    std::vector<uint8_t> out;
+    int status = 0;
+    if (!run_capture(cmd, 1 << 24, &out, &status)) { *err = s.video + ": ffmpeg could not be run"; return false; }
+    std::string text(out.begin(), out.end());
+    *frames = -1; *fps = 0;
+    for (size_t a = 0; a < text.size();) {
+        size_t b = text.find('\n', a);
+        if (b == std::string::npos) b = text.size();
+        std::string line = text.substr(a, b - a);
+        a = b + 1;
+        if (line.rfind("frame=", 0) == 0) *frames = strtoll(line.c_str() + 6, nullptr, 10);
+        size_t v = line.find("Video:");
+        if (v != std::string::npos && *fps == 0) {
+            size_t f = line.find(" fps", v);
+            if (f != std::string::npos) {
+                size_t st = line.rfind(' ', f - 1);
+                *fps = strtod(line.c_str() + st + 1, nullptr);
+            }
+        }
+    }
+    if (status != 0 || *frames < 0) {
+        std::string last = text.substr(0, std::min<size_t>(text.size(), 400));
+        for (char& ch : last) if (ch == '\n' || ch == '\r') ch = ' ';
+        *err = s.video + ": ffmpeg cannot read it as a video: " + last;
+        return false;
+    }
+    if (*frames == 0) { *err = s.video + ": the video has no frames"; return false; }
+    if (!(*fps > 0)) { *err = s.video + ": ffmpeg reports no frame rate"; return false; }
+    return true;
+}
+
+// the sampled frames of a video file: ffmpeg selects them by index and writes them as a
+// stream of binary ppm images (rgb24)
+static inline bool ffmpeg_frames(const VideoSource& s, const std::vector<int64_t>& idx, const MediaLimits& lim,
+                                 std::vector<Image>* frames, std::string* err) {
+    std::string sel;
+    for (size_t i = 0; i < idx.size(); i++) {
+        if (i && idx[i] == idx[i - 1]) continue;
+        sel += (sel.empty() ? "" : "+") + std::string("eq(n\\,") + std::to_string(idx[i]) + ")";
+    }
+    std::string cmd = shell_quote(s.ffmpeg) + " -nostdin -v error -i " + shell_quote(s.video) + " -map 0:v:0 -vf " +
+                      shell_quote("select=" + sel) + " -fps_mode passthrough -f image2pipe -c:v ppm -pix_fmt rgb24 -";
+    std::vector<uint8_t> out;
+    int status = 0;
+    size_t cap = (size_t)std::min<int64_t>(lim.max_video_pixels * 3 + (int64_t)idx.size() * 64, (int64_t)1 << 40);
+    if (!run_capture(cmd, cap, &out, &status)) { *err = s.video + ": the sampled frames are over the video pixel limit of " + std::to_string(lim.max_video_pixels); return false; }
+    if (status != 0) { *err = s.video + ": ffmpeg failed decoding the frames"; return false; }
+    std::vector<Image> uniq;
+    size_t pos = 0;
+    while (pos < out.size()) {
+        // one ppm: "P6\n<w> <h>\n255\n" + w*h*3 bytes
+        size_t p = pos; int fields = 0; int64_t v[3] = {0, 0, 0};
+        if (out.size() - pos < 2 || out[pos] != 'P' || out[pos + 1] != '6') break;
+        p += 2;
+        while (fields < 3 && p < out.size()) {
+            while (p < out.size() && isspace(out[p])) p++;
+            int64_t x = 0; bool any = false;
+            while (p < out.size() && isdigit(out[p]) && x < (1ll << 31)) { x = x * 10 + (out[p++] - '0'); any = true; }
+            if (!any) break;
+            v[fields++] = x;
+        }
+        if (fields < 3 || p >= out.size() || v[2] != 255 || v[0] <= 0 || v[1] <= 0) break;
+        p++;
+        size_t nb = (size_t)(v[0] * v[1] * 3);
+        if (out.size() - p < nb) break;
+        Image im; std::string e;
+        if (!image_decode(&out[pos], p + nb - pos, lim, &im, &e, s.video.c_str())) { *err = e; return false; }
+        uniq.push_back(std::move(im));
+        pos = p + nb;
+    }
+    // map back onto the indices (repeated indices share a frame)
+    frames->clear();
+    size_t u = 0;
+    for (size_t i = 0; i < idx.size(); i++) {
+        if (i && idx[i] == idx[i - 1]) { frames->push_back(frames->back()); continue; }
+        if (u >= uniq.size()) { *err = s.video + ": ffmpeg gave " + std::to_string(uniq.size()) + " frames, " + std::to_string(i + 1) + "+ were asked for"; return false; }
+        frames->push_back(std::move(uniq[u++]));
+    }
+    return true;
+}
+
+// a whole video item from a spec (see video_open)
+static inline bool video_load(const std::string& spec, double frames_fps, const VisionConfig& c, const MediaLimits& lim,
+                              VisionItem* it, std::string* err) {
+    VideoSource src;
+    if (!video_open(spec, &src, err)) return false;
+    int64_t total;
+    double fps = frames_fps;
+    if (src.video.empty()) total = (int64_t)src.files.size();
+    else if (!ffmpeg_probe(src, &total, &fps, err)) return false;
+    if (total > lim.max_frames) {
+        *err = spec + ": " + std::to_string(total) + " frames, over the limit of " + std::to_string(lim.max_frames);
+        return false;
+    }
+    std::vector<int64_t> idx = video_sample_indices(total, fps, c);
+    std::vector<Image> frames;
+    if (src.video.empty()) {
+        int64_t pixels = 0;
+        for (int64_t i : idx) {
+            Image im;
+            if (!image_load(src.files[(size_t)i], lim, &im, err)) return false;
+            pixels += (int64_t)im.w * im.h;
+            if (pixels > lim.max_video_pixels) {
+                *err = spec + ": the sampled frames have over " + std::to_string(lim.max_video_pixels) + " pixels (the video pixel limit)";
+                return false;
+            }
+            frames.push_back(std::move(im));
+        }
+    } else if (!ffmpeg_frames(src, idx, lim, &frames, err)) {
+        return false;
+    }
+    if (!vision_video(frames, idx, fps, c, it, err)) { *err = spec + ": " + *err; return false; }
     return true;
 }
