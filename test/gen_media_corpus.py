@@ -19,7 +19,9 @@
 import io
 import json
 import os
+import shutil
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -242,6 +244,33 @@ def gen_decode():
         name = f"jpg_exif{o}.jpg"
         Image.fromarray(content(12, 20, 70 + o)).save(os.path.join(MEDIA, name), quality=90, exif=exif_bytes(o))
         cases.append(name)
+    # samplings PIL cannot write (4:4:0, 4:1:1, mixed), through libjpeg-turbo's cjpeg when it is
+    # installed (libjpeg-turbo-progs); without it the committed files are kept
+    cj = shutil.which("cjpeg")
+    for samp, sname, extra in (("1x2", "440", []), ("4x1", "411", []), ("2x2,1x1,2x2", "mixed", []),
+                               ("2x1", "422_prog_rst", ["-progressive", "-restart", "1"])):
+        name = f"jpg_cjpeg_{sname}.jpg"
+        path = os.path.join(MEDIA, name)
+        if cj:
+            src = os.path.join(MEDIA, "_src.ppm")
+            write_ppm(src, content(35, 47, seed))
+            subprocess.run([cj, "-quality", "88", "-sample", samp, *extra, "-outfile", path, src], check=True)
+            os.remove(src)
+        seed += 1
+        if os.path.exists(path):
+            cases.append(name)
+    # refused with a named reason (test_vision.cc): arithmetic coding, cmyk, 12-bit is not made
+    if cj:
+        src = os.path.join(MEDIA, "_src.ppm")
+        write_ppm(src, content(16, 16, seed))
+        subprocess.run([cj, "-arithmetic", "-outfile", os.path.join(MEDIA, "bad_arith.jpg"), src], check=True)
+        os.remove(src)
+    Image.fromarray(content(16, 16, seed)).convert("CMYK").save(os.path.join(MEDIA, "bad_cmyk.jpg"))
+    Image.fromarray(content(16, 16, seed)).save(os.path.join(MEDIA, "bad.gif"))
+    # a palette shorter than the indices: PIL shows black for the missing entries
+    write_png(os.path.join(MEDIA, "png_pal_short.png"), rng(7).integers(0, 8, size=(5, 9, 1)), 8, 3,
+              plte=bytes(range(30, 39)), seed=7)
+    cases.append("png_pal_short.png")
     # ppm / pgm
     a = content(7, 9, seed)
     open(os.path.join(MEDIA, "p6.ppm"), "wb").write(b"P6\n# a comment\n9 7\n255\n" + a.tobytes())

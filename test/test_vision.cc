@@ -174,6 +174,18 @@ TEST(Hostile, UnsupportedFormatsAreNamed) {
     EXPECT_NE(decode_err(j).find("CMYK"), std::string::npos);
 }
 
+TEST(Hostile, RealFilesOfUnsupportedKinds) {
+    MediaLimits lim;
+    struct { const char* file; const char* want; } cases[] = {
+        {"bad_arith.jpg", "arithmetic-coded jpeg"}, {"bad_cmyk.jpg", "CMYK"}, {"bad.gif", "unsupported image format GIF"}};
+    for (auto& c : cases) {
+        Image im; std::string err;
+        EXPECT_FALSE(image_load(kMedia + c.file, lim, &im, &err)) << c.file;
+        EXPECT_NE(err.find(c.want), std::string::npos) << err;
+        EXPECT_TRUE(one_line(err));
+    }
+}
+
 // every corpus file cut at many lengths, and with bytes flipped: never a crash (asan in
 // make fuzz-vision), a cut png or jpeg always fails with one line
 TEST(Hostile, TruncatedAndMutatedCorpus) {
