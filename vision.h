@@ -525,64 +525,54 @@ static const uint8_t kJpegNatural[80] = {
     35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
     63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
-// jidctint.c's jpeg_idct_islow: two 1-d passes, 13-bit constants, 2 extra bits after pass 1,
-// output through the 1024-entry range-limit table (clamp for sums in [-512, 511], wrap beyond)
-static inline void jpeg_idct_islow(const int16_t* in, const uint16_t* q, uint8_t* out, int stride) {
-    enum { CB = 13, P1 = 2 };
+// jidctint.c's jpeg_idct_islow: two 1-d passes (columns, then rows) of the same butterfly
+// with 13-bit constants, 2 extra bits kept after pass 1, the output through the 1024-entry
+// range-limit table (a clamp for sums in [-512, 511], wrapping beyond, as libjpeg's table)
+static inline void jpeg_idct_1d(const int64_t x[8], int64_t y[8]) {
+    enum { CB = 13 };
     const int64_t F0298 = 2446, F0390 = 3196, F0541 = 4433, F0765 = 6270, F0899 = 7373, F1175 = 9633, F1501 = 12299,
                   F1847 = 15137, F1961 = 16069, F2053 = 16819, F2562 = 20995, F3072 = 25172;
+    int64_t z2 = x[2], z3 = x[6];  // even part
+    int64_t z1 = (z2 + z3) * F0541;
+    int64_t tmp2 = z1 + z3 * -F1847, tmp3 = z1 + z2 * F0765;
+    int64_t tmp0 = (x[0] + x[4]) * (1 << CB), tmp1 = (x[0] - x[4]) * (1 << CB);
+    int64_t t10 = tmp0 + tmp3, t13 = tmp0 - tmp3, t11 = tmp1 + tmp2, t12 = tmp1 - tmp2;
+    tmp0 = x[7]; tmp1 = x[5]; tmp2 = x[3]; tmp3 = x[1];  // odd part
+    z1 = tmp0 + tmp3; z2 = tmp1 + tmp2; z3 = tmp0 + tmp2; int64_t z4 = tmp1 + tmp3;
+    int64_t z5 = (z3 + z4) * F1175;
+    tmp0 *= F0298; tmp1 *= F2053; tmp2 *= F3072; tmp3 *= F1501;
+    z1 *= -F0899; z2 *= -F2562; z3 *= -F1961; z4 *= -F0390;
+    z3 += z5; z4 += z5;
+    tmp0 += z1 + z3; tmp1 += z2 + z4; tmp2 += z2 + z3; tmp3 += z1 + z4;
+    y[0] = t10 + tmp3; y[7] = t10 - tmp3; y[1] = t11 + tmp2; y[6] = t11 - tmp2;
+    y[2] = t12 + tmp1; y[5] = t12 - tmp1; y[3] = t13 + tmp0; y[4] = t13 - tmp0;
+}
+
+static inline void jpeg_idct_islow(const int16_t* in, const uint16_t* q, uint8_t* out, int stride) {
+    enum { CB = 13, P1 = 2 };
     int32_t ws[64];
     auto descale = [](int64_t x, int n) { return (x + ((int64_t)1 << (n - 1))) >> n; };
+    int64_t x[8], y[8];
     for (int c = 0; c < 8; c++) {
         const int16_t* ip = in + c;
-        if (!ip[8] && !ip[16] && !ip[24] && !ip[32] && !ip[40] && !ip[48] && !ip[56]) {
+        if (!ip[8] && !ip[16] && !ip[24] && !ip[32] && !ip[40] && !ip[48] && !ip[56]) {  // dc only (libjpeg's shortcut, same result)
             int32_t dc = (int32_t)((int64_t)ip[0] * q[c] * (1 << P1));
             for (int r = 0; r < 8; r++) ws[r * 8 + c] = dc;
             continue;
         }
-        int64_t z2 = (int64_t)ip[16] * q[16 + c], z3 = (int64_t)ip[48] * q[48 + c];
-        int64_t z1 = (z2 + z3) * F0541;
-        int64_t tmp2 = z1 + z3 * -F1847, tmp3 = z1 + z2 * F0765;
-        z2 = (int64_t)ip[0] * q[c]; z3 = (int64_t)ip[32] * q[32 + c];
-        int64_t tmp0 = (z2 + z3) * (1 << CB), tmp1 = (z2 - z3) * (1 << CB);
-        int64_t t10 = tmp0 + tmp3, t13 = tmp0 - tmp3, t11 = tmp1 + tmp2, t12 = tmp1 - tmp2;
-        tmp0 = (int64_t)ip[56] * q[56 + c]; tmp1 = (int64_t)ip[40] * q[40 + c];
-        tmp2 = (int64_t)ip[24] * q[24 + c]; tmp3 = (int64_t)ip[8] * q[8 + c];
-        z1 = tmp0 + tmp3; z2 = tmp1 + tmp2; z3 = tmp0 + tmp2; int64_t z4 = tmp1 + tmp3;
-        int64_t z5 = (z3 + z4) * F1175;
-        tmp0 *= F0298; tmp1 *= F2053; tmp2 *= F3072; tmp3 *= F1501;
-        z1 *= -F0899; z2 *= -F2562; z3 *= -F1961; z4 *= -F0390;
-        z3 += z5; z4 += z5;
-        tmp0 += z1 + z3; tmp1 += z2 + z4; tmp2 += z2 + z3; tmp3 += z1 + z4;
-        ws[0 * 8 + c] = (int32_t)descale(t10 + tmp3, CB - P1); ws[7 * 8 + c] = (int32_t)descale(t10 - tmp3, CB - P1);
-        ws[1 * 8 + c] = (int32_t)descale(t11 + tmp2, CB - P1); ws[6 * 8 + c] = (int32_t)descale(t11 - tmp2, CB - P1);
-        ws[2 * 8 + c] = (int32_t)descale(t12 + tmp1, CB - P1); ws[5 * 8 + c] = (int32_t)descale(t12 - tmp1, CB - P1);
-        ws[3 * 8 + c] = (int32_t)descale(t13 + tmp0, CB - P1); ws[4 * 8 + c] = (int32_t)descale(t13 - tmp0, CB - P1);
+        for (int r = 0; r < 8; r++) x[r] = (int64_t)ip[8 * r] * q[8 * r + c];
+        jpeg_idct_1d(x, y);
+        for (int r = 0; r < 8; r++) ws[r * 8 + c] = (int32_t)descale(y[r], CB - P1);
     }
-    auto limit = [](int64_t x) -> uint8_t {
-        int m = (int)(x & 1023);
+    auto limit = [](int64_t v) -> uint8_t {
+        int m = (int)(v & 1023);
         return m < 128 ? (uint8_t)(m + 128) : m < 512 ? 255 : m < 896 ? 0 : (uint8_t)(m - 896);
     };
     for (int r = 0; r < 8; r++) {
-        const int32_t* wp = ws + r * 8;
+        for (int k = 0; k < 8; k++) x[k] = ws[r * 8 + k];
+        jpeg_idct_1d(x, y);
         uint8_t* o = out + (size_t)r * stride;
-        int64_t z2 = wp[2], z3 = wp[6];
-        int64_t z1 = (z2 + z3) * F0541;
-        int64_t tmp2 = z1 + z3 * -F1847, tmp3 = z1 + z2 * F0765;
-        int64_t tmp0 = ((int64_t)wp[0] + wp[4]) * (1 << CB), tmp1 = ((int64_t)wp[0] - wp[4]) * (1 << CB);
-        int64_t t10 = tmp0 + tmp3, t13 = tmp0 - tmp3, t11 = tmp1 + tmp2, t12 = tmp1 - tmp2;
-        tmp0 = wp[7]; tmp1 = wp[5]; tmp2 = wp[3]; tmp3 = wp[1];
-        z1 = tmp0 + tmp3; z2 = tmp1 + tmp2; z3 = tmp0 + tmp2; int64_t z4 = tmp1 + tmp3;
-        int64_t z5 = (z3 + z4) * F1175;
-        tmp0 *= F0298; tmp1 *= F2053; tmp2 *= F3072; tmp3 *= F1501;
-        z1 *= -F0899; z2 *= -F2562; z3 *= -F1961; z4 *= -F0390;
-        z3 += z5; z4 += z5;
-        tmp0 += z1 + z3; tmp1 += z2 + z4; tmp2 += z2 + z3; tmp3 += z1 + z4;
-        const int S = CB + P1 + 3;
-        o[0] = limit(descale(t10 + tmp3, S)); o[7] = limit(descale(t10 - tmp3, S));
-        o[1] = limit(descale(t11 + tmp2, S)); o[6] = limit(descale(t11 - tmp2, S));
-        o[2] = limit(descale(t12 + tmp1, S)); o[5] = limit(descale(t12 - tmp1, S));
-        o[3] = limit(descale(t13 + tmp0, S)); o[4] = limit(descale(t13 - tmp0, S));
+        for (int k = 0; k < 8; k++) o[k] = limit(descale(y[k], CB + P1 + 3));
     }
 }
 
@@ -1146,38 +1136,11 @@ static inline bool aspect_ok(int64_t h, int64_t w, std::string* err) {
     return true;
 }
 
-static inline bool smart_resize_image(int64_t h, int64_t w, int factor, int64_t min_pixels, int64_t max_pixels,
-                                      int* out_h, int* out_w, std::string* err) {
+// the shared core: t frames (1 for an image) whose count rounds to tb (1 for an image)
+static inline bool smart_resize_core(int64_t t, double tb, int64_t h, int64_t w, int factor, int64_t min_pixels,
+                                     int64_t max_pixels, int* out_h, int* out_w, std::string* err) {
     if (!aspect_ok(h, w, err)) return false;
     double hb = py_round((double)h / factor) * factor, wb = py_round((double)w / factor) * factor;
-    if (hb * wb > (double)max_pixels) {
-        double beta = sqrt((double)(h * w) / (double)max_pixels);
-        hb = std::max((double)factor, floor((double)h / beta / factor) * factor);
-        wb = std::max((double)factor, floor((double)w / beta / factor) * factor);
-    } else if (hb * wb < (double)min_pixels) {
-        double beta = sqrt((double)min_pixels / (double)(h * w));
-        hb = ceil((double)h * beta / factor) * factor;
-        wb = ceil((double)w * beta / factor) * factor;
-    }
-    if (hb < factor || wb < factor || hb > (1 << 20) || wb > (1 << 20)) {
-        char b[160]; snprintf(b, sizeof b, "smart_resize of %lldx%lld gives %.0fx%.0f pixels, outside [%d, %d]",
-                              (long long)w, (long long)h, wb, hb, factor, 1 << 20);
-        *err = b; return false;
-    }
-    *out_h = (int)hb; *out_w = (int)wb;
-    return true;
-}
-
-static inline bool smart_resize_video(int64_t t, int64_t h, int64_t w, int tfactor, int factor, int64_t min_pixels,
-                                      int64_t max_pixels, int* out_h, int* out_w, std::string* err) {
-    if (t < tfactor) { *err = "t:" + std::to_string(t) + " must be larger than temporal_factor:" + std::to_string(tfactor); return false; }
-    if (h < factor || w < factor) {  // python: int(height * scale)
-        double scale = std::max((double)factor / h, (double)factor / w);
-        h = (int64_t)((double)h * scale); w = (int64_t)((double)w * scale);
-    }
-    if (!aspect_ok(h, w, err)) return false;
-    double hb = py_round((double)h / factor) * factor, wb = py_round((double)w / factor) * factor;
-    double tb = py_round((double)t / tfactor) * tfactor;
     if (tb * hb * wb > (double)max_pixels) {
         double beta = sqrt((double)(t * h * w) / (double)max_pixels);
         hb = std::max((double)factor, floor((double)h / beta / factor) * factor);
@@ -1194,6 +1157,22 @@ static inline bool smart_resize_video(int64_t t, int64_t h, int64_t w, int tfact
     }
     *out_h = (int)hb; *out_w = (int)wb;
     return true;
+}
+
+static inline bool smart_resize_image(int64_t h, int64_t w, int factor, int64_t min_pixels, int64_t max_pixels,
+                                      int* out_h, int* out_w, std::string* err) {
+    return smart_resize_core(1, 1.0, h, w, factor, min_pixels, max_pixels, out_h, out_w, err);
+}
+
+// the video form also scales a side under the factor up first (python: int(height * scale))
+static inline bool smart_resize_video(int64_t t, int64_t h, int64_t w, int tfactor, int factor, int64_t min_pixels,
+                                      int64_t max_pixels, int* out_h, int* out_w, std::string* err) {
+    if (t < tfactor) { *err = "t:" + std::to_string(t) + " must be larger than temporal_factor:" + std::to_string(tfactor); return false; }
+    if (h < factor || w < factor) {
+        double scale = std::max((double)factor / h, (double)factor / w);
+        h = (int64_t)((double)h * scale); w = (int64_t)((double)w * scale);
+    }
+    return smart_resize_core(t, py_round((double)t / tfactor) * tfactor, h, w, factor, min_pixels, max_pixels, out_h, out_w, err);
 }
 
 // === preprocessing: antialiased bicubic resampling ==============================
