@@ -6,6 +6,7 @@
 // defines:
 //   limits:     MediaLimits (bytes, pixels, frames; the cli and server fill it once)
 //   images:     Image (rgb8, row-major), image_decode, image_load, image_format_name, image_orient
+//   references: media_bytes / media_image (a path, file:// or a base64 data: uri), base64_decode
 //   inflate:    zlib_inflate (rfc 1950/1951, output bounded by the caller)
 //   preprocess: VisionConfig (from the artifact's preprocessor configs), vision_config_parse,
 //               smart_resize_image, smart_resize_video, image_resize (pil or torchvision rounding),
@@ -1008,6 +1009,69 @@ static inline bool image_load(const std::string& path, const MediaLimits& lim, I
     std::vector<uint8_t> bytes;
     if (!media_read_file(path, lim.max_bytes, &bytes, err)) return false;
     return image_decode(bytes.data(), bytes.size(), lim, out, err, path.c_str());
+}
+
+// === media references: paths and data uris =====================================
+//
+// what a chat message's image / video part names: a data uri ("data:image/png;base64,...",
+// base64 only), a file:// url or a local path. http(s) urls are refused: ninfer fetches
+// nothing over the network.
+
+static inline bool base64_decode(const char* s, size_t n, std::vector<uint8_t>* out, std::string* err) {
+    out->clear();
+    out->reserve(n / 4 * 3);
+    uint32_t acc = 0;
+    int bits = 0, pad = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int v;
+        if (c >= 'A' && c <= 'Z') v = c - 'A';
+        else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+        else if (c >= '0' && c <= '9') v = c - '0' + 52;
+        else if (c == '+' || c == '-') v = 62;   // standard and url-safe alphabets
+        else if (c == '/' || c == '_') v = 63;
+        else if (c == '=') { pad++; continue; }
+        else if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
+        else { *err = "base64: invalid character at offset " + std::to_string(i); return false; }
+        if (pad) { *err = "base64: data after the '=' padding"; return false; }
+        acc = acc << 6 | (uint32_t)v; bits += 6;
+        if (bits >= 8) { bits -= 8; out->push_back((uint8_t)(acc >> bits)); }
+    }
+    if (bits >= 6 || pad > 2) { *err = "base64: truncated data"; return false; }
+    return true;
+}
+
+// the bytes a media reference names, at most max_bytes of them
+static inline bool media_bytes(const std::string& ref, int64_t max_bytes, std::vector<uint8_t>* out, std::string* err) {
+    if (ref.rfind("data:", 0) == 0) {
+        size_t comma = ref.find(',');
+        if (comma == std::string::npos) { *err = "data uri: no ',' before the data"; return false; }
+        std::string meta = ref.substr(5, comma - 5);
+        if (meta.size() < 7 || meta.compare(meta.size() - 7, 7, ";base64") != 0) {
+            *err = "data uri '" + meta.substr(0, 64) + "': only base64 data uris are supported";
+            return false;
+        }
+        if ((int64_t)((ref.size() - comma - 1) / 4 * 3) > max_bytes + 3) {
+            *err = "data uri: the data is over the limit of " + std::to_string(max_bytes) + " bytes";
+            return false;
+        }
+        if (!base64_decode(ref.data() + comma + 1, ref.size() - comma - 1, out, err)) { *err = "data uri: " + *err; return false; }
+        if ((int64_t)out->size() > max_bytes) { *err = "data uri: the data is over the limit of " + std::to_string(max_bytes) + " bytes"; return false; }
+        return true;
+    }
+    if (ref.rfind("http://", 0) == 0 || ref.rfind("https://", 0) == 0) {
+        *err = ref.substr(0, 80) + ": http(s) urls are not fetched (ninfer reads local files and data: uris only)";
+        return false;
+    }
+    return media_read_file(ref.rfind("file://", 0) == 0 ? ref.substr(7) : ref, max_bytes, out, err);
+}
+
+// an image from a reference (see media_bytes); the error names a data uri by its head only
+static inline bool media_image(const std::string& ref, const MediaLimits& lim, Image* out, std::string* err) {
+    std::vector<uint8_t> b;
+    if (!media_bytes(ref, lim.max_bytes, &b, err)) return false;
+    std::string what = ref.rfind("data:", 0) == 0 ? ref.substr(0, std::min(ref.find(','), (size_t)40)) : ref;
+    return image_decode(b.data(), b.size(), lim, out, err, what.c_str());
 }
 
 // === preprocessing: config ======================================================

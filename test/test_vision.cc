@@ -218,6 +218,38 @@ TEST(Hostile, TruncatedAndMutatedCorpus) {
     printf("hostile: %d truncations, %d mutations (%d still decoded)\n", cuts, muts, mut_ok);
 }
 
+// data uris decode to the file's bytes; http(s) is refused; limits hold before decoding
+TEST(References, DataUrisAndPaths) {
+    std::vector<uint8_t> f = file_bytes(kMedia + "jpg_422_16x16.jpg");
+    static const char* tab = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string b64;
+    for (size_t i = 0; i < f.size(); i += 3) {
+        uint32_t v = f[i] << 16 | (i + 1 < f.size() ? f[i + 1] << 8 : 0) | (i + 2 < f.size() ? f[i + 2] : 0);
+        b64 += tab[v >> 18 & 63]; b64 += tab[v >> 12 & 63];
+        b64 += i + 1 < f.size() ? tab[v >> 6 & 63] : '=';
+        b64 += i + 2 < f.size() ? tab[v & 63] : '=';
+    }
+    std::vector<uint8_t> got;
+    std::string err;
+    ASSERT_TRUE(media_bytes("data:image/jpeg;base64," + b64, 1 << 20, &got, &err)) << err;
+    EXPECT_EQ(got, f);
+    MediaLimits lim;
+    Image a, b;
+    ASSERT_TRUE(media_image("data:image/jpeg;base64," + b64, lim, &a, &err)) << err;
+    ASSERT_TRUE(media_image("file://" + kMedia + "jpg_422_16x16.jpg", lim, &b, &err)) << err;
+    EXPECT_EQ(a.rgb, b.rgb);
+    EXPECT_FALSE(media_bytes("https://example.com/cat.png", 1 << 20, &got, &err));
+    EXPECT_NE(err.find("not fetched"), std::string::npos);
+    EXPECT_FALSE(media_bytes("data:image/png,abc", 1 << 20, &got, &err));
+    EXPECT_NE(err.find("only base64"), std::string::npos);
+    EXPECT_FALSE(media_bytes("data:image/png;base64,ab$d", 1 << 20, &got, &err));
+    EXPECT_NE(err.find("invalid character"), std::string::npos);
+    EXPECT_FALSE(media_bytes("data:image/jpeg;base64," + b64, 100, &got, &err));
+    EXPECT_NE(err.find("over the limit of 100 bytes"), std::string::npos);
+    EXPECT_FALSE(media_image("data:image/gif;base64,R0lGODlhAQABAAAAACw=", lim, &a, &err));
+    EXPECT_EQ(err, "data:image/gif;base64: unsupported image format GIF (supported: PNG, JPEG, PPM/PGM)");
+}
+
 // ---- preprocessing against hugging face ----------------------------------------
 
 static VisionConfig config_for(const Json& c, Resample r) {
