@@ -250,6 +250,14 @@ TEST(References, DataUrisAndPaths) {
     EXPECT_EQ(err, "data:image/gif;base64: unsupported image format GIF (supported: PNG, JPEG, PPM/PGM)");
 }
 
+TEST(References, Sha256) {  // fips 180-4 examples, and a length that needs a second padding block
+    auto h = [](const std::string& s) { return sha256_hex((const uint8_t*)s.data(), s.size()); };
+    EXPECT_EQ(h(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(h("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(h("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(h(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
 // ---- preprocessing against hugging face ----------------------------------------
 
 static VisionConfig config_for(const Json& c, Resample r) {
