@@ -5881,7 +5881,7 @@ static void usage(FILE* f) {
         "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
-        "  --image PATH           an image (png, jpeg, ppm/pgm), repeatable\n"
+        "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable\n"
         "  --video PATH           a video: a directory of frames, a comma-separated list of images, or a\n"
         "                         video file decoded by an ffmpeg on PATH; repeatable\n"
         "  --video-fps F          frame rate of a directory or list of frames (24, as transformers assumes)\n"
@@ -5921,7 +5921,8 @@ static void usage(FILE* f) {
         "  --decode-out FILE      write the decoded pixels of the one --image (exif orientation applied)\n"
         "                         as rgb8 [height, width, 3]; prints 'image WIDTH HEIGHT'\n"
         "  --pixels-out FILE      write the preprocessed pixel values of every --image and --video, in\n"
-        "                         order, as float32 [patch rows, 1536]; prints 'image|video T H W' (grid_thw)\n"
+        "                         command-line order, as float32 [patch rows, 1536]; prints\n"
+        "                         'image|video T H W' (grid_thw) for each\n"
         "  --perplexity FILE      perplexity over a text file or a file of token ids, in\n"
         "                         non-overlapping windows of --max-context tokens\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
@@ -5979,13 +5980,15 @@ static std::string show_piece(const std::string& s) {
 // --decode-out / --pixels-out: media through vision.h with the artifact's preprocessor
 // configs, no tower. stdout: one line per item (the decoded size, or grid_thw); a video's
 // sampled frame timestamps go to stderr.
-static int media_diagnostics(const char* model_path, const std::vector<std::string>& images, const std::vector<std::string>& videos,
-                             double video_fps, const MediaLimits& lim, const char* decode_out, const char* pixels_out) {
+struct MediaArg { bool video; std::string ref; };  // one --image or --video, in command-line order
+
+static int media_diagnostics(const char* model_path, const std::vector<MediaArg>& media, double video_fps, const MediaLimits& lim,
+                             const char* decode_out, const char* pixels_out) {
     std::string err;
     if (decode_out) {
-        if (images.size() != 1 || !videos.empty() || pixels_out) die("--decode-out takes exactly one --image (and no --video or --pixels-out)");
+        if (media.size() != 1 || media[0].video || pixels_out) die("--decode-out takes exactly one --image (and no --video or --pixels-out)");
         Image im;
-        if (!image_load(images[0], lim, &im, &err)) die("%s", err.c_str());
+        if (!media_image(media[0].ref, lim, &im, &err)) die("%s", err.c_str());
         FILE* f = fopen(decode_out, "wb");
         if (!f) die("%s: cannot create: %s", decode_out, strerror(errno));
         if (fwrite(im.rgb.data(), 1, im.rgb.size(), f) != im.rgb.size() || fclose(f) != 0) die("%s: write failed: %s", decode_out, strerror(errno));
@@ -6005,20 +6008,21 @@ static int media_diagnostics(const char* model_path, const std::vector<std::stri
         if (fwrite(it.pixels.data(), sizeof(float), it.pixels.size(), f) != it.pixels.size()) die("%s: write failed: %s", pixels_out, strerror(errno));
         printf("%s %d %d %d\n", it.video ? "video" : "image", it.t, it.h, it.w);
     };
-    for (const std::string& p : images) {
-        Image im;
+    for (const MediaArg& m : media) {
         VisionItem it;
-        if (!image_load(p, lim, &im, &err)) die("%s", err.c_str());
-        if (!vision_image(im, cfg, &it, &err)) die("%s: %s", p.c_str(), err.c_str());
-        put(it);
-    }
-    for (const std::string& p : videos) {
-        VisionItem it;
-        if (!video_load(p, video_fps, cfg, lim, &it, &err)) die("%s", err.c_str());
-        put(it);
-        fprintf(stderr, "ninfer: %s: %d temporal patches at", p.c_str(), it.t);
-        for (double ts : it.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
-        fprintf(stderr, "\n");
+        const char* p = m.ref.c_str();
+        if (m.video) {
+            if (!video_load(m.ref, video_fps, cfg, lim, &it, &err)) die("%s", err.c_str());
+            put(it);
+            fprintf(stderr, "ninfer: %s: %d temporal patches at", p, it.t);
+            for (double ts : it.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
+            fprintf(stderr, "\n");
+        } else {
+            Image im;
+            if (!media_image(m.ref, lim, &im, &err)) die("%s", err.c_str());
+            if (!vision_image(im, cfg, &it, &err)) die("%s: %s", p, err.c_str());
+            put(it);
+        }
     }
     if (fclose(f) != 0) die("%s: write failed: %s", pixels_out, strerror(errno));
     model_close(&m);
@@ -6049,7 +6053,7 @@ int main(int argc, char** argv) {
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
     GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph
-    std::vector<std::string> images, videos;  // --image, --video
+    std::vector<MediaArg> media;       // --image, --video
     double video_fps = 24;             // a frame list has no rate; transformers assumes 24
     MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
     const char* decode_out = nullptr;  // --decode-out
@@ -6087,8 +6091,8 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--no-thinking")) no_thinking = true;
         else if (!strcmp(a, "--raw-output")) raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) print_ids = true;
-        else if (!strcmp(a, "--image")) images.push_back(value());
-        else if (!strcmp(a, "--video")) videos.push_back(value());
+        else if (!strcmp(a, "--image")) media.push_back({false, value()});
+        else if (!strcmp(a, "--video")) media.push_back({true, value()});
         else if (!strcmp(a, "--video-fps")) video_fps = parse_float(a, value(), 0.001, 1000);
         else if (!strcmp(a, "--max-image-pixels")) media_limits.max_pixels = parse_int(a, value(), 1, 1ll << 40);
         else if (!strcmp(a, "--max-video-pixels")) media_limits.max_video_pixels = parse_int(a, value(), 1, 1ll << 42);
@@ -6122,10 +6126,10 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (decode_out || pixels_out) {
-        if (images.empty() && videos.empty()) die("%s needs an --image or a --video", decode_out ? "--decode-out" : "--pixels-out");
-        return media_diagnostics(model_path, images, videos, video_fps, media_limits, decode_out, pixels_out);
+        if (media.empty()) die("%s needs an --image or a --video", decode_out ? "--decode-out" : "--pixels-out");
+        return media_diagnostics(model_path, media, video_fps, media_limits, decode_out, pixels_out);
     }
-    if (!images.empty() || !videos.empty())
+    if (!media.empty())
         die("--image and --video need the vision tower, which this build does not run yet (--pixels-out and --decode-out work)");
     if (!inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 

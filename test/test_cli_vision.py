@@ -87,6 +87,25 @@ def test_pixels_out_matches_hf(tmp_path):
     assert at == pv.size and len(lines) == len(names)
 
 
+def test_pixels_out_keeps_command_line_order(tmp_path):
+    d = tmp_path / "frames"
+    d.mkdir()
+    for f in sorted(f for f in os.listdir(MEDIA) if f.startswith("v9_")):
+        shutil.copy(os.path.join(MEDIA, f), d / f)
+    img = os.path.join(MEDIA, "pp_31x33.png")
+    out = tmp_path / "px"
+    r = ninfer(MODEL, "--video", str(d), "--image", img, "--pixels-out", str(out))
+    assert r.returncode == 0, r.stderr
+    gv, gi = golden("video", "v9_000.png")["tv"]["grid"], golden("image", "pp_31x33.png")["tv"]["grid"]
+    assert r.stdout == "video %d %d %d\nimage %d %d %d\n" % (*gv, *gi)
+    # an image as a base64 data uri gives the bytes of the file's
+    import base64
+    uri = "data:image/png;base64," + base64.b64encode(open(img, "rb").read()).decode()
+    r2 = ninfer(MODEL, "--image", uri, "--pixels-out", str(tmp_path / "px2"))
+    assert r2.returncode == 0, r2.stderr
+    assert open(tmp_path / "px2", "rb").read() == open(out, "rb").read()[-(gi[1] * gi[2] * 1536 * 4):]
+
+
 def test_video_directory_list_and_errors(tmp_path):
     d = tmp_path / "frames"
     d.mkdir()
