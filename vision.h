@@ -3,23 +3,31 @@
 // smart_resize, antialiased bicubic resampling, rescale + normalize, patch rows, temporal
 // pairing, video frame sampling and timestamps. host code only.
 //
-// defines:
-//   limits:     MediaLimits (bytes, pixels, frames; the cli and server fill it once)
-//   images:     Image (rgb8, row-major), image_decode, image_load, image_format_name, image_orient
-//   references: media_bytes / media_image (a path, file:// or a base64 data: uri), base64_decode,
-//               sha256_hex (the content digest a media cache keys on)
-//   inflate:    zlib_inflate (rfc 1950/1951, output bounded by the caller)
-//   preprocess: VisionConfig (from the artifact's preprocessor configs), vision_config_parse,
-//               smart_resize_image, smart_resize_video, image_resize (pil or torchvision rounding),
-//               VisionItem (patch rows + grid_thw + timestamps), vision_image, vision_video,
-//               video_sample_indices, vision_video_timestamps
-//   video:      video_load (a directory of frames, a comma-separated list of images, or a video
-//               file decoded by an ffmpeg found on PATH)
+// defines (sections in dependency order; grep for the banner "// === name"):
+//   limits        MediaLimits (bytes, pixels, frames; the cli and server fill it once), Image (rgb8)
+//   inflate       zlib_inflate (rfc 1950/1951, the output bounded by the caller)
+//   exif          exif_orientation, image_orient (PIL's exif_transpose)
+//   png, jpeg, ppm / pgm   png_decode, jpeg_decode, ppm_decode (internal: they throw MediaError)
+//   decode        image_sniff, image_decode, media_read_file, image_load
+//   references    media_bytes / media_image (a path, file:// or a base64 data: uri), base64_decode
+//   digest        sha256_hex (the content digest a media cache keys on)
+//   preprocessing VisionConfig + vision_config_parse (the artifact's preprocessor configs),
+//                 smart_resize_image / _video, image_resize (torchvision or PIL rounding),
+//                 VisionItem (patch rows + grid_thw + timestamps), vision_image_resized,
+//                 vision_image, vision_patchify
+//   video         video_sample_indices, vision_video_timestamps, vision_video, video_load (a
+//                 directory of frames, a comma-separated list, or a file through an ffmpeg on PATH)
 //
-// the math is in shared/docs/model.md 6.1-6.2; the references are PIL (decoding: every png
-// pixel identical, jpeg identical to libjpeg-turbo's islow idct + fancy upsampling, which is
-// what PIL runs) and transformers' Qwen2VLImageProcessor / Qwen3VLVideoProcessor (test/gen_media_corpus.py
-// makes the goldens; test/test_vision.cc checks them).
+// the tower's input is a VisionItem: pixels (t*h*w rows of 1536 floats) in (t, bh, bw, ih, iw)
+// row order, each row (c, tp, ph, pw) as the conv3d weight [Dv, 3, 2, 16, 16] flattens, and
+// grid_thw (t, h, w) in 16-pixel patches; tokens = t*h*w/4. every function is reentrant (no
+// mutable state), so a request's media can be decoded and preprocessed on host threads.
+//
+// the math is in shared/docs/model.md 6.1-6.2; the references are PIL (decoding: every pixel
+// identical; for jpeg that means libjpeg-turbo's islow idct + fancy upsampling, which is what
+// PIL runs) and transformers' Qwen2VLImageProcessor (torchvision, its default),
+// Qwen2VLImageProcessorPil and Qwen3VLVideoProcessor: test/gen_media_corpus.py makes the
+// corpus and goldens, test/test_vision.cc checks them (identical, bit for bit).
 //
 // errors: nothing here crashes or allocates without a bound on bad input. every failure is one
 // line in *err (what, where, what was expected) and a false return. inside the decoders a
