@@ -17,6 +17,7 @@
 //                 vision_image, vision_patchify
 //   video         video_sample_indices, vision_video_timestamps, vision_video, video_load (a
 //                 directory of frames, a comma-separated list, or a file through an ffmpeg on PATH)
+//   prompt        vision_expand_prompt (the processor's pad-token expansion, timestamps included)
 //
 // the tower's input is a VisionItem: pixels (t*h*w rows of 1536 floats) in (t, bh, bw, ih, iw)
 // row order, each row (c, tp, ph, pw) as the conv3d weight [Dv, 3, 2, 16, 16] flattens, and
@@ -1744,5 +1745,54 @@ static inline bool video_load(const std::string& spec, double frames_fps, const 
         return false;
     }
     if (!vision_video(frames, idx, fps, c, it, err)) { *err = spec + ": " + *err; return false; }
+    return true;
+}
+
+// === prompt expansion ===========================================================
+//
+// Qwen3VLProcessor's text expansion, after the chat template: the k-th <|image_pad|> becomes
+// the k-th image's t*h*w/4 pads; the k-th <|video_pad|> becomes, for each temporal patch f,
+// "<%.1f seconds>" (its timestamp) + <|vision_start|> + h*w/4 <|video_pad|> + <|vision_end|>.
+// transformers 5.17 replaces the pad token only, so the template's own <|vision_start|> and
+// <|vision_end|> stay around the whole video (4.x replaced the triple; model.md 6.5 describes
+// that). test_vision checks this against 5.17's processor.
+
+static inline bool vision_expand_prompt(const std::string& text, const std::vector<const VisionItem*>& images,
+                                        const std::vector<const VisionItem*>& videos, int merge, std::string* out,
+                                        std::string* err) {
+    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>";
+    out->clear();
+    size_t ni = 0, nv = 0, a = 0;
+    for (;;) {
+        size_t pi = text.find(kImage, a), pv = text.find(kVideo, a);
+        size_t p = std::min(pi, pv);
+        if (p == std::string::npos) break;
+        out->append(text, a, p - a);
+        if (p == pi) {
+            if (ni >= images.size()) { *err = "the prompt has more <|image_pad|> placeholders than the " + std::to_string(images.size()) + " images"; return false; }
+            const VisionItem& it = *images[ni++];
+            for (int k = it.tokens(merge); k > 0; k--) out->append(kImage);
+            a = p + kImage.size();
+        } else {
+            if (nv >= videos.size()) { *err = "the prompt has more <|video_pad|> placeholders than the " + std::to_string(videos.size()) + " videos"; return false; }
+            const VisionItem& it = *videos[nv++];
+            const int per = it.h * it.w / (merge * merge);
+            for (int f = 0; f < it.t; f++) {
+                char ts[64];
+                snprintf(ts, sizeof ts, "<%.1f seconds>", f < (int)it.timestamps.size() ? it.timestamps[f] : 0.0);
+                out->append(ts);
+                out->append("<|vision_start|>");
+                for (int k = 0; k < per; k++) out->append(kVideo);
+                out->append("<|vision_end|>");
+            }
+            a = p + kVideo.size();
+        }
+    }
+    out->append(text, a, std::string::npos);
+    if (ni != images.size() || nv != videos.size()) {
+        *err = "the prompt has " + std::to_string(ni) + " image and " + std::to_string(nv) + " video placeholders for " +
+               std::to_string(images.size()) + " images and " + std::to_string(videos.size()) + " videos";
+        return false;
+    }
     return true;
 }

@@ -165,6 +165,22 @@ def main():
         r.update(store(f"pp_{name}_tv.ppm", u, image=False))
         case["tv"] = r
         cases.append(case)
+    # the processor's prompt expansion (the qwen3 fixture tokenizer has the same vision tokens)
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    fixture = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "fixtures",
+                           "qwen3-tokenizer", "tokenizer.json")
+    tok = PreTrainedTokenizerFast(tokenizer_file=fixture)
+    proc = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**IMG), tokenizer=tok, video_processor=vp)
+    text = ("a<|vision_start|><|image_pad|><|vision_end|>b<|vision_start|><|video_pad|><|vision_end|>c"
+            "<|vision_start|><|image_pad|><|vision_end|>")
+    imgs = ["pp_31x33.png", "jpg_420_1x1.jpg"]
+    vfiles = sorted(f for f in os.listdir(MEDIA) if f.startswith("v9_"))
+    vframes = [np.array(Image.open(os.path.join(MEDIA, f)).convert("RGB")) for f in vfiles]
+    out = proc(text=[text], images=[load_image(os.path.join(MEDIA, n)) for n in imgs], videos=[vframes],
+               cap_pixels_per_frame=False)
+    cases.append({"kind": "prompt", "text": text, "images": imgs, "video": vfiles, "video_fps": 24,
+                  "expanded": tok.decode(out["input_ids"][0])})
     with open(os.path.join(GOLD, "preprocess.json"), "w") as f:
         json.dump({"transformers": __import__("transformers").__version__, "torch": torch.__version__,
                    "torchvision": __import__("torchvision").__version__, "pillow": Image.__version__,

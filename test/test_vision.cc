@@ -411,6 +411,30 @@ TEST(Preprocess, VideosMatchHf) {
     EXPECT_EQ(n, 6);
 }
 
+// the text the processor feeds the tokenizer: two images and a video, timestamps included
+TEST(Preprocess, PromptExpansionMatchesHf) {
+    Json g = load_json(kGold + "preprocess.json");
+    const Json* c = nullptr;
+    for (const Json& x : g.get("cases")->arr) if (x.get("kind")->str == "prompt") c = &x;
+    ASSERT_TRUE(c);
+    VisionConfig cfg;
+    std::string err;
+    std::vector<VisionItem> im(c->get("images")->size());
+    for (size_t i = 0; i < im.size(); i++) ASSERT_TRUE(vision_image(load(kMedia + c->get("images")->arr[i].str), cfg, &im[i], &err)) << err;
+    const Json& vf = *c->get("video");
+    std::vector<int64_t> idx = video_sample_indices((int64_t)vf.size(), 24, cfg);
+    std::vector<Image> frames;
+    for (int64_t i : idx) frames.push_back(load(kMedia + vf.arr[i].str));
+    VisionItem v;
+    ASSERT_TRUE(vision_video(frames, idx, 24, cfg, &v, &err)) << err;
+    std::string out;
+    ASSERT_TRUE(vision_expand_prompt(c->get("text")->str, {&im[0], &im[1]}, {&v}, cfg.merge, &out, &err)) << err;
+    EXPECT_EQ(out, c->get("expanded")->str);
+    EXPECT_FALSE(vision_expand_prompt(c->get("text")->str, {&im[0]}, {&v}, cfg.merge, &out, &err));
+    EXPECT_NE(err.find("more <|image_pad|> placeholders"), std::string::npos) << err;
+    EXPECT_FALSE(vision_expand_prompt("x<|image_pad|>", {&im[0], &im[1]}, {}, cfg.merge, &out, &err));
+}
+
 TEST(Preprocess, SmartResizeEdges) {
     int h, w;
     std::string err;
