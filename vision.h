@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <charconv>
 #include <dirent.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <errno.h>
 #include <ctype.h>
@@ -62,6 +63,7 @@ struct MediaLimits {
     int64_t max_pixels = 64ll << 20;          // one decoded image (width * height)
     int64_t max_video_pixels = 128ll << 20;   // the decoded frames of one video, summed
     int64_t max_frames = 100000;              // source frames of one video
+    double max_video_seconds = 600;           // length of one video (source frames / frame rate)
 };
 
 // an 8-bit rgb image, rows top to bottom, 3 bytes per pixel
@@ -1539,8 +1541,9 @@ static inline bool vision_video(const std::vector<Image>& frames, const std::vec
 // === video: frames from a directory, a list, or a file through ffmpeg ==========
 //
 // spec: a directory (its files sorted by name, hidden ones skipped), a comma-separated list of
-// image files (in that order), or a video file, decoded by an `ffmpeg` found on PATH (never
-// linked; popen with the path quoted). frames are counted first, then only the sampled ones
+// image files (in that order), or a video file (a path, file:// or a base64 data: uri, which
+// goes to a temporary file), decoded by an `ffmpeg` found on PATH (never linked; popen with the
+// path quoted). http(s) is refused. frames are counted first, then only the sampled ones
 // are decoded. `frames_fps` is the frame rate of a directory or list (transformers assumes 24);
 // a video file's own rate comes from ffmpeg.
 
@@ -1588,11 +1591,45 @@ struct VideoSource {
     std::vector<std::string> files;   // frames as image files, or
     std::string video;                // a video file for ffmpeg
     std::string ffmpeg;
+    std::string tmp;                  // a data: uri's bytes, in a temporary file removed with this
+    VideoSource() = default;
+    VideoSource(const VideoSource&) = delete;
+    VideoSource& operator=(const VideoSource&) = delete;
+    ~VideoSource() { if (!tmp.empty()) unlink(tmp.c_str()); }
 };
 
-static inline bool video_open(const std::string& spec, VideoSource* src, std::string* err) {
-    *src = VideoSource();
-    if (spec.find(',') != std::string::npos) {
+// a video data: uri (base64) goes to a temporary file for ffmpeg
+static inline bool video_from_data_uri(const std::string& uri, int64_t max_bytes, VideoSource* src, std::string* err) {
+    std::vector<uint8_t> b;
+    if (!media_bytes(uri, max_bytes, &b, err)) return false;
+    const char* dir = getenv("TMPDIR");
+    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/ninfer-video-XXXXXX";
+    std::vector<char> name(path.begin(), path.end());
+    name.push_back(0);
+    int fd = mkstemp(name.data());
+    if (fd < 0) { *err = "video data uri: cannot create a temporary file in " + path + ": " + strerror(errno); return false; }
+    src->tmp = name.data();
+    size_t off = 0;
+    while (off < b.size()) {
+        ssize_t k = write(fd, b.data() + off, b.size() - off);
+        if (k <= 0) { close(fd); *err = "video data uri: cannot write " + src->tmp + ": " + strerror(errno); return false; }
+        off += (size_t)k;
+    }
+    close(fd);
+    src->video = src->tmp;
+    return true;
+}
+
+static inline bool video_open(const std::string& spec_in, const MediaLimits& lim, VideoSource* src, std::string* err) {
+    src->files.clear(); src->video.clear();
+    std::string spec = spec_in.rfind("file://", 0) == 0 ? spec_in.substr(7) : spec_in;
+    if (spec.rfind("http://", 0) == 0 || spec.rfind("https://", 0) == 0) {
+        *err = spec.substr(0, 80) + ": http(s) urls are not fetched (ninfer reads local files and data: uris only)";
+        return false;
+    }
+    if (spec.rfind("data:", 0) == 0) {
+        if (!video_from_data_uri(spec, lim.max_bytes, src, err)) return false;
+    } else if (spec.find(',') != std::string::npos) {
         size_t a = 0;
         while (a <= spec.size()) {
             size_t b = spec.find(',', a);
@@ -1604,8 +1641,11 @@ static inline bool video_open(const std::string& spec, VideoSource* src, std::st
         return true;
     }
     struct stat st;
-    if (stat(spec.c_str(), &st) != 0) { *err = spec + ": cannot open: " + strerror(errno); return false; }
-    if (S_ISDIR(st.st_mode)) {
+    if (!src->video.empty()) {
+        // the data uri's temporary file
+    } else if (stat(spec.c_str(), &st) != 0) {
+        *err = spec + ": cannot open: " + strerror(errno); return false;
+    } else if (S_ISDIR(st.st_mode)) {
         DIR* d = opendir(spec.c_str());
         if (!d) { *err = spec + ": cannot open the directory: " + strerror(errno); return false; }
         while (struct dirent* e = readdir(d)) {
@@ -1618,11 +1658,15 @@ static inline bool video_open(const std::string& spec, VideoSource* src, std::st
         std::sort(src->files.begin(), src->files.end());
         if (src->files.empty()) { *err = spec + ": the directory has no frame files"; return false; }
         return true;
+    } else {
+        int64_t size = (int64_t)st.st_size;
+        if (size > lim.max_bytes) { *err = spec + ": " + std::to_string(size) + " bytes, over the limit of " + std::to_string(lim.max_bytes) + " bytes"; return false; }
+        src->video = spec;
     }
-    src->video = spec;
     src->ffmpeg = find_on_path("ffmpeg");
     if (src->ffmpeg.empty()) {
-        *err = spec + ": decoding a video file needs an ffmpeg on PATH, and there is none (give a directory of frames or a comma-separated list of images instead)";
+        std::string what = spec.rfind("data:", 0) == 0 ? spec.substr(0, std::min(spec.find(','), (size_t)40)) : spec;
+        *err = what + ": decoding a video file needs an ffmpeg on PATH, and there is none (give a directory of frames or a comma-separated list of images instead)";
         return false;
     }
     return true;
@@ -1718,13 +1762,18 @@ static inline bool ffmpeg_frames(const VideoSource& s, const std::vector<int64_t
 static inline bool video_load(const std::string& spec, double frames_fps, const VisionConfig& c, const MediaLimits& lim,
                               VisionItem* it, std::string* err) {
     VideoSource src;
-    if (!video_open(spec, &src, err)) return false;
+    if (!video_open(spec, lim, &src, err)) return false;
     int64_t total;
     double fps = frames_fps;
     if (src.video.empty()) total = (int64_t)src.files.size();
     else if (!ffmpeg_probe(src, &total, &fps, err)) return false;
+    const std::string what = spec.rfind("data:", 0) == 0 ? spec.substr(0, std::min(spec.find(','), (size_t)40)) : spec;
     if (total > lim.max_frames) {
-        *err = spec + ": " + std::to_string(total) + " frames, over the limit of " + std::to_string(lim.max_frames);
+        *err = what + ": " + std::to_string(total) + " frames, over the limit of " + std::to_string(lim.max_frames);
+        return false;
+    }
+    if ((double)total / fps > lim.max_video_seconds) {
+        *err = what + ": " + py_repr((double)total / fps) + " seconds of video, over the limit of " + py_repr(lim.max_video_seconds);
         return false;
     }
     std::vector<int64_t> idx = video_sample_indices(total, fps, c);

@@ -159,6 +159,13 @@ def test_video_file_through_ffmpeg(tmp_path):
     assert r.returncode == 0 and open(out, "rb").read() == by_file
     env = dict(os.environ, PATH="/nonexistent")
     assert "needs an ffmpeg on PATH" in fail_line(ninfer(MODEL, "--video", str(vid), "--pixels-out", str(out), env=env))
+    # the same video as a base64 data uri (through a temporary file), and the length limit
+    import base64
+    uri = "data:video/x-matroska;base64," + base64.b64encode(vid.read_bytes()).decode()
+    r = ninfer(MODEL, "--video", uri, "--pixels-out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert open(out, "rb").read() == by_file
+    assert "http(s) urls are not fetched" in fail_line(ninfer(MODEL, "--video", "https://x/v.mp4", "--pixels-out", str(out)))
 
 
 def test_bad_media_is_one_line(tmp_path):

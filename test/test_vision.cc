@@ -456,6 +456,32 @@ TEST(Preprocess, SmartResizeEdges) {
     EXPECT_EQ(err, "t:1 must be larger than temporal_factor:2");
 }
 
+TEST(Hostile, VideoLimits) {
+    std::string list;
+    for (int i = 0; i < 30; i++) { char b[64]; snprintf(b, sizeof b, "%stest/media/v30_%03d.png", i ? "," : "", i); list += b; }
+    VisionConfig c;
+    VisionItem it;
+    std::string err;
+    MediaLimits lim;
+    ASSERT_TRUE(video_load(list, 24, c, lim, &it, &err)) << err;
+    EXPECT_EQ(it.t, 2);
+    lim.max_frames = 10;
+    EXPECT_FALSE(video_load(list, 24, c, lim, &it, &err));
+    EXPECT_NE(err.find("30 frames, over the limit of 10"), std::string::npos) << err;
+    lim = MediaLimits();
+    lim.max_video_seconds = 1;
+    EXPECT_FALSE(video_load(list, 24, c, lim, &it, &err));
+    EXPECT_NE(err.find("1.25 seconds of video, over the limit of 1.0"), std::string::npos) << err;
+    lim = MediaLimits();
+    lim.max_video_pixels = 5000;  // 4 sampled frames of 56x40
+    EXPECT_FALSE(video_load(list, 24, c, lim, &it, &err));
+    EXPECT_NE(err.find("video pixel limit"), std::string::npos) << err;
+    EXPECT_FALSE(video_load("https://example.com/v.mp4", 24, c, MediaLimits(), &it, &err));
+    EXPECT_NE(err.find("not fetched"), std::string::npos) << err;
+    EXPECT_FALSE(video_load("test/media/nonexistent_dir", 24, c, MediaLimits(), &it, &err));
+    EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+}
+
 TEST(Preprocess, VideoSampling) {
     VisionConfig c;
     // transformers: n = int(total / fps * 2) clamped to [4, 768] and to total; round(linspace)
