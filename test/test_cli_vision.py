@@ -2,6 +2,7 @@
 --pixels-out against hugging face's processor (the goldens of test/gen_media_preprocess.py),
 videos from a directory, a list and (when ffmpeg is installed) a video file, and every bad
 input ending in one stderr line and exit 1."""
+import base64
 import json
 import os
 import shutil
@@ -99,7 +100,6 @@ def test_pixels_out_keeps_command_line_order(tmp_path):
     gv, gi = golden("video", "v9_000.png")["tv"]["grid"], golden("image", "pp_31x33.png")["tv"]["grid"]
     assert r.stdout == "video %d %d %d\nimage %d %d %d\n" % (*gv, *gi)
     # an image as a base64 data uri gives the bytes of the file's
-    import base64
     uri = "data:image/png;base64," + base64.b64encode(open(img, "rb").read()).decode()
     r2 = ninfer(MODEL, "--image", uri, "--pixels-out", str(tmp_path / "px2"))
     assert r2.returncode == 0, r2.stderr
@@ -159,12 +159,18 @@ def test_video_file_through_ffmpeg(tmp_path):
     assert r.returncode == 0 and open(out, "rb").read() == by_file
     env = dict(os.environ, PATH="/nonexistent")
     assert "needs an ffmpeg on PATH" in fail_line(ninfer(MODEL, "--video", str(vid), "--pixels-out", str(out), env=env))
-    # the same video as a base64 data uri (through a temporary file), and the length limit
-    import base64
-    uri = "data:video/x-matroska;base64," + base64.b64encode(vid.read_bytes()).decode()
+    # a short video as a base64 data uri (through a temporary file; a command-line argument is
+    # at most 128 KiB) gives the rows of its frames as a list
+    short = tmp_path / "s.mkv"
+    subprocess.run([ffmpeg, "-nostdin", "-v", "error", "-framerate", "24", "-i", os.path.join(MEDIA, "v30_%03d.png"),
+                    "-frames:v", "6", "-c:v", "png", str(short)], check=True)
+    uri = "data:video/x-matroska;base64," + base64.b64encode(short.read_bytes()).decode()
+    assert len(uri) < 120000
     r = ninfer(MODEL, "--video", uri, "--pixels-out", str(out))
     assert r.returncode == 0, r.stderr
-    assert open(out, "rb").read() == by_file
+    by_uri = open(out, "rb").read()
+    r = ninfer(MODEL, "--video", ",".join(os.path.join(MEDIA, f) for f in files[:6]), "--pixels-out", str(out))
+    assert r.returncode == 0 and open(out, "rb").read() == by_uri
     assert "http(s) urls are not fetched" in fail_line(ninfer(MODEL, "--video", "https://x/v.mp4", "--pixels-out", str(out)))
 
 
