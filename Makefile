@@ -122,7 +122,7 @@ TEST_BINS += $(BUILD)/test/test_tokenizer
 VISION_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -I.
 $(BUILD)/test/test_vision: test/test_vision.cc vision.h format.h Makefile
 	@mkdir -p $(@D)
-	$(CXX) $(VISION_CXXFLAGS) -o $@ test/test_vision.cc $(GTEST)
+	$(CXX) $(VISION_CXXFLAGS) -pthread -o $@ test/test_vision.cc $(GTEST)
 TEST_BINS += $(BUILD)/test/test_vision
 
 # the decoders under asan + ubsan on mutations of the corpus's png and jpeg files (a few
@@ -130,7 +130,7 @@ TEST_BINS += $(BUILD)/test/test_vision
 FUZZ_ITERS ?= 400
 $(BUILD)/test/fuzz_vision: test/fuzz_vision.cc vision.h format.h Makefile
 	@mkdir -p $(@D)
-	$(CXX) $(VISION_CXXFLAGS) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -o $@ test/fuzz_vision.cc
+	$(CXX) $(VISION_CXXFLAGS) -pthread -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -o $@ test/fuzz_vision.cc
 .PHONY: fuzz-vision
 fuzz-vision: $(BUILD)/test/fuzz_vision
 	$(BUILD)/test/fuzz_vision $(FUZZ_ITERS) test/media/png_*.png test/media/pil_*.png test/media/jpg_*.jpg

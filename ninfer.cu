@@ -6008,20 +6008,16 @@ static int media_diagnostics(const char* model_path, const std::vector<MediaArg>
         if (fwrite(it.pixels.data(), sizeof(float), it.pixels.size(), f) != it.pixels.size()) die("%s: write failed: %s", pixels_out, strerror(errno));
         printf("%s %d %d %d\n", it.video ? "video" : "image", it.t, it.h, it.w);
     };
-    for (const MediaArg& m : media) {
-        VisionItem it;
-        const char* p = m.ref.c_str();
-        if (m.video) {
-            if (!video_load(m.ref, video_fps, cfg, lim, &it, &err)) die("%s", err.c_str());
-            put(it);
-            fprintf(stderr, "ninfer: %s: %d temporal patches at", p, it.t);
-            for (double ts : it.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
+    std::vector<MediaJob> jobs(media.size());
+    for (size_t i = 0; i < media.size(); i++) { jobs[i].video = media[i].video; jobs[i].ref = media[i].ref; }
+    vision_prepare(&jobs, cfg, lim, video_fps, std::min(16, omp_get_max_threads()));  // NInfer: <= 16 preprocess threads
+    for (const MediaJob& j : jobs) {
+        if (!j.ok) die("%s", j.err.c_str());
+        put(j.item);
+        if (j.video) {
+            fprintf(stderr, "ninfer: %s: %d temporal patches at", j.ref.c_str(), j.item.t);
+            for (double ts : j.item.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
             fprintf(stderr, "\n");
-        } else {
-            Image im;
-            if (!media_image(m.ref, lim, &im, &err)) die("%s", err.c_str());
-            if (!vision_image(im, cfg, &it, &err)) die("%s: %s", p, err.c_str());
-            put(it);
         }
     }
     if (fclose(f) != 0) die("%s: write failed: %s", pixels_out, strerror(errno));

@@ -17,6 +17,7 @@
 //                 vision_image, vision_patchify
 //   video         video_sample_indices, vision_video_timestamps, vision_video, video_load (a
 //                 directory of frames, a comma-separated list, or a file through an ffmpeg on PATH)
+//   host threads  MediaJob, vision_prepare (a request's media on a pool of std::threads)
 //   prompt        vision_expand_prompt (the processor's pad-token expansion, timestamps included)
 //
 // the tower's input is a VisionItem: pixels (t*h*w rows of 1536 floats) in (t, bh, bw, ih, iw)
@@ -46,6 +47,8 @@
 #include <vector>
 #include <algorithm>
 #include <charconv>
+#include <atomic>
+#include <thread>
 #include <dirent.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -1078,12 +1081,16 @@ static inline bool media_bytes(const std::string& ref, int64_t max_bytes, std::v
     return media_read_file(ref.rfind("file://", 0) == 0 ? ref.substr(7) : ref, max_bytes, out, err);
 }
 
-// an image from a reference (see media_bytes); the error names a data uri by its head only
+// how an error names a reference: a data uri by its head only
+static inline std::string media_label(const std::string& ref) {
+    return ref.rfind("data:", 0) == 0 ? ref.substr(0, std::min(ref.find(','), (size_t)40)) : ref;
+}
+
+// an image from a reference (see media_bytes)
 static inline bool media_image(const std::string& ref, const MediaLimits& lim, Image* out, std::string* err) {
     std::vector<uint8_t> b;
     if (!media_bytes(ref, lim.max_bytes, &b, err)) return false;
-    std::string what = ref.rfind("data:", 0) == 0 ? ref.substr(0, std::min(ref.find(','), (size_t)40)) : ref;
-    return image_decode(b.data(), b.size(), lim, out, err, what.c_str());
+    return image_decode(b.data(), b.size(), lim, out, err, media_label(ref).c_str());
 }
 
 // === content digest =============================================================
@@ -1665,8 +1672,7 @@ static inline bool video_open(const std::string& spec_in, const MediaLimits& lim
     }
     src->ffmpeg = find_on_path("ffmpeg");
     if (src->ffmpeg.empty()) {
-        std::string what = spec.rfind("data:", 0) == 0 ? spec.substr(0, std::min(spec.find(','), (size_t)40)) : spec;
-        *err = what + ": decoding a video file needs an ffmpeg on PATH, and there is none (give a directory of frames or a comma-separated list of images instead)";
+        *err = media_label(spec) + ": decoding a video file needs an ffmpeg on PATH, and there is none (give a directory of frames or a comma-separated list of images instead)";
         return false;
     }
     return true;
@@ -1767,7 +1773,7 @@ static inline bool video_load(const std::string& spec, double frames_fps, const 
     double fps = frames_fps;
     if (src.video.empty()) total = (int64_t)src.files.size();
     else if (!ffmpeg_probe(src, &total, &fps, err)) return false;
-    const std::string what = spec.rfind("data:", 0) == 0 ? spec.substr(0, std::min(spec.find(','), (size_t)40)) : spec;
+    const std::string what = media_label(spec);
     if (total > lim.max_frames) {
         *err = what + ": " + std::to_string(total) + " frames, over the limit of " + std::to_string(lim.max_frames);
         return false;
@@ -1793,8 +1799,41 @@ static inline bool video_load(const std::string& spec, double frames_fps, const 
     } else if (!ffmpeg_frames(src, idx, lim, &frames, err)) {
         return false;
     }
-    if (!vision_video(frames, idx, fps, c, it, err)) { *err = spec + ": " + *err; return false; }
+    if (!vision_video(frames, idx, fps, c, it, err)) { *err = what + ": " + *err; return false; }
     return true;
+}
+
+// === preparing a request's media on host threads ===============================
+//
+// every item of a request decoded and preprocessed on up to `threads` std::threads (the
+// functions above share nothing), so a server can run this beside the gpu. results land in
+// each job in order; a failed item keeps its one-line error.
+
+struct MediaJob {
+    bool video = false;
+    std::string ref;        // an image reference (media_image) or a video spec (video_load)
+    VisionItem item;        // out
+    bool ok = false;        // out
+    std::string err;        // out, when !ok
+};
+
+static inline void vision_prepare(std::vector<MediaJob>* jobs, const VisionConfig& c, const MediaLimits& lim, double frames_fps,
+                                  int threads) {
+    std::atomic<size_t> next{0};
+    auto work = [&]() {
+        for (size_t i; (i = next++) < jobs->size();) {
+            MediaJob& j = (*jobs)[i];
+            Image im;
+            if (j.video) j.ok = video_load(j.ref, frames_fps, c, lim, &j.item, &j.err);
+            else if (!(j.ok = media_image(j.ref, lim, &im, &j.err))) {}  // the error names the reference
+            else if (!(j.ok = vision_image(im, c, &j.item, &j.err))) j.err = media_label(j.ref) + ": " + j.err;
+        }
+    };
+    const int n = std::max(1, std::min(threads, (int)jobs->size()));
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n; t++) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
 }
 
 // === prompt expansion ===========================================================

@@ -482,6 +482,30 @@ TEST(Hostile, VideoLimits) {
     EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
 }
 
+// the thread pool gives what one thread gives, item for item, errors included
+TEST(Preprocess, PrepareOnThreadsEqualsSerial) {
+    std::vector<MediaJob> a;
+    const char* refs[] = {"pp_31x33.png", "jpg_420_53x37.jpg", "pp_1x201.png", "png_c3_d2.png", "bad.gif", "jpg_exif6.jpg"};
+    for (const char* r : refs) { MediaJob j; j.ref = kMedia + r; a.push_back(j); }
+    MediaJob v; v.video = true;
+    for (int i = 0; i < 9; i++) { char b[64]; snprintf(b, sizeof b, "%stest/media/v9_%03d.png", i ? "," : "", i); v.ref += b; }
+    a.push_back(v);
+    std::vector<MediaJob> b = a;
+    VisionConfig c;
+    vision_prepare(&a, c, MediaLimits(), 24, 1);
+    vision_prepare(&b, c, MediaLimits(), 24, 4);
+    for (size_t i = 0; i < a.size(); i++) {
+        EXPECT_EQ(a[i].ok, b[i].ok) << a[i].ref;
+        EXPECT_EQ(a[i].err, b[i].err);
+        EXPECT_EQ(a[i].item.pixels, b[i].item.pixels);
+        EXPECT_EQ(a[i].item.timestamps, b[i].item.timestamps);
+    }
+    EXPECT_FALSE(a[2].ok);
+    EXPECT_EQ(a[2].err, kMedia + "pp_1x201.png: absolute aspect ratio must be smaller than 200, got 201.0");
+    EXPECT_FALSE(a[4].ok);
+    EXPECT_TRUE(a[6].ok && a[6].item.video);
+}
+
 TEST(Preprocess, VideoSampling) {
     VisionConfig c;
     // transformers: n = int(total / fps * 2) clamped to [4, 768] and to total; round(linspace)
