@@ -430,6 +430,7 @@ struct Tokenizer {
     int n_merges = 0;
     std::vector<AddedToken> added;       // sorted by content length, longest first
     bool added_first_byte[256];          // quick filter: can an added token start with this byte?
+    size_t scan_window = 1 << 20;        // bytes pre-tokenized at a time (encode_segment)
     // word cache, shared; one encode call holds it (others run uncached meanwhile)
     mutable std::mutex cache_mu;
     mutable WordCache cache;
@@ -665,27 +666,46 @@ static inline void bpe_word(const Tokenizer* t, const char* s, size_t n, std::ve
     for (int i = 0; i >= 0; i = nxt[i]) out->push_back(sym[i]);
 }
 
-// the pieces of one normalized segment: pre-tokenize and bpe each piece (with the cache)
+// the pieces of one normalized segment: pre-tokenize and bpe each piece (with the cache).
+// the scanner keeps 5 bytes per code point, so a long segment is scanned a window at a time
+// (t->scan_window bytes, whole code points). a piece is final once the scanner cannot have
+// looked past the window for it: it reads at most one code point past a piece's end, so all
+// but the last two pieces of a window are, and the scan goes on from the end of the last
+// final piece. a window holding fewer than three pieces is doubled.
 static inline void encode_segment(const Tokenizer* t, const char* s, size_t n, std::vector<int>* ids, WordCache* cache,
                            std::vector<uint32_t>* cuts) {
-    cuts->clear();
-    pretokenize_scan(t->flavour, s, n, cuts);
-    size_t a = 0;
-    for (uint32_t b : *cuts) {
-        const char* w = s + a;
-        size_t wn = b - a;
-        a = b;
-        if (wn == 1) { ids->push_back(t->byte_id[(unsigned char)w[0]]); continue; }
-        if (cache && wn < 256) {
-            uint64_t h = WordCache::hash(w, wn);
-            if (const WordCache::Entry* e = cache->find(w, wn, h)) {
-                ids->insert(ids->end(), cache->vals.begin() + e->voff, cache->vals.begin() + e->voff + e->vlen);
-                continue;
-            }
-            size_t before = ids->size();
-            bpe_word(t, w, wn, ids);
-            cache->add(w, wn, h, ids->data() + before, ids->size() - before);
-        } else bpe_word(t, w, wn, ids);
+    size_t base = 0, window = std::max<size_t>(t->scan_window, 4);
+    while (base < n) {
+        size_t len = std::min(window, n - base);
+        while (base + len < n && ((unsigned char)s[base + len] & 0xC0) == 0x80) len++;  // a whole code point
+        bool last = base + len == n;
+        cuts->clear();
+        pretokenize_scan(t->flavour, s + base, len, cuts);
+        size_t keep = cuts->size();
+        if (!last) {
+            if (keep < 3) { window *= 2; continue; }
+            keep -= 2;
+            window = std::max<size_t>(t->scan_window, 4);
+        }
+        size_t a = 0;
+        for (size_t k = 0; k < keep; k++) {
+            size_t b = (*cuts)[k];
+            const char* w = s + base + a;
+            size_t wn = b - a;
+            a = b;
+            if (wn == 1) { ids->push_back(t->byte_id[(unsigned char)w[0]]); continue; }
+            if (cache && wn < 256) {
+                uint64_t h = WordCache::hash(w, wn);
+                if (const WordCache::Entry* e = cache->find(w, wn, h)) {
+                    ids->insert(ids->end(), cache->vals.begin() + e->voff, cache->vals.begin() + e->voff + e->vlen);
+                    continue;
+                }
+                size_t before = ids->size();
+                bpe_word(t, w, wn, ids);
+                cache->add(w, wn, h, ids->data() + before, ids->size() - before);
+            } else bpe_word(t, w, wn, ids);
+        }
+        base += a;
     }
 }
 

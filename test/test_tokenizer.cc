@@ -149,6 +149,29 @@ TEST(Tokenizer, GoldenIdsQwen3) { ASSERT_TRUE(toks().ok); check_goldens(&toks().
 TEST(Tokenizer, GoldenIdsQwen35Regex) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q35, "qwen35re", "qwen3.5 regex"); }
 TEST(Tokenizer, GoldenIdsMergeStrings) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q3s, "qwen3", "merges as strings"); }
 
+// long segments are pre-tokenized a window at a time (encode_segment, memory bounded): any
+// window gives hf's ids, on the goldens and on all of them joined into one long text
+TEST(Tokenizer, ScanWindowChangesNothing) {
+    ASSERT_TRUE(toks().ok);
+    std::string joined;
+    for (const Json& r : tok_goldens()) joined += golden_input(r);
+    std::vector<int> whole;
+    Tokenizer* t = &toks().q35;
+    tokenizer_encode(t, joined, &whole);
+    ASSERT_GT(joined.size(), 4096u);
+    ASSERT_LT(joined.size(), t->scan_window);  // the reference is one scan
+    for (size_t w : {4, 5, 7, 16, 61, 1000}) {
+        t->scan_window = w;
+        toks().q3.scan_window = w;
+        check_goldens(&toks().q35, "qwen35re", ("qwen3.5 regex, window " + std::to_string(w)).c_str());
+        check_goldens(&toks().q3, "qwen3", ("qwen3, window " + std::to_string(w)).c_str());
+        std::vector<int> ids;
+        tokenizer_encode(t, joined, &ids);
+        EXPECT_EQ(ids, whole) << "window " << w;
+    }
+    t->scan_window = toks().q3.scan_window = Tokenizer().scan_window;
+}
+
 // the demo model's truncated tokenizer (models/kjv/make_tokenizer.py: the fixture's first
 // 4000 merges + the chat template's added tokens): ids from hf tokenizers in
 // models/kjv/tokenizer_ids.jsonl (made by that script)
