@@ -248,7 +248,8 @@ static void serve_usage(FILE* f) {
         "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (off)\n"
         "  --model-id ID                 public model id; openai requests must name it (the artifact's)\n"
         "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off)\n"
-        "  --max-request-mib N           request body limit, 413 above it (384)\n"
+        "  --max-request-mib N           request body limit, 413 above it (384); preparing a request may\n"
+        "                                hold 6x its body + 16 MiB more, 413 past that\n"
         "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
         "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
         "  --pending-timeout-ms N        a queued request waits at most this, then 503 (30000)\n"
@@ -1467,12 +1468,12 @@ static void serve_log_request(const ServeReqLog& l) {
     if (l.completion >= 0) add(" completion=%d", l.completion);
     if (!l.finish.empty()) add(" finish=%s", l.finish.c_str());
     if (!l.code.empty()) add(" code=%s", l.code.c_str());
-    if (l.prepare_mib >= 0) add(" prepare_mib=%.1f", l.prepare_mib);
     if (l.queue_s >= 0) add(" queue_ms=%.1f", l.queue_s * 1e3);
     if (l.ttft_s >= 0) add(" ttft_ms=%.1f", l.ttft_s * 1e3);
     if (l.prefill_s >= 0) add(" prefill_ms=%.1f", l.prefill_s * 1e3);
     if (l.decode_s >= 0) add(" decode_ms=%.1f", l.decode_s * 1e3);
     if (l.decode_s > 0 && l.completion > 1) add(" decode_tok_s=%.1f", (l.completion - 1) / l.decode_s);
+    if (l.prepare_mib >= 0) add(" prepare_mib=%.1f", l.prepare_mib);
     add(" total_ms=%.1f", total * 1e3);
     fprintf(stderr, "%s\n", buf);
     if (g_serve.jsonl && !l.api.empty()) {
