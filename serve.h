@@ -816,6 +816,7 @@ static inline void serve_mem_free(void* p) noexcept {
     if (t_serve_mem_limit >= 0) t_serve_mem_used -= (int64_t)malloc_usable_size(p);
     free(p);
 }
+#ifndef __CUDA_ARCH__  // host code only (nvcc's device pass keeps its own)
 void* operator new(size_t n) { return serve_mem_alloc(n, 0); }
 void* operator new[](size_t n) { return serve_mem_alloc(n, 0); }
 void* operator new(size_t n, std::align_val_t a) { return serve_mem_alloc(n, (size_t)a); }
@@ -836,6 +837,7 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { serve_mem_free(p
 void operator delete[](void* p, const std::nothrow_t&) noexcept { serve_mem_free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { serve_mem_free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { serve_mem_free(p); }
+#endif
 
 // the budget of the calling thread while it lives (not nested)
 struct ServeMemScope {
