@@ -149,7 +149,7 @@ def test_allocation_failure_is_isolated():
     base = status_kb(probe.proc.pid, "VmSize")
     assert probe.stop() == 0
     limit = base + (160 << 20)
-    srv = fake_server("--max-request-mib", "64", env=env, vm_limit=limit)
+    srv = fake_server("--max-request-mib", "64", "--max-context", "400000", env=env, vm_limit=limit)
     try:
         body = json.dumps({"model": "fake-model", "max_tokens": 2,
                            "messages": [{"role": "user", "content": "x" * (40 << 20)}]}).encode()
@@ -159,6 +159,17 @@ def test_allocation_failure_is_isolated():
             assert srv.proc.poll() is None
             st, _, out = request(srv.port, "GET", "/health")
             assert st == 200
+        # the response side: 70 MB of output (the fake makes its script first) cannot also be
+        # collected on the connection thread for a non-streamed answer
+        big_out = json.dumps({"model": "fake-model", "max_tokens": 70000, "messages": [
+            {"role": "user", "content": "[[tokens=70000]][[pad=1000]]"}]}).encode()
+        try:
+            st = post(srv.port, "/v1/chat/completions", big_out, timeout=60)[0]
+        except EOFError:  # the answer had begun: the connection is closed instead
+            st = None
+        assert st in (500, 503, None)
+        assert srv.proc.poll() is None
+        assert request(srv.port, "GET", "/health")[0] == 200
         st, _, out = post(srv.port, "/v1/chat/completions", json.dumps(
             {"model": "fake-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).encode())
         assert st == 200, out
