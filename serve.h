@@ -782,9 +782,10 @@ static std::string sse_event(const char* name, const std::string& json) {
 // body plus its budget: (1 + kServeMemMultiple) x the body + kServeMemFloor.
 // these are definitions, not inline: serve.h belongs to one translation unit per binary.
 
-// text measured on the kjv tokenizer (2.4 bytes a token): a body of chat text holds ~5.6x
-// net at its peak (json, the converted chat, the rendered prompt, the tokens growing); digits
-// (a token a byte) and words of millions of letters need more and get 413.
+// plain text on the kjv tokenizer (2.4 bytes a token) peaks at 4x (a 63 MiB body) to 6.6x
+// (16 MiB) its body, the body included: the json, the converted chat, the rendered prompt,
+// the token ids growing (test/bench-notes.md). digits (a token a byte) and words of
+// millions of letters need more and get 413.
 enum : int64_t {
     kServeMemMultiple = 6,           // budget per body byte
     kServeMemFloor = 16ll << 20,     // plus this for every request (small bodies, word caches)
