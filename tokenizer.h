@@ -367,15 +367,23 @@ struct MergeMap {
     }
 };
 
-// cache of bpe results per pre-token (word bytes -> ids), as hf's bpe keeps one
+// cache of bpe results per pre-token (word bytes -> ids), as hf's bpe keeps one. its memory
+// is reserved whole at the first clear (~96 MiB of address space, resident only as it fills)
+// and it starts over when any part is full, so an encode call never grows it: the server
+// charges what a request allocates to that request (serve.h, request memory), and a cache
+// shared by all requests must not land on whichever one happens to grow it.
 struct WordCache {
     struct Entry { uint64_t hash; uint32_t koff, klen, voff, vlen; };
+    enum : size_t { MAX_ENTRIES = 1 << 20, MAX_SLOTS = 2 * MAX_ENTRIES, MAX_KEY_BYTES = 32 << 20, MAX_VALS = 8 << 20 };
     std::vector<uint32_t> slots;  // 0 = empty, else entry index + 1
     std::vector<Entry> entries;
     std::string keys;
     std::vector<int> vals;
     uint64_t mask = 0;
     void clear() {
+        if (slots.capacity() < MAX_SLOTS) {
+            slots.reserve(MAX_SLOTS); entries.reserve(MAX_ENTRIES); keys.reserve(MAX_KEY_BYTES); vals.reserve(MAX_VALS);
+        }
         slots.assign(1 << 16, 0); mask = (1 << 16) - 1;
         entries.clear(); keys.clear(); vals.clear();
     }
@@ -398,7 +406,8 @@ struct WordCache {
         }
     }
     void add(const char* s, size_t n, uint64_t h, const int* ids, size_t nid) {
-        if (slots.empty() || entries.size() >= (1u << 20)) clear();  // bounded: start over when full
+        if (slots.empty() || entries.size() >= MAX_ENTRIES || keys.size() + n > MAX_KEY_BYTES || vals.size() + nid > MAX_VALS)
+            clear();  // bounded: start over when full
         if (2 * (entries.size() + 1) > slots.size()) {  // grow, rehash
             slots.assign(slots.size() * 2, 0); mask = slots.size() - 1;
             for (size_t e = 0; e < entries.size(); e++) {
