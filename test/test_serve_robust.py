@@ -198,7 +198,8 @@ def test_prefill_abandoned_when_the_client_leaves():
                 break
             text += text
             body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}).encode()
-        assert full >= 1.5, "the prefill is too fast to leave during it"
+        if full < 1.5:  # the gpu path (test_gpu's PrefillCancel* hold it to the same contract)
+            pytest.skip(f"a {len(text)}-byte prefill takes {full:.2f} s here: too fast to leave during it")
         mark = len(srv.log)
         c = Conn(srv.port)
         c.send(http("POST", "/v1/messages", body))
