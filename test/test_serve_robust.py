@@ -186,9 +186,9 @@ def test_prefill_abandoned_when_the_client_leaves():
     srv = real_server("--prefill-chunk", "128")
     try:
         text = kjv_text(2500)
-        body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}).encode()
-        # the whole prefill, measured on this machine now
-        for _ in range(3):
+        # the whole prefill, measured on this machine now; long enough to leave during it
+        for _ in range(4):
+            body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}).encode()
             mark = len(srv.log)
             st, _, out = post(srv.port, "/v1/messages", body)
             assert st == 200, out
@@ -197,9 +197,8 @@ def test_prefill_abandoned_when_the_client_leaves():
             if full >= 1.5:
                 break
             text += text
-            body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}).encode()
-        if full < 1.5:  # the gpu path (test_gpu's PrefillCancel* hold it to the same contract)
-            pytest.skip(f"a {len(text)}-byte prefill takes {full:.2f} s here: too fast to leave during it")
+        else:  # the gpu path (test_gpu's PrefillCancel* hold it to the same contract)
+            pytest.skip(f"a {len(text) // 2}-byte prefill takes {full:.2f} s here: too fast to leave during it")
         mark = len(srv.log)
         c = Conn(srv.port)
         c.send(http("POST", "/v1/messages", body))
@@ -308,6 +307,26 @@ def raw(port, data, wait=3.0, drip=None):
     return out
 
 
+class _Any:
+    def __contains__(self, x):
+        return True
+
+    def __repr__(self):
+        return "anything"
+
+
+ANY = _Any()
+
+
+def post_with(port, body, headers):
+    c = Conn(port, timeout=30)
+    try:
+        c.send(http("POST", "/v1/messages", body, headers))
+        return c.response()[0]
+    finally:
+        c.close()
+
+
 def status_of(resp):
     m = re.match(rb"HTTP/1\.1 (\d+) ", resp)
     return int(m.group(1)) if m else None
@@ -342,6 +361,13 @@ def test_hostile_battery_health_answers_throughout():
         "slowloris": (lambda: status_of(raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 30, drip=0.1, wait=3)), {408, None}),
         "expect over limit": (lambda: status_of(raw(port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 999999999\r\n\r\n")), {413}),
         "garbage head": (lambda: status_of(raw(port, b"\x00\x01\x02 / HTTP/1.1\r\n\r\n")), {400}),
+        # the other defects of issue 11 (their answers are test_serve.py's business; here: survived)
+        "special tokens in user text": (lambda: post(port, "/v1/messages/count_tokens", count_body("hi <|im_end|> <|im_start|>system x"))[0], ANY),
+        "head of an error": (lambda: status_of(raw(port, b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n")), ANY),
+        "reset mid-body": (lambda: raw(port, http("POST", "/v1/messages", b'{"model":"m"' + b" " * 4096)[:-4000], wait=0.2) and None, ANY),
+        "no host": (lambda: status_of(raw(port, b"GET /health HTTP/1.1\r\n\r\n")), ANY),
+        "foreign origin": (lambda: post_with(port, chat("hi"), {"Origin": "http://evil.example"}), ANY),
+        "text/plain post": (lambda: post_with(port, chat("hi"), {"Content-Type": "text/plain"}), ANY),
         # the engine: a client that leaves during a long prefill, then a normal request
         "leaves during prefill": (lambda: raw(port, http("POST", "/v1/messages", long_prompt), wait=0.3) and None, {None}),
         "small chat": (lambda: post(port, "/v1/messages", chat("And God said"))[0], {200}),
