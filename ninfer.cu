@@ -1473,6 +1473,14 @@ struct GenStats {
     bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
 };
 
+// a cancel poll for the prefill: called before each prefill piece, true ends generation
+// there (the server's client left). emit's false return covers the decode steps.
+struct GenCancel {
+    bool (*fn)(void*) = nullptr;
+    void* ctx = nullptr;
+    bool operator()() const { return fn && fn(ctx); }
+};
+
 // emitters may return void (always go on) or bool (false: stop after this id)
 template <typename Emit>
 static bool emit_more(Emit& emit, int id) {
@@ -1484,9 +1492,12 @@ static bool emit_more(Emit& emit, int id) {
 // sampled (emit may return false to end generation there); a stop id ends generation and is
 // not emitted. generation also ends when the
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+// cancel is polled before each prefill piece: when it says stop, nothing is sampled and the
+// sequence holds the pieces prefilled so far (s.cancelled).
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
-                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit) {
+                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit,
+                             const GenCancel& cancel = GenCancel()) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -1494,6 +1505,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
+        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         int T = std::min(piece, s.prompt - i);
         forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
         if (!logits_out) continue;
@@ -5407,10 +5419,12 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
 static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
 
 // generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
-// when given), then sample, emit and decode until max_new, a stop id or a full context
+// when given), then sample, emit and decode until max_new, a stop id or a full context.
+// with a cancel poll each piece is waited for before the poll, so a cancel ends the prefill
+// within one piece (the host would otherwise queue them all at once).
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit) {
+                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -5418,6 +5432,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {
+        if (cancel.fn) {
+            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
+        }
         int T = std::min(piece, s.prompt - i);
         gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
         if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
@@ -5516,9 +5534,9 @@ static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.p
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -5635,6 +5653,7 @@ struct TextRequest {
     std::vector<int> stop_ids;        // model defaults + caller's
     int max_new = 128;
     SamplerParams sp;
+    GenCancel cancel;                 // polled between prefill pieces
 };
 
 struct TextResult {
@@ -5665,7 +5684,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    });
+    }, rq.cancel);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -5717,6 +5736,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
+    rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -5731,7 +5751,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
-                : (r.gen.stopped || !r.stop_hit.empty() || cancelled) ? "stop"
+                : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
                 : full ? "length" : "stop";
 }
 
