@@ -63,6 +63,7 @@
 #include "format.h"    // defines: Json, Artifact, artifact_open, artifact_find, Mat, mat_from, mat_rows
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, tokenizer_decode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
+#include "vision.h"    // defines: Image, image_load, VisionConfig, VisionItem, vision_image, video_load, MediaLimits
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -5840,6 +5841,13 @@ static void usage(FILE* f) {
         "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
+        "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable\n"
+        "  --video PATH           a video: a directory of frames, a comma-separated list of images, or a\n"
+        "                         video file decoded by an ffmpeg on PATH; repeatable\n"
+        "  --video-fps F          frame rate of a directory or list of frames (24, as transformers assumes)\n"
+        "  --max-image-pixels N   decoded pixels allowed per image (67108864)\n"
+        "  --max-video-pixels N   decoded pixels allowed per video, sampled frames summed (134217728)\n"
+        "  --max-media-mib N      bytes allowed per media file, in MiB (256)\n"
         "\n"
         "generation:\n"
         "  --max-new N            output token limit (128)\n"
@@ -5870,6 +5878,11 @@ static void usage(FILE* f) {
         "  --render               print the rendered prompt (with --prompt or --messages) and exit\n"
         "  --print-token-ids      print prompt and generated ids on stderr, each id beside its text\n"
         "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "  --decode-out FILE      write the decoded pixels of the one --image (exif orientation applied)\n"
+        "                         as rgb8 [height, width, 3]; prints 'image WIDTH HEIGHT'\n"
+        "  --pixels-out FILE      write the preprocessed pixel values of every --image and --video, in\n"
+        "                         command-line order, as float32 [patch rows, 1536]; prints\n"
+        "                         'image|video T H W' (grid_thw) for each\n"
         "  --perplexity FILE      perplexity over a text file or a file of token ids, in\n"
         "                         non-overlapping windows of --max-context tokens\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
@@ -5924,6 +5937,8 @@ static std::string show_piece(const std::string& s) {
     return o;
 }
 
+struct MediaArg { bool video; std::string ref; };  // one --image or --video, in command-line order
+
 // the command line, NInfer's defaults (reference-engine.md 2.1)
 struct CliArgs {
     const char* model_path = nullptr;
@@ -5943,6 +5958,11 @@ struct CliArgs {
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
     GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph; tune from the environment
+    std::vector<MediaArg> media;       // --image, --video
+    double video_fps = 24;             // a frame list has no rate; transformers assumes 24
+    MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
+    const char* decode_out = nullptr;  // --decode-out
+    const char* pixels_out = nullptr;  // --pixels-out
     int inputs = 0;                    // how many of the input modes were given
 };
 
@@ -5980,6 +6000,14 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--no-thinking")) c->no_thinking = true;
         else if (!strcmp(a, "--raw-output")) c->raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) c->print_ids = true;
+        else if (!strcmp(a, "--image")) c->media.push_back({false, value()});
+        else if (!strcmp(a, "--video")) c->media.push_back({true, value()});
+        else if (!strcmp(a, "--video-fps")) c->video_fps = parse_float(a, value(), 0.001, 1000);
+        else if (!strcmp(a, "--max-image-pixels")) c->media_limits.max_pixels = parse_int(a, value(), 1, 1ll << 40);
+        else if (!strcmp(a, "--max-video-pixels")) c->media_limits.max_video_pixels = parse_int(a, value(), 1, 1ll << 42);
+        else if (!strcmp(a, "--max-media-mib")) c->media_limits.max_bytes = parse_int(a, value(), 1, 1 << 20) << 20;
+        else if (!strcmp(a, "--decode-out")) c->decode_out = value();
+        else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
         else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") || !strcmp(a, "--vision") ||
                  !strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
@@ -6006,6 +6034,55 @@ static int cli_info(const CliArgs& c) {
     std::string err;
     if (!model_open(&m, c.model_path, &err)) die("%s", err.c_str());
     print_info(stdout, &m);
+    model_close(&m);
+    return 0;
+}
+
+// --decode-out / --pixels-out: media through vision.h with the artifact's preprocessor
+// configs, no tower. stdout: one line per item (the decoded size, or grid_thw); a video's
+// sampled frame timestamps go to stderr.
+static int cli_media(const CliArgs& c) {
+    const std::vector<MediaArg>& media = c.media;
+    const MediaLimits& lim = c.media_limits;
+    const char *decode_out = c.decode_out, *pixels_out = c.pixels_out, *model_path = c.model_path;
+    if (media.empty()) die("%s needs an --image or a --video", decode_out ? "--decode-out" : "--pixels-out");
+    std::string err;
+    if (decode_out) {
+        if (media.size() != 1 || media[0].video || pixels_out) die("--decode-out takes exactly one --image (and no --video or --pixels-out)");
+        Image im;
+        if (!media_image(media[0].ref, lim, &im, &err)) die("%s", err.c_str());
+        FILE* f = fopen(decode_out, "wb");
+        if (!f) die("%s: cannot create: %s", decode_out, strerror(errno));
+        if (fwrite(im.rgb.data(), 1, im.rgb.size(), f) != im.rgb.size() || fclose(f) != 0) die("%s: write failed: %s", decode_out, strerror(errno));
+        printf("image %d %d\n", im.w, im.h);
+        return 0;
+    }
+    Model m;
+    if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
+    if (!m.geo.has_vision) die("%s: the model has no vision tower; --image and --video need a vision model", model_path);
+    VisionConfig cfg;
+    if (!vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                             artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err))
+        die("%s: %s", model_path, err.c_str());
+    FILE* f = fopen(pixels_out, "wb");
+    if (!f) die("%s: cannot create: %s", pixels_out, strerror(errno));
+    auto put = [&](const VisionItem& it) {
+        if (fwrite(it.pixels.data(), sizeof(float), it.pixels.size(), f) != it.pixels.size()) die("%s: write failed: %s", pixels_out, strerror(errno));
+        printf("%s %d %d %d\n", it.video ? "video" : "image", it.t, it.h, it.w);
+    };
+    std::vector<MediaJob> jobs(media.size());
+    for (size_t i = 0; i < media.size(); i++) { jobs[i].video = media[i].video; jobs[i].ref = media[i].ref; }
+    vision_prepare(&jobs, cfg, lim, c.video_fps, (int)std::min(16u, std::max(1u, std::thread::hardware_concurrency())));  // NInfer: <= 16 threads
+    for (const MediaJob& j : jobs) {
+        if (!j.ok) die("%s", j.err.c_str());
+        put(j.item);
+        if (j.video) {
+            fprintf(stderr, "ninfer: %s: %d temporal patches at", j.ref.c_str(), j.item.t);
+            for (double ts : j.item.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
+            fprintf(stderr, "\n");
+        }
+    }
+    if (fclose(f) != 0) die("%s: write failed: %s", pixels_out, strerror(errno));
     model_close(&m);
     return 0;
 }
@@ -6160,6 +6237,9 @@ int main(int argc, char** argv) {
     CliArgs c;
     cli_parse(argc, argv, &c);
     if (c.info) return cli_info(c);
+    if (c.decode_out || c.pixels_out) return cli_media(c);
+    if (!c.media.empty())
+        die("--image and --video need the vision tower, which this build does not run yet (--pixels-out and --decode-out work)");
     if (!c.inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 
     TextModel t;
