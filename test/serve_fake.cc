@@ -25,6 +25,8 @@
 //   [[delay=MS]]   sleep MS milliseconds per token (for cancel / queue tests)
 //   [[fail]]       fail after 2 tokens (an engine error mid-stream)
 //   [[params]]     content = the resolved sampler as json (precedence tests)
+//   [[prepare_ms=MS]] anywhere in the prompt: prepare sleeps MS milliseconds (requests
+//                  prepared concurrently, test_serve_robust.py)
 // a completion prompt (prepare_text, or token ids) is bytes too, and its whole text is read
 // for the directives. logprobs: every scripted step is one token whose id is its first byte
 // (a tool call: '<'), logprob -0.5, alternatives id, id+1, ... (mod 256) at -0.5, -1.5, ...;
@@ -97,6 +99,7 @@ static bool fake_prepare(void*, const ServeChat& chat, ServePrompt* out, ServeEr
         }
     }
     r += chat.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    if (size_t d = r.find("[[prepare_ms="); d != std::string::npos) usleep(atoi(r.c_str() + d + 13) * 1000);
     out->tokens.assign(r.begin(), r.end());
     for (auto& t : out->tokens) t &= 0xFF;
     out->thinking = chat.enable_thinking;
