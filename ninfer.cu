@@ -208,6 +208,9 @@ static bool geometry_from_artifact(const Artifact* a, Geometry* g, std::string* 
         g->v_pos = (int)s[0];
         g->v_heads = vision_heads_for_width(g->v_dim);
         if (!g->v_heads) return bad("unknown vision tower width " + std::to_string(g->v_dim) + ": its head count is not in ninfer's table (known widths: 768, 1024, 1152)");
+        if ((g->v_dim / g->v_heads) % 4) return bad("vision head dim " + std::to_string(g->v_dim / g->v_heads) + " is not a multiple of 4 (the 2-d rotary splits it in quarters)");
+        int side = (int)lround(sqrt((double)g->v_pos));
+        if (side < 2 || side * side != g->v_pos) return bad("vision/position_embedding has " + std::to_string(g->v_pos) + " rows, not a square grid");
     }
     // the engine's fixed inner sizes (style.md 14): check them here, once
     if (g->n_full == 0 || g->n_gdn == 0) return bad("expected both full-attention and gated-deltanet layers");
@@ -1189,6 +1192,323 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
     }
 }
 
+// ---- 4.7 vision tower (model.md 6.3) -------------------------------------------------------
+//
+// one image or video (a media item) through the tower, in fp32 with the stored weights decoded
+// exactly, as the text path does. N = t*h*w patches, Dv wide, nh heads of d = Dv/nh:
+//   x = patch_embedding . pixel_row + bias        the conv3d over one 3 x 2 x 16 x 16 patch
+//   x += bilinear(position_embedding; row, col)   the 48 x 48 learned grid resampled to h x w
+//                                                 (align corners; 4 taps, weights as hf's fp32 ones)
+//   per block: x += proj(attn(LN1(x))),  x += fc2(gelu_tanh(fc1(LN2(x))))
+//     attention is non-causal within each temporal patch (h*w patches) and never across; q and
+//     k are rotated over the whole head by the patch's (row, col): the first d/4 frequencies
+//     by row, the next d/4 by col (axial 2-d rope, theta 1e4, rotate_half pairs i, i + d/2)
+//   out = fc2(gelu(fc1([LN(x) of the 4 patches of a 2x2 block])))   exact (erf) gelu here
+// patch rows arrive 2x2-block-major ((t, bh, bw, ih, iw), model.md 6.1), so a merge block is 4
+// consecutive rows and the merger's concatenation is a reshape. hf runs every item of a request
+// in one call with block-diagonal attention; all the other steps are per patch, so one item at a
+// time gives the same rows (make_vision_goldens.py checks this on hf itself).
+
+// one media item as preprocessing hands it over (vision.h): the patch rows and the grid
+struct VisionInput {
+    bool video = false;            // frames of a video (video pads) or an image (image pads)
+    int t = 0, h = 0, w = 0;       // grid_thw: temporal patches, patch rows, patch columns
+    const float* pixels = nullptr; // [t*h*w, 3 * v_temporal * v_patch^2] patch rows
+};
+
+static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_patch * g.v_patch; }
+static int vision_tokens(const Geometry& g, const VisionInput& in) { return in.t * in.h * in.w / (g.v_merge * g.v_merge); }
+
+// a grid the tower can take (bad input, not a bug: the grid comes from a request)
+static bool vision_input_ok(const Geometry& g, const VisionInput& in, std::string* err) {
+    const int m = g.v_merge;
+    if (!g.has_vision) { *err = "the model has no vision tower"; return false; }
+    if (in.t < 1 || in.h < m || in.w < m || in.h % m || in.w % m || (int64_t)in.t * in.h * in.w > (1 << 24)) {
+        *err = "media grid (" + std::to_string(in.t) + ", " + std::to_string(in.h) + ", " + std::to_string(in.w) +
+               ") is not t >= 1 by positive multiples of " + std::to_string(m) + " patches (at most 2^24 patches)";
+        return false;
+    }
+    if (!in.pixels) { *err = "media item without pixel rows"; return false; }
+    return true;
+}
+
+// LayerNorm with bias over n values (eps on the variance); in place ok
+static void layernorm(float* out, const float* x, const Vec& w, const Vec& b, int n, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    const float r = 1.0f / sqrtf(var / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * r * w.at(i) + b.at(i);
+}
+
+static inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// y[t, :] += b for T rows of stride ld
+static void add_bias(float* y, int64_t ld, const Vec& b, int T) {
+    for (int t = 0; t < T; t++) for (int64_t i = 0; i < b.n; i++) y[t * ld + i] += b.at(i);
+}
+
+// taps and weights of one axis of the position-embedding resampling: target index i of n onto
+// `side` learned entries, align corners (hf's vision_utils: src = i (side-1) / max(n-1, 1))
+static void pos_axis(int i, int n, int side, int tap[2], float wt[2]) {
+    const float src = (float)i * (float)(side - 1) / (float)std::max(n - 1, 1);
+    const float f = floorf(src);
+    for (int o = 0; o < 2; o++) {
+        tap[o] = std::min(std::max((int)f + o, 0), side - 1);
+        wt[o] = std::max(0.0f, 1.0f - fabsf(src - f - (float)o));
+    }
+}
+
+// (row, col) in the patch grid of patch p of a frame, rows being 2x2-block-major
+static void patch_row_col(int p, int w, int m, int* row, int* col) {
+    const int bw = w / m;
+    *row = p / (m * m * bw) * m + (p / m) % m;
+    *col = (p / (m * m)) % bw * m + p % m;
+}
+
+// the tower on one item. out [tokens, v_out]; embed_out and hidden_out [N, Dv] (the input of
+// the first block and the output of the last), each may be null. scratch is allocated here,
+// once per item (a few activations of N rows; nothing per token).
+static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out, std::string* err,
+                               float* embed_out = nullptr, float* hidden_out = nullptr) {
+    const Geometry& g = m->geo;
+    const VisionWeights& w = m->w.vision;
+    if (!vision_input_ok(g, in, err)) return false;
+    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, nh = g.v_heads, d = D / nh, mg = g.v_merge;
+    const int side = (int)lround(sqrt((double)g.v_pos)), q4 = d / 4;
+    std::vector<float> x((size_t)N * D), xb((size_t)N * D), qkv((size_t)N * 3 * D), att((size_t)N * D),
+        mlp((size_t)N * std::max(g.v_inter, D)), cs((size_t)N * d / 2), sn((size_t)N * d / 2);
+    // 1. patch embedding
+    matmul(x.data(), D, in.pixels, vision_patch_len(g), w.patch_embedding, N);
+    add_bias(x.data(), D, w.patch_bias, N);
+    // 2. learned positions, bilinear over the side x side grid; the same for every frame
+    {
+        std::vector<float> e(D);
+        for (int p = 0; p < frame; p++) {
+            int row, col, th[2], tw[2];
+            float wh[2], ww[2];
+            patch_row_col(p, in.w, mg, &row, &col);
+            pos_axis(row, in.h, side, th, wh);
+            pos_axis(col, in.w, side, tw, ww);
+            float* pe = xb.data() + (size_t)p * D;  // xb as scratch: the frame's position rows
+            for (int i = 0; i < D; i++) pe[i] = 0.0f;
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 2; b++) {
+                    const float wt = wh[a] * ww[b];
+                    for (int64_t k0 = 0; k0 < D; k0 += KBLOCK)
+                        row_decode(w.position_embedding, th[a] * side + tw[b], k0, std::min<int64_t>(KBLOCK, D - k0), e.data() + k0);
+                    for (int i = 0; i < D; i++) pe[i] += e[i] * wt;
+                }
+        }
+        for (int p = 0; p < N; p++)
+            for (int i = 0; i < D; i++) x[(size_t)p * D + i] += xb[(size_t)(p % frame) * D + i];
+    }
+    if (embed_out) memcpy(embed_out, x.data(), (size_t)N * D * sizeof(float));
+    // 3. the 2-d rotary tables: [row * f_0..f_{q4-1} | col * f_0..f_{q4-1}], f_i = 1e4^(-2i/(d/2))
+    for (int p = 0; p < N; p++) {
+        int row, col;
+        patch_row_col(p % frame, in.w, mg, &row, &col);
+        for (int i = 0; i < q4; i++) {
+            const float f = 1.0f / powf(10000.0f, (float)(2 * i) / (float)(d / 2));
+            const float a = (float)row * f, b = (float)col * f;
+            cs[(size_t)p * d / 2 + i] = cosf(a); sn[(size_t)p * d / 2 + i] = sinf(a);
+            cs[(size_t)p * d / 2 + q4 + i] = cosf(b); sn[(size_t)p * d / 2 + q4 + i] = sinf(b);
+        }
+    }
+    // 4. the blocks
+    const float scale = 1.0f / sqrtf((float)d);
+    for (const VisionLayerWeights& L : w.layers) {
+        for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, L.norm1_w, L.norm1_b, D, g.eps);
+        matmul(qkv.data(), 3 * D, xb.data(), D, L.qkv, N);
+        add_bias(qkv.data(), 3 * D, L.qkv_bias, N);
+        for (int p = 0; p < N; p++)  // rows are [q heads | k heads | v heads]
+            for (int h = 0; h < 2 * nh; h++)
+                rope_apply(qkv.data() + (size_t)p * 3 * D + h * d, cs.data() + (size_t)p * d / 2, sn.data() + (size_t)p * d / 2, d / 2, false);
+        #pragma omp parallel if ((int64_t)N * frame * D >= PARALLEL_MIN)
+        {
+            std::vector<float> sc(frame);
+            #pragma omp for schedule(static)
+            for (int64_t qi = 0; qi < (int64_t)N * nh; qi++) {
+                const int p = (int)(qi / nh), h = (int)(qi % nh), f0 = p / frame * frame;
+                const float* q = qkv.data() + (size_t)p * 3 * D + h * d;
+                float mx = -INFINITY, sum = 0.0f;
+                for (int j = 0; j < frame; j++) {
+                    sc[j] = dot(q, qkv.data() + (size_t)(f0 + j) * 3 * D + D + h * d, d) * scale;
+                    mx = std::max(mx, sc[j]);
+                }
+                for (int j = 0; j < frame; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+                float* o = att.data() + (size_t)p * D + h * d;
+                for (int i = 0; i < d; i++) o[i] = 0.0f;
+                for (int j = 0; j < frame; j++) {
+                    const float pj = sc[j] / sum;
+                    const float* v = qkv.data() + (size_t)(f0 + j) * 3 * D + 2 * D + h * d;
+                    for (int i = 0; i < d; i++) o[i] += pj * v[i];
+                }
+            }
+        }
+        matmul(xb.data(), D, att.data(), D, L.output, N);
+        add_bias(xb.data(), D, L.output_bias, N);
+        for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
+        for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, L.norm2_w, L.norm2_b, D, g.eps);
+        matmul(mlp.data(), g.v_inter, xb.data(), D, L.fc1, N);
+        add_bias(mlp.data(), g.v_inter, L.fc1_bias, N);
+        for (size_t i = 0; i < (size_t)N * g.v_inter; i++) mlp[i] = gelu_tanh(mlp[i]);
+        matmul(xb.data(), D, mlp.data(), g.v_inter, L.fc2, N);
+        add_bias(xb.data(), D, L.fc2_bias, N);
+        for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
+    }
+    if (hidden_out) memcpy(hidden_out, x.data(), (size_t)N * D * sizeof(float));
+    // 5. the merger: LN per patch, 4 consecutive rows as one [4 Dv] row, fc1, gelu, fc2
+    const int M = N / (mg * mg), W4 = D * mg * mg;
+    for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, w.merger_norm_w, w.merger_norm_b, D, g.eps);
+    matmul(att.data(), W4, xb.data(), W4, w.merger_fc1, M);  // att: N*D = M*W4 floats
+    add_bias(att.data(), W4, w.merger_fc1_bias, M);
+    for (size_t i = 0; i < (size_t)M * W4; i++) att[i] = gelu_erf(att[i]);
+    matmul(out, g.v_out, att.data(), W4, w.merger_fc2, M);
+    add_bias(out, g.v_out, w.merger_fc2_bias, M);
+    return true;
+}
+
+// ---- 4.8 the multimodal prompt: vision rows and m-rope positions (model.md 6.5-6.7) ----------
+//
+// a prompt whose image/video pad tokens are already expanded (one pad per merged token; a video
+// as one <vision_start> pads <vision_end> run per temporal patch, timestamps as text between):
+//   rows    the tower's outputs replace the pad embeddings, images in order on image pads and
+//           videos in order on video pads (hf's masked_scatter)
+//   pos3    text: all three axes the running position cur, then cur += 1. a run of pads of one
+//           image (or one temporal patch of a video) with merged grid gh x gw: token (t, i, j)
+//           gets (cur + t, cur + i, cur + j) (t = 0 for a video frame), then cur += max(gh, gw)
+//   delta   rope_delta = max(pos3) + 1 - L: decoding token p then rotates by p + delta
+// hf groups tokens into runs by token type, so a pad run must hold exactly one image's tokens
+// (or one frame's); anything else is refused as hf would fail on it.
+
+struct VisionTokenIds { int image_pad = -1, video_pad = -1; };
+
+struct MmPrompt {
+    std::vector<int> tokens;   // [L] the prompt, pads included
+    std::vector<int> ids;      // [L] tokens with -1 on vision rows (forward_cpu's override rows)
+    std::vector<float> rows;   // [vision rows, H] the tower's outputs, in sequence order
+    std::vector<int> pos3;     // [3, L] m-rope positions (axes t, h, w)
+    int rope_delta = 0;
+};
+
+// check the pads of `tokens` against the media and compute the positions; no tower yet.
+// media are in prompt order (images and videos each keep their own order).
+static bool mm_layout(const Geometry& g, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                      const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    const int L = (int)tokens.size(), mg = g.v_merge;
+    p->tokens = tokens; p->ids = tokens; p->pos3.assign((size_t)3 * L, 0); p->rows.clear();
+    std::vector<int> images, videos;
+    for (int k = 0; k < (int)media.size(); k++) {
+        if (!vision_input_ok(g, media[k], err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+        (media[k].video ? videos : images).push_back(k);
+    }
+    size_t ni = 0, nv = 0;
+    int vframe = 0;  // next temporal patch of videos[nv]
+    int64_t cur = 0, top = -1;
+    for (int i = 0; i < L;) {
+        const bool img = tokens[i] == vt.image_pad, vid = tokens[i] == vt.video_pad;
+        if (!img && !vid) {
+            for (int a = 0; a < 3; a++) p->pos3[(size_t)a * L + i] = (int)cur;
+            top = std::max(top, cur++);
+            i++;
+            continue;
+        }
+        int n = 0;
+        while (i + n < L && tokens[i + n] == tokens[i]) n++;
+        const VisionInput* in;
+        if (img) {
+            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
+            in = &media[images[ni++]];
+        } else {
+            if (nv == videos.size()) { *err = "the prompt has more video frame placeholders than the videos given provide"; return false; }
+            in = &media[videos[nv]];
+        }
+        const int gh = in->h / mg, gw = in->w / mg, want = img ? in->t * gh * gw : gh * gw;
+        if (n != want) {
+            *err = std::string(img ? "image" : "video frame") + " placeholder run at token " + std::to_string(i) + " has " +
+                   std::to_string(n) + " pads, expected " + std::to_string(want) + " for its grid (" + std::to_string(in->t) +
+                   ", " + std::to_string(in->h) + ", " + std::to_string(in->w) + ")";
+            return false;
+        }
+        for (int k = 0; k < n; k++) {
+            const int64_t pt = cur + k / (gh * gw), ph = cur + k / gw % gh, pw = cur + k % gw;
+            p->pos3[i + k] = (int)pt; p->pos3[(size_t)L + i + k] = (int)ph; p->pos3[(size_t)2 * L + i + k] = (int)pw;
+            top = std::max(top, std::max(pt, std::max(ph, pw)));
+            p->ids[i + k] = -1;
+        }
+        cur += std::max(gh, gw);
+        if (vid && ++vframe == in->t) { nv++; vframe = 0; }
+        i += n;
+    }
+    if (ni != images.size() || nv != videos.size() || vframe) {
+        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
+               std::to_string(nv) + " of " + std::to_string(videos.size()) + " whole videos";
+        return false;
+    }
+    if (top >= INT32_MAX / 2) { *err = "m-rope positions overflow"; return false; }
+    p->rope_delta = (int)(top + 1 - L);
+    return true;
+}
+
+// the whole multimodal prompt: layout, then the tower on each item, its rows put in sequence
+// order. the media's pixel rows are only read here.
+static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    const Geometry& g = m->geo;
+    if (!mm_layout(g, vt, tokens, media, p, err)) return false;
+    // tower outputs per item, then scatter: the k-th image pad run takes the k-th image, video
+    // pads take the videos' tokens in order
+    std::vector<std::vector<float>> outs(media.size());
+    for (size_t k = 0; k < media.size(); k++) {
+        outs[k].resize((size_t)vision_tokens(g, media[k]) * g.H);
+        if (!vision_forward_cpu(m, media[k], outs[k].data(), err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+    }
+    std::vector<size_t> next(media.size(), 0);  // rows of each item taken so far
+    size_t ni = 0, nv = 0;
+    std::vector<int> images, videos;
+    for (int k = 0; k < (int)media.size(); k++) (media[k].video ? videos : images).push_back(k);
+    for (size_t i = 0; i < p->tokens.size(); i++) {
+        if (p->ids[i] >= 0) continue;
+        const bool img = p->tokens[i] == vt.image_pad;
+        // the current item of the kind: advance once its rows are used up
+        size_t& n = img ? ni : nv;
+        const std::vector<int>& list = img ? images : videos;
+        if (next[list[n]] == (size_t)vision_tokens(g, media[list[n]])) n++;
+        const int k = list[n];
+        const float* row = outs[k].data() + next[k]++ * g.H;
+        p->rows.insert(p->rows.end(), row, row + g.H);
+    }
+    return true;
+}
+
+// prefill a multimodal prompt from st->pos on (0, or the end of a reused prefix), in pieces of
+// at most r->T_max tokens; then set the sequence's rope_delta for decoding. logits as in
+// forward_cpu: all rows of the prefilled part ([L - st->pos, vocab]) or the last row.
+static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
+    const int L = (int)p.tokens.size(), H = m->geo.H;
+    CHECK(st->pos < L, "prefill from %d of a %d-token prompt", st->pos, L);
+    std::vector<float> ovr((size_t)r->T_max * H);
+    std::vector<int> pos((size_t)3 * r->T_max);
+    size_t vrow = 0;
+    for (int i = 0; i < st->pos; i++) vrow += p.ids[i] < 0;
+    const int start = st->pos;
+    for (int i = start; i < L;) {
+        const int T = std::min(r->T_max, L - i);
+        for (int t = 0; t < T; t++) {
+            if (p.ids[i + t] < 0) memcpy(ovr.data() + (size_t)t * H, p.rows.data() + vrow++ * H, H * sizeof(float));
+            for (int a = 0; a < 3; a++) pos[(size_t)a * T + t] = p.pos3[(size_t)a * L + i + t];
+        }
+        const bool last = i + T == L;
+        float* lg = all_logits ? (logits ? logits + (size_t)(i - start) * m->geo.vocab : nullptr) : (last ? logits : nullptr);
+        forward_cpu(m, r, st, p.ids.data() + i, ovr.data(), pos.data(), T, lg, all_logits, nullptr);
+        i += T;
+    }
+    st->rope_delta = p.rope_delta;
+}
+
 // === 5. sampler ==============================================================
 //
 // NInfer's semantics (reference-engine.md 16.5), over the token domain only (the ids the
@@ -1382,9 +1702,11 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
 //           for qwen3.5 this is 248077 of 248320 rows.
 //   stops   the default stop ids: generation_config.json eos_token_id (an int or a list), and
 //           tokenizer_config.json's eos_token looked up in tokenizer.json
+//   vision  the ids of <|image_pad|> and <|video_pad|> in tokenizer.json (-1 when absent)
 struct FrontendIds {
     int domain = 0;
     std::vector<int> stops;
+    VisionTokenIds vision;
 };
 
 static bool frontend_ids(const Model* m, FrontendIds* f, std::string* err) {
@@ -1418,6 +1740,8 @@ static bool frontend_ids(const Model* m, FrontendIds* f, std::string* err) {
         const Json* v = vocab ? vocab->get(text.c_str()) : nullptr;
         return v && v->is_int ? v->i : -1;
     };
+    f->vision.image_pad = (int)id_of("<|image_pad|>");
+    f->vision.video_pad = (int)id_of("<|video_pad|>");
     // generation_config eos_token_id
     if (const Json* eos = gen.get("eos_token_id"); eos && !eos->is_null()) {
         std::vector<const Json*> list;
