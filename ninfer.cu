@@ -1214,6 +1214,7 @@ struct VisionInput {
     bool video = false;            // frames of a video (video pads) or an image (image pads)
     int t = 0, h = 0, w = 0;       // grid_thw: temporal patches, patch rows, patch columns
     const float* pixels = nullptr; // [t*h*w, 3 * v_temporal * v_patch^2] patch rows
+    const double* seconds = nullptr; // video: [t] the time of each temporal patch (model.md 6.2)
 };
 
 static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_patch * g.v_patch; }
@@ -1373,8 +1374,15 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 
 // ---- 4.8 the multimodal prompt: vision rows and m-rope positions (model.md 6.5-6.7) ----------
 //
-// a prompt whose image/video pad tokens are already expanded (one pad per merged token; a video
-// as one <vision_start> pads <vision_end> run per temporal patch, timestamps as text between):
+// the rendered chat template holds one <|image_pad|> per image and one
+// <|vision_start|><|video_pad|><|vision_end|> per video. before tokenizing, mm_expand_text
+// repeats each image pad once per merged token and replaces each video's triple by, for every
+// temporal patch f, "<{seconds_f:.1f} seconds>" <|vision_start|> pad x (gh gw) <|vision_end|>
+// (the expansion is textual, as the processor's: the timestamp tokenizes with the text before
+// it). model.md 6.5 and qwen's processor replace the whole triple; transformers 5.17's processor
+// replaces only the pad, leaving the outer start/end around the frames: we follow model.md. a
+// bare <|video_pad|> (no triple around it) is replaced the same way.
+// the tokenized, expanded prompt then gets (mm_layout, mm_prepare_cpu):
 //   rows    the tower's outputs replace the pad embeddings, images in order on image pads and
 //           videos in order on video pads (hf's masked_scatter)
 //   pos3    text: all three axes the running position cur, then cur += 1. a run of pads of one
@@ -1385,6 +1393,51 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 // (or one frame's); anything else is refused as hf would fail on it.
 
 struct VisionTokenIds { int image_pad = -1, video_pad = -1; };
+
+// the placeholder expansion of model.md 6.5 on the rendered prompt text; media in prompt order
+// (images and videos each keep their own order). false with *err when they do not match.
+static bool mm_expand_text(const Geometry& g, const std::string& text, const std::vector<VisionInput>& media,
+                           std::string* out, std::string* err) {
+    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>", kStart = "<|vision_start|>", kEnd = "<|vision_end|>";
+    std::vector<const VisionInput*> images, videos;
+    for (size_t k = 0; k < media.size(); k++) {
+        if (!vision_input_ok(g, media[k], err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+        if (media[k].video && !media[k].seconds) { *err = "media item " + std::to_string(k) + ": a video without frame times"; return false; }
+        (media[k].video ? videos : images).push_back(&media[k]);
+    }
+    size_t ni = 0, nv = 0;
+    out->clear();
+    const int per = g.v_merge * g.v_merge;
+    for (size_t i = 0; i < text.size();) {
+        if (text[i] != '<') { out->push_back(text[i++]); continue; }
+        const bool triple = text.compare(i, kStart.size() + kVideo.size() + kEnd.size(), kStart + kVideo + kEnd) == 0;
+        if (text.compare(i, kImage.size(), kImage) == 0) {
+            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
+            const VisionInput* in = images[ni++];
+            for (int k = vision_tokens(g, *in); k > 0; k--) out->append(kImage);
+            i += kImage.size();
+        } else if (triple || text.compare(i, kVideo.size(), kVideo) == 0) {
+            if (nv == videos.size()) { *err = "the prompt has more video placeholders than the " + std::to_string(videos.size()) + " videos given"; return false; }
+            const VisionInput* in = videos[nv++];
+            for (int f = 0; f < in->t; f++) {
+                char ts[64];
+                snprintf(ts, sizeof ts, "<%.1f seconds>", in->seconds[f]);
+                out->append(ts).append(kStart);
+                for (int k = in->h * in->w / per; k > 0; k--) out->append(kVideo);
+                out->append(kEnd);
+            }
+            i += triple ? kStart.size() + kVideo.size() + kEnd.size() : kVideo.size();
+        } else {
+            out->push_back(text[i++]);
+        }
+    }
+    if (ni != images.size() || nv != videos.size()) {
+        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
+               std::to_string(nv) + " of " + std::to_string(videos.size()) + " videos";
+        return false;
+    }
+    return true;
+}
 
 struct MmPrompt {
     std::vector<int> tokens;   // [L] the prompt, pads included

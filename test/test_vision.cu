@@ -313,5 +313,45 @@ TEST_P(VisionGolden, MismatchedPromptsAreRefused) {
     EXPECT_FALSE(vision_forward_cpu(&m, odd[0], nullptr, &err));
 }
 
+// the textual placeholder expansion (model.md 6.5): image pads repeated per merged token, a
+// video's triple replaced by its timestamped frames ("%.1f" of the time: 0.25 -> "0.2", python's
+// round-half-even on the exact binary value, as printf does); the tokenized result is a prompt
+// mm_layout accepts, with one vision row per pad
+TEST_P(VisionGolden, ExpandTextFollowsTheProcessor) {
+    const Geometry& g = m.geo;
+    std::vector<float> px((size_t)2 * 4 * 6 * vision_patch_len(g), 0.5f);
+    const double secs[2] = {0.25, 1.75};
+    VisionInput img, vid;
+    img.t = 1; img.h = 4; img.w = 6; img.pixels = px.data();
+    vid.video = true; vid.t = 2; vid.h = 4; vid.w = 6; vid.pixels = px.data(); vid.seconds = secs;
+    const std::string S = "<|vision_start|>", E = "<|vision_end|>", I = "<|image_pad|>", P = "<|video_pad|>";
+    std::string text = "a " + S + I + E + " b: " + S + P + E + "c", out, err;
+    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    auto rep = [](const std::string& x, int n) { std::string r; while (n--) r += x; return r; };
+    std::string want = "a " + S + rep(I, 6) + E + " b: " + "<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "c";
+    EXPECT_EQ(out, want);
+    // a bare video pad is replaced the same way; an image pad is never a video's
+    ASSERT_TRUE(mm_expand_text(g, "x" + P + "y", {vid}, &out, &err)) << err;
+    EXPECT_EQ(out, "x<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "y");
+    EXPECT_FALSE(mm_expand_text(g, text, {img}, &out, &err));
+    EXPECT_NE(err.find("more video placeholders"), std::string::npos) << err;
+    EXPECT_FALSE(mm_expand_text(g, text, {img, vid, img}, &out, &err));
+    EXPECT_NE(err.find("placeholders for 1 of 2 images"), std::string::npos) << err;
+    vid.seconds = nullptr;
+    EXPECT_FALSE(mm_expand_text(g, text, {img, vid}, &out, &err));
+    EXPECT_NE(err.find("without frame times"), std::string::npos) << err;
+    vid.seconds = secs;
+    // tokenized with the artifact's tokenizer: a layout with 6 + 2 * 6 vision rows
+    Tokenizer tok;
+    std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
+    ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
+    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    std::vector<int> ids;
+    tokenizer_encode(&tok, out, &ids);
+    MmPrompt mp;
+    ASSERT_TRUE(mm_layout(g, fid.vision, ids, {img, vid}, &mp, &err)) << err;
+    EXPECT_EQ(std::count(mp.ids.begin(), mp.ids.end(), -1), 18);
+}
+
 INSTANTIATE_TEST_SUITE_P(Hf, VisionGolden, ::testing::Values("bf16", "groupwise-int"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param) == "bf16" ? "bf16" : "groupwise_int"; });
