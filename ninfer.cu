@@ -208,7 +208,8 @@ static bool geometry_from_artifact(const Artifact* a, Geometry* g, std::string* 
         g->v_pos = (int)s[0];
         g->v_heads = vision_heads_for_width(g->v_dim);
         if (!g->v_heads) return bad("unknown vision tower width " + std::to_string(g->v_dim) + ": its head count is not in ninfer's table (known widths: 768, 1024, 1152)");
-        if ((g->v_dim / g->v_heads) % 4) return bad("vision head dim " + std::to_string(g->v_dim / g->v_heads) + " is not a multiple of 4 (the 2-d rotary splits it in quarters)");
+        const int vd = g->v_dim / g->v_heads;
+        if (g->v_dim % g->v_heads || vd % 4 || vd > 128) return bad("vision head dim " + std::to_string(vd) + " is not a multiple of 4 up to 128 (the 2-d rotary splits it in quarters)");
         int side = (int)lround(sqrt((double)g->v_pos));
         if (side < 2 || side * side != g->v_pos) return bad("vision/position_embedding has " + std::to_string(g->v_pos) + " rows, not a square grid");
     }
@@ -1269,93 +1270,121 @@ static void patch_row_col(int p, int w, int m, int* row, int* col) {
     *col = (p / (m * m)) % bw * m + p % m;
 }
 
+// the learned position rows of one h x w frame: pe [h*w, Dv] in patch-row order
+static void vision_pos_rows(const Geometry& g, const Mat& table, int h, int w, float* pe) {
+    const int D = g.v_dim, side = (int)lround(sqrt((double)g.v_pos));
+    std::vector<float> e(D);
+    for (int p = 0; p < h * w; p++) {
+        int row, col, th[2], tw[2];
+        float wh[2], ww[2];
+        patch_row_col(p, w, g.v_merge, &row, &col);
+        pos_axis(row, h, side, th, wh);
+        pos_axis(col, w, side, tw, ww);
+        float* r = pe + (size_t)p * D;
+        for (int i = 0; i < D; i++) r[i] = 0.0f;
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) {
+                const float wt = wh[a] * ww[b];
+                for (int64_t k0 = 0; k0 < D; k0 += KBLOCK)
+                    row_decode(table, th[a] * side + tw[b], k0, std::min<int64_t>(KBLOCK, D - k0), e.data() + k0);
+                for (int i = 0; i < D; i++) r[i] += e[i] * wt;
+            }
+    }
+}
+
+// the 2-d rotary frequencies f_i = 1e4^(-2i / (d/2)), i < d/4 (model.md 6.3; hf's axial rope)
+static float vision_rope_freq(int d, int i) { return 1.0f / powf(10000.0f, (float)(2 * i) / (float)(d / 2)); }
+
+// q and k of N patch rows [N, 3Dv] ([q heads | k heads | v heads]) rotated in place by each
+// patch's (row, col) in its frame: angles [row f_0..f_{d/4-1} | col f_0..], pairs (i, i + d/2)
+static void vision_rope(const Geometry& g, float* qkv, int N, int w, int frame) {
+    const int D = g.v_dim, nh = g.v_heads, d = D / nh, q4 = d / 4;
+    float cs[64], sn[64];
+    for (int p = 0; p < N; p++) {
+        int row, col;
+        patch_row_col(p % frame, w, g.v_merge, &row, &col);
+        for (int i = 0; i < q4; i++) {
+            const float f = vision_rope_freq(d, i), a = (float)row * f, b = (float)col * f;
+            cs[i] = cosf(a); sn[i] = sinf(a); cs[q4 + i] = cosf(b); sn[q4 + i] = sinf(b);
+        }
+        for (int h = 0; h < 2 * nh; h++) rope_apply(qkv + (size_t)p * 3 * D + h * d, cs, sn, d / 2, false);
+    }
+}
+
+// non-causal attention within each frame (frame consecutive rows) of N rows of qkv [N, 3Dv]:
+// att [N, Dv], heads side by side, scale d^-1/2, softmax in fp32
+static void vision_attention(const Geometry& g, const float* qkv, int N, int frame, float* att) {
+    const int D = g.v_dim, nh = g.v_heads, d = D / nh;
+    const float scale = 1.0f / sqrtf((float)d);
+    #pragma omp parallel if ((int64_t)N * frame * D >= PARALLEL_MIN)
+    {
+        std::vector<float> sc(frame);
+        #pragma omp for schedule(static)
+        for (int64_t qi = 0; qi < (int64_t)N * nh; qi++) {
+            const int p = (int)(qi / nh), h = (int)(qi % nh), f0 = p / frame * frame;
+            const float* q = qkv + (size_t)p * 3 * D + h * d;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < frame; j++) {
+                sc[j] = dot(q, qkv + (size_t)(f0 + j) * 3 * D + D + h * d, d) * scale;
+                mx = std::max(mx, sc[j]);
+            }
+            for (int j = 0; j < frame; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+            float* o = att + (size_t)p * D + h * d;
+            for (int i = 0; i < d; i++) o[i] = 0.0f;
+            for (int j = 0; j < frame; j++) {
+                const float pj = sc[j] / sum;
+                const float* v = qkv + (size_t)(f0 + j) * 3 * D + 2 * D + h * d;
+                for (int i = 0; i < d; i++) o[i] += pj * v[i];
+            }
+        }
+    }
+}
+
+// LayerNorm of each of T rows of n floats (stride n); bf16: the outputs rounded (a product's input)
+static void layernorm_rows(float* y, const float* x, const Vec& w, const Vec& b, int n, int T, float eps, bool bf16) {
+    for (int t = 0; t < T; t++) layernorm(y + (size_t)t * n, x + (size_t)t * n, w, b, n, eps);
+    if (bf16) bf16_round(y, (size_t)T * n);
+}
+
 // the tower on one item. out [tokens, v_out]; embed_out and hidden_out [N, Dv] (the input of
-// the first block and the output of the last), each may be null. scratch is allocated here,
-// once per item (a few activations of N rows; nothing per token).
+// the first block and the output of the last), each may be null. bf16 (tests: the gpu tower's
+// oracle): round where the gpu tower does, i.e. every product's input (pixels, layernorm
+// outputs, rotated q / k and v, attention output, gelu outputs) and the output rows; the
+// residual stream, the position rows and every product's output stay fp32 there too.
+// scratch is allocated here, once per item (activations of N rows; nothing per token).
 static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out, std::string* err,
-                               float* embed_out = nullptr, float* hidden_out = nullptr) {
+                               float* embed_out = nullptr, float* hidden_out = nullptr, bool bf16 = false) {
     const Geometry& g = m->geo;
     const VisionWeights& w = m->w.vision;
     if (!vision_input_ok(g, in, err)) return false;
-    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, nh = g.v_heads, d = D / nh, mg = g.v_merge;
-    const int side = (int)lround(sqrt((double)g.v_pos)), q4 = d / 4;
+    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, mg = g.v_merge, P = vision_patch_len(g);
     std::vector<float> x((size_t)N * D), xb((size_t)N * D), qkv((size_t)N * 3 * D), att((size_t)N * D),
-        mlp((size_t)N * std::max(g.v_inter, D)), cs((size_t)N * d / 2), sn((size_t)N * d / 2);
-    // 1. patch embedding
-    matmul(x.data(), D, in.pixels, vision_patch_len(g), w.patch_embedding, N);
+        mlp((size_t)N * std::max(g.v_inter, D)), pix;
+    const float* pixels = in.pixels;
+    if (bf16) { pix.assign(in.pixels, in.pixels + (size_t)N * P); bf16_round(pix.data(), pix.size()); pixels = pix.data(); }
+    // 1-2. patch embedding, plus the learned positions (the same rows for every frame)
+    matmul(x.data(), D, pixels, P, w.patch_embedding, N);
     add_bias(x.data(), D, w.patch_bias, N);
-    // 2. learned positions, bilinear over the side x side grid; the same for every frame
-    {
-        std::vector<float> e(D);
-        for (int p = 0; p < frame; p++) {
-            int row, col, th[2], tw[2];
-            float wh[2], ww[2];
-            patch_row_col(p, in.w, mg, &row, &col);
-            pos_axis(row, in.h, side, th, wh);
-            pos_axis(col, in.w, side, tw, ww);
-            float* pe = xb.data() + (size_t)p * D;  // xb as scratch: the frame's position rows
-            for (int i = 0; i < D; i++) pe[i] = 0.0f;
-            for (int a = 0; a < 2; a++)
-                for (int b = 0; b < 2; b++) {
-                    const float wt = wh[a] * ww[b];
-                    for (int64_t k0 = 0; k0 < D; k0 += KBLOCK)
-                        row_decode(w.position_embedding, th[a] * side + tw[b], k0, std::min<int64_t>(KBLOCK, D - k0), e.data() + k0);
-                    for (int i = 0; i < D; i++) pe[i] += e[i] * wt;
-                }
-        }
-        for (int p = 0; p < N; p++)
-            for (int i = 0; i < D; i++) x[(size_t)p * D + i] += xb[(size_t)(p % frame) * D + i];
-    }
+    vision_pos_rows(g, w.position_embedding, in.h, in.w, xb.data());
+    for (int p = 0; p < N; p++)
+        for (int i = 0; i < D; i++) x[(size_t)p * D + i] += xb[(size_t)(p % frame) * D + i];
     if (embed_out) memcpy(embed_out, x.data(), (size_t)N * D * sizeof(float));
-    // 3. the 2-d rotary tables: [row * f_0..f_{q4-1} | col * f_0..f_{q4-1}], f_i = 1e4^(-2i/(d/2))
-    for (int p = 0; p < N; p++) {
-        int row, col;
-        patch_row_col(p % frame, in.w, mg, &row, &col);
-        for (int i = 0; i < q4; i++) {
-            const float f = 1.0f / powf(10000.0f, (float)(2 * i) / (float)(d / 2));
-            const float a = (float)row * f, b = (float)col * f;
-            cs[(size_t)p * d / 2 + i] = cosf(a); sn[(size_t)p * d / 2 + i] = sinf(a);
-            cs[(size_t)p * d / 2 + q4 + i] = cosf(b); sn[(size_t)p * d / 2 + q4 + i] = sinf(b);
-        }
-    }
-    // 4. the blocks
-    const float scale = 1.0f / sqrtf((float)d);
+    // 3-4. the blocks, with the 2-d rotary on q and k
     for (const VisionLayerWeights& L : w.layers) {
-        for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, L.norm1_w, L.norm1_b, D, g.eps);
+        layernorm_rows(xb.data(), x.data(), L.norm1_w, L.norm1_b, D, N, g.eps, bf16);
         matmul(qkv.data(), 3 * D, xb.data(), D, L.qkv, N);
         add_bias(qkv.data(), 3 * D, L.qkv_bias, N);
-        for (int p = 0; p < N; p++)  // rows are [q heads | k heads | v heads]
-            for (int h = 0; h < 2 * nh; h++)
-                rope_apply(qkv.data() + (size_t)p * 3 * D + h * d, cs.data() + (size_t)p * d / 2, sn.data() + (size_t)p * d / 2, d / 2, false);
-        #pragma omp parallel if ((int64_t)N * frame * D >= PARALLEL_MIN)
-        {
-            std::vector<float> sc(frame);
-            #pragma omp for schedule(static)
-            for (int64_t qi = 0; qi < (int64_t)N * nh; qi++) {
-                const int p = (int)(qi / nh), h = (int)(qi % nh), f0 = p / frame * frame;
-                const float* q = qkv.data() + (size_t)p * 3 * D + h * d;
-                float mx = -INFINITY, sum = 0.0f;
-                for (int j = 0; j < frame; j++) {
-                    sc[j] = dot(q, qkv.data() + (size_t)(f0 + j) * 3 * D + D + h * d, d) * scale;
-                    mx = std::max(mx, sc[j]);
-                }
-                for (int j = 0; j < frame; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
-                float* o = att.data() + (size_t)p * D + h * d;
-                for (int i = 0; i < d; i++) o[i] = 0.0f;
-                for (int j = 0; j < frame; j++) {
-                    const float pj = sc[j] / sum;
-                    const float* v = qkv.data() + (size_t)(f0 + j) * 3 * D + 2 * D + h * d;
-                    for (int i = 0; i < d; i++) o[i] += pj * v[i];
-                }
-            }
-        }
+        vision_rope(g, qkv.data(), N, in.w, frame);
+        if (bf16) bf16_round(qkv.data(), qkv.size());
+        vision_attention(g, qkv.data(), N, frame, att.data());
+        if (bf16) bf16_round(att.data(), att.size());
         matmul(xb.data(), D, att.data(), D, L.output, N);
         add_bias(xb.data(), D, L.output_bias, N);
         for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
-        for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, L.norm2_w, L.norm2_b, D, g.eps);
+        layernorm_rows(xb.data(), x.data(), L.norm2_w, L.norm2_b, D, N, g.eps, bf16);
         matmul(mlp.data(), g.v_inter, xb.data(), D, L.fc1, N);
         add_bias(mlp.data(), g.v_inter, L.fc1_bias, N);
-        for (size_t i = 0; i < (size_t)N * g.v_inter; i++) mlp[i] = gelu_tanh(mlp[i]);
+        for (size_t i = 0; i < (size_t)N * g.v_inter; i++) mlp[i] = bf16 ? bf16r(gelu_tanh(mlp[i])) : gelu_tanh(mlp[i]);
         matmul(xb.data(), D, mlp.data(), g.v_inter, L.fc2, N);
         add_bias(xb.data(), D, L.fc2_bias, N);
         for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
@@ -1363,12 +1392,13 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
     if (hidden_out) memcpy(hidden_out, x.data(), (size_t)N * D * sizeof(float));
     // 5. the merger: LN per patch, 4 consecutive rows as one [4 Dv] row, fc1, gelu, fc2
     const int M = N / (mg * mg), W4 = D * mg * mg;
-    for (int p = 0; p < N; p++) layernorm(xb.data() + (size_t)p * D, x.data() + (size_t)p * D, w.merger_norm_w, w.merger_norm_b, D, g.eps);
+    layernorm_rows(xb.data(), x.data(), w.merger_norm_w, w.merger_norm_b, D, N, g.eps, bf16);
     matmul(att.data(), W4, xb.data(), W4, w.merger_fc1, M);  // att: N*D = M*W4 floats
     add_bias(att.data(), W4, w.merger_fc1_bias, M);
-    for (size_t i = 0; i < (size_t)M * W4; i++) att[i] = gelu_erf(att[i]);
+    for (size_t i = 0; i < (size_t)M * W4; i++) att[i] = bf16 ? bf16r(gelu_erf(att[i])) : gelu_erf(att[i]);
     matmul(out, g.v_out, att.data(), W4, w.merger_fc2, M);
     add_bias(out, g.v_out, w.merger_fc2_bias, M);
+    if (bf16) bf16_round(out, (size_t)M * g.v_out);
     return true;
 }
 
