@@ -5086,6 +5086,180 @@ static void gpu_kernels_init() {
     cudaCheck(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
 }
 
+// ----------------------------------------------------------------------------
+// vision tower kernels (model.md 6.3; the cpu twins are the steps of vision_forward_cpu)
+//
+// the tower's residual stream x stays fp32 [N, Dv]; every product's input is bf16 (pixels,
+// layernorm outputs, rotated q / k and v, attention output, gelu outputs) and every product's
+// output fp32 (gemm / gemv with y_f32), which vision_forward_cpu(bf16 = true) reproduces. biases
+// and norm weights are bf16 (the artifact's). N patches of an item are t frames of h*w rows,
+// 2x2-block-major.
+
+// x = y + bias + positions: y the patch embedding product [N, D] fp32; the position rows of a
+// frame come from the bf16 table, bilinear with the 4 taps and weights of pos_axis (fp32)
+__global__ void vis_embed_kernel(const float* __restrict__ y, const bf16_t* __restrict__ bias, const bf16_t* __restrict__ table,
+                                 int D, int side, int h, int w, int merge, float* __restrict__ x) {
+    pdl_entry();
+    const int p = blockIdx.x, fp = p % (h * w), bw = w / merge;
+    const int row = fp / (merge * merge * bw) * merge + (fp / merge) % merge, col = (fp / (merge * merge)) % bw * merge + fp % merge;
+    int th[2], tw[2];
+    float wh[2], ww[2];
+    const float sh = (float)row * (float)(side - 1) / (float)max(h - 1, 1), sw = (float)col * (float)(side - 1) / (float)max(w - 1, 1);
+    const float fh = floorf(sh), fw = floorf(sw);
+    for (int o = 0; o < 2; o++) {
+        th[o] = min(max((int)fh + o, 0), side - 1); wh[o] = fmaxf(0.f, 1.f - fabsf(sh - fh - (float)o));
+        tw[o] = min(max((int)fw + o, 0), side - 1); ww[o] = fmaxf(0.f, 1.f - fabsf(sw - fw - (float)o));
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float pe = 0.f;
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) pe += bf2f(table[(int64_t)(th[a] * side + tw[b]) * D + i]) * (wh[a] * ww[b]);
+        x[(int64_t)p * D + i] = (y[(int64_t)p * D + i] + bf2f(bias[i])) + pe;
+    }
+}
+
+// y = bf16(LayerNorm(x) * w + b) per row of n fp32 (mean, then the variance around it; eps on it)
+__global__ void __launch_bounds__(1024) vis_layernorm_kernel(const float* __restrict__ x, const bf16_t* __restrict__ w,
+                                                             const bf16_t* __restrict__ b, int n, float eps, bf16_t* __restrict__ y) {
+    pdl_entry();
+    const float* xr = x + (int64_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s) / (float)n;
+    float v = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+    const float r = 1.0f / sqrtf(block_sum(v) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[(int64_t)blockIdx.x * n + i] = f2bf((xr[i] - mean) * r * bf2f(w[i]) + bf2f(b[i]));
+}
+
+// qkv = bf16(rope(y + bias)): y the qkv product [N, 3D] fp32 ([q heads | k heads | v heads]);
+// q and k rotated by the patch's (row, col), the pairs (i, i + d/2) of each head
+struct VisRope { float f[32]; };  // vision_rope_freq(d, i), i < d/4, from the host
+__global__ void vis_qkv_kernel(const float* __restrict__ y, const bf16_t* __restrict__ bias, int D, int nh, int w, int frame, int merge,
+                               VisRope fr, bf16_t* __restrict__ qkv) {
+    pdl_entry();
+    const int p = blockIdx.x, d = D / nh, half = d / 2, q4 = d / 4, fp = p % frame, bw = w / merge;
+    const int row = fp / (merge * merge * bw) * merge + (fp / merge) % merge, col = (fp / (merge * merge)) % bw * merge + fp % merge;
+    const float* yr = y + (int64_t)p * 3 * D;
+    bf16_t* o = qkv + (int64_t)p * 3 * D;
+    for (int k = threadIdx.x; k < 3 * nh * half; k += blockDim.x) {
+        const int hh = k / half, i = k % half, c0 = hh * d + i, c1 = c0 + half;
+        const float x0 = yr[c0] + bf2f(bias[c0]), x1 = yr[c1] + bf2f(bias[c1]);
+        if (hh >= 2 * nh) { o[c0] = f2bf(x0); o[c1] = f2bf(x1); continue; }  // v heads
+        const float a = (float)(i < q4 ? row : col) * fr.f[i < q4 ? i : i - q4];
+        const float cs = cosf(a), sn = sinf(a);
+        o[c0] = f2bf(x0 * cs - x1 * sn);
+        o[c1] = f2bf(x1 * cs + x0 * sn);
+    }
+}
+
+// non-causal attention within each frame: one thread per query (VIS_AQ per block, grid
+// frames x heads x query blocks), keys and values staged VIS_AK at a time in shared memory as
+// fp32 (every thread reads the same key: broadcasts), online softmax in fp32. q from qkv
+// [N, 3D], out bf16 [N, D] heads side by side.
+enum { VIS_AQ = 128, VIS_AK = 32 };
+template <int HD>
+__global__ void __launch_bounds__(VIS_AQ) vis_attn_kernel(const bf16_t* __restrict__ qkv, int D, int frame, float scale, bf16_t* __restrict__ out) {
+    pdl_entry();
+    __shared__ float Ks[VIS_AK][HD], Vs[VIS_AK][HD];
+    const int f0 = blockIdx.x * frame, h = blockIdx.y, qi = blockIdx.z * VIS_AQ + threadIdx.x;
+    const bool live = qi < frame;
+    float q[HD], o[HD];
+    const bf16_t* qr = qkv + (int64_t)(f0 + (live ? qi : 0)) * 3 * D + h * HD;
+#pragma unroll
+    for (int i = 0; i < HD; i++) { q[i] = bf2f(qr[i]) * scale; o[i] = 0.f; }
+    float m = -INFINITY, l = 0.f;
+    for (int k0 = 0; k0 < frame; k0 += VIS_AK) {
+        const int nk = min(VIS_AK, frame - k0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < nk * HD; e += VIS_AQ) {
+            const int j = e / HD, i = e % HD;
+            const bf16_t* kr = qkv + (int64_t)(f0 + k0 + j) * 3 * D + h * HD + i;
+            Ks[j][i] = bf2f(kr[D]); Vs[j][i] = bf2f(kr[2 * D]);
+        }
+        __syncthreads();
+        for (int j = 0; j < nk; j++) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < HD; i++) s = fmaf(q[i], Ks[j][i], s);
+            if (s > m) {
+                const float c = expf(m - s);  // 0 on the first key (m = -inf)
+                l *= c;
+#pragma unroll
+                for (int i = 0; i < HD; i++) o[i] *= c;
+                m = s;
+            }
+            const float pj = expf(s - m);
+            l += pj;
+#pragma unroll
+            for (int i = 0; i < HD; i++) o[i] = fmaf(pj, Vs[j][i], o[i]);
+        }
+    }
+    if (!live) return;
+    bf16_t* orow = out + (int64_t)(f0 + qi) * D + h * HD;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < HD; i++) orow[i] = f2bf(o[i] * inv);
+}
+
+// the epilogue of a product y [T, n] fp32: mode VIS_RESID: x += y + b (fp32 residual);
+// VIS_TANH / VIS_ERF / VIS_NONE: out = bf16(gelu(y + b)) with the tanh or erf gelu, or none
+enum { VIS_NONE = 0, VIS_TANH = 1, VIS_ERF = 2, VIS_RESID = 3 };
+__global__ void vis_bias_kernel(const float* __restrict__ y, const bf16_t* __restrict__ b, int n, int64_t total, int mode,
+                                float* __restrict__ x, bf16_t* __restrict__ out) {
+    pdl_entry();
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const float v = y[e] + bf2f(b[e % n]);
+        if (mode == VIS_RESID) { x[e] += v; continue; }
+        const float a = mode == VIS_TANH ? 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))
+                      : mode == VIS_ERF ? 0.5f * v * (1.f + erff(v * 0.70710678118654752f)) : v;
+        out[e] = f2bf(a);
+    }
+}
+
+__global__ void vis_cast_kernel(const float* __restrict__ x, int64_t n, bf16_t* __restrict__ y) {
+    pdl_entry();
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) y[e] = f2bf(x[e]);
+}
+
+// launchers
+static unsigned vis_blocks(int64_t total) { return (unsigned)std::min<int64_t>(CEIL_DIV(total, 256), 65535); }
+static void vis_embed(const float* y, const bf16_t* bias, const bf16_t* table, int D, int side, int N, int h, int w, int merge, float* x,
+                      cudaStream_t s) {
+    launch_k(vis_embed_kernel, dim3(N), dim3(128), 0, s, y, bias, table, D, side, h, w, merge, x);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_layernorm(const float* x, const bf16_t* w, const bf16_t* b, int n, int T, float eps, bf16_t* y, cudaStream_t s) {
+    launch_k(vis_layernorm_kernel, dim3(T), dim3(256), 0, s, x, w, b, n, eps, y);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_qkv(const float* y, const bf16_t* bias, int D, int nh, int N, int w, int frame, int merge, bf16_t* qkv, cudaStream_t s) {
+    const int d = D / nh;
+    CHECK(d / 4 <= 32, "vis_qkv: head dim %d", d);
+    VisRope fr;
+    for (int i = 0; i < d / 4; i++) fr.f[i] = vision_rope_freq(d, i);
+    launch_k(vis_qkv_kernel, dim3(N), dim3(256), 0, s, y, bias, D, nh, w, frame, merge, fr, qkv);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_attn(const bf16_t* qkv, int D, int nh, int N, int frame, bf16_t* out, cudaStream_t s) {
+    const int d = D / nh;
+    dim3 grid(N / frame, nh, CEIL_DIV(frame, VIS_AQ));
+    const float scale = 1.0f / sqrtf((float)d);
+    if (d == 64) launch_k(vis_attn_kernel<64>, grid, dim3(VIS_AQ), 0, s, qkv, D, frame, scale, out);
+    else if (d == 72) launch_k(vis_attn_kernel<72>, grid, dim3(VIS_AQ), 0, s, qkv, D, frame, scale, out);
+    else CHECK(false, "vis_attn: head dim %d (the kernel is built for 64 and 72)", d);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_bias(const float* y, const bf16_t* b, int n, int T, int mode, float* x, bf16_t* out, cudaStream_t s) {
+    const int64_t total = (int64_t)n * T;
+    launch_k(vis_bias_kernel, dim3(vis_blocks(total)), dim3(256), 0, s, y, b, n, total, mode, x, out);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_cast(const float* x, int64_t n, bf16_t* y, cudaStream_t s) {
+    launch_k(vis_cast_kernel, dim3(vis_blocks(n)), dim3(256), 0, s, x, n, y);
+    cudaCheck(cudaGetLastError());
+}
+
 // === 8. gpu forward ==========================================================
 //
 // loading, sequence state, the forward pass, cuda graphs, generation
@@ -5949,6 +6123,139 @@ static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int wind
         }
     }
     return nll;
+}
+
+// ---- the vision tower on the device -------------------------------------------------------
+//
+// only when vision is asked for (startup residency, reference-engine.md): the tower's weights
+// get their own device arena, apart from the text model's, and a workspace for up to `cap`
+// patches per item; without it nothing of the tower is on the device. one item at a time, as
+// on the cpu (vision_forward_cpu is the oracle, with bf16 = true at the rounding points of the
+// kernels above). the products are the text path's linear() over the stored formats.
+
+struct GpuVision {
+    cudaStream_t stream = nullptr;
+    Geometry geo;             // the model's; the v_* part is what the tower uses
+    VisionWeights w;          // views into `arena`
+    uint8_t* arena = nullptr; // the vision tensors, each 256-byte aligned
+    int cap = 0;              // patches per item the workspace holds
+    void* ws = nullptr;       // the workspace, one allocation:
+    float* pix = nullptr;     //   [cap, P] the pixel rows as the host gives them
+    bf16_t* pixb = nullptr;   //   [cap, P]
+    float* x = nullptr;       //   [cap, Dv] the residual stream
+    float* y = nullptr;       //   [cap, max(3Dv, Iv, O/4)] product outputs
+    bf16_t* xb = nullptr;     //   [cap, Dv] layernorm outputs
+    bf16_t* qkv = nullptr;    //   [cap, 3Dv] rotated q, k and v
+    bf16_t* att = nullptr;    //   [cap, Dv] attention output
+    bf16_t* h = nullptr;      //   [cap, max(Iv, Dv)] gelu outputs
+};
+
+// the workspace for items of up to cap patches (cap a multiple of 4)
+static void gpu_vision_workspace(GpuVision* v, int cap) {
+    const Geometry& g = v->geo;
+    const int64_t P = vision_patch_len(g), D = g.v_dim;
+    const int64_t ycols = std::max({3 * D, (int64_t)g.v_inter, (int64_t)CEIL_DIV(g.v_out, g.v_merge * g.v_merge)});
+    const int64_t hcols = std::max((int64_t)g.v_inter, D);
+    size_t off = 0;
+    auto take = [&](size_t bytes) { size_t o = off; off += (bytes + 255) / 256 * 256; return o; };
+    size_t o_pix = take(cap * P * 4), o_pixb = take(cap * P * 2), o_x = take(cap * D * 4), o_y = take(cap * ycols * 4),
+           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(cap * hcols * 2);
+    cudaCheck(cudaMalloc(&v->ws, off));
+    uint8_t* b = (uint8_t*)v->ws;
+    v->pix = (float*)(b + o_pix); v->pixb = (bf16_t*)(b + o_pixb); v->x = (float*)(b + o_x); v->y = (float*)(b + o_y);
+    v->xb = (bf16_t*)(b + o_xb); v->qkv = (bf16_t*)(b + o_qkv); v->att = (bf16_t*)(b + o_att); v->h = (bf16_t*)(b + o_h);
+    v->cap = cap;
+}
+
+// copy the model's vision tensors to the device and make the views; false with *err when the
+// model has none or stores them in formats the kernels do not read
+static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
+    *v = GpuVision();
+    v->stream = stream; v->geo = m->geo; v->w = m->w.vision;
+    const Geometry& g = m->geo;
+    if (!g.has_vision) { *err = m->art.path + ": the model has no vision tower"; return false; }
+    if (cap < 4 || cap % 4) { *err = "vision workspace of " + std::to_string(cap) + " patches: not a positive multiple of 4"; return false; }
+    auto vec_ok = [](const Vec& x) { return x.format == FMT_BF16; };
+    const VisionWeights& w = m->w.vision;
+    bool ok = vec_ok(w.patch_bias) && vec_ok(w.merger_fc1_bias) && vec_ok(w.merger_fc2_bias) && vec_ok(w.merger_norm_w) &&
+              vec_ok(w.merger_norm_b) && w.position_embedding.format == FMT_BF16;
+    for (const VisionLayerWeights& L : w.layers)
+        ok = ok && vec_ok(L.qkv_bias) && vec_ok(L.output_bias) && vec_ok(L.fc1_bias) && vec_ok(L.fc2_bias) && vec_ok(L.norm1_w) &&
+             vec_ok(L.norm1_b) && vec_ok(L.norm2_w) && vec_ok(L.norm2_b);
+    if (!ok) { *err = m->art.path + ": the gpu vision tower needs bf16 biases, norms and position table"; return false; }
+    struct Span { const uint8_t* host; uint64_t bytes; size_t off; };
+    std::vector<Span> spans;
+    size_t total = 0;
+    for (const TensorObject& t : m->art.objects) {
+        if (t.resource || t.name.rfind("vision/", 0) != 0) continue;
+        spans.push_back({t.data, t.bytes, total});
+        total += (t.bytes + 255) / 256 * 256;
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.host < b.host; });
+    cudaCheck(cudaMalloc(&v->arena, total));
+    for (const Span& s : spans) cudaCheck(cudaMemcpy(v->arena + s.off, s.host, s.bytes, cudaMemcpyHostToDevice));
+    auto rebase = [&](const uint8_t* p) -> const uint8_t* {
+        if (!p) return nullptr;
+        auto it = std::upper_bound(spans.begin(), spans.end(), p, [](const uint8_t* q, const Span& s) { return q < s.host; });
+        CHECK(it != spans.begin(), "gpu_vision_build: a view outside the vision tensors");
+        --it;
+        CHECK(p <= it->host + it->bytes, "gpu_vision_build: a view outside the vision tensors");
+        return v->arena + it->off + (p - it->host);
+    };
+    auto mat = [&](Mat* x) { x->base = rebase(x->base); x->high = rebase(x->high); x->scale = rebase(x->scale); };
+    auto vec = [&](Vec* x) { x->p = rebase(x->p); };
+    VisionWeights& d = v->w;
+    mat(&d.patch_embedding); vec(&d.patch_bias); mat(&d.position_embedding);
+    for (VisionLayerWeights& L : d.layers) {
+        mat(&L.qkv); vec(&L.qkv_bias); mat(&L.output); vec(&L.output_bias); mat(&L.fc1); vec(&L.fc1_bias); mat(&L.fc2); vec(&L.fc2_bias);
+        vec(&L.norm1_w); vec(&L.norm1_b); vec(&L.norm2_w); vec(&L.norm2_b);
+    }
+    mat(&d.merger_fc1); vec(&d.merger_fc1_bias); mat(&d.merger_fc2); vec(&d.merger_fc2_bias); vec(&d.merger_norm_w); vec(&d.merger_norm_b);
+    gpu_vision_workspace(v, cap);
+    return true;
+}
+
+static void gpu_vision_free(GpuVision* v) {
+    if (v->arena) cudaCheck(cudaFree(v->arena));
+    if (v->ws) cudaCheck(cudaFree(v->ws));
+    *v = GpuVision();
+}
+
+// the tower on one item (host pixel rows) into out: [tokens, v_out] bf16 on the device, the
+// rows the text forward's embedding overrides take. asynchronous on v->stream.
+static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out, std::string* err) {
+    const Geometry& g = v->geo;
+    const VisionWeights& w = v->w;
+    if (!vision_input_ok(g, in, err)) return false;
+    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, P = vision_patch_len(g), mg = g.v_merge;
+    if (N > v->cap) { *err = "media item of " + std::to_string(N) + " patches: the vision workspace holds " + std::to_string(v->cap); return false; }
+    cudaStream_t s = v->stream;
+    auto bv = [](const Vec& x) { return (const bf16_t*)x.p; };
+    cudaCheck(cudaMemcpyAsync(v->pix, in.pixels, (size_t)N * P * 4, cudaMemcpyHostToDevice, s));
+    vis_cast(v->pix, (int64_t)N * P, v->pixb, s);
+    linear(w.patch_embedding, v->pixb, P, N, v->y, D, true, nullptr, 0, s);
+    vis_embed(v->y, bv(w.patch_bias), (const bf16_t*)w.position_embedding.base, D, (int)lround(sqrt((double)g.v_pos)), N, in.h, in.w, mg,
+              v->x, s);
+    for (const VisionLayerWeights& L : w.layers) {
+        vis_layernorm(v->x, bv(L.norm1_w), bv(L.norm1_b), D, N, g.eps, v->xb, s);
+        linear(L.qkv, v->xb, D, N, v->y, 3 * D, true, nullptr, 0, s);
+        vis_qkv(v->y, bv(L.qkv_bias), D, g.v_heads, N, in.w, frame, mg, v->qkv, s);
+        vis_attn(v->qkv, D, g.v_heads, N, frame, v->att, s);
+        linear(L.output, v->att, D, N, v->y, D, true, nullptr, 0, s);
+        vis_bias(v->y, bv(L.output_bias), D, N, VIS_RESID, v->x, nullptr, s);
+        vis_layernorm(v->x, bv(L.norm2_w), bv(L.norm2_b), D, N, g.eps, v->xb, s);
+        linear(L.fc1, v->xb, D, N, v->y, g.v_inter, true, nullptr, 0, s);
+        vis_bias(v->y, bv(L.fc1_bias), g.v_inter, N, VIS_TANH, nullptr, v->h, s);
+        linear(L.fc2, v->h, g.v_inter, N, v->y, D, true, nullptr, 0, s);
+        vis_bias(v->y, bv(L.fc2_bias), D, N, VIS_RESID, v->x, nullptr, s);
+    }
+    const int M = N / (mg * mg), W4 = D * mg * mg;
+    vis_layernorm(v->x, bv(w.merger_norm_w), bv(w.merger_norm_b), D, N, g.eps, v->xb, s);
+    linear(w.merger_fc1, v->xb, W4, M, v->y, W4, true, nullptr, 0, s);
+    vis_bias(v->y, bv(w.merger_fc1_bias), W4, M, VIS_ERF, nullptr, v->h, s);
+    linear(w.merger_fc2, v->h, W4, M, v->y, g.v_out, true, nullptr, 0, s);
+    vis_bias(v->y, bv(w.merger_fc2_bias), g.v_out, M, VIS_NONE, nullptr, out, s);
+    return true;
 }
 
 // === 9. engine ===============================================================

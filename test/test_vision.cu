@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include <random>
 
 // ---- helpers ---------------------------------------------------------------------------
 
@@ -351,6 +352,267 @@ TEST_P(VisionGolden, ExpandTextFollowsTheProcessor) {
     MmPrompt mp;
     ASSERT_TRUE(mm_layout(g, fid.vision, ids, {img, vid}, &mp, &err)) << err;
     EXPECT_EQ(std::count(mp.ids.begin(), mp.ids.end(), -1), 18);
+}
+
+// ---- the gpu tower (skipped without a gpu) ------------------------------------------------------
+//
+// every kernel against its cpu twin (the steps of vision_forward_cpu) on fresh random inputs,
+// outputs poisoned (0xff: nan) before each run; then the whole tower against the cpu tower.
+// bf16 outputs are compared within one bf16 ulp of the twin's value (2^-7 relative): both
+// compute the same fp32 expression in a different order (relative differences ~1e-6), so the
+// final rounding can land on the neighbouring bf16 value, never further.
+
+#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
+
+template <typename T> struct Dev {
+    T* p = nullptr; size_t n = 0;
+    explicit Dev(size_t n_) : n(n_) { cudaCheck(cudaMalloc(&p, n * sizeof(T))); cudaCheck(cudaMemset(p, 0xff, n * sizeof(T))); }
+    Dev(const std::vector<T>& v) : Dev(v.size()) { cudaCheck(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+    ~Dev() { cudaFree(p); }
+    std::vector<T> get() const { std::vector<T> v(n); cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost)); return v; }
+};
+
+static std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 r(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(r);
+    return v;
+}
+static std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = f32_to_bf16(v[i]);
+    return o;
+}
+static std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = bf16_to_f32(v[i]);
+    return o;
+}
+static Vec host_vec(const std::vector<uint16_t>& w) { Vec v; v.format = FMT_BF16; v.n = (int64_t)w.size(); v.p = (const uint8_t*)w.data(); return v; }
+
+// count of elements of a (bf16 results) farther than one bf16 ulp (+ abs) from b; nan counts
+static size_t ulp_misses(const std::vector<float>& a, const std::vector<float>& b, double abs = 0.0) {
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        if (!(fabs((double)a[i] - b[i]) <= fabs((double)b[i]) * (1.0 / 128) + abs)) bad++;
+    return bad;
+}
+
+static Geometry vis_geo(int D, int heads, int Iv, int out) {
+    Geometry g;
+    g.has_vision = true; g.v_dim = D; g.v_heads = heads; g.v_inter = Iv; g.v_out = out; g.v_pos = 2304; g.v_depth = 1;
+    return g;
+}
+
+TEST(VisionGpu, LayerNormMatchesCpu) {
+    NEED_GPU();
+    for (int n : {128, 1152}) {
+        const int T = 37;
+        std::vector<float> x = randn((size_t)T * n, 1 + n, 3.0f);
+        for (size_t i = 0; i < x.size(); i++) x[i] += 0.5f;  // a mean to remove
+        std::vector<uint16_t> w = to_bf16(randn(n, 2, 1.0f)), b = to_bf16(randn(n, 3, 0.1f));
+        std::vector<float> want((size_t)T * n);
+        layernorm_rows(want.data(), x.data(), host_vec(w), host_vec(b), n, T, 1e-6f, true);
+        Dev<float> dx(x); Dev<uint16_t> dw(w), db(b), dy((size_t)T * n);
+        vis_layernorm(dx.p, (const bf16_t*)dw.p, (const bf16_t*)db.p, n, T, 1e-6f, (bf16_t*)dy.p, 0);
+        EXPECT_EQ(ulp_misses(from_bf16(dy.get()), want), 0u) << "n " << n;
+    }
+}
+
+TEST(VisionGpu, EmbedMatchesCpu) {
+    NEED_GPU();
+    const int D = 128, t = 2, h = 6, w = 10, N = t * h * w;
+    Geometry g = vis_geo(D, 2, 256, 128);
+    std::vector<float> y = randn((size_t)N * D, 4);
+    std::vector<uint16_t> bias = to_bf16(randn(D, 5, 0.1f)), table = to_bf16(randn((size_t)2304 * D, 6, 0.1f));
+    Mat tm; tm.format = FMT_BF16; tm.rows = 2304; tm.cols = D; tm.base = (const uint8_t*)table.data(); tm.base_row = D * 2;
+    std::vector<float> pe((size_t)h * w * D), want((size_t)N * D);
+    vision_pos_rows(g, tm, h, w, pe.data());
+    for (int p = 0; p < N; p++)
+        for (int i = 0; i < D; i++) want[(size_t)p * D + i] = (y[(size_t)p * D + i] + bf16_to_f32(bias[i])) + pe[(size_t)(p % (h * w)) * D + i];
+    Dev<float> dy(y), dx((size_t)N * D); Dev<uint16_t> db(bias), dt(table);
+    vis_embed(dy.p, (const bf16_t*)db.p, (const bf16_t*)dt.p, D, 48, N, h, w, 2, dx.p, 0);
+    std::vector<float> got = dx.get();
+    EXPECT_LE(rel_max(got.data(), want.data(), got.size()), 1e-6);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(VisionGpu, QkvRopeMatchesCpu) {
+    NEED_GPU();
+    for (int D : {128, 1152}) {
+        const int nh = D == 128 ? 2 : 16, h = 8, w = 12, t = 2, N = t * h * w, frame = h * w;
+        Geometry g = vis_geo(D, nh, 256, 128);
+        std::vector<float> y = randn((size_t)N * 3 * D, 7 + D);
+        std::vector<uint16_t> bias = to_bf16(randn(3 * D, 8, 0.1f));
+        std::vector<float> want = y;
+        add_bias(want.data(), 3 * D, host_vec(bias), N);
+        vision_rope(g, want.data(), N, w, frame);
+        bf16_round(want.data(), want.size());
+        Dev<float> dy(y); Dev<uint16_t> db(bias), dq((size_t)N * 3 * D);
+        vis_qkv(dy.p, (const bf16_t*)db.p, D, nh, N, w, frame, 2, (bf16_t*)dq.p, 0);
+        EXPECT_EQ(ulp_misses(from_bf16(dq.get()), want, 1e-6), 0u) << "D " << D;
+    }
+}
+
+TEST(VisionGpu, AttentionMatchesCpu) {
+    NEED_GPU();
+    for (int D : {128, 1152}) {
+        const int nh = D == 128 ? 2 : 16, frame = 12 * 14, t = 2, N = t * frame;  // 168 rows: two query blocks, a partial key tile
+        Geometry g = vis_geo(D, nh, 256, 128);
+        std::vector<float> q = randn((size_t)N * 3 * D, 9 + D, 1.5f);
+        bf16_round(q.data(), q.size());
+        std::vector<float> want((size_t)N * D);
+        vision_attention(g, q.data(), N, frame, want.data());
+        bf16_round(want.data(), want.size());
+        Dev<uint16_t> dq(to_bf16(q)), dout((size_t)N * D);
+        vis_attn((const bf16_t*)dq.p, D, nh, N, frame, (bf16_t*)dout.p, 0);
+        // the outputs are averages of unit values: an absolute 1e-5 covers the fp32 sums of cancelling terms
+        EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-5), 0u) << "D " << D;
+    }
+}
+
+TEST(VisionGpu, BiasEpiloguesMatchCpu) {
+    NEED_GPU();
+    const int n = 96, T = 50;
+    std::vector<float> y = randn((size_t)n * T, 10, 2.0f), x0 = randn((size_t)n * T, 11);
+    std::vector<uint16_t> b = to_bf16(randn(n, 12, 0.5f));
+    Dev<float> dy(y); Dev<uint16_t> db(b);
+    for (int mode : {VIS_NONE, VIS_TANH, VIS_ERF, VIS_RESID}) {
+        std::vector<float> want(y.size());
+        for (size_t e = 0; e < y.size(); e++) {
+            const float v = y[e] + bf16_to_f32(b[e % n]);
+            want[e] = mode == VIS_RESID ? x0[e] + v : bf16r(mode == VIS_TANH ? gelu_tanh(v) : mode == VIS_ERF ? gelu_erf(v) : v);
+        }
+        Dev<float> dx(x0); Dev<uint16_t> dout((size_t)n * T);
+        vis_bias(dy.p, (const bf16_t*)db.p, n, T, mode, dx.p, (bf16_t*)dout.p, 0);
+        if (mode == VIS_RESID) {
+            std::vector<float> got = dx.get();
+            EXPECT_EQ(0, memcmp(got.data(), want.data(), got.size() * 4));
+        } else {
+            EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-6), 0u) << "mode " << mode;
+        }
+    }
+}
+
+// relative l2 distance |a - b| / |b|, infinite when a holds a nan
+static double rel_l2(const float* a, const float* b, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - b[i]; e += d * d; r += (double)b[i] * b[i];
+    }
+    return sqrt(e / r);
+}
+
+// the whole gpu tower on the golden cases against the cpu tower: in its bf16 mode (the same
+// rounding points; what is left is fp32 order and the occasional bf16 rounding landing the
+// other way, then propagated), and in fp32 (the bf16 roundings themselves: each product's input
+// rounded to 8 bits, ~2e-3 relative per element; through 2 blocks and the merger). bounds, as
+// max err / max|ref| and relative l2: 3e-2 / 1e-2 against the bf16 mode, 6e-2 / 2e-2 against fp32.
+TEST_P(VisionGolden, GpuTowerMatchesCpu) {
+    NEED_GPU();
+    const Geometry& g = m.geo;
+    GpuVision gv;
+    std::string err;
+    ASSERT_TRUE(gpu_vision_build(&gv, &m, 1024, 0, &err)) << err;
+    for (auto& kv : gold.get("tower")->obj) {
+        Media md = tower_media(g, kv.second, kv.first == "video");
+        for (size_t k = 0; k < md.items.size(); k++) {
+            const VisionInput& in = md.items[k];
+            const int M = vision_tokens(g, in);
+            std::vector<float> ref32((size_t)M * g.v_out), ref16((size_t)M * g.v_out);
+            ASSERT_TRUE(vision_forward_cpu(&m, in, ref32.data(), &err)) << err;
+            ASSERT_TRUE(vision_forward_cpu(&m, in, ref16.data(), &err, nullptr, nullptr, true)) << err;
+            Dev<uint16_t> out((size_t)M * g.v_out);
+            ASSERT_TRUE(gpu_vision_forward(&gv, in, (bf16_t*)out.p, &err)) << err;
+            cudaCheck(cudaDeviceSynchronize());
+            std::vector<float> got = from_bf16(out.get());
+            double m16 = rel_max(got.data(), ref16.data(), got.size()), l16 = rel_l2(got.data(), ref16.data(), got.size());
+            double m32 = rel_max(got.data(), ref32.data(), got.size()), l32 = rel_l2(got.data(), ref32.data(), got.size());
+            printf("  %s gpu tower %s[%zu]: vs cpu bf16 mode max %.2e l2 %.2e; vs cpu fp32 max %.2e l2 %.2e\n", GetParam(), kv.first.c_str(), k,
+                   m16, l16, m32, l32);
+            EXPECT_TRUE(std::isfinite(l16) && std::isfinite(l32)) << kv.first;
+            EXPECT_LE(m16, 3e-2) << kv.first; EXPECT_LE(l16, 1e-2) << kv.first;
+            EXPECT_LE(m32, 6e-2) << kv.first; EXPECT_LE(l32, 2e-2) << kv.first;
+        }
+    }
+    std::vector<float> px((size_t)2048 * vision_patch_len(g));
+    VisionInput big; big.t = 1; big.h = 32; big.w = 64; big.pixels = px.data();
+    Dev<uint16_t> o(16);
+    EXPECT_FALSE(gpu_vision_forward(&gv, big, (bf16_t*)o.p, &err));
+    EXPECT_NE(err.find("the vision workspace holds 1024"), std::string::npos) << err;
+    gpu_vision_free(&gv);
+}
+
+// tower timing at the 9b's vision geometry (depth 27, 1152 wide, 16 heads of 72, mlp 4304,
+// out 4096) with random bf16 weights (the artifact's are q4/q5/q6/w8): one 1024 x 1024 image
+// (64 x 64 patches) and a 16-frame video (8 temporal patches of 22 x 40, a 640 x 352 frame).
+// not a ci test: build/test/test_vision --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
+__global__ void bench_fill_kernel(bf16_t* p, int64_t n, uint64_t seed, float scale) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31;
+        p[i] = __float2bfloat16(((float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    }
+}
+TEST(VisionGpuBench, DISABLED_Tower9b) {
+    NEED_GPU();
+    GpuVision v;
+    v.geo = vis_geo(1152, 16, 4304, 4096);
+    v.geo.v_depth = 27;
+    const Geometry& g = v.geo;
+    std::vector<void*> allocs;
+    uint64_t seed = 1;
+    auto buf = [&](int64_t n, float scale) {
+        bf16_t* p; cudaCheck(cudaMalloc(&p, n * 2)); allocs.push_back(p);
+        bench_fill_kernel<<<1024, 256>>>(p, n, seed++ * 7919, scale);
+        return p;
+    };
+    auto mat = [&](int64_t r, int64_t c) {
+        Mat x; x.format = FMT_BF16; x.rows = r; x.cols = c; x.base_row = c * 2; x.base = (const uint8_t*)buf(r * c, 1.0f / sqrtf((float)c)); return x;
+    };
+    auto vec = [&](int64_t n, float scale) { Vec x; x.format = FMT_BF16; x.n = n; x.p = (const uint8_t*)buf(n, scale); return x; };
+    const int64_t D = g.v_dim, Iv = g.v_inter;
+    v.w.patch_embedding = mat(D, vision_patch_len(g)); v.w.patch_bias = vec(D, 0.02f); v.w.position_embedding = mat(2304, D);
+    v.w.layers.resize(g.v_depth);
+    for (VisionLayerWeights& L : v.w.layers) {
+        L.qkv = mat(3 * D, D); L.qkv_bias = vec(3 * D, 0.02f); L.output = mat(D, D); L.output_bias = vec(D, 0.02f);
+        L.fc1 = mat(Iv, D); L.fc1_bias = vec(Iv, 0.02f); L.fc2 = mat(D, Iv); L.fc2_bias = vec(D, 0.02f);
+        L.norm1_w = vec(D, 1.0f); L.norm1_b = vec(D, 0.05f); L.norm2_w = vec(D, 1.0f); L.norm2_b = vec(D, 0.05f);
+    }
+    v.w.merger_fc1 = mat(4 * D, 4 * D); v.w.merger_fc1_bias = vec(4 * D, 0.02f); v.w.merger_fc2 = mat(g.v_out, 4 * D);
+    v.w.merger_fc2_bias = vec(g.v_out, 0.02f); v.w.merger_norm_w = vec(D, 1.0f); v.w.merger_norm_b = vec(D, 0.05f);
+    gpu_vision_workspace(&v, 7040);
+    cudaCheck(cudaStreamCreate(&v.stream));
+    struct Case { const char* name; int t, h, w; } cases[] = {{"image 1024x1024", 1, 64, 64}, {"video 16 frames 640x352", 8, 22, 40}};
+    for (const Case& c : cases) {
+        const int N = c.t * c.h * c.w;
+        std::vector<float> px = randn((size_t)N * vision_patch_len(g), 13, 0.5f);
+        VisionInput in; in.video = c.t > 1; in.t = c.t; in.h = c.h; in.w = c.w; in.pixels = px.data();
+        Dev<uint16_t> out((size_t)vision_tokens(g, in) * g.v_out);
+        std::string err;
+        ASSERT_TRUE(gpu_vision_forward(&v, in, (bf16_t*)out.p, &err)) << err;  // warm-up
+        cudaCheck(cudaStreamSynchronize(v.stream));
+        cudaEvent_t e0, e1;
+        cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+        const int reps = 3;
+        cudaCheck(cudaEventRecord(e0, v.stream));
+        for (int r = 0; r < reps; r++) ASSERT_TRUE(gpu_vision_forward(&v, in, (bf16_t*)out.p, &err)) << err;
+        cudaCheck(cudaEventRecord(e1, v.stream));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        std::vector<float> o = from_bf16(out.get());
+        size_t bad = 0;
+        for (float x : o) bad += !std::isfinite(x);
+        EXPECT_EQ(bad, 0u);
+        printf("  9b vision tower, bf16 weights, %s: %d patches -> %d tokens, %.2f ms per item (mean of %d)\n", c.name, N,
+               vision_tokens(g, in), ms / reps, reps);
+    }
+    for (void* p : allocs) cudaFree(p);
+    cudaFree(v.ws);
+    cudaStreamDestroy(v.stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hf, VisionGolden, ::testing::Values("bf16", "groupwise-int"),
