@@ -11,7 +11,10 @@
 //                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
 //                            recurrent state; snapshot/restore) and RunState, 4.4 attention
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
-//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu
+//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu,
+//                            4.7 the vision tower (vision_forward_cpu), 4.8 the multimodal
+//                            prompt (placeholder expansion, vision rows, m-rope positions,
+//                            rope_delta, prefill_mm_cpu)
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
 //                            counter-based rng, the arithmetic shared with the gpu sampler
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
@@ -19,9 +22,10 @@
 //   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
 //                            stored formats, norms, m-rope, conv + gdn with state slots,
 //                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill),
-//                            argmax and the sampler on the device
+//                            argmax and the sampler on the device, the vision tower's kernels
 //   8. gpu forward           loading into one device arena, sequence state, the forward pass,
-//                            cuda graph decode, generate_gpu / perplexity_gpu
+//                            cuda graph decode, generate_gpu / perplexity_gpu; the vision
+//                            tower on the device (GpuVision: its own arena, only when asked)
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
@@ -522,6 +526,11 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 //
 // parallelism is plain openmp: over output rows in the products, over heads in attention and
 // the deltanet. results do not depend on the thread count.
+//
+// images and videos (4.7, 4.8) go through the vision tower one item at a time, the same way
+// (fp32, exact weights); its output rows replace the pad tokens' embeddings (forward_cpu's
+// embed_override) and the prompt gets explicit 3-axis m-rope positions (pos3), then rope_delta.
+// the tower reads its weights only when it runs: without media they are never touched.
 //
 // bf16 mode (RunState::bf16, off by default; tests only). the gpu path keeps activations in
 // bf16 and so rounds at about a dozen points per layer; on chaotic models (the random
@@ -1410,8 +1419,8 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 // temporal patch f, "<{seconds_f:.1f} seconds>" <|vision_start|> pad x (gh gw) <|vision_end|>
 // (the expansion is textual, as the processor's: the timestamp tokenizes with the text before
 // it). model.md 6.5 and qwen's processor replace the whole triple; transformers 5.17's processor
-// replaces only the pad, leaving the outer start/end around the frames: we follow model.md. a
-// bare <|video_pad|> (no triple around it) is replaced the same way.
+// replaces only the pad (by its source), leaving the outer start/end around the frames: we
+// follow model.md. a bare <|video_pad|> (no triple around it) is replaced the same way.
 // the tokenized, expanded prompt then gets (mm_layout, mm_prepare_cpu):
 //   rows    the tower's outputs replace the pad embeddings, images in order on image pads and
 //           videos in order on video pads (hf's masked_scatter)
@@ -1963,6 +1972,9 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 //   prefill:    gemm (mma.sync over exact codes, per-group fp32 scale), linear (gemv or gemm),
 //               gdn_prefill (recurrent, state in registers), gdn_prefill_chunked (wy/ut chunks of
 //               64, tf32 mma), flash_prefill (mma, causal, gqa)
+//   vision:     vis_embed (bilinear learned positions), vis_layernorm, vis_qkv (bias + 2-d rope),
+//               vis_attn (non-causal per frame), vis_bias (bias + gelu / residual), vis_cast;
+//               GpuVision, gpu_vision_build / gpu_vision_forward / gpu_vision_free
 //   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
 //   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
 //               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
