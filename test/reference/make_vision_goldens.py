@@ -21,7 +21,7 @@
 #   test/golden/hf_vision_tiny_<profile>.f32    the tower tensors, raw little-endian float32 (offsets in the json)
 #
 # pixel rows are not stored: row r, value c of a case is the splitmix64 stream seeded as in pixel_rows()
-# below, mapped to [-1, 1) exactly in float32; test/test_vision.cu regenerates them and checks the stored sum.
+# below, mapped to [-1, 1) exactly in float32; test/test_tower.cu regenerates them and checks the stored sum.
 # needs torch, transformers, numpy, safetensors (no network). run from the repo root:
 #   python3 test/reference/make_vision_goldens.py [--device cuda] [--out DIR]
 

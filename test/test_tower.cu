@@ -552,7 +552,7 @@ TEST_P(VisionGolden, GpuTowerMatchesCpu) {
 // tower timing at the 9b's vision geometry (depth 27, 1152 wide, 16 heads of 72, mlp 4304,
 // out 4096) with random bf16 weights (the artifact's are q4/q5/q6/w8): one 1024 x 1024 image
 // (64 x 64 patches) and a 16-frame video (8 temporal patches of 22 x 40, a 640 x 352 frame).
-// not a ci test: build/test/test_vision --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
+// not a ci test: build/test/test_tower --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
 __global__ void bench_fill_kernel(bf16_t* p, int64_t n, uint64_t seed, float scale) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + seed;
