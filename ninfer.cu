@@ -1576,26 +1576,52 @@ static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::
     return true;
 }
 
+// the inputs of a multimodal prompt's prefill, piece by piece in order from row `start` (0, or
+// the end of a prefix already in the sequence): the ids (-1 on vision rows), the piece's
+// override rows and its [3, T] positions. the buffers are allocated once per prompt.
+struct MmPieces {
+    const MmPrompt* p;
+    int H;
+    size_t vrow = 0;           // vision rows before the next piece
+    std::vector<float> ovr;    // [T_max, H]
+    std::vector<int> pos;      // [3, T_max]
+    MmPieces(const MmPrompt* p_, int start, int T_max, int H_) : p(p_), H(H_), ovr((size_t)T_max * H_), pos((size_t)3 * T_max) {
+        if (p) for (int i = 0; i < start; i++) vrow += p->ids[i] < 0;
+    }
+    // rows [i, i + T) of the prompt
+    void piece(int i, int T, const int** ids, const float** rows, const int** pos3) {
+        const int L = (int)p->tokens.size();
+        CHECK(i >= 0 && i + T <= L && (size_t)T * H <= ovr.size(), "multimodal piece [%d, %d) of %d rows", i, i + T, L);
+        for (int t = 0; t < T; t++) {
+            if (p->ids[i + t] < 0) memcpy(ovr.data() + (size_t)t * H, p->rows.data() + vrow++ * H, H * sizeof(float));
+            for (int a = 0; a < 3; a++) pos[(size_t)a * T + t] = p->pos3[(size_t)a * L + i + t];
+        }
+        *ids = p->ids.data() + i; *rows = ovr.data(); *pos3 = pos.data();
+    }
+};
+
+// a generation prompt against its multimodal description: the sequence holds the first `pos`
+// tokens of mm's prompt and `prompt` is the rest
+static void mm_check_prompt(const MmPrompt* mm, int pos, const std::vector<int>& prompt) {
+    CHECK(mm->tokens.size() == pos + prompt.size() && std::equal(prompt.begin(), prompt.end(), mm->tokens.begin() + pos),
+          "the prompt (%zu tokens after %d) is not the rest of its multimodal prompt (%zu tokens)", prompt.size(), pos, mm->tokens.size());
+}
+
 // prefill a multimodal prompt from st->pos on (0, or the end of a reused prefix), in pieces of
 // at most r->T_max tokens; then set the sequence's rope_delta for decoding. logits as in
 // forward_cpu: all rows of the prefilled part ([L - st->pos, vocab]) or the last row.
 static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
-    const int L = (int)p.tokens.size(), H = m->geo.H;
+    const int L = (int)p.tokens.size();
     CHECK(st->pos < L, "prefill from %d of a %d-token prompt", st->pos, L);
-    std::vector<float> ovr((size_t)r->T_max * H);
-    std::vector<int> pos((size_t)3 * r->T_max);
-    size_t vrow = 0;
-    for (int i = 0; i < st->pos; i++) vrow += p.ids[i] < 0;
     const int start = st->pos;
+    MmPieces pc(&p, start, r->T_max, m->geo.H);
     for (int i = start; i < L;) {
         const int T = std::min(r->T_max, L - i);
-        for (int t = 0; t < T; t++) {
-            if (p.ids[i + t] < 0) memcpy(ovr.data() + (size_t)t * H, p.rows.data() + vrow++ * H, H * sizeof(float));
-            for (int a = 0; a < 3; a++) pos[(size_t)a * T + t] = p.pos3[(size_t)a * L + i + t];
-        }
+        const int* ids; const float* rows; const int* pos3;
+        pc.piece(i, T, &ids, &rows, &pos3);
         const bool last = i + T == L;
         float* lg = all_logits ? (logits ? logits + (size_t)(i - start) * m->geo.vocab : nullptr) : (last ? logits : nullptr);
-        forward_cpu(m, r, st, p.ids.data() + i, ovr.data(), pos.data(), T, lg, all_logits, nullptr);
+        forward_cpu(m, r, st, ids, rows, pos3, T, lg, all_logits, nullptr);
         i += T;
     }
     st->rope_delta = p.rope_delta;
@@ -1891,22 +1917,30 @@ static bool emit_more(Emit& emit, int id) {
 // sampled (emit may return false to end generation there); a stop id ends generation and is
 // not emitted. generation also ends when the
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+// mm (nullable): the prompt is the rest of this multimodal prompt (mm_check_prompt); its vision
+// rows and m-rope positions are prefilled, and decoding goes on at its rope_delta.
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
-                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit) {
+                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit, const MmPrompt* mm = nullptr) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
     const int piece = logits_out ? logits_piece(r, g.vocab) : r->T_max;
     std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
     double t0 = now_s();
+    const int base = st->pos;
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, g.H);
     for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
         int T = std::min(piece, s.prompt - i);
-        forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), logits_out != nullptr, nullptr);
         if (!logits_out) continue;
         CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
         if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
     }
+    if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
     for (int n = 0; n < max_new; n++) {
@@ -6046,18 +6080,24 @@ static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->l
 // when given), then sample, emit and decode until max_new, a stop id or a full context
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit) {
+                             FILE* logits_out, Emit emit, const MmPrompt* mm = nullptr) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
     const int piece = logits_out ? gpu_logits_piece(e) : e->T_max;
     std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
     double t0 = now_s();
+    const int base = e->pos;
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, g.H);
     for (int i = 0; i < s.prompt; i += piece) {
         int T = std::min(piece, s.prompt - i);
-        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        gpu_forward(e, ids, rows, pos3, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
         if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
     }
+    if (mm) e->rope_delta = mm->rope_delta;
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
     t0 = now_s();
@@ -6303,11 +6343,12 @@ static void engine_free(Engine* en) {
 static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_reset(&en->st); }
 static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
+// mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+                                FILE* logits_out, Emit emit, const MmPrompt* mm = nullptr) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, mm);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, mm);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
