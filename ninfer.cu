@@ -1545,10 +1545,11 @@ static bool mm_layout(const Geometry& g, const VisionTokenIds& vt, const std::ve
     return true;
 }
 
-// the whole multimodal prompt: layout, then the tower on each item, its rows put in sequence
-// order. the media's pixel rows are only read here.
-static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
-                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+// the whole multimodal prompt: layout, then the tower on each item (tower(in, out [tokens, H],
+// err): the cpu's or the gpu's), its rows put in sequence order. the pixel rows are only read here.
+template <typename Tower>
+static bool mm_prepare(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens, const std::vector<VisionInput>& media,
+                       MmPrompt* p, std::string* err, Tower tower) {
     const Geometry& g = m->geo;
     if (!mm_layout(g, vt, tokens, media, p, err)) return false;
     // tower outputs per item, then scatter: the k-th image pad run takes the k-th image, video
@@ -1556,7 +1557,7 @@ static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::
     std::vector<std::vector<float>> outs(media.size());
     for (size_t k = 0; k < media.size(); k++) {
         outs[k].resize((size_t)vision_tokens(g, media[k]) * g.H);
-        if (!vision_forward_cpu(m, media[k], outs[k].data(), err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+        if (!tower(media[k], outs[k].data(), err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
     }
     std::vector<size_t> next(media.size(), 0);  // rows of each item taken so far
     size_t ni = 0, nv = 0;
@@ -1574,6 +1575,11 @@ static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::
         p->rows.insert(p->rows.end(), row, row + g.H);
     }
     return true;
+}
+static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    return mm_prepare(m, vt, tokens, media, p, err,
+                      [&](const VisionInput& in, float* out, std::string* e) { return vision_forward_cpu(m, in, out, e); });
 }
 
 // the inputs of a multimodal prompt's prefill, piece by piece in order from row `start` (0, or
@@ -2008,7 +2014,7 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 //               64, tf32 mma), flash_prefill (mma, causal, gqa)
 //   vision:     vis_embed (bilinear learned positions), vis_layernorm, vis_qkv (bias + 2-d rope),
 //               vis_attn (non-causal per frame), vis_bias (bias + gelu / residual), vis_cast;
-//               GpuVision, gpu_vision_build / gpu_vision_forward / gpu_vision_free
+//               GpuVision, gpu_vision_build / gpu_vision_forward / gpu_vision_free, mm_prepare_gpu
 //   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
 //   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
 //               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
@@ -6194,6 +6200,7 @@ struct GpuVision {
     void* ws = nullptr;       // the workspace, one allocation:
     float* pix = nullptr;     //   [cap, P] the pixel rows as the host gives them
     bf16_t* pixb = nullptr;   //   [cap, P]
+    bf16_t* out = nullptr;    //   [cap/4, O] an item's output rows (mm_prepare_gpu)
     float* x = nullptr;       //   [cap, Dv] the residual stream
     float* y = nullptr;       //   [cap, max(3Dv, Iv, O/4)] product outputs
     bf16_t* xb = nullptr;     //   [cap, Dv] layernorm outputs
@@ -6211,11 +6218,13 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (bytes + 255) / 256 * 256; return o; };
     size_t o_pix = take(cap * P * 4), o_pixb = take(cap * P * 2), o_x = take(cap * D * 4), o_y = take(cap * ycols * 4),
-           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(cap * hcols * 2);
+           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(cap * hcols * 2),
+           o_out = take((size_t)cap / 4 * g.v_out * 2);
     cudaCheck(cudaMalloc(&v->ws, off));
     uint8_t* b = (uint8_t*)v->ws;
     v->pix = (float*)(b + o_pix); v->pixb = (bf16_t*)(b + o_pixb); v->x = (float*)(b + o_x); v->y = (float*)(b + o_y);
     v->xb = (bf16_t*)(b + o_xb); v->qkv = (bf16_t*)(b + o_qkv); v->att = (bf16_t*)(b + o_att); v->h = (bf16_t*)(b + o_h);
+    v->out = (bf16_t*)(b + o_out);
     v->cap = cap;
 }
 
@@ -6308,6 +6317,21 @@ static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out,
     linear(w.merger_fc2, v->h, W4, M, v->y, g.v_out, true, nullptr, 0, s);
     vis_bias(v->y, bv(w.merger_fc2_bias), g.v_out, M, VIS_NONE, nullptr, out, s);
     return true;
+}
+
+// mm_prepare_cpu with the gpu tower: each item's rows come back to the host (fp32 from bf16) for
+// the prompt's override rows, which the text forward uploads again with its piece
+static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    std::vector<uint16_t> rows;
+    return mm_prepare(m, vt, tokens, media, p, err, [&](const VisionInput& in, float* out, std::string* e) {
+        if (!gpu_vision_forward(v, in, v->out, e)) return false;
+        rows.resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
+        cudaCheck(cudaMemcpyAsync(rows.data(), v->out, rows.size() * 2, cudaMemcpyDeviceToHost, v->stream));
+        cudaCheck(cudaStreamSynchronize(v->stream));
+        for (size_t i = 0; i < rows.size(); i++) out[i] = bf16_to_f32(rows[i]);
+        return true;
+    });
 }
 
 // === 9. engine ===============================================================

@@ -590,8 +590,9 @@ TEST_P(VisionGolden, GpuTowerMatchesCpu) {
     gpu_vision_free(&gv);
 }
 
-// the gpu engine prefills a multimodal prompt (the cpu tower's rows, hf's positions) and goes on
-// at rope_delta: its prompt and decode logits against the cpu engine's, per row as relative l2,
+// the gpu engine prefills a multimodal prompt (the gpu tower's rows, mm_prepare_gpu; hf's
+// positions) and goes on at rope_delta: its prompt logits against the cpu engine's (the cpu
+// tower's rows), per row as relative l2,
 // beside the same gpu run without the multimodal prompt (pads as tokens, text positions), which
 // shows what a lost row or position costs. bound 0.1 and a third of that control: the gpu text
 // path on tiny sits ~3e-2 from fp32 (test_gpu: the random model amplifies bf16 roundings).
@@ -604,6 +605,14 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
     std::string err;
     ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ints(p.get("ids")), md.items, &mp, &err)) << err;
     const int L = (int)mp.tokens.size();
+    GpuVision gv;
+    ASSERT_TRUE(gpu_vision_build(&gv, &m, 256, 0, &err)) << err;
+    MmPrompt mg;
+    ASSERT_TRUE(mm_prepare_gpu(&gv, &m, fid.vision, ints(p.get("ids")), md.items, &mg, &err)) << err;
+    gpu_vision_free(&gv);
+    EXPECT_EQ(mg.pos3, mp.pos3);
+    ASSERT_EQ(mg.rows.size(), mp.rows.size());
+    printf("  %s gpu tower rows vs the cpu's: rel l2 %.2e\n", GetParam(), rel_l2(mg.rows.data(), mp.rows.data(), mp.rows.size()));
     std::vector<float> lg[3];
     std::vector<int> ids[3];
     for (int run = 0; run < 3; run++) {  // cpu with media, gpu with media, gpu without
@@ -614,7 +623,7 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
         sampler_build(&smp, sp, domain);
         FILE* f = tmpfile();
         ASSERT_TRUE(f);
-        engine_generate(&en, &smp, mp.tokens, 4, {}, f, [&](int id) { ids[run].push_back(id); }, run < 2 ? &mp : nullptr);
+        engine_generate(&en, &smp, mp.tokens, 4, {}, f, [&](int id) { ids[run].push_back(id); }, run == 0 ? &mp : run == 1 ? &mg : nullptr);
         lg[run].resize((size_t)L * V);
         rewind(f);
         ASSERT_EQ(fread(lg[run].data(), sizeof(float) * V, L, f), (size_t)L);
