@@ -5254,15 +5254,20 @@ __global__ void __launch_bounds__(VIS_AQ) vis_attn_kernel(const bf16_t* __restri
     for (int i = 0; i < HD; i++) orow[i] = f2bf(o[i] * inv);
 }
 
-// the epilogue of a product y [T, n] fp32: mode VIS_RESID: x += y + b (fp32 residual);
-// VIS_TANH / VIS_ERF / VIS_NONE: out = bf16(gelu(y + b)) with the tanh or erf gelu, or none
+// the epilogue of a product y [T, n] fp32: mode VIS_RESID: x += y + b (fp32 residual, [T, n]);
+// VIS_TANH / VIS_ERF / VIS_NONE: out = bf16(gelu(y + b)) with the tanh or erf gelu, or none, in
+// rows of ldo >= n whose columns [n, ldo) are written as zeros (the next product may run over
+// the padded k: vis_linear)
 enum { VIS_NONE = 0, VIS_TANH = 1, VIS_ERF = 2, VIS_RESID = 3 };
-__global__ void vis_bias_kernel(const float* __restrict__ y, const bf16_t* __restrict__ b, int n, int64_t total, int mode,
+__global__ void vis_bias_kernel(const float* __restrict__ y, const bf16_t* __restrict__ b, int n, int ldo, int64_t total, int mode,
                                 float* __restrict__ x, bf16_t* __restrict__ out) {
     pdl_entry();
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const float v = y[e] + bf2f(b[e % n]);
-        if (mode == VIS_RESID) { x[e] += v; continue; }
+        if (mode == VIS_RESID) { x[e] += y[e] + bf2f(b[e % n]); continue; }
+        const int64_t r = e / ldo;
+        const int c = (int)(e % ldo);
+        if (c >= n) { out[e] = f2bf(0.f); continue; }
+        const float v = y[r * n + c] + bf2f(b[c]);
         const float a = mode == VIS_TANH ? 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))
                       : mode == VIS_ERF ? 0.5f * v * (1.f + erff(v * 0.70710678118654752f)) : v;
         out[e] = f2bf(a);
@@ -5302,10 +5307,27 @@ static void vis_attn(const bf16_t* qkv, int D, int nh, int N, int frame, bf16_t*
     else CHECK(false, "vis_attn: head dim %d (the kernel is built for 64 and 72)", d);
     cudaCheck(cudaGetLastError());
 }
-static void vis_bias(const float* y, const bf16_t* b, int n, int T, int mode, float* x, bf16_t* out, cudaStream_t s) {
-    const int64_t total = (int64_t)n * T;
-    launch_k(vis_bias_kernel, dim3(vis_blocks(total)), dim3(256), 0, s, y, b, n, total, mode, x, out);
+static void vis_bias(const float* y, const bf16_t* b, int n, int T, int mode, float* x, bf16_t* out, cudaStream_t s, int ldo = 0) {
+    if (ldo == 0) ldo = n;
+    CHECK(ldo >= n && (mode != VIS_RESID || ldo == n), "vis_bias: ldo %d for %d columns", ldo, n);
+    const int64_t total = (int64_t)ldo * T;
+    launch_k(vis_bias_kernel, dim3(vis_blocks(total)), dim3(256), 0, s, y, b, n, ldo, total, mode, x, out);
     cudaCheck(cudaGetLastError());
+}
+// the k a product runs over: the gemm needs a multiple of 64. the grouped formats store each row
+// padded to 128 (format.md 7), so a k that is not (the 9b's fc2, 4304) runs over the padding,
+// against activation rows of that width whose padding is zero (vis_bias writes it): the padded
+// codes multiply zeros. bf16 weights are stored unpadded and keep their k (linear: the gemv).
+static int64_t vis_k(const Mat& w) {
+    const int64_t k = (int64_t)align_up((uint64_t)w.cols, GM_BK);
+    return format_grouped(w.format) && k <= w.gpr * group_size(w.format) ? k : w.cols;
+}
+// y [T, rows] fp32 = w x, x rows of ldx >= vis_k(w) bf16 (zero past w.cols)
+static void vis_linear(const Mat& w, const bf16_t* x, int ldx, int T, float* y, int ldy, cudaStream_t s) {
+    Mat wp = w;
+    wp.cols = vis_k(w);
+    CHECK(ldx >= wp.cols, "vis_linear: rows of %d for k %lld", ldx, (long long)wp.cols);
+    linear(wp, x, ldx, T, y, ldy, true, nullptr, 0, s);
 }
 static void vis_cast(const float* x, int64_t n, bf16_t* y, cudaStream_t s) {
     launch_k(vis_cast_kernel, dim3(vis_blocks(n)), dim3(256), 0, s, x, n, y);
@@ -6206,7 +6228,7 @@ struct GpuVision {
     bf16_t* xb = nullptr;     //   [cap, Dv] layernorm outputs
     bf16_t* qkv = nullptr;    //   [cap, 3Dv] rotated q, k and v
     bf16_t* att = nullptr;    //   [cap, Dv] attention output
-    bf16_t* h = nullptr;      //   [cap, max(Iv, Dv)] gelu outputs
+    bf16_t* h = nullptr;      //   gelu outputs: [cap, Iv] or [cap/4, 4Dv], rows padded to 64 with zeros
 };
 
 // the workspace for items of up to cap patches (cap a multiple of 4)
@@ -6214,11 +6236,12 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
     const Geometry& g = v->geo;
     const int64_t P = vision_patch_len(g), D = g.v_dim;
     const int64_t ycols = std::max({3 * D, (int64_t)g.v_inter, (int64_t)CEIL_DIV(g.v_out, g.v_merge * g.v_merge)});
-    const int64_t hcols = std::max((int64_t)g.v_inter, D);
+    const int64_t W4 = D * g.v_merge * g.v_merge;  // the merger's rows: cap / 4 of them
+    const int64_t helems = std::max((int64_t)align_up(g.v_inter, GM_BK) * cap, (int64_t)align_up(W4, GM_BK) * (cap / 4));
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (bytes + 255) / 256 * 256; return o; };
     size_t o_pix = take(cap * P * 4), o_pixb = take(cap * P * 2), o_x = take(cap * D * 4), o_y = take(cap * ycols * 4),
-           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(cap * hcols * 2),
+           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(helems * 2),
            o_out = take((size_t)cap / 4 * g.v_out * 2);
     cudaCheck(cudaMalloc(&v->ws, off));
     uint8_t* b = (uint8_t*)v->ws;
@@ -6294,27 +6317,28 @@ static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out,
     auto bv = [](const Vec& x) { return (const bf16_t*)x.p; };
     cudaCheck(cudaMemcpyAsync(v->pix, in.pixels, (size_t)N * P * 4, cudaMemcpyHostToDevice, s));
     vis_cast(v->pix, (int64_t)N * P, v->pixb, s);
-    linear(w.patch_embedding, v->pixb, P, N, v->y, D, true, nullptr, 0, s);
+    vis_linear(w.patch_embedding, v->pixb, P, N, v->y, D, s);
     vis_embed(v->y, bv(w.patch_bias), (const bf16_t*)w.position_embedding.base, D, (int)lround(sqrt((double)g.v_pos)), N, in.h, in.w, mg,
               v->x, s);
     for (const VisionLayerWeights& L : w.layers) {
         vis_layernorm(v->x, bv(L.norm1_w), bv(L.norm1_b), D, N, g.eps, v->xb, s);
-        linear(L.qkv, v->xb, D, N, v->y, 3 * D, true, nullptr, 0, s);
+        vis_linear(L.qkv, v->xb, D, N, v->y, 3 * D, s);
         vis_qkv(v->y, bv(L.qkv_bias), D, g.v_heads, N, in.w, frame, mg, v->qkv, s);
         vis_attn(v->qkv, D, g.v_heads, N, frame, v->att, s);
-        linear(L.output, v->att, D, N, v->y, D, true, nullptr, 0, s);
+        vis_linear(L.output, v->att, D, N, v->y, D, s);
         vis_bias(v->y, bv(L.output_bias), D, N, VIS_RESID, v->x, nullptr, s);
         vis_layernorm(v->x, bv(L.norm2_w), bv(L.norm2_b), D, N, g.eps, v->xb, s);
-        linear(L.fc1, v->xb, D, N, v->y, g.v_inter, true, nullptr, 0, s);
-        vis_bias(v->y, bv(L.fc1_bias), g.v_inter, N, VIS_TANH, nullptr, v->h, s);
-        linear(L.fc2, v->h, g.v_inter, N, v->y, D, true, nullptr, 0, s);
+        vis_linear(L.fc1, v->xb, D, N, v->y, g.v_inter, s);
+        const int ldh = (int)vis_k(L.fc2);
+        vis_bias(v->y, bv(L.fc1_bias), g.v_inter, N, VIS_TANH, nullptr, v->h, s, ldh);
+        vis_linear(L.fc2, v->h, ldh, N, v->y, D, s);
         vis_bias(v->y, bv(L.fc2_bias), D, N, VIS_RESID, v->x, nullptr, s);
     }
     const int M = N / (mg * mg), W4 = D * mg * mg;
     vis_layernorm(v->x, bv(w.merger_norm_w), bv(w.merger_norm_b), D, N, g.eps, v->xb, s);
-    linear(w.merger_fc1, v->xb, W4, M, v->y, W4, true, nullptr, 0, s);
-    vis_bias(v->y, bv(w.merger_fc1_bias), W4, M, VIS_ERF, nullptr, v->h, s);
-    linear(w.merger_fc2, v->h, W4, M, v->y, g.v_out, true, nullptr, 0, s);
+    vis_linear(w.merger_fc1, v->xb, W4, M, v->y, W4, s);
+    vis_bias(v->y, bv(w.merger_fc1_bias), W4, M, VIS_ERF, nullptr, v->h, s, (int)vis_k(w.merger_fc2));
+    vis_linear(w.merger_fc2, v->h, (int)vis_k(w.merger_fc2), M, v->y, g.v_out, s);
     vis_bias(v->y, bv(w.merger_fc2_bias), g.v_out, M, VIS_NONE, nullptr, out, s);
     return true;
 }

@@ -530,9 +530,65 @@ TEST(VisionGpu, BiasEpiloguesMatchCpu) {
         if (mode == VIS_RESID) {
             std::vector<float> got = dx.get();
             EXPECT_EQ(0, memcmp(got.data(), want.data(), got.size() * 4));
-        } else {
-            EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-6), 0u) << "mode " << mode;
+            continue;
         }
+        EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-6), 0u) << "mode " << mode;
+        // rows padded to ldo: the values, then zeros
+        const int ldo = n + 40;
+        Dev<uint16_t> dpad((size_t)ldo * T);
+        vis_bias(dy.p, (const bf16_t*)db.p, n, T, mode, nullptr, (bf16_t*)dpad.p, 0, ldo);
+        std::vector<float> got = from_bf16(dpad.get()), vals, pads;
+        for (int r = 0; r < T; r++)
+            for (int c = 0; c < ldo; c++) (c < n ? vals : pads).push_back(got[(size_t)r * ldo + c]);
+        EXPECT_EQ(ulp_misses(vals, want, 1e-6), 0u) << "mode " << mode << " ldo " << ldo;
+        EXPECT_EQ(ulp_misses(pads, std::vector<float>(pads.size(), 0.0f)), 0u) << "mode " << mode << " padding";
+    }
+}
+
+// a random grouped matrix in the artifact's row-split layout: random codes everywhere (the
+// padding lanes too), scales ~2^-8. host bytes; mat_from views them (or a device copy)
+struct RandMat {
+    TensorObject t;
+    std::vector<uint8_t> bytes;
+    RandMat(NumFormat f, int64_t rows, int64_t cols, uint64_t seed) {
+        t.format = f; t.shape = {rows, cols}; t.layout = LAYOUT_ROW_SPLIT;
+        uint64_t n = 0;
+        EXPECT_TRUE(encoded_size(f, t.layout, t.shape, &n));
+        bytes.resize(n);
+        std::mt19937_64 r(seed);
+        for (uint8_t& b : bytes) b = (uint8_t)r();
+        Mat m = mat_from(&t, bytes.data());
+        uint16_t* sc = (uint16_t*)m.scale;
+        for (int64_t i = 0; i < rows * m.gpr; i++) sc[i] = (uint16_t)((sc[i] & 0x03FF) | 0x1C00);
+    }
+    Mat host() const { return mat_from(&t, bytes.data()); }
+};
+
+// products whose k is not a multiple of the gemm's 64 run over the stored padding (vis_linear)
+// against zero-padded activation rows, whatever codes the padding holds: against the cpu's
+// product over the real k, fp32 outputs within 1e-5 of the row's max (same exact products, fp32
+// sums in another order). the 9b's fc2 shape (q5, k 4304) and an odd one.
+TEST(VisionGpu, PaddedKProductMatchesCpu) {
+    NEED_GPU();
+    struct C { NumFormat f; int rows, cols, T; } cases[] = {{FMT_Q5, 64, 4304, 40}, {FMT_Q4, 48, 200, 33}, {FMT_W8, 16, 136, 9}};
+    for (const C& c : cases) {
+        RandMat rm(c.f, c.rows, c.cols, 21 + c.cols);
+        Mat hm = rm.host();
+        const int ldx = (int)vis_k(hm);
+        EXPECT_EQ(ldx % 64, 0);
+        std::vector<float> x((size_t)c.T * ldx, 0.0f);
+        std::vector<float> xr = randn((size_t)c.T * c.cols, 22);
+        for (int t = 0; t < c.T; t++) for (int k = 0; k < c.cols; k++) x[(size_t)t * ldx + k] = bf16r(xr[(size_t)t * c.cols + k]);
+        std::vector<float> want((size_t)c.T * c.rows);
+        matmul(want.data(), c.rows, x.data(), ldx, hm, c.T);
+        Dev<uint8_t> dw(rm.bytes);
+        Mat dm = mat_from(&rm.t, dw.p);
+        Dev<uint16_t> dx(to_bf16(x));
+        Dev<float> dy((size_t)c.T * c.rows);
+        vis_linear(dm, (const bf16_t*)dx.p, ldx, c.T, dy.p, c.rows, 0);
+        std::vector<float> got = dy.get();
+        for (float v : got) ASSERT_TRUE(std::isfinite(v)) << format_name(c.f);
+        EXPECT_LE(rel_max(got.data(), want.data(), got.size()), 1e-5) << format_name(c.f) << " k " << c.cols;
     }
 }
 
@@ -644,8 +700,9 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
 }
 
 // tower timing at the 9b's vision geometry (depth 27, 1152 wide, 16 heads of 72, mlp 4304,
-// out 4096) with random bf16 weights (the artifact's are q4/q5/q6/w8): one 1024 x 1024 image
-// (64 x 64 patches) and a 16-frame video (8 temporal patches of 22 x 40, a 640 x 352 frame).
+// out 4096) with random weights in the artifact's formats (format.md 8.5: q6 patch embedding,
+// q4 qkv / fc1, q5 output / fc2, w8 merger; bf16 positions, biases, norms): one 1024 x 1024
+// image (64 x 64 patches) and a 16-frame video (8 temporal patches of 22 x 40, 640 x 352).
 // not a ci test: build/test/test_tower --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
 __global__ void bench_fill_kernel(bf16_t* p, int64_t n, uint64_t seed, float scale) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -667,19 +724,28 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
         bench_fill_kernel<<<1024, 256>>>(p, n, seed++ * 7919, scale);
         return p;
     };
+    std::vector<RandMat*> qmats;
+    auto qmat = [&](NumFormat f, int64_t r, int64_t c) {
+        qmats.push_back(new RandMat(f, r, c, seed++));
+        uint8_t* d; cudaCheck(cudaMalloc(&d, qmats.back()->bytes.size())); allocs.push_back(d);
+        cudaCheck(cudaMemcpy(d, qmats.back()->bytes.data(), qmats.back()->bytes.size(), cudaMemcpyHostToDevice));
+        Mat x = mat_from(&qmats.back()->t, d);
+        delete qmats.back(); qmats.pop_back();  // the views keep only device pointers
+        return x;
+    };
     auto mat = [&](int64_t r, int64_t c) {
         Mat x; x.format = FMT_BF16; x.rows = r; x.cols = c; x.base_row = c * 2; x.base = (const uint8_t*)buf(r * c, 1.0f / sqrtf((float)c)); return x;
     };
     auto vec = [&](int64_t n, float scale) { Vec x; x.format = FMT_BF16; x.n = n; x.p = (const uint8_t*)buf(n, scale); return x; };
     const int64_t D = g.v_dim, Iv = g.v_inter;
-    v.w.patch_embedding = mat(D, vision_patch_len(g)); v.w.patch_bias = vec(D, 0.02f); v.w.position_embedding = mat(2304, D);
+    v.w.patch_embedding = qmat(FMT_Q6, D, vision_patch_len(g)); v.w.patch_bias = vec(D, 0.02f); v.w.position_embedding = mat(2304, D);
     v.w.layers.resize(g.v_depth);
     for (VisionLayerWeights& L : v.w.layers) {
-        L.qkv = mat(3 * D, D); L.qkv_bias = vec(3 * D, 0.02f); L.output = mat(D, D); L.output_bias = vec(D, 0.02f);
-        L.fc1 = mat(Iv, D); L.fc1_bias = vec(Iv, 0.02f); L.fc2 = mat(D, Iv); L.fc2_bias = vec(D, 0.02f);
+        L.qkv = qmat(FMT_Q4, 3 * D, D); L.qkv_bias = vec(3 * D, 0.02f); L.output = qmat(FMT_Q5, D, D); L.output_bias = vec(D, 0.02f);
+        L.fc1 = qmat(FMT_Q4, Iv, D); L.fc1_bias = vec(Iv, 0.02f); L.fc2 = qmat(FMT_Q5, D, Iv); L.fc2_bias = vec(D, 0.02f);
         L.norm1_w = vec(D, 1.0f); L.norm1_b = vec(D, 0.05f); L.norm2_w = vec(D, 1.0f); L.norm2_b = vec(D, 0.05f);
     }
-    v.w.merger_fc1 = mat(4 * D, 4 * D); v.w.merger_fc1_bias = vec(4 * D, 0.02f); v.w.merger_fc2 = mat(g.v_out, 4 * D);
+    v.w.merger_fc1 = qmat(FMT_W8, 4 * D, 4 * D); v.w.merger_fc1_bias = vec(4 * D, 0.02f); v.w.merger_fc2 = qmat(FMT_W8, g.v_out, 4 * D);
     v.w.merger_fc2_bias = vec(g.v_out, 0.02f); v.w.merger_norm_w = vec(D, 1.0f); v.w.merger_norm_b = vec(D, 0.05f);
     gpu_vision_workspace(&v, 7040);
     cudaCheck(cudaStreamCreate(&v.stream));
@@ -705,7 +771,7 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
         size_t bad = 0;
         for (float x : o) bad += !std::isfinite(x);
         EXPECT_EQ(bad, 0u);
-        printf("  9b vision tower, bf16 weights, %s: %d patches -> %d tokens, %.2f ms per item (mean of %d)\n", c.name, N,
+        printf("  9b vision tower, q4/q5/q6/w8 weights, %s: %d patches -> %d tokens, %.2f ms per item (mean of %d)\n", c.name, N,
                vision_tokens(g, in), ms / reps, reps);
     }
     for (void* p : allocs) cudaFree(p);
