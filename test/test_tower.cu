@@ -7,6 +7,7 @@
 // NINFER_GOLDEN_DIR overrides test/golden.
 #define NINFER_TESTING
 #include "../ninfer.cu"
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <fstream>
 #include <sstream>
@@ -403,18 +404,19 @@ TEST_P(VisionGolden, EngineGeneratesFromMedia) {
 // compute the same fp32 expression in a different order (relative differences ~1e-6), so the
 // final rounding can land on the neighbouring bf16 value, never further.
 
-#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
-
-template <typename T> struct Dev {
-    T* p = nullptr; size_t n = 0;
-    explicit Dev(size_t n_) : n(n_) { cudaCheck(cudaMalloc(&p, n * sizeof(T))); cudaCheck(cudaMemset(p, 0xff, n * sizeof(T))); }
-    Dev(const std::vector<T>& v) : Dev(v.size()) { cudaCheck(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    ~Dev() { cudaFree(p); }
-    std::vector<T> get() const { std::vector<T> v(n); cudaCheck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost)); return v; }
+// a typed device buffer on test_util's Dev (poisoned with 0xff when made), filled from a vector
+template <typename T> struct Buf {
+    Dev d;
+    T* p;
+    size_t n;
+    explicit Buf(size_t n_) : d(n_ * sizeof(T)), p((T*)d.p), n(n_) {}
+    Buf(const std::vector<T>& v) : Buf(v.size()) { up(d, v); }
+    std::vector<T> get() const { return down<T>(d, n); }
 };
 
-static std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-    std::mt19937_64 r(seed);
+// fresh normal inputs each run: the stream mixes test_util's seed (printed; NINFER_SEED reproduces)
+static std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
+    std::mt19937_64 r(stream ^ test_seed());
     std::normal_distribution<float> d(0.0f, scale);
     std::vector<float> v(n);
     for (float& x : v) x = d(r);
@@ -423,11 +425,6 @@ static std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
 static std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> o(v.size());
     for (size_t i = 0; i < v.size(); i++) o[i] = f32_to_bf16(v[i]);
-    return o;
-}
-static std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-    std::vector<float> o(v.size());
-    for (size_t i = 0; i < v.size(); i++) o[i] = bf16_to_f32(v[i]);
     return o;
 }
 static Vec host_vec(const std::vector<uint16_t>& w) { Vec v; v.format = FMT_BF16; v.n = (int64_t)w.size(); v.p = (const uint8_t*)w.data(); return v; }
@@ -455,9 +452,9 @@ TEST(VisionGpu, LayerNormMatchesCpu) {
         std::vector<uint16_t> w = to_bf16(randn(n, 2, 1.0f)), b = to_bf16(randn(n, 3, 0.1f));
         std::vector<float> want((size_t)T * n);
         layernorm_rows(want.data(), x.data(), host_vec(w), host_vec(b), n, T, 1e-6f, true);
-        Dev<float> dx(x); Dev<uint16_t> dw(w), db(b), dy((size_t)T * n);
+        Buf<float> dx(x); Buf<uint16_t> dw(w), db(b), dy((size_t)T * n);
         vis_layernorm(dx.p, (const bf16_t*)dw.p, (const bf16_t*)db.p, n, T, 1e-6f, (bf16_t*)dy.p, 0);
-        EXPECT_EQ(ulp_misses(from_bf16(dy.get()), want), 0u) << "n " << n;
+        EXPECT_EQ(ulp_misses(to_f32(dy.get()), want), 0u) << "n " << n;
     }
 }
 
@@ -472,7 +469,7 @@ TEST(VisionGpu, EmbedMatchesCpu) {
     vision_pos_rows(g, tm, h, w, pe.data());
     for (int p = 0; p < N; p++)
         for (int i = 0; i < D; i++) want[(size_t)p * D + i] = (y[(size_t)p * D + i] + bf16_to_f32(bias[i])) + pe[(size_t)(p % (h * w)) * D + i];
-    Dev<float> dy(y), dx((size_t)N * D); Dev<uint16_t> db(bias), dt(table);
+    Buf<float> dy(y), dx((size_t)N * D); Buf<uint16_t> db(bias), dt(table);
     vis_embed(dy.p, (const bf16_t*)db.p, (const bf16_t*)dt.p, D, 48, N, h, w, 2, dx.p, 0);
     std::vector<float> got = dx.get();
     EXPECT_LE(rel_max(got.data(), want.data(), got.size()), 1e-6);
@@ -490,9 +487,9 @@ TEST(VisionGpu, QkvRopeMatchesCpu) {
         add_bias(want.data(), 3 * D, host_vec(bias), N);
         vision_rope(g, want.data(), N, w, frame);
         bf16_round(want.data(), want.size());
-        Dev<float> dy(y); Dev<uint16_t> db(bias), dq((size_t)N * 3 * D);
+        Buf<float> dy(y); Buf<uint16_t> db(bias), dq((size_t)N * 3 * D);
         vis_qkv(dy.p, (const bf16_t*)db.p, D, nh, N, w, frame, 2, (bf16_t*)dq.p, 0);
-        EXPECT_EQ(ulp_misses(from_bf16(dq.get()), want, 1e-6), 0u) << "D " << D;
+        EXPECT_EQ(ulp_misses(to_f32(dq.get()), want, 1e-6), 0u) << "D " << D;
     }
 }
 
@@ -506,10 +503,10 @@ TEST(VisionGpu, AttentionMatchesCpu) {
         std::vector<float> want((size_t)N * D);
         vision_attention(g, q.data(), N, frame, want.data());
         bf16_round(want.data(), want.size());
-        Dev<uint16_t> dq(to_bf16(q)), dout((size_t)N * D);
+        Buf<uint16_t> dq(to_bf16(q)), dout((size_t)N * D);
         vis_attn((const bf16_t*)dq.p, D, nh, N, frame, (bf16_t*)dout.p, 0);
         // the outputs are averages of unit values: an absolute 1e-5 covers the fp32 sums of cancelling terms
-        EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-5), 0u) << "D " << D;
+        EXPECT_EQ(ulp_misses(to_f32(dout.get()), want, 1e-5), 0u) << "D " << D;
     }
 }
 
@@ -518,26 +515,26 @@ TEST(VisionGpu, BiasEpiloguesMatchCpu) {
     const int n = 96, T = 50;
     std::vector<float> y = randn((size_t)n * T, 10, 2.0f), x0 = randn((size_t)n * T, 11);
     std::vector<uint16_t> b = to_bf16(randn(n, 12, 0.5f));
-    Dev<float> dy(y); Dev<uint16_t> db(b);
+    Buf<float> dy(y); Buf<uint16_t> db(b);
     for (int mode : {VIS_NONE, VIS_TANH, VIS_ERF, VIS_RESID}) {
         std::vector<float> want(y.size());
         for (size_t e = 0; e < y.size(); e++) {
             const float v = y[e] + bf16_to_f32(b[e % n]);
             want[e] = mode == VIS_RESID ? x0[e] + v : bf16r(mode == VIS_TANH ? gelu_tanh(v) : mode == VIS_ERF ? gelu_erf(v) : v);
         }
-        Dev<float> dx(x0); Dev<uint16_t> dout((size_t)n * T);
+        Buf<float> dx(x0); Buf<uint16_t> dout((size_t)n * T);
         vis_bias(dy.p, (const bf16_t*)db.p, n, T, mode, dx.p, (bf16_t*)dout.p, 0);
         if (mode == VIS_RESID) {
             std::vector<float> got = dx.get();
             EXPECT_EQ(0, memcmp(got.data(), want.data(), got.size() * 4));
             continue;
         }
-        EXPECT_EQ(ulp_misses(from_bf16(dout.get()), want, 1e-6), 0u) << "mode " << mode;
+        EXPECT_EQ(ulp_misses(to_f32(dout.get()), want, 1e-6), 0u) << "mode " << mode;
         // rows padded to ldo: the values, then zeros
         const int ldo = n + 40;
-        Dev<uint16_t> dpad((size_t)ldo * T);
+        Buf<uint16_t> dpad((size_t)ldo * T);
         vis_bias(dy.p, (const bf16_t*)db.p, n, T, mode, nullptr, (bf16_t*)dpad.p, 0, ldo);
-        std::vector<float> got = from_bf16(dpad.get()), vals, pads;
+        std::vector<float> got = to_f32(dpad.get()), vals, pads;
         for (int r = 0; r < T; r++)
             for (int c = 0; c < ldo; c++) (c < n ? vals : pads).push_back(got[(size_t)r * ldo + c]);
         EXPECT_EQ(ulp_misses(vals, want, 1e-6), 0u) << "mode " << mode << " ldo " << ldo;
@@ -581,10 +578,10 @@ TEST(VisionGpu, PaddedKProductMatchesCpu) {
         for (int t = 0; t < c.T; t++) for (int k = 0; k < c.cols; k++) x[(size_t)t * ldx + k] = bf16r(xr[(size_t)t * c.cols + k]);
         std::vector<float> want((size_t)c.T * c.rows);
         matmul(want.data(), c.rows, x.data(), ldx, hm, c.T);
-        Dev<uint8_t> dw(rm.bytes);
+        Buf<uint8_t> dw(rm.bytes);
         Mat dm = mat_from(&rm.t, dw.p);
-        Dev<uint16_t> dx(to_bf16(x));
-        Dev<float> dy((size_t)c.T * c.rows);
+        Buf<uint16_t> dx(to_bf16(x));
+        Buf<float> dy((size_t)c.T * c.rows);
         vis_linear(dm, (const bf16_t*)dx.p, ldx, c.T, dy.p, c.rows, 0);
         std::vector<float> got = dy.get();
         for (float v : got) ASSERT_TRUE(std::isfinite(v)) << format_name(c.f);
@@ -592,15 +589,6 @@ TEST(VisionGpu, PaddedKProductMatchesCpu) {
     }
 }
 
-// relative l2 distance |a - b| / |b|, infinite when a holds a nan
-static double rel_l2(const float* a, const float* b, size_t n) {
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!std::isfinite(a[i])) return INFINITY;
-        double d = (double)a[i] - b[i]; e += d * d; r += (double)b[i] * b[i];
-    }
-    return sqrt(e / r);
-}
 
 // the whole gpu tower on the golden cases against the cpu tower, in fp32 and in its bf16 mode
 // (the same rounding points). measured on the h200 (max err / max|ref|, relative l2 of the
@@ -625,10 +613,10 @@ TEST_P(VisionGolden, GpuTowerMatchesCpu) {
             std::vector<float> ref32((size_t)M * g.v_out), ref16((size_t)M * g.v_out);
             ASSERT_TRUE(vision_forward_cpu(&m, in, ref32.data(), &err)) << err;
             ASSERT_TRUE(vision_forward_cpu(&m, in, ref16.data(), &err, nullptr, nullptr, true)) << err;
-            Dev<uint16_t> out((size_t)M * g.v_out);
+            Buf<uint16_t> out((size_t)M * g.v_out);
             ASSERT_TRUE(gpu_vision_forward(&gv, in, (bf16_t*)out.p, &err)) << err;
             cudaCheck(cudaDeviceSynchronize());
-            std::vector<float> got = from_bf16(out.get());
+            std::vector<float> got = to_f32(out.get());
             double m16 = rel_max(got.data(), ref16.data(), got.size()), l16 = rel_l2(got.data(), ref16.data(), got.size());
             double m32 = rel_max(got.data(), ref32.data(), got.size()), l32 = rel_l2(got.data(), ref32.data(), got.size());
             printf("  %s gpu tower %s[%zu]: vs cpu bf16 mode max %.2e l2 %.2e; vs cpu fp32 max %.2e l2 %.2e\n", GetParam(), kv.first.c_str(), k,
@@ -640,7 +628,7 @@ TEST_P(VisionGolden, GpuTowerMatchesCpu) {
     }
     std::vector<float> px((size_t)2048 * vision_patch_len(g));
     VisionInput big; big.t = 1; big.h = 32; big.w = 64; big.pixels = px.data();
-    Dev<uint16_t> o(16);
+    Buf<uint16_t> o(16);
     EXPECT_FALSE(gpu_vision_forward(&gv, big, (bf16_t*)o.p, &err));
     EXPECT_NE(err.find("the vision workspace holds 1024"), std::string::npos) << err;
     gpu_vision_free(&gv);
@@ -754,7 +742,7 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
         const int N = c.t * c.h * c.w;
         std::vector<float> px = randn((size_t)N * vision_patch_len(g), 13, 0.5f);
         VisionInput in; in.video = c.t > 1; in.t = c.t; in.h = c.h; in.w = c.w; in.pixels = px.data();
-        Dev<uint16_t> out((size_t)vision_tokens(g, in) * g.v_out);
+        Buf<uint16_t> out((size_t)vision_tokens(g, in) * g.v_out);
         std::string err;
         ASSERT_TRUE(gpu_vision_forward(&v, in, (bf16_t*)out.p, &err)) << err;  // warm-up
         cudaCheck(cudaStreamSynchronize(v.stream));
@@ -767,7 +755,7 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
         cudaCheck(cudaEventSynchronize(e1));
         float ms = 0;
         cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
-        std::vector<float> o = from_bf16(out.get());
+        std::vector<float> o = to_f32(out.get());
         size_t bad = 0;
         for (float x : o) bad += !std::isfinite(x);
         EXPECT_EQ(bad, 0u);
