@@ -400,9 +400,12 @@ TEST_P(VisionGolden, EngineGeneratesFromMedia) {
 //
 // every kernel against its cpu twin (the steps of vision_forward_cpu) on fresh random inputs,
 // outputs poisoned (0xff: nan) before each run; then the whole tower against the cpu tower.
-// bf16 outputs are compared within one bf16 ulp of the twin's value (2^-7 relative): both
-// compute the same fp32 expression in a different order (relative differences ~1e-6), so the
-// final rounding can land on the neighbouring bf16 value, never further.
+// bf16 outputs are compared within one bf16 ulp of the twin's value (2^-7 relative) plus a
+// small absolute term: both compute the same fp32 expression in a different order (differences
+// ~1e-7 of the terms' size), so the final rounding can land on the neighbouring bf16 value; and
+// where the terms cancel (layernorm's x r w against its bias, rope's x0 c against x1 s) the
+// result is near zero and that difference is absolute: 1e-5 covers terms up to ~10 (the inputs
+// here are O(1); a first h200 run with relative ulps alone failed one layernorm element).
 
 // a typed device buffer on test_util's Dev (poisoned with 0xff when made), filled from a vector
 template <typename T> struct Buf {
@@ -454,7 +457,7 @@ TEST(VisionGpu, LayerNormMatchesCpu) {
         layernorm_rows(want.data(), x.data(), host_vec(w), host_vec(b), n, T, 1e-6f, true);
         Buf<float> dx(x); Buf<uint16_t> dw(w), db(b), dy((size_t)T * n);
         vis_layernorm(dx.p, (const bf16_t*)dw.p, (const bf16_t*)db.p, n, T, 1e-6f, (bf16_t*)dy.p, 0);
-        EXPECT_EQ(ulp_misses(to_f32(dy.get()), want), 0u) << "n " << n;
+        EXPECT_EQ(ulp_misses(to_f32(dy.get()), want, 1e-5), 0u) << "n " << n;
     }
 }
 
@@ -489,7 +492,7 @@ TEST(VisionGpu, QkvRopeMatchesCpu) {
         bf16_round(want.data(), want.size());
         Buf<float> dy(y); Buf<uint16_t> db(bias), dq((size_t)N * 3 * D);
         vis_qkv(dy.p, (const bf16_t*)db.p, D, nh, N, w, frame, 2, (bf16_t*)dq.p, 0);
-        EXPECT_EQ(ulp_misses(to_f32(dq.get()), want, 1e-6), 0u) << "D " << D;
+        EXPECT_EQ(ulp_misses(to_f32(dq.get()), want, 1e-5), 0u) << "D " << D;
     }
 }
 
@@ -636,10 +639,12 @@ TEST_P(VisionGolden, GpuTowerMatchesCpu) {
 
 // the gpu engine prefills a multimodal prompt (the gpu tower's rows, mm_prepare_gpu; hf's
 // positions) and goes on at rope_delta: its prompt logits against the cpu engine's (the cpu
-// tower's rows), per row as relative l2,
-// beside the same gpu run without the multimodal prompt (pads as tokens, text positions), which
-// shows what a lost row or position costs. bound 0.1 and a third of that control: the gpu text
-// path on tiny sits ~3e-2 from fp32 (test_gpu: the random model amplifies bf16 roundings).
+// tower's rows), per row as relative l2, beside the same gpu run without the multimodal prompt
+// (pads as tokens, text positions), which shows what a lost row or position costs. measured on
+// the h200 (worst row): 8.8e-2 (bf16) and 5.0e-2 (groupwise-int), the control 1.5; the gpu
+// text path on tiny already sits ~3e-2 from fp32 (test_gpu: the random model amplifies bf16
+// roundings) and here the tower's rows add their own (4.7e-3 l2 from the cpu's). bound 0.2,
+// and a fifth of the control.
 TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
     NEED_GPU();
     const int V = m.geo.vocab, domain = (int)gold.get("token_domain")->i;
@@ -682,8 +687,8 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
     }
     printf("  %s gpu engine, media prompt of %d rows: worst row rel l2 vs the cpu %.2e (without the media rows and positions: %.2e); "
            "greedy ids %s the cpu's\n", GetParam(), L, d_mm, d_plain, ids[0] == ids[1] ? "equal" : "differ from");
-    EXPECT_LE(d_mm, 0.1);
-    EXPECT_LE(d_mm, d_plain / 3);
+    EXPECT_LE(d_mm, 0.2);
+    EXPECT_LE(d_mm, d_plain / 5);
     EXPECT_EQ(ids[0], ints(p.get("decode")->get("ids")));  // the cpu engine: hf's tokens
 }
 
