@@ -177,6 +177,83 @@ TEST_P(VisionGolden, TowerMatchesHf) {
     }
 }
 
+// the 9b's tower geometry (Dv 1152, 16 heads of 72, mlp 4304, out 4096), one block, against hf
+// (test/golden/hf_vision_9b_tower.*) on weights both sides generate (make_vision_goldens.py:
+// v9b_tensors, v9b_values): what the tiny tower (heads of 64, widths that are multiples of 64)
+// does not reach. same bound as the tiny tower's (hf's own fp32 run: 1.3e-6..2.1e-6 from fp64).
+struct V9bTower {
+    Model m;
+    std::vector<std::vector<uint16_t>> store;
+    int k = 0;
+    const uint8_t* gen(int64_t n, double scale) {  // tensor k: bf16(scale u) or, scale < 0, bf16(1 + 0.1 u)
+        store.emplace_back(n);
+        const uint64_t G = 0x9E3779B97F4A7C15ull, s0 = (uint64_t)(k + 1) * G + 0x5EED;
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t z = s0 + (uint64_t)(i + 1) * G;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31;
+            const double u = (double)(z >> 40) * (1.0 / (1 << 23)) - 1.0;
+            store.back()[i] = f32_to_bf16((float)(scale < 0 ? 1.0 + 0.1 * u : scale * u));
+        }
+        k++;
+        return (const uint8_t*)store.back().data();
+    }
+    Mat mat(int64_t r, int64_t c, double scale) {
+        Mat x; x.format = FMT_BF16; x.rows = r; x.cols = c; x.base_row = c * 2; x.base = gen(r * c, scale); return x;
+    }
+    Vec vec(int64_t n, double scale) { Vec x; x.format = FMT_BF16; x.n = n; x.p = gen(n, scale); return x; }
+    V9bTower() {
+        store.reserve(64);
+        Geometry& g = m.geo;
+        g.has_vision = true; g.v_dim = 1152; g.v_heads = 16; g.v_inter = 4304; g.v_out = 4096; g.v_pos = 2304; g.v_depth = 1; g.H = 4096;
+        const int64_t D = 1152, I = 4304, O = 4096;
+        VisionWeights& w = m.w.vision;
+        w.patch_embedding = mat(D, 1536, 2 / sqrt(1536.0)); w.patch_bias = vec(D, 0.02); w.position_embedding = mat(2304, D, 0.1);
+        w.layers.resize(1);
+        VisionLayerWeights& L = w.layers[0];
+        L.norm1_w = vec(D, -1); L.norm1_b = vec(D, 0.05); L.norm2_w = vec(D, -1); L.norm2_b = vec(D, 0.05);
+        L.qkv = mat(3 * D, D, 2 / sqrt((double)D)); L.qkv_bias = vec(3 * D, 0.02);
+        L.output = mat(D, D, 2 / sqrt((double)D)); L.output_bias = vec(D, 0.02);
+        L.fc1 = mat(I, D, 2 / sqrt((double)D)); L.fc1_bias = vec(I, 0.02);
+        L.fc2 = mat(D, I, 2 / sqrt((double)I)); L.fc2_bias = vec(D, 0.02);
+        w.merger_norm_w = vec(D, -1); w.merger_norm_b = vec(D, 0.05);
+        w.merger_fc1 = mat(4 * D, 4 * D, 2 / sqrt(4.0 * D)); w.merger_fc1_bias = vec(4 * D, 0.02);
+        w.merger_fc2 = mat(O, 4 * D, 2 / sqrt(4.0 * D)); w.merger_fc2_bias = vec(O, 0.02);
+    }
+};
+
+TEST(VisionTower9b, MatchesHf) {
+    const std::string base = golden_dir() + "/hf_vision_9b_tower";
+    std::ifstream f(base + ".json");
+    ASSERT_TRUE(f) << base << ".json missing (test/reference/make_vision_goldens.py)";
+    std::stringstream ss; ss << f.rdbuf();
+    Json gold; std::string err;
+    ASSERT_TRUE(json_parse(ss.str(), &gold, &err)) << err;
+    std::ifstream b(base + ".f32", std::ios::binary | std::ios::ate);
+    ASSERT_TRUE(b);
+    std::vector<float> blob((size_t)b.tellg() / 4);
+    b.seekg(0); b.read((char*)blob.data(), (std::streamsize)blob.size() * 4);
+    V9bTower t;
+    const Geometry& g = t.m.geo;
+    for (auto& kv : gold.get("cases")->obj) {
+        Media md = tower_media(g, kv.second, kv.first == "video");
+        double sum = 0;
+        for (auto& p : md.pixels) for (float x : p) sum += x;
+        EXPECT_NEAR(sum, kv.second.get("pixel_sum")->num, 1e-6 * std::max(1.0, fabs(sum))) << kv.first;
+        const VisionInput& in = md.items[0];
+        const int N = in.t * in.h * in.w, M = vision_tokens(g, in);
+        std::vector<float> emb((size_t)N * g.v_dim), out((size_t)M * g.v_out);
+        ASSERT_TRUE(vision_forward_cpu(&t.m, in, out.data(), &err, emb.data())) << err;
+        const Json* je = kv.second.get("embed"); const Json* jm = kv.second.get("merged");
+        ASSERT_EQ((size_t)je->get("count")->i, emb.size());
+        ASSERT_EQ((size_t)jm->get("count")->i, out.size());
+        const double e_emb = rel_max(emb.data(), blob.data() + je->get("offset")->i, emb.size());
+        const double e_out = rel_max(out.data(), blob.data() + jm->get("offset")->i, out.size());
+        EXPECT_LE(e_emb, 2e-5) << kv.first;
+        EXPECT_LE(e_out, 2e-5) << kv.first;
+        printf("  9b tower geometry %-5s: max err / max|ref|: embed %.2e, merged %.2e\n", kv.first.c_str(), e_emb, e_out);
+    }
+}
+
 // ---- the multimodal prompt ---------------------------------------------------------------------
 
 // the pad ids come from the artifact's tokenizer.json, and are the ids hf's config names

@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_goldens as mg  # noqa: E402  (sets USE_HUB_KERNELS before transformers is imported)
-from make_goldens import torch, np, transformers, Qwen3_5ForConditionalGeneration  # noqa: E402
+from make_goldens import torch, np, transformers, Qwen3_5ForConditionalGeneration, bf16_round  # noqa: E402
 
 REPO = mg.REPO
 MODEL = "tiny"
@@ -229,6 +229,99 @@ row; token ids chose by each step's row)}. checks must hold; noise_floor: float3
 model (max over rows of max|diff| / max|ref|)."""
 
 
+# ----------------------------------------------------------------------------
+# the 9b's tower geometry (Dv 1152, 16 heads of 72, mlp 4304, out 4096; one block): HF's vision
+# model alone, with weights both sides generate (no artifact; too big to commit): tensor k of
+# V9B_TENSORS, element i (row-major) = bf16(scale_k * (u * 2^-23 - 1)), u the top 24 bits of
+# splitmix64's output for state (k + 1) * 0x9E3779B97F4A7C15 + 0x5EED + (i + 1) * 0x9E3779B97F4A7C15
+# (the C++ twin: test_tower.cu, V9b). shapes in HF's layout; the patch embedding is [Dv, 1536].
+
+V9B = {"depth": 1, "hidden": 1152, "heads": 16, "intermediate": 4304, "out": 4096}
+V9B_GRIDS = {"image": [[1, 4, 6]], "video": [[2, 4, 4]]}  # pixels: pixel_rows(20 + case, item)
+
+
+def v9b_tensors():
+    D, I, O = V9B["hidden"], V9B["intermediate"], V9B["out"]
+    t = [("patch_embed.proj.weight", (D, 1536), 2 / 1536 ** 0.5), ("patch_embed.proj.bias", (D,), 0.02),
+         ("pos_embed.weight", (2304, D), 0.1)]
+    for b in range(V9B["depth"]):
+        p = f"blocks.{b}."
+        t += [(p + "norm1.weight", (D,), -1.0), (p + "norm1.bias", (D,), 0.05), (p + "norm2.weight", (D,), -1.0),
+              (p + "norm2.bias", (D,), 0.05), (p + "attn.qkv.weight", (3 * D, D), 2 / D ** 0.5), (p + "attn.qkv.bias", (3 * D,), 0.02),
+              (p + "attn.proj.weight", (D, D), 2 / D ** 0.5), (p + "attn.proj.bias", (D,), 0.02),
+              (p + "mlp.linear_fc1.weight", (I, D), 2 / D ** 0.5), (p + "mlp.linear_fc1.bias", (I,), 0.02),
+              (p + "mlp.linear_fc2.weight", (D, I), 2 / I ** 0.5), (p + "mlp.linear_fc2.bias", (D,), 0.02)]
+    t += [("merger.norm.weight", (D,), -1.0), ("merger.norm.bias", (D,), 0.05),
+          ("merger.linear_fc1.weight", (4 * D, 4 * D), 2 / (4 * D) ** 0.5), ("merger.linear_fc1.bias", (4 * D,), 0.02),
+          ("merger.linear_fc2.weight", (O, 4 * D), 2 / (4 * D) ** 0.5), ("merger.linear_fc2.bias", (O,), 0.02)]
+    return t  # scale -1: a layernorm weight, 1 + 0.1 (u 2^-23 - 1)
+
+
+def v9b_values(k, shape, scale):
+    n = int(np.prod(shape))
+    G = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        st = (np.uint64(k + 1) * G + np.uint64(0x5EED)) + (np.arange(1, n + 1, dtype=np.uint64) * G)
+        z = st
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = (z >> np.uint64(40)).astype(np.float64) * 2.0 ** -23 - 1.0
+    v = (1.0 + 0.1 * u) if scale < 0 else scale * u
+    return bf16_round(torch.from_numpy(v.astype(np.float32))).reshape(shape)
+
+
+@torch.no_grad()
+def v9b_goldens(out_dir, device):
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+    cfg = Qwen3_5VisionConfig(depth=V9B["depth"], hidden_size=V9B["hidden"], num_heads=V9B["heads"],
+                              intermediate_size=V9B["intermediate"], out_hidden_size=V9B["out"])
+    cfg._attn_implementation = "eager"
+    res = {}
+    for dt in (torch.float32, torch.float64):
+        vis = Qwen3_5VisionModel(cfg).eval()
+        sd = {}
+        for k, (name, shape, scale) in enumerate(v9b_tensors()):
+            v = v9b_values(k, shape, scale)
+            sd[name] = v.reshape(1152, 3, 2, 16, 16) if name == "patch_embed.proj.weight" else v
+        missing, unexpected = vis.load_state_dict(sd, strict=False)
+        if unexpected or [m for m in missing if not m.startswith("rotary")]:
+            raise RuntimeError(f"9b tower state dict: missing {missing} unexpected {unexpected}")
+        vis = vis.to(device=device, dtype=dt)
+        for ci, (case, grids) in enumerate(V9B_GRIDS.items()):
+            pix = [pixel_rows(20 + ci, i, t * h * w, 1536) for i, (t, h, w) in enumerate(grids)]
+            x = torch.from_numpy(np.concatenate(pix)).to(device, dt)
+            thw = torch.tensor(grids, dtype=torch.long, device=device)
+            emb = {}
+            hk = vis.blocks[0].register_forward_pre_hook(lambda m, a, kw: emb.__setitem__("e", a[0].clone()), with_kwargs=True)
+            o = vis(x, grid_thw=thw, return_dict=True)
+            hk.remove()
+            res[(case, dt)] = (emb["e"], o.pooler_output, float(sum(float(p.astype(np.float64).sum()) for p in pix)))
+    blob, doc, off = [], {}, 0
+    for ci, case in enumerate(V9B_GRIDS):
+        e32, m32, psum = res[(case, torch.float32)]
+        e64, m64, _ = res[(case, torch.float64)]
+        rec = {"grids": V9B_GRIDS[case], "case_index": 20 + ci, "pixel_sum": psum,
+               "noise_merged_f32_vs_f64": rel_rows(m32, m64), "noise_embed_f32_vs_f64": rel_rows(e32, e64)}
+        for nm, t in (("embed", e32), ("merged", m32)):
+            a = t.detach().cpu().numpy().astype("<f4").ravel()
+            blob.append(a)
+            rec[nm] = {"offset": off, "count": int(a.size), "shape": list(t.shape)}
+            off += a.size
+        doc[case] = rec
+    fname = "hf_vision_9b_tower.f32"
+    np.concatenate(blob).astype("<f4").tofile(os.path.join(out_dir, fname))
+    gold = {"schema": "the 9b tower geometry, one block, generated weights (make_vision_goldens.py: v9b_tensors / "
+                      "v9b_values); HF Qwen3_5VisionModel in float32, eager; embed = input of block 0, merged = the "
+                      "merger's rows; {offset, count} in float32 units into <file>",
+            "generator": {"script": "test/reference/make_vision_goldens.py", "torch": torch.__version__,
+                          "transformers": transformers.__version__, "device": str(device)},
+            "vision": V9B, "file": fname, "cases": doc}
+    mg.dump_golden(gold, os.path.join(out_dir, "hf_vision_9b_tower.json"))
+    print(f"9b tower: {doc}")
+
+
 def main():
     ap = argparse.ArgumentParser(description="make ninfer's HF vision goldens")
     ap.add_argument("--device", default="cpu")
@@ -360,6 +453,7 @@ def main():
             raise RuntimeError(f"failed checks {bad}")
         os.remove(art)
         del model, model64
+    v9b_goldens(args.out, dev)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     print(f"all done in {time.time() - t_all:.1f}s")
