@@ -464,7 +464,7 @@ TEST_P(VisionGolden, EngineGeneratesFromMedia) {
                 Sampler smp; SamplerParams sp; sp.temperature = 0;
                 sampler_build(&smp, sp, domain);
                 std::vector<int> got;
-                engine_generate(&en, &smp, rest, (int)want.size(), {}, nullptr, [&](int id) { got.push_back(id); }, &mp);
+                engine_generate(&en, &smp, rest, (int)want.size(), {}, nullptr, [&](int id) { got.push_back(id); }, GenCancel(), &mp);
                 EXPECT_EQ(got, want) << kv.first << " chunk " << chunk << " prefix " << prefix;
                 EXPECT_EQ(engine_pos(&en), (int)mp.tokens.size() + (int)want.size() - 1);
             }
@@ -749,7 +749,8 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
         sampler_build(&smp, sp, domain);
         FILE* f = tmpfile();
         ASSERT_TRUE(f);
-        engine_generate(&en, &smp, mp.tokens, 4, {}, f, [&](int id) { ids[run].push_back(id); }, run == 0 ? &mp : run == 1 ? &mg : nullptr);
+        engine_generate(&en, &smp, mp.tokens, 4, {}, f, [&](int id) { ids[run].push_back(id); }, GenCancel(),
+                        run == 0 ? &mp : run == 1 ? &mg : nullptr);
         lg[run].resize((size_t)L * V);
         rewind(f);
         ASSERT_EQ(fread(lg[run].data(), sizeof(float) * V, L, f), (size_t)L);
