@@ -1240,6 +1240,27 @@ struct VisionInput {
 };
 
 static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_patch * g.v_patch; }
+
+// views of vision.h's preprocessed items (their rows and times stay where they are), checked
+// against the tower's patch row; false with *err naming the item
+[[maybe_unused]] static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
+    out->clear();
+    for (size_t k = 0; k < items.size(); k++) {
+        const VisionItem& it = items[k];
+        const bool rows_ok = it.row_len == 3 * g.v_temporal * g.v_patch * g.v_patch && it.pixels.size() == (size_t)it.rows() * it.row_len;
+        if (!rows_ok || (it.video && it.timestamps.size() != (size_t)it.t)) {
+            *err = "media item " + std::to_string(k) + ": " + std::to_string(it.pixels.size()) + " values in rows of " + std::to_string(it.row_len) +
+                   " with " + std::to_string(it.timestamps.size()) + " times for grid (" + std::to_string(it.t) + ", " + std::to_string(it.h) +
+                   ", " + std::to_string(it.w) + "); the tower takes rows of " + std::to_string(vision_patch_len(g));
+            return false;
+        }
+        VisionInput in;
+        in.video = it.video; in.t = it.t; in.h = it.h; in.w = it.w; in.pixels = it.pixels.data();
+        in.seconds = it.video ? it.timestamps.data() : nullptr;
+        out->push_back(in);
+    }
+    return true;
+}
 static int vision_tokens(const Geometry& g, const VisionInput& in) { return in.t * in.h * in.w / (g.v_merge * g.v_merge); }
 
 // a grid the tower can take (bad input, not a bug: the grid comes from a request)

@@ -473,6 +473,62 @@ TEST_P(VisionGolden, EngineGeneratesFromMedia) {
     }
 }
 
+// vision.h's preprocessing feeds the tower: a corpus image (test/media) through vision_image with
+// the artifact's processor configs, viewed by vision_inputs_of, expanded into a prompt, tokenized
+// and generated from on the cpu engine: one pad per merged token, finite rows, and the image
+// matters (its mirror image gives other logits)
+TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
+    const Geometry& g = m.geo;
+    VisionConfig cfg;
+    std::string err;
+    ASSERT_TRUE(vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                                    artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err)) << err;
+    Image im;
+    ASSERT_TRUE(media_image("test/media/jpg_444_53x37.jpg", MediaLimits(), &im, &err)) << err;
+    std::vector<VisionItem> items(2);
+    ASSERT_TRUE(vision_image(im, cfg, &items[0], &err)) << err;
+    Image mirror = im;  // left-right
+    for (int y = 0; y < im.h; y++)
+        for (int x = 0; x < im.w; x++)
+            for (int c = 0; c < 3; c++) mirror.rgb[((size_t)y * im.w + x) * 3 + c] = im.rgb[((size_t)y * im.w + (im.w - 1 - x)) * 3 + c];
+    ASSERT_TRUE(vision_image(mirror, cfg, &items[1], &err)) << err;
+    std::vector<VisionInput> media;
+    ASSERT_TRUE(vision_inputs_of(g, items, &media, &err)) << err;
+    Tokenizer tok;
+    std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
+    ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
+    const std::string text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n<|im_start|>assistant\n";
+    std::vector<float> last[2];
+    for (int k = 0; k < 2; k++) {
+        std::string expanded;
+        ASSERT_TRUE(mm_expand_text(g, text, {media[k]}, &expanded, &err)) << err;
+        std::vector<int> ids;
+        tokenizer_encode(&tok, expanded, &ids);
+        MmPrompt mp;
+        ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ids, {media[k]}, &mp, &err)) << err;
+        EXPECT_EQ(std::count(mp.ids.begin(), mp.ids.end(), -1), items[k].tokens(g.v_merge));
+        for (float v : mp.rows) ASSERT_TRUE(std::isfinite(v));
+        Engine en;
+        GpuOpts o; o.max_context = 512; o.prefill_chunk = 256; o.quiet = true;
+        ASSERT_TRUE(engine_build(&en, &m, false, o, &err)) << err;
+        Sampler smp; SamplerParams sp; sp.temperature = 0;
+        sampler_build(&smp, sp, fid.domain);
+        std::vector<int> got;
+        engine_generate(&en, &smp, mp.tokens, 2, {}, nullptr, [&](int id) { got.push_back(id); }, GenCancel(), &mp);
+        EXPECT_EQ(got.size(), 2u);
+        engine_reset(&en);
+        last[k].resize(g.vocab);
+        prefill_mm_cpu(&m, &en.rs, &en.st, mp, last[k].data(), false);
+        for (float v : last[k]) ASSERT_TRUE(std::isfinite(v));
+        engine_free(&en);
+    }
+    EXPECT_GT(rel_l2(last[1].data(), last[0].data(), g.vocab), 1e-3);
+    // an item whose rows are not the tower's is refused by name
+    items[0].row_len = 768;
+    EXPECT_FALSE(vision_inputs_of(g, items, &media, &err));
+    EXPECT_NE(err.find("media item 0"), std::string::npos) << err;
+}
+
 // ---- the gpu tower (skipped without a gpu) ------------------------------------------------------
 //
 // every kernel against its cpu twin (the steps of vision_forward_cpu) on fresh random inputs,
