@@ -87,13 +87,19 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 
+# mtp speculative decoding on the cpu reference path: lossless greedy, forced drafts, stops inside
+# a round, speculative sampling's distribution, kjv acceptance
+$(BUILD)/test/test_spec: test/test_spec.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_spec.cu $(LDLIBS) $(GTEST)
+
 # the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
 # benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
 $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels $(BUILD)/test/test_spec
 
 # the whole-model gpu forward against the cpu reference (skips without a gpu), and the
 # pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128

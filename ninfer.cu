@@ -1662,9 +1662,9 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
 // where no round fits before the context end (len + K + 1 > capacity) it decodes one token at
 // a time, as NInfer does.
 
-// test hook: replaces the mtp's draft for sequence index idx (tests force right and wrong
-// drafts through it); null in the product
-typedef int (*DraftHook)(void* ctx, int idx, int proposed);
+// test hook: replaces the mtp's draft k (1..K) for sequence index idx (tests force right and
+// wrong drafts through it); null in the product
+typedef int (*DraftHook)(void* ctx, int idx, int k, int proposed);
 
 struct SpecState {
     SpecOpts o;
@@ -1723,7 +1723,7 @@ static void spec_draft(const Model* m, RunState* r, SeqState* st, SpecState* sp,
     float* h = sp->mh.data() + (size_t)(T - 1) * H;
     for (int k = 1; k <= K; k++) {
         int d = spec_propose(m, sp, h, domain);
-        if (sp->hook) d = sp->hook(sp->hook_ctx, st->pos + k, d);
+        if (sp->hook) d = sp->hook(sp->hook_ctx, st->pos + k, k, d);
         sp->drafts[k - 1] = d;
         if (k < K) mtp_forward_cpu(m, r, st, &d, nullptr, h, nullptr, 1, nullptr, false, h);
     }
