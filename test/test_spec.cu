@@ -437,7 +437,7 @@ TEST(SpecSampling, ReproducibleBySeed) {
 
 // the first ~24 tokens of 8 held-out verses (models/kjv/val.txt: books the model never saw) as
 // completions, 96 greedy tokens each. the figures are test/bench-notes.md's; the bounds sit
-// ~0.05 below them, so a change that breaks the mtp's rows (the prefill fill, the realignment,
+// ~0.06 either side, so a change that breaks the mtp's rows (the prefill fill, the realignment,
 // positions) fails here while greedy equality, which holds whatever the drafts are, passes
 TEST(SpecAcceptance, KjvHeldOutPrompts) {
     OPEN_OR_FAIL(T, KJV);
@@ -455,9 +455,9 @@ TEST(SpecAcceptance, KjvHeldOutPrompts) {
         ids.resize(24);
         prompts.push_back(ids);
     }
-    // measured (bench-notes): acceptance of draft 1 / tokens per round for K = 1..5
-    const double min_p1[SPEC_MAX_K + 1] = {0, 0.55, 0.55, 0.55, 0.55, 0.55};
-    const double min_tpr[SPEC_MAX_K + 1] = {0, 1.55, 1.75, 1.80, 1.80, 1.80};
+    // measured (bench-notes, 8 prompts x 96 tokens): draft-1 acceptance 0.766..0.783, tokens per
+    // round 1.78 / 2.27 / 2.52 / 2.74 / 2.81 for K = 1..5. bounds: ~0.06 below and above
+    const double tpr_meas[SPEC_MAX_K + 1] = {0, 1.78, 2.27, 2.52, 2.74, 2.81};
     for (int K = 1; K <= SPEC_MAX_K; K++) {
         SpecStats sum;
         for (const auto& p : prompts) {
@@ -471,7 +471,9 @@ TEST(SpecAcceptance, KjvHeldOutPrompts) {
         printf("  kjv K=%d: acceptance %.3f, per position", K, (double)sum.accepted / sum.drafted);
         for (int k = 0; k < K; k++) printf(" %.3f", (double)sum.per_position[k] / sum.rounds);
         printf(", %.2f tokens/round (%ld rounds)\n", tpr, sum.rounds);
-        EXPECT_GE(p1, min_p1[K]) << "K=" << K;
-        EXPECT_GE(tpr, min_tpr[K]) << "K=" << K;
+        EXPECT_GE(p1, 0.70) << "K=" << K;
+        EXPECT_LE(p1, 0.84) << "K=" << K;
+        EXPECT_GE(tpr, tpr_meas[K] - 0.06) << "K=" << K;
+        EXPECT_LE(tpr, tpr_meas[K] + 0.06) << "K=" << K;
     }
 }
