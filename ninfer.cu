@@ -5873,7 +5873,9 @@ static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o,
     en->m = m; en->gpu = gpu; en->spec = spec;
     if (!spec_check(m, spec, err)) return false;
     if (gpu) {
-        if (spec.K) { *err = "--spec mtp runs on the cpu reference path only (--cpu): the gpu round is not built yet"; return false; }
+        // the gpu round is not built: its verification columns are not bit for bit one-token
+        // steps yet (test/bench-notes.md), so it could not be lossless
+        if (spec.K) { *err = "--spec mtp is not supported on the gpu yet (the cpu reference path runs it: ninfer --cpu)"; return false; }
         en->g = gpu_build(m, o, err);
         return en->g != nullptr;
     }
@@ -6228,7 +6230,8 @@ static void usage(FILE* f) {
         "  --spec mtp             draft with the artifact's mtp module, verify K+1 tokens per pass\n"
         "  --draft-tokens N       the draft window K, 1..5 (required with --spec)\n"
         "  --lm-head-draft        score drafts with the artifact's reduced proposal head (needs --spec)\n"
-        "                         (the cpu reference path only so far; stats on stderr)\n"
+        "                         (the cpu reference path only so far: with a gpu, add --cpu;\n"
+        "                         drafted / accepted / per position / tokens per round on stderr)\n"
         "\n"
         "execution:\n"
         "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"

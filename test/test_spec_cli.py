@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from test_cli_cpu import one_line_error
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 BIN = os.path.join(ROOT, os.environ.get("NINFER_BIN", "build/test/ninfer"))
@@ -23,13 +25,6 @@ def ninfer(*args):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=300)
 
 
-def one_line_error(r, *words):
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
-    assert r.stdout == ""
-    lines = r.stderr.strip("\n").split("\n")
-    assert len(lines) == 1, r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("args, words", [
