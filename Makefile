@@ -111,6 +111,11 @@ $(BUILD)/test/bench_gpu: test/bench_gpu.cu ninfer.cu $(HEADERS) Makefile
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_gpu.cu $(LDLIBS)
 TEST_BINS += $(BUILD)/test/test_gpu
 test: $(BUILD)/test/bench_gpu
+# what an mtp round would cost on the gpu, from its pieces: build/test/bench_spec MODEL [--draft-tokens K]
+$(BUILD)/test/bench_spec: test/bench_spec.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_spec.cu $(LDLIBS)
+test: $(BUILD)/test/bench_spec
 
 # openmp threads sleep at barriers instead of spinning: test machines are shared, and a thread
 # spinning for a descheduled teammate costs far more than a wake-up (the cpu tests run 3x faster)
