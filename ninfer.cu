@@ -9,13 +9,16 @@
 //   4. reference path (cpu)  the model math in fp32, the oracle for every kernel (and, for
 //                            the tests, a bf16 mode that rounds where the gpu path does):
 //                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
-//                            recurrent state; snapshot/restore) and RunState, 4.4 attention
+//                            recurrent state slots, mtp kv; snapshot/restore) and RunState, 4.4 attention
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
-//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu
+//                            rule; per-column state slots), 4.6 mlp, layer, forward_cpu (and its
+//                            verification mode), mtp_forward_cpu, prefill_cpu
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
-//                            counter-based rng, the arithmetic shared with the gpu sampler
+//                            counter-based rng, the arithmetic shared with the gpu sampler,
+//                            speculative sampling of one verification column (sample_spec)
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop, perplexity
+//                            loop, mtp speculative decoding (the round: generate_spec_cpu),
+//                            perplexity
 //   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
 //                            stored formats, norms, m-rope, conv + gdn with state slots,
 //                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill),

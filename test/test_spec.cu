@@ -114,6 +114,37 @@ static std::vector<int> random_ids(int n, int domain, uint64_t seed) {
     return ids;
 }
 
+// ---- startup residency ----------------------------------------------------------------------------
+
+// without --spec the sequence has one deltanet slot and no mtp kv cache; with it K+1 slots and
+// the cache; the gpu path refuses it; what the artifact lacks is named at start
+TEST(SpecEngine, ResidencyAndRefusals) {
+    OPEN_OR_FAIL(T, KJV);
+    Engine en; GpuOpts g; g.max_context = 64; g.prefill_chunk = 32;
+    std::string err;
+    ASSERT_TRUE(engine_build(&en, &T.t.m, false, g, &err)) << err;
+    EXPECT_EQ(en.st.gdn_slots, 1);
+    EXPECT_EQ(en.st.mtp_key, nullptr);
+    const size_t plain = en.st.n_floats;
+    engine_free(&en);
+    ASSERT_TRUE(engine_build(&en, &T.t.m, false, g, &err, SpecOpts{4, true})) << err;
+    EXPECT_EQ(en.st.gdn_slots, 5);
+    EXPECT_NE(en.st.mtp_key, nullptr);
+    EXPECT_GT(en.st.n_floats, plain);
+    engine_free(&en);
+    EXPECT_FALSE(engine_build(&en, &T.t.m, true, g, &err, SpecOpts{3, false}));  // refused before any gpu work
+    EXPECT_NE(err.find("--spec mtp is not supported on the gpu"), std::string::npos) << err;
+    Model nodraft = T.t.m;
+    nodraft.geo.draft_rows = 0;
+    EXPECT_FALSE(spec_check(&nodraft, SpecOpts{3, true}, &err));
+    EXPECT_NE(err.find("--lm-head-draft needs a draft head"), std::string::npos) << err;
+    EXPECT_TRUE(spec_check(&nodraft, SpecOpts{3, false}, &err));
+    nodraft.geo.has_mtp = false;
+    EXPECT_FALSE(spec_check(&nodraft, SpecOpts{3, false}, &err));
+    EXPECT_NE(err.find("--spec mtp needs the mtp module"), std::string::npos) << err;
+    EXPECT_TRUE(spec_check(&nodraft, SpecOpts(), &err));
+}
+
 // ---- greedy equality ----------------------------------------------------------------------------
 
 // kjv: K = 1..5 on three prompts (a completion, a chat with thinking on, one with thinking off)
