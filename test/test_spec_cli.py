@@ -85,9 +85,17 @@ def test_artifact_without_mtp_or_draft_head_is_refused_at_start(stripped):
 
 
 def test_greedy_text_is_plain_decodings_and_stats_go_to_stderr():
-    base = ["--cpu", "--prompt", "Who was Moses?", "--greedy", "--max-new", "120"]
+    def reasoning(r):  # stderr up to the stats line: the reasoning channel
+        return r.stderr[:r.stderr.index("ninfer: cpu;")]
+    # thinking on: all 120 tokens are reasoning (stderr); off: the answer (stdout)
+    think = ["--cpu", "--prompt", "Who was Moses?", "--greedy", "--max-new", "120"]
+    plain = ninfer(KJV, *think)
+    r = ninfer(KJV, *think, "--spec", "mtp", "--draft-tokens", "2")
+    assert plain.returncode == 0 and r.returncode == 0, r.stderr
+    assert len(reasoning(plain)) > 200 and reasoning(r) == reasoning(plain) and r.stdout == plain.stdout
+    base = think + ["--no-thinking"]
     plain = ninfer(KJV, *base)
-    assert plain.returncode == 0, plain.stderr
+    assert plain.returncode == 0 and len(plain.stdout) > 200, plain.stderr
     for extra in (["--draft-tokens", "3"], ["--draft-tokens", "5", "--lm-head-draft"]):
         r = ninfer(KJV, *base, "--spec", "mtp", *extra)
         assert r.returncode == 0, r.stderr
@@ -96,6 +104,15 @@ def test_greedy_text_is_plain_decodings_and_stats_go_to_stderr():
         assert len(line) == 1, r.stderr
         for w in ("rounds", "drafted", "accepted", "acceptance per position", "tokens/round"):
             assert w in line[0], line[0]
+    # a stop string landing inside a round: the same text, cut at the same place
+    words = plain.stdout.split()
+    assert len(words) > 12
+    stop = words[10]
+    cut = ninfer(KJV, *base, "--stop", stop)
+    spec = ninfer(KJV, *base, "--stop", stop, "--spec", "mtp", "--draft-tokens", "4")
+    assert cut.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == cut.stdout and len(cut.stdout) < len(plain.stdout)
+    assert "stopped on a stop string" in spec.stderr
     ids = ninfer(KJV, "--cpu", "--prompt-ids", "3036,479,347,1053", "--greedy", "--max-new", "64")
     spec = ninfer(KJV, "--cpu", "--prompt-ids", "3036,479,347,1053", "--greedy", "--max-new", "64", "--spec", "mtp", "--draft-tokens", "2")
     assert ids.stdout == spec.stdout and len(ids.stdout.split()) == 64
