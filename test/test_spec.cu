@@ -18,6 +18,7 @@
 #define NINFER_TESTING
 #include "../ninfer.cu"
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <random>
 #include <fstream>
 #include <sstream>
