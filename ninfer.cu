@@ -1604,6 +1604,14 @@ struct GenStats {
     SpecStats spec;
 };
 
+// a cancel poll for the prefill: called before each prefill piece, true ends generation
+// there (the server's client left). emit's false return covers the decode steps.
+struct GenCancel {
+    bool (*fn)(void*) = nullptr;
+    void* ctx = nullptr;
+    bool operator()() const { return fn && fn(ctx); }
+};
+
 // emitters may return void (always go on) or bool (false: stop after this id)
 template <typename Emit>
 static bool emit_more(Emit& emit, int id) {
@@ -1615,9 +1623,12 @@ static bool emit_more(Emit& emit, int id) {
 // sampled (emit may return false to end generation there); a stop id ends generation and is
 // not emitted. generation also ends when the
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+// cancel is polled before each prefill piece: when it says stop, nothing is sampled and the
+// sequence holds the pieces prefilled so far (s.cancelled).
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
-                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit) {
+                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit,
+                             const GenCancel& cancel = GenCancel()) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -1625,6 +1636,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
+        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         int T = std::min(piece, s.prompt - i);
         forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
         if (!logits_out) continue;
@@ -1741,11 +1753,12 @@ static void spec_draft(const Model* m, RunState* r, SeqState* st, SpecState* sp,
     st->mtp_pos = st->pos;  // the draft rows are overwritten by the next realignment
 }
 
-// generate_cpu's contract with mtp speculation (the section's header); st was built with K+1
+// generate_cpu's contract with mtp speculation (the section's header; cancel is polled between
+// prefill pieces, the emitter's false ends a round as a stop does); st was built with K+1
 // gdn slots and an mtp kv cache, r with T_max >= K+1, and st's mtp rows match its tokens
 template <typename Emit>
 static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, SpecState* sp, Sampler* smp, const std::vector<int>& prompt,
-                                  int max_new, const std::vector<int>& stop_ids, Emit emit) {
+                                  int max_new, const std::vector<int>& stop_ids, Emit emit, const GenCancel& cancel = GenCancel()) {
     const Geometry& g = m->geo;
     const int K = sp->o.K, n = (int)prompt.size();
     CHECK(st->gdn_slots >= K + 1 && r->T_max >= K + 1 && sp->rows >= r->T_max, "speculation state for K=%d", K);
@@ -1760,6 +1773,7 @@ static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, Spe
     // wait for the first sampled token
     int last0 = 0, lastT = 0;
     for (int i = 0; i < n; i += r->T_max) {
+        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         const int T = std::min(r->T_max, n - i);
         forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, lg0, false, sp->hid.data());
         if (i + T < n) { mtp_forward_cpu(m, r, st, prompt.data() + i + 1, nullptr, sp->hid.data(), nullptr, T, nullptr, false, nullptr); continue; }
@@ -5715,10 +5729,12 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
 static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
 
 // generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
-// when given), then sample, emit and decode until max_new, a stop id or a full context
+// when given), then sample, emit and decode until max_new, a stop id or a full context.
+// with a cancel poll each piece is waited for before the poll, so a cancel ends the prefill
+// within one piece (the host would otherwise queue them all at once).
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit) {
+                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -5726,6 +5742,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {
+        if (cancel.fn) {
+            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
+        }
         int T = std::min(piece, s.prompt - i);
         gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
         if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
@@ -5833,13 +5853,13 @@ static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.p
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
+                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
     if (en->spec.K) {
         CHECK(!logits_out, "--logits-out with --spec");
-        return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit);
+        return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
     }
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -5957,6 +5977,7 @@ struct TextRequest {
     std::vector<int> stop_ids;        // model defaults + caller's
     int max_new = 128;
     SamplerParams sp;
+    GenCancel cancel;                 // polled between prefill pieces
 };
 
 struct TextResult {
@@ -5987,7 +6008,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    });
+    }, rq.cancel);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -6039,6 +6060,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
+    rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -6059,7 +6081,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
-                : (r.gen.stopped || !r.stop_hit.empty() || cancelled) ? "stop"
+                : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
                 : full ? "length" : "stop";
 }
 

@@ -74,6 +74,7 @@ struct RunOpts {
     std::vector<int> stops;
     SamplerParams sp;           // greedy by default (below)
     int cancel_after = -1;      // the emitter returns false after this many ids
+    bool cancel_prefill = false;  // the prefill's cancel poll says stop
     DraftHook hook = nullptr; void* ctx = nullptr;
     RunOpts() { sp.temperature = 0.0f; }
 };
@@ -89,10 +90,11 @@ static Gen gen(const Model* m, int domain, const std::vector<int>& prompt, const
     en.sp.hook = o.hook; en.sp.hook_ctx = o.ctx;
     Sampler s;
     sampler_build(&s, o.sp, domain);
+    GenCancel cancel{[](void*) { return true; }, nullptr};
     r.st = engine_generate(&en, &s, prompt, o.max_new, o.stops, nullptr, [&](int id) {
         r.ids.push_back(id);
         return o.cancel_after < 0 || (int)r.ids.size() < o.cancel_after;
-    });
+    }, o.cancel_prefill ? cancel : GenCancel());
     r.pos = engine_pos(&en);
     engine_free(&en);
     return r;
@@ -346,6 +348,11 @@ TEST(SpecStops, StopsLimitsCancelAndCapacityInsideARound) {
         d.o.cancel_after = n;
         cases.push_back(d);
     }
+    {  // a client gone during the prefill: nothing generated, nothing of the round started
+        Case c{"cancel in the prefill", o};
+        c.o.cancel_prefill = true;
+        cases.push_back(c);
+    }
     for (int room = 1; room <= 13; room++) {  // the context end: rounds, then one-token steps
         Case c{"capacity +" + std::to_string(room), o};
         c.o.capacity = (int)prompt.size() + room;
@@ -354,7 +361,8 @@ TEST(SpecStops, StopsLimitsCancelAndCapacityInsideARound) {
     for (const Case& c : cases) {
         Gen a = gen(&T.t.m, domain, prompt, c.o);
         if (c.o.stops.size()) EXPECT_TRUE(a.st.stopped) << c.what;
-        if (c.o.cancel_after > 0) EXPECT_TRUE(a.st.cancelled) << c.what;
+        if (c.o.cancel_after > 0 || c.o.cancel_prefill) EXPECT_TRUE(a.st.cancelled) << c.what;
+        if (c.o.cancel_prefill) EXPECT_EQ(a.st.generated, 0) << c.what;
         if (c.o.capacity < 2048) { EXPECT_EQ(a.pos, c.o.capacity) << c.what; EXPECT_EQ(a.st.generated, c.o.capacity - (int)prompt.size() + 1) << c.what; }
         for (int K : {2, 5}) {
             RunOpts s = c.o;
