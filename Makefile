@@ -94,13 +94,19 @@ $(BUILD)/test/test_spec: test/test_spec.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_spec.cu $(LDLIBS) $(GTEST)
 
+# the vision tower and the multimodal prompt on the cpu path against the hf goldens
+# (test/reference/make_vision_goldens.py)
+$(BUILD)/test/test_tower: test/test_tower.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_tower.cu $(LDLIBS) $(GTEST)
+
 # the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
 # benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
 $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels $(BUILD)/test/test_spec
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_tower $(BUILD)/test/test_kernels $(BUILD)/test/test_spec
 
 # the whole-model gpu forward against the cpu reference (skips without a gpu), and the
 # pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128
@@ -128,6 +134,24 @@ $(BUILD)/test/test_tokenizer: test/test_tokenizer.cc tokenizer.h unicode_tables.
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/test_tokenizer.cc $(GTEST)
 TEST_BINS += $(BUILD)/test/test_tokenizer
+
+# media decoding and preprocessing (vision.h): host code only, against PIL and hugging face's
+# processors on the committed corpus test/media (test/gen_media_corpus.py made it and its goldens)
+VISION_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -I.
+$(BUILD)/test/test_vision: test/test_vision.cc vision.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(VISION_CXXFLAGS) -pthread -o $@ test/test_vision.cc $(GTEST)
+TEST_BINS += $(BUILD)/test/test_vision
+
+# the decoders under asan + ubsan on mutations of the corpus's png and jpeg files (a few
+# seconds: FUZZ_ITERS mutations per file; FUZZ_ITERS=100000 for a long run)
+FUZZ_ITERS ?= 400
+$(BUILD)/test/fuzz_vision: test/fuzz_vision.cc vision.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(VISION_CXXFLAGS) -pthread -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -o $@ test/fuzz_vision.cc
+.PHONY: fuzz-vision
+fuzz-vision: $(BUILD)/test/fuzz_vision
+	$(BUILD)/test/fuzz_vision $(FUZZ_ITERS) test/media/png_*.png test/media/pil_*.png test/media/jpg_*.jpg
 
 # the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
 # deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);
@@ -160,7 +184,7 @@ $(BUILD)/test/format_vectors.ninfer: test/make_format_vectors.py convert.py
 	@mkdir -p $(@D)
 	$(PYTHON) test/make_format_vectors.py $@
 
-test: deps $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
+test: deps fuzz-vision $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	@echo "== test/test_serve.py against the real engine (tiny, cpu path)"
 	NINFER_SERVE_CMD="$(BUILD)/test/ninfer-serve $(MODELS)/tiny.ninfer" $(PYTHON) -m pytest -q test/test_serve.py
