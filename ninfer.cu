@@ -5788,12 +5788,12 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
-    std::string text, msg;
-    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg)) {
+    std::string text, owned, msg;
+    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg, &owned)) {
         err->message = "the conversation cannot be rendered with the chat template: " + msg;
         return false;
     }
-    tokenizer_encode(&s->t.tok, text, &out->tokens);
+    tokenizer_encode(&s->t.tok, text, &out->tokens, true, &owned);  // conversation text is literal
     out->thinking = chat_thinking_open(text);
     out->tools = chat.tools.is_array();
     return true;
@@ -6070,14 +6070,15 @@ int main(int argc, char** argv) {
         Json messages, tools;
         if (prompt_text) messages = chat_messages_from_prompt(prompt_text);
         else if (!chat_parse_request(read_file(messages_path), &messages, &tools, &err)) die("%s: %s", messages_path, err.c_str());
-        chat_from_openai(&messages);
+        if (!chat_from_openai(&messages, &err)) die("%s: %s", messages_path, err.c_str());
         ChatOptions co;
         co.enable_thinking = no_thinking ? 0 : -1;
         co.developer_as_system = true;
-        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err))
+        std::string owned;
+        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &owned))
             die("%s: %s", messages_path ? messages_path : "--prompt", err.c_str());
         if (render) { fwrite(rendered.data(), 1, rendered.size(), stdout); model_close(&t.m); return 0; }
-        tokenizer_encode(&t.tok, rendered, &rq.prompt);
+        tokenizer_encode(&t.tok, rendered, &rq.prompt, true, &owned);  // conversation text is literal
         rq.thinking_open = chat_thinking_open(rendered);
         rq.tools = tools.is_array();
     } else if (raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
