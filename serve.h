@@ -226,6 +226,7 @@ struct ServeOptions {
     int write_timeout_ms = 30000;    // a blocked write (slow reader) longer than this drops the client
     int drain_timeout_ms = 10000;    // on SIGINT/SIGTERM: time given to running requests
     int max_connections = 256;       // more are answered 503 and closed
+    std::vector<std::string> allowed_hosts;  // Host names accepted besides the loopback ones (--allowed-hosts)
     std::vector<std::string> given;  // every flag given, as typed (without values)
     bool has(const char* flag) const {
         for (const auto& g : given) if (g == flag) return true;
@@ -242,7 +243,8 @@ static void serve_usage(FILE* f) {
         "  --port N                      port, 1..65535 (8080; 0 = any free port, printed at start)\n"
         "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (off)\n"
         "  --model-id ID                 public model id; openai requests must name it (the artifact's)\n"
-        "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off)\n"
+        "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off:\n"
+        "                                requests with a foreign Origin get 403)\n"
         "  --max-request-mib N           request body limit, 413 above it (384)\n"
         "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
         "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
@@ -254,6 +256,8 @@ static void serve_usage(FILE* f) {
         "  --write-timeout-ms N          ninfer: a write blocked this long drops the client (30000)\n"
         "  --drain-timeout-ms N          ninfer: on SIGINT/SIGTERM, time for running requests (10000)\n"
         "  --max-connections N           ninfer: open connections; more get 503 (256)\n"
+        "  --allowed-hosts H1,H2         ninfer: Host names accepted besides localhost / 127.0.0.1 / [::1] when\n"
+        "                                the server is keyless on loopback (there other Hosts get 403: dns rebinding)\n"
         "model and memory:\n"
         "  --max-context N               context capacity in tokens (8192)\n"
         "  --prefill-chunk N             prefill chunk, a positive multiple of 128 (1024)\n"
@@ -346,7 +350,10 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
         const char* range = "";
         if (a == "--host") s_(&o->host);
         else if (a == "--port") { i_(&o->port, 0, 65535); range = " (0..65535)"; }
-        else if (a == "--api-key") s_(&o->api_key);
+        else if (a == "--api-key") {
+            s_(&o->api_key);
+            if (!bad_value && o->api_key.empty()) return fail("--api-key: the key is empty (that would turn authentication off; leave the flag out for no key)");
+        }
         else if (a == "--model-id") s_(&o->model_id);
         else if (a == "--max-context") { i_(&o->max_context, 1, 1 << 20); range = " (1..1048576)"; }
         else if (a == "--prefill-chunk") {
@@ -414,6 +421,19 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
         else if (a == "--write-timeout-ms") { i_(&o->write_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
         else if (a == "--drain-timeout-ms") { i_(&o->drain_timeout_ms, 0, INT_MAX); range = " (>= 0)"; }
         else if (a == "--max-connections") { i_(&o->max_connections, 1, 1 << 16); range = " (>= 1)"; }
+        else if (a == "--allowed-hosts") {
+            std::string v; range = " (a comma-separated list of host names)";
+            if (!value(&v)) bad_value = true;
+            else
+                for (size_t a0 = 0; a0 <= v.size();) {
+                    size_t c = std::min(v.find(',', a0), v.size());
+                    std::string h = v.substr(a0, c - a0);
+                    for (auto& ch : h) if (ch >= 'A' && ch <= 'Z') ch += 32;
+                    if (!h.empty()) o->allowed_hosts.push_back(h);
+                    a0 = c + 1;
+                }
+            if (!bad_value && o->allowed_hosts.empty()) bad_value = true;
+        }
         else return fail("unknown option '" + a + "' (ninfer-serve --help lists them)");
         if (bad_value) return fail((a == "--lm-head-draft" || a == "--vision" || a == "--no-cuda-graph" ||
                                     a == "--no-prefix-reuse" || a == "--no-thinking" || a == "--cors" ||
@@ -514,8 +534,34 @@ static std::vector<std::string> http_list(const std::string& v) {
     return out;
 }
 
+// can buf[0..n), the start of a request line (complete or not), still become "METHOD SP
+// target SP HTTP/d.d"? a tls handshake or other binary fails at its first byte, so it is
+// answered at once instead of after the read timeout.
+static bool http_line_plausible(const char* buf, size_t n) {
+    size_t i = 0;
+    while (i < n && i <= 20 && http_tchar((unsigned char)buf[i])) i++;  // the method
+    if (i == n) return i <= 20;
+    if (i == 0 || buf[i] != ' ') return false;
+    i++;
+    size_t t = i;
+    while (i < n && (unsigned char)buf[i] > 0x20 && (unsigned char)buf[i] < 0x7f) i++;  // the target
+    if (i == n) return true;
+    if (i == t || buf[i] != ' ') return false;
+    static const char ver[] = "HTTP/d.d";
+    i++;  // past the space
+    for (size_t k = 0; k < 8; k++, i++) {
+        if (i == n) return true;
+        char c = buf[i];
+        if (ver[k] == 'd' ? !(c >= '0' && c <= '9') : c != ver[k]) return false;
+    }
+    if (i == n) return true;
+    if (buf[i] == '\r' && ++i == n) return true;
+    return buf[i] == '\n';
+}
+
 // parse the head of one request in buf[0..n). returns its length (> 0) once complete, 0 when
-// more bytes are needed, or -status: 400 (malformed, conflicting framing), 413 (head too
+// more bytes are needed, or -status: 400 (malformed, conflicting framing, a first line that
+// cannot be a request line even unfinished), 413 (head too
 // large, too many headers, body over the limit), 417 (unknown expectation), 501 (a
 // transfer coding other than chunked), 505 (not http/1.x). empty lines before the request
 // line are skipped (and counted in the length).
@@ -527,6 +573,11 @@ static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, Ht
         if (p > lim.max_head) return -413;
     }
     size_t start = p;
+    {
+        const void* nl = memchr(buf + start, '\n', n - start);
+        size_t le = nl ? (const char*)nl - buf + 1 : n;
+        if (!http_line_plausible(buf + start, le - start)) return -400;
+    }
     // find the end of the head: an empty line
     size_t end = 0;
     {
@@ -707,9 +758,9 @@ static int chunked_feed(ChunkedDecoder* d, const char* p, size_t n, std::string*
 static const char* http_status_text(int s) {
     switch (s) {
         case 100: return "Continue"; case 200: return "OK"; case 204: return "No Content";
-        case 400: return "Bad Request"; case 401: return "Unauthorized"; case 404: return "Not Found";
+        case 400: return "Bad Request"; case 401: return "Unauthorized"; case 403: return "Forbidden"; case 404: return "Not Found";
         case 405: return "Method Not Allowed"; case 408: return "Request Timeout";
-        case 413: return "Content Too Large"; case 417: return "Expectation Failed";
+        case 413: return "Content Too Large"; case 415: return "Unsupported Media Type"; case 417: return "Expectation Failed";
         case 429: return "Too Many Requests"; case 500: return "Internal Server Error";
         case 501: return "Not Implemented"; case 503: return "Service Unavailable";
         case 505: return "HTTP Version Not Supported";
@@ -1727,10 +1778,11 @@ struct ServeConn {
     std::string in;                // received bytes not consumed yet
     bool broken = false;           // a write failed or the peer left: no more writes
     bool chunked_out = false;      // the streaming response in progress is chunk-framed
+    bool head = false;             // the request is a HEAD: responses carry no body (content-length stays)
 };
 
-// read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof,
-// -1 on timeout or error, -2 when idle and the server stops.
+// read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof or
+// a reset, -1 on timeout or a poll error, -2 when idle and the server stops.
 static int serve_conn_read(ServeConn* c, double deadline, bool idle) {
     for (;;) {
         double left = deadline - serve_now();
@@ -1745,7 +1797,7 @@ static int serve_conn_read(ServeConn* c, double deadline, bool idle) {
         if (k > 0) { c->in.append(buf, k); return (int)k; }
         if (k == 0) return 0;
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-        return -1;
+        return 0;  // a reset: the peer is gone, as at eof (not a timeout)
     }
 }
 
@@ -1823,7 +1875,7 @@ static std::string http_response_head(int status, const char* ctype, long long c
 static void serve_conn_send(ServeConn* c, int status, const char* ctype, const std::string& body, bool keep,
                       bool head_only = false, const std::string& extra = "") {
     std::string r = http_response_head(status, ctype, (long long)body.size(), keep, extra);
-    if (!head_only) r += body;
+    if (!head_only && !c->head) r += body;
     serve_conn_write(c, r);  // one write: with TCP_NODELAY, head and body leave in one segment
 }
 
@@ -1854,10 +1906,12 @@ static std::string serve_error_body(bool anthropic, const ServeError& e) {
 }
 static void serve_conn_send_error(ServeConn* c, bool anthropic, const ServeError& e, bool keep, ServeReqLog* lg,
                             const std::string& extra = "") {
-    serve_conn_send(c, e.status, "application/json", serve_error_body(anthropic, e), keep, false, extra);
+    // 429 and 503 are worth a retry: say when (a queue slot frees within about a request)
+    std::string ex = extra + ((e.status == 429 || e.status == 503) ? "Retry-After: 1\r\n" : "");
+    serve_conn_send(c, e.status, "application/json", serve_error_body(anthropic, e), keep, false, ex);
     if (lg) { lg->status = e.status; lg->code = e.code; }
 }
-static ServeError serve_make_error(int status, const char* code, const char* msg, const char* param = "") {
+static ServeError serve_make_error(int status, const char* code, const std::string& msg, const char* param = "") {
     ServeError e; e.status = status; e.code = code; e.message = msg; e.param = param; return e;
 }
 // the error for a framing / limit status found while reading a request
@@ -2457,6 +2511,46 @@ static bool serve_authorized(const HttpRequest& rq) {
     return false;
 }
 
+// the host part of a Host header or an origin's authority: "[::1]:8080" -> "[::1]", "a:1" -> "a"
+static std::string serve_host_name(std::string h) {
+    h = http_lower(h);
+    size_t c = h.rfind(':');
+    if (c != std::string::npos && h.find(']', c) == std::string::npos) h.resize(c);
+    return h;
+}
+static bool serve_is_loopback(const std::string& h) {
+    return h == "localhost" || h == "::1" || h == "[::1]" || !h.compare(0, 4, "127.");
+}
+// browser attacks on a local server (issue 11, defect 6). null when the request may go on,
+// else "<kind> <message>": h = a malformed Host (400), f = a foreign Host (403), o = a
+// foreign Origin (403).
+//   - http/1.1 needs exactly one Host (rfc 9112 3.2);
+//   - dns rebinding: a page on evil.example whose name now resolves to 127.0.0.1 reaches a
+//     keyless loopback server with Host: evil.example. so when the server is keyless and bound
+//     to loopback, only loopback names (and --allowed-hosts) are served; --host with another
+//     address or --api-key lifts the check (the operator exposed or protected the server);
+//   - a cross-origin page could post to the api and read nothing, but still run generations:
+//     a request with an Origin other than the server's own needs --cors.
+static const char* serve_origin_refused(const HttpRequest& rq) {
+    const ServeOptions& o = g_serve.opt;
+    int hosts = 0;
+    const std::string* host = nullptr;
+    for (const auto& h : rq.headers) if (h.first == "host") { hosts++; host = &h.second; }
+    if (hosts > 1 || (rq.minor >= 1 && hosts == 0) || (host && host->empty())) return "h HTTP/1.1 requests need exactly one Host header";
+    if (host && o.api_key.empty() && serve_is_loopback(serve_host_name(o.host))) {
+        std::string name = serve_host_name(*host);
+        bool ok = serve_is_loopback(name) || name == http_lower(o.host);
+        for (const auto& a : o.allowed_hosts) ok = ok || name == a;
+        if (!ok) return "f this server answers loopback host names only (see --allowed-hosts, --host)";
+    }
+    if (!o.cors) {
+        const std::string* origin = rq.header("origin");
+        if (origin && !(host && http_lower(*origin) == "http://" + http_lower(*host)))
+            return "o cross-origin requests need a server started with --cors";
+    }
+    return nullptr;
+}
+
 // one request whose head is parsed (and consumed from c->in). returns whether to keep the
 // connection for another request.
 static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0) {
@@ -2482,18 +2576,27 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         serve_log_request(lg);
         return k;
     };
+    if (const char* why = serve_origin_refused(rq))
+        return early(serve_make_error(why[0] == 'h' ? 400 : 403, why[0] == 'h' ? "invalid_request_error" : why[0] == 'f' ? "host_not_allowed" : "cross_origin_refused",
+                                      why + 2));
     if (rq.method == "OPTIONS") {
         serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
         lg.status = 204; serve_log_request(lg);
         return keep && !has_body;
     }
-    if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint"));
+    if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint: " + serve_log_path(p)));
     if (post_route ? rq.method != "POST" : !is_get)
         return early(serve_make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
                      post_route ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
     if (route != SERVE_ROUTE_HEALTH && !serve_authorized(rq))
         return early(serve_make_error(401, "invalid_api_key", "missing or invalid api key"), "WWW-Authenticate: Bearer\r\n");
     if (post_route && serve_stopping()) return early(serve_make_error(503, "server_shutting_down", "the server is shutting down"));
+    if (post_route) {  // json only: a browser's "simple" text/plain or form post is no api call
+        const std::string* ct = rq.header("content-type");
+        std::string mt = ct ? http_lower(http_trim(ct->substr(0, ct->find(';')))) : "";
+        if (mt != "application/json")
+            return early(serve_make_error(415, "unsupported_media_type", "request bodies must be Content-Type: application/json"));
+    }
     std::string body;
     if (has_body) {
         int r = serve_conn_read_body(c, rq, t0, &body);
@@ -2548,7 +2651,9 @@ static void serve_conn_serve(ServeConn* c) {
         size_t scanned = 0;  // parse again only when a new line arrived (a head dribbled byte by byte stays linear)
         for (;;) {
             hl = 0;
-            if (memchr(c->in.data() + scanned, '\n', c->in.size() - scanned) || c->in.size() > s.lim.max_head)
+            // a new line, too much, or the first bytes of a request line (binary is refused at once)
+            if (memchr(c->in.data() + scanned, '\n', c->in.size() - scanned) || c->in.size() > s.lim.max_head ||
+                (c->in.size() <= 256 && !memchr(c->in.data(), '\n', c->in.size())))
                 hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
             if (hl != 0) break;
             scanned = c->in.size();
@@ -2562,6 +2667,7 @@ static void serve_conn_serve(ServeConn* c) {
             if (r <= 0) return;
         }
         if (hl < 0) {
+            c->head = rq.method == "HEAD";
             ServeReqLog lg; lg.t0 = t0; lg.method = rq.method.empty() ? "-" : rq.method; lg.path = rq.path;
             bool anth = !rq.path.compare(0, 12, "/v1/messages");
             serve_conn_send_error(c, anth, http_error((int)-hl), false, &lg);
@@ -2569,6 +2675,7 @@ static void serve_conn_serve(ServeConn* c) {
             return;  // after a parse error the stream is out of sync: close
         }
         c->in.erase(0, (size_t)hl);
+        c->head = rq.method == "HEAD";
         bool keep = serve_handle_request(c, rq, t0);
         serve_release(c);  // the request's body (and the json made from it) are gone now
         if (!keep) return;
@@ -2698,7 +2805,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
         }
         if (full) {  // one best-effort write, no waiting: the main thread never blocks on a client
             std::string b = serve_error_body(false, serve_make_error(503, "server_overloaded", "too many open connections"));
-            std::string resp = http_response_head(503, "application/json", (long long)b.size(), false) + b;
+            std::string resp = http_response_head(503, "application/json", (long long)b.size(), false, "Retry-After: 1\r\n") + b;
             ssize_t w = send(fd, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)w;
             close(fd);

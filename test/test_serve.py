@@ -588,8 +588,8 @@ def test_openai_errors(oai, mid):
         ({"max_completion_tokens": 0}, "invalid_request_error", "max_completion_tokens"),
         ({"extra_body": {"bogus_field": 1}}, "unknown_parameter", "bogus_field"),
         ({"response_format": {"type": "json_object"}}, "response_format_not_supported", "response_format"),
-        ({"tools": [{"type": "web_search"}]}, "tool_type_not_supported", "tools"),
-        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "invalid_request_error", "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tool_type_not_supported", "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "invalid_request_error", "tools[0].function.name"),
         ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice_not_supported", "tool_choice"),
         ({"extra_body": {"reasoning_effort": "bogus"}}, "invalid_request_error", "reasoning_effort"),
         ({"stop": [""]}, "invalid_request_error", "stop"),
@@ -788,7 +788,7 @@ def test_oversize_body(lim):
     c.close()
     # chunked: the limit applies as the chunks arrive
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunk = b"%x\r\n" % (256 << 10) + b"a" * (256 << 10) + b"\r\n"
     try:
         for _ in range(6):
@@ -832,7 +832,7 @@ def test_body_memory_budget(lim):
 def test_header_limits(lim):
     mid = model_id(lim.port)
     c = Conn(lim.port)
-    c.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (70 << 10) + b"\r\n\r\n")
+    c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (70 << 10) + b"\r\n\r\n")
     st, _, _ = c.response()
     assert st == 413 and c.closed()
     c.close()
@@ -845,20 +845,20 @@ def test_header_limits(lim):
 
 
 @pytest.mark.parametrize("head", [
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\nhello",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\nhello",
-    b"GET /health HTTP/1.1\r\nHost: x\r\n folded: line\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: +5\r\n\r\nhello",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 0x5\r\n\r\nhello",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length : 5\r\n\r\nhello",
+    b"GET /health HTTP/1.1\r\nHost: localhost\r\n folded: line\r\n\r\n",
     b"GET /health HTTP/1.1\r\nHost: x\rX: y\r\n\r\n",
     b"GET /health\r\n\r\n",
     b"GET  /health HTTP/1.1\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # tls to a plain port
-    b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
 ])
 def test_bad_framing_400_and_close(lim, head):
     mid = model_id(lim.port)
@@ -881,7 +881,7 @@ def test_random_garbage(lim):
     seeds = [http("POST", "/v1/chat/completions", chat_body(mid, max_tokens=2)),
              http("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "x"}]}).encode()),
-             b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n"]
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n"]
     for it in range(60):
         b = bytearray(seeds[it % 3])
         for _ in range(rnd.randint(1, 6)):
@@ -907,7 +907,7 @@ def test_random_garbage(lim):
             data = b""
         finally:
             c.close()
-        assert data == b"" or re.match(rb"HTTP/1\.1 (200|400|401|404|405|408|413|417|501|505) ", data), data[:200]
+        assert data == b"" or re.match(rb"HTTP/1\.1 (200|400|401|403|404|405|408|413|415|417|501|505) ", data), data[:200]
     assert_healthy(lim.port, mid)
 
 
@@ -954,7 +954,7 @@ def test_headers_byte_by_byte(lim):
     c = Conn(lim.port)
     t0 = time.time()
     try:
-        for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+        for b in b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 100:
             c.send(bytes([b]))
             time.sleep(0.05)
     except (BrokenPipeError, ConnectionResetError):
@@ -980,7 +980,7 @@ def test_expect_100_continue(lim):
     body = chat_body(mid, max_tokens=4)
     c = Conn(lim.port)
     t0 = time.time()
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body))
     st, _, _ = c.response(head_only=True)
     assert st == 100 and time.time() - t0 < 0.1
@@ -989,7 +989,7 @@ def test_expect_100_continue(lim):
     c.close()
     # an oversize body is refused before it is sent
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n")
     assert c.response()[0] == 413
     c.close()
 
@@ -998,7 +998,7 @@ def test_chunked_request_body(lim):
     mid = model_id(lim.port)
     body = chat_body(mid, max_tokens=4)
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     c.send(b"%x;ext=1\r\n" % 10 + body[:10] + b"\r\n" + b"%X\r\n" % (len(body) - 10) + body[10:] + b"\r\n")
     c.send(b"0\r\nX-Trailer: t\r\n\r\n")
     st, _, b = c.response()
@@ -1022,7 +1022,7 @@ def test_pipelined_requests(lim):
     c.close()
     # a body on a GET is consumed exactly, so the next request parses (cpp-httplib#2028)
     c = Conn(lim.port)
-    c.send(b"GET /health HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET /nope HTTP/1.1\r\n\r\n" + http("GET", "/v1/models"))
+    c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20\r\n\r\nGET /nope HTTP/1.1\r\n\r\n" + http("GET", "/v1/models"))
     assert [c.response()[0] for _ in range(2)] == [200, 200]
     c.close()
 
@@ -1049,7 +1049,7 @@ def test_http10_stream(lim):
     mid = model_id(lim.port)
     body = chat_body(mid, stream=True, max_tokens=4)
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.send(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     st, h, b = c.response()  # no chunking: the body ends with the connection
     assert st == 200 and "transfer-encoding" not in h and b.endswith(b"data: [DONE]\n\n")
     c.close()
