@@ -2519,7 +2519,9 @@ static std::string serve_host_name(std::string h) {
     return h;
 }
 static bool serve_is_loopback(const std::string& h) {
-    return h == "localhost" || h == "::1" || h == "[::1]" || !h.compare(0, 4, "127.");
+    if (h == "localhost" || h == "::1" || h == "[::1]") return true;
+    struct in_addr a;  // 127.0.0.0/8, written as a dotted quad
+    return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 // browser attacks on a local server (issue 11, defect 6). null when the request may go on,
 // else "<kind> <message>": h = a malformed Host (400), f = a foreign Host (403), o = a

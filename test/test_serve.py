@@ -1114,6 +1114,7 @@ def test_queue_full_429_and_timeout_503_health_answers(lim):
     t0 = time.time()
     st, _, body = request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=4))
     assert st == 429 and json.loads(body)["error"]["code"] == "server_overloaded" and time.time() - t0 < 0.5
+    assert request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=4))[1]["retry-after"] == "1"
     st, _, body = request(lim.port, "POST", "/v1/messages",
                           json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}).encode())
     assert st == 429 and json.loads(body)["error"]["type"] == "rate_limit_error"
@@ -1123,8 +1124,8 @@ def test_queue_full_429_and_timeout_503_health_answers(lim):
     assert request(lim.port, "GET", "/v1/models")[0] == 200
     assert time.time() - t0 < 0.3
     # the pending one gives up after --pending-timeout-ms 600
-    st, _, body = b.response()
-    assert st == 503 and json.loads(body)["error"]["code"] == "request_queue_timeout"
+    st, h, body = b.response()
+    assert st == 503 and json.loads(body)["error"]["code"] == "request_queue_timeout" and h["retry-after"] == "1"
     b.close()
     assert a.read_until(STREAM_END).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     a.close()
@@ -1190,8 +1191,8 @@ def test_connection_cap():
             c.send(http("GET", "/health"))
             assert c.response()[0] == 200
         c = Conn(s.port)  # a third: told so and closed, the main thread never blocks on it
-        st, _, body = c.response()
-        assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded"
+        st, h, body = c.response()
+        assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded" and h["retry-after"] == "1"
         c.close()
         a.close()
         b.close()
@@ -1203,6 +1204,119 @@ def test_connection_cap():
         assert request(s.port, "GET", "/health")[0] == 200
     finally:
         assert s.stop() == 0
+
+
+# ---------------------------------------------------------------------------------------
+# issue 11: http framing and browser attacks
+
+def test_unknown_path_404_names_it(lim):
+    st, _, body = request(lim.port, "POST", "/v1/chat/completion", b"{}")
+    e = json.loads(body)["error"]
+    assert st == 404 and e["code"] == "not_found" and "/v1/chat/completion" in e["message"]
+
+
+def test_head_errors_have_no_body(lim):
+    c = Conn(lim.port)
+    c.send(http("HEAD", "/nope") + http("HEAD", "/v1/models/other") + http("GET", "/health"))
+    for want in (404, 404):
+        st, h, _ = c.response(head_only=True)
+        assert st == want and int(h["content-length"]) > 0 and h["connection"] == "keep-alive"
+    st, _, body = c.response()  # nothing of the error bodies was sent: the framing holds
+    assert st == 200 and json.loads(body) == {"status": "ok"}
+    c.close()
+
+
+def test_reset_mid_body_is_499(lim):
+    since = len(lim.log)
+    c = Conn(lim.port)
+    c.send(http("POST", "/v1/chat/completions", b"", {"Content-Length": "1000"}) + b'{"model":')
+    time.sleep(0.2)
+    c.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # close -> rst
+    c.close()
+    line = lim.wait_log(r"ninfer-serve: \d+ POST /v1/chat/completions", since=since)
+    assert line.startswith("ninfer-serve: 499 ") and "code=client_closed" in line, line
+
+
+@pytest.mark.parametrize("first", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"\x00\x00\x00\x00",
+                                   b"GET /health HTTQ", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_binary_first_bytes_400_at_once(lim, first):
+    c = Conn(lim.port)
+    t0 = time.time()
+    c.send(first)  # no newline, no eof: only the bytes themselves say it is not http
+    st, h, _ = c.response()
+    assert st == 400 and time.time() - t0 < 0.5 and h["connection"] == "close"
+    c.close()
+
+
+def test_http11_needs_one_host(lim):
+    for head in (b"GET /health HTTP/1.1\r\n\r\n", b"GET /health HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\n\r\n",
+                 b"GET /health HTTP/1.1\r\nHost:\r\n\r\n"):
+        c = Conn(lim.port)
+        c.send(head)
+        st, _, body = c.response()
+        assert st == 400 and "Host" in json.loads(body)["error"]["message"], head
+        c.close()
+    c = Conn(lim.port)
+    c.send(b"GET /health HTTP/1.0\r\n\r\n")  # http/1.0 has no Host requirement
+    assert c.response()[0] == 200
+    c.close()
+
+
+def test_dns_rebinding_host_refused():
+    # keyless on loopback (the default): only loopback names, and --allowed-hosts
+    s = Server("--allowed-hosts", "my.box,Other.Box")
+    try:
+        for host, want in (("evil.example", 403), ("evil.example:%d" % s.port, 403), ("127.0.0.1.evil.example", 403),
+                           ("localhost", 200), ("localhost:%d" % s.port, 200), ("127.0.0.1:%d" % s.port, 200),
+                           ("[::1]:%d" % s.port, 200), ("MY.BOX", 200), ("other.box:1", 200)):
+            st, _, body = request(s.port, "GET", "/v1/models", headers={"Host": host})
+            assert st == want, (host, body)
+            if st == 403:
+                assert json.loads(body)["error"]["code"] == "host_not_allowed"
+        st, _, _ = request(s.port, "POST", "/v1/chat/completions", b"{}", headers={"Host": "evil.example"})
+        assert st == 403
+    finally:
+        assert s.stop() == 0
+    # an api key protects the server: any Host may ask (and must authenticate)
+    s = Server("--api-key", "k")
+    try:
+        assert request(s.port, "GET", "/health", headers={"Host": "my.server.example"})[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_cross_origin_needs_cors(srv, lim):
+    # srv: no --cors. a page on another origin cannot make the server generate
+    body = chat_body(model_id(srv.port, API_KEY), max_tokens=2)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for origin in ("http://evil.example", "null", "http://localhost:1"):
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", body, headers={**auth, "Origin": origin})
+        assert st == 403 and json.loads(b)["error"]["code"] == "cross_origin_refused", origin
+    st, _, _ = request(srv.port, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.example"})
+    assert st == 403
+    # its own origin is no cross-origin request
+    st, _, _ = request(srv.port, "POST", "/v1/chat/completions", body,
+                       headers={**auth, "Host": f"127.0.0.1:{srv.port}", "Origin": f"http://127.0.0.1:{srv.port}"})
+    assert st == 200
+    # lim runs with --cors
+    st, h, _ = request(lim.port, "POST", "/v1/chat/completions", chat_body(model_id(lim.port), max_tokens=2),
+                       headers={"Origin": "http://evil.example"})
+    assert st == 200 and h["access-control-allow-origin"] == "*"
+
+
+def test_post_needs_json_content_type(lim):
+    mid = model_id(lim.port)
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        c = Conn(lim.port)
+        raw = http("POST", "/v1/chat/completions", chat_body(mid, max_tokens=2))
+        raw = raw.replace(b"Content-Type: application/json\r\n", b"" if ct is None else b"Content-Type: " + ct.encode() + b"\r\n")
+        c.send(raw)
+        st, _, body = c.response()
+        assert st == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type", ct
+        c.close()
+    st, _, _ = request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=2),
+                       headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    assert st == 200
 
 
 # ---------------------------------------------------------------------------------------
@@ -1272,6 +1386,8 @@ def test_flags_errors():
         (["--draft-tokens", "3"], "--draft-tokens needs --spec"),
         (["--spec", "mtp", "--draft-tokens", "9"], "1..5"),
         (["--cors=yes"], "--cors takes no value"),
+        (["--api-key", ""], "--api-key: the key is empty"),
+        (["--allowed-hosts", ","], "missing or bad value for --allowed-hosts"),
         (["--no-prefix-reuse", "--host-kv-mib", "1"], "--no-prefix-reuse cannot be combined with --host-kv-mib"),
         (["--max-concurrency", "4"], "--max-concurrency 4 is not supported yet"),
         (["--response-store-max-records", "5"], "not supported yet"),
