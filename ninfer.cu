@@ -43,6 +43,9 @@
 #include <time.h>      // defines: clock_gettime
 #include <ctype.h>     // defines: isspace
 #include <errno.h>     // defines: errno
+#include <dirent.h>    // defines: opendir, readdir (the "did you mean" of a mistyped model path)
+#include <strings.h>   // defines: strcasecmp
+#include <sys/stat.h>  // defines: stat, S_ISDIR
 #include <omp.h>       // defines: omp_get_max_threads
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
@@ -482,8 +485,26 @@ struct Model {
     Weights w;
 };
 
+// a path that does not exist but names a file beside it in another case (the 4b card downloads
+// qwen3_5_4B.ninfer and runs models/qwen3_5_4b.ninfer): " (did you mean 'models/qwen3_5_4B.ninfer'?)"
+static std::string path_case_hint(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 || errno != ENOENT) return "";
+    std::string p = path;
+    size_t sl = p.rfind('/');
+    std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : p.substr(0, sl);
+    std::string base = sl == std::string::npos ? p : p.substr(sl + 1);
+    DIR* d = opendir(dir.c_str());
+    if (!d) return "";
+    std::string hint;
+    while (struct dirent* e = readdir(d))
+        if (!strcasecmp(e->d_name, base.c_str())) { hint = " (did you mean '" + (sl == std::string::npos ? "" : p.substr(0, sl + 1)) + e->d_name + "'?)"; break; }
+    closedir(d);
+    return hint;
+}
+
 static bool model_open(Model* m, const char* path, std::string* err) {
-    if (!artifact_open(&m->art, path, err)) return false;
+    if (!artifact_open(&m->art, path, err)) { *err += path_case_hint(path); return false; }
     if (!geometry_from_artifact(&m->art, &m->geo, err)) return false;
     if (!bind_weights(&m->art, m->geo, &m->w, err)) return false;
     return true;
@@ -5716,6 +5737,13 @@ static bool text_model_open(TextModel* t, const char* path, std::string* err) {
 // build the engine: on the gpu unless `cpu` or there is none (then a notice on stderr)
 static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const char* who, std::string* err) {
     bool gpu = !cpu && gpu_count() > 0;
+    // the cpu reference keeps one fp32 kv of exactly --max-context rows: kv formats and pool
+    // sizes are the gpu's, refused rather than ignored
+    if (!gpu && (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity != o.max_context))) {
+        *err = "--kv-capacity is a gpu setting; the cpu reference path holds --max-context rows (give --max-context instead)";
+        return false;
+    }
+    if (!gpu && o.kv != KV_BF16) { *err = "--kv-dtype int8 / fp8 are gpu kv formats; the cpu reference path keeps fp32 kv"; return false; }
     if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
     return engine_build(&t->en, &t->m, gpu, o, err);
 }
@@ -5943,8 +5971,10 @@ static uint64_t parse_u64(const char* flag, const char* s) {
 }
 
 static std::string read_file(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) die("%s: is a directory, not a file", path);
     FILE* f = fopen(path, "rb");
-    if (!f) die("%s: cannot open: %s", path, strerror(errno));
+    if (!f) die("%s: cannot open: %s%s", path, strerror(errno), path_case_hint(path).c_str());
     std::string s;
     char buf[1 << 16];
     size_t n;
@@ -6034,6 +6064,21 @@ int main(int argc, char** argv) {
     int inputs = !!prompt_text + !!messages_path + !!raw_prompt + !!prompt_ids + !!ppl_path + tokenize;
     if (inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
     if (render && !prompt_text && !messages_path) die("--render needs --prompt or --messages");
+    if (info && (inputs || render || logits_path || print_ids))
+        die("--info prints the artifact and exits: it takes no --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize, --render or --logits-out");
+    // text arguments are utf-8, as request strings are for the server (an invalid byte is an
+    // error there too, not a silent U+FFFD)
+    for (auto [flag, v] : {std::pair<const char*, const char*>{"--prompt", prompt_text}, {"--raw-prompt", raw_prompt}})
+        if (v && !utf8_valid(v, strlen(v))) {
+            size_t at = 0, n = strlen(v);
+            while (at < n) {  // the first ill-formed sequence
+                unsigned char c = (unsigned char)v[at];
+                size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+                if (at + len > n || !utf8_valid(v + at, len)) break;
+                at += len;
+            }
+            die("%s: the text is not valid utf-8 (byte %zu)", flag, at);
+        }
     if (logits_path && (!(prompt_text || messages_path || raw_prompt || prompt_ids) || render))
         die("--logits-out needs a prompt (--prompt, --messages, --raw-prompt or --prompt-ids)");
     gopt.max_context = max_context;

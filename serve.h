@@ -2004,20 +2004,27 @@ struct ServeGen {
     int block = -1, block_kind = -1;  // anthropic: the open content block (0 thinking, 1 text, 2 tool)
 };
 
-static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
+// the openai response envelope, streamed (object "chat.completion.chunk", choice field
+// "delta") or whole ("chat.completion", "message"): {id, object, created, model, choices:
+// [{index: 0, <field>: body, logprobs: null, finish_reason}]}
+static Json openai_envelope(ServeGen* g, bool chunk, Json body, const char* finish) {
     Json ch = Json::object();
     ch.set("index", Json::integer(0));
-    ch.set("delta", delta);
+    ch.set(chunk ? "delta" : "message", body);
     ch.set("logprobs", Json());
     ch.set("finish_reason", finish ? Json::string(finish) : Json());
     Json choices = Json::array();
     choices.push(ch);
     Json o = Json::object();
     o.set("id", Json::string(g->id));
-    o.set("object", Json::string("chat.completion.chunk"));
+    o.set("object", Json::string(chunk ? "chat.completion.chunk" : "chat.completion"));
     o.set("created", Json::integer(g->created));
     o.set("model", Json::string(g->model));
     o.set("choices", choices);
+    return o;
+}
+static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
+    Json o = openai_envelope(g, true, delta, finish);
     if (g->include_usage) o.set("usage", Json());
     return o;
 }
@@ -2191,19 +2198,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
             }
             msg.set("tool_calls", arr);
         }
-        Json ch = Json::object();
-        ch.set("index", Json::integer(0));
-        ch.set("message", msg);
-        ch.set("logprobs", Json());
-        ch.set("finish_reason", Json::string(finish));
-        Json choices = Json::array();
-        choices.push(ch);
-        Json o = Json::object();
-        o.set("id", Json::string(g->id));
-        o.set("object", Json::string("chat.completion"));
-        o.set("created", Json::integer(g->created));
-        o.set("model", Json::string(g->model));
-        o.set("choices", choices);
+        Json o = openai_envelope(g, false, msg, finish.c_str());
         o.set("usage", usage);
         serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         return;
