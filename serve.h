@@ -1086,8 +1086,7 @@ static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
         if (st && !st->is_null() && !st->is_bool()) return api_fail(e, at + ".function.strict", "function.strict must be a boolean");
         if (st && st->is_bool() && st->b)  // a promise that the arguments match the schema: that needs constrained decoding
             return api_fail(e, at + ".function.strict", "strict tool schemas are not supported (no constrained decoding)", "strict_not_supported");
-        Json fn = Json::object();
-        for (const auto& kv : f->obj) if (!kv.second.is_null() && kv.first != "strict") fn.set(kv.first, kv.second);
+        Json fn = *f;  // rendered as the client sent it, as transformers renders a tool list
         if (!p || p->is_null()) {
             Json schema = Json::object();
             schema.set("type", Json::string("object"));

@@ -1304,6 +1304,31 @@ def test_cross_origin_needs_cors(srv, lim):
     assert st == 200 and h["access-control-allow-origin"] == "*"
 
 
+def test_fields_refused_by_name(lim):
+    # issue 11: nonsense that used to pass, over http on either engine; anthropic's message
+    # names the field the way openai's param does
+    mid = model_id(lim.port)
+    u = [{"role": "user", "content": "x"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for extra, param in (({"user": {"id": 1}}, "user"), ({"metadata": "x"}, "metadata"),
+                         ({"stream_options": {"include_usage": True}}, "stream_options"), ({"tool_choice": "auto"}, "tool_choice"),
+                         ({"messages": u + [{"role": "tool", "content": "r"}]}, "messages[1].tool_call_id"),
+                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]},
+                          "tools[0].function.parameters.type"),
+                         ({"tools": tools + tools}, "tools[1].function.name")):
+        st, _, body = request(lim.port, "POST", "/v1/chat/completions", dict({"model": mid, "messages": u}, **extra))
+        assert st == 400 and json.loads(body)["error"]["param"] == param, (extra, body)
+    a = {"model": "m", "max_tokens": 4, "messages": u}
+    for body_, param in (({"model": "m", "messages": u}, "max_tokens"),
+                         (dict(a, output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}), "output_config.format"),
+                         (dict(a, metadata="x"), "metadata"), (dict(a, tool_choice={"type": "auto"}), "tool_choice"),
+                         (dict(a, tools=[{"name": "f", "input_schema": {"type": 12}}]), "tools[0].input_schema.type")):
+        st, _, body = request(lim.port, "POST", "/v1/messages", body_)
+        e = json.loads(body)["error"]
+        assert st == 400 and e["type"] == "invalid_request_error" and e["message"].startswith(param + ": "), (param, body)
+    assert_healthy(lim.port, mid)
+
+
 def test_post_needs_json_content_type(lim):
     mid = model_id(lim.port)
     for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
