@@ -5813,6 +5813,11 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
         err->message = "this model's chat template has no reasoning effort levels";
         return false;
     }
+    if (chat.preserve_thinking) {  // the qwen3.5 template always drops closed-turn reasoning
+        err->code = "preserve_thinking_not_supported"; err->param = "preserve_thinking";
+        err->message = "this model's chat template has no option to keep closed-turn reasoning";
+        return false;
+    }
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
