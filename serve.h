@@ -427,8 +427,8 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
             else
                 for (size_t a0 = 0; a0 <= v.size();) {
                     size_t c = std::min(v.find(',', a0), v.size());
-                    std::string h = v.substr(a0, c - a0);
-                    for (auto& ch : h) if (ch >= 'A' && ch <= 'Z') ch += 32;
+                    std::string h;
+                    for (char ch : v.substr(a0, c - a0)) if (ch != ' ' && ch != '\t') h.push_back(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
                     if (!h.empty()) o->allowed_hosts.push_back(h);
                     a0 = c + 1;
                 }

@@ -34,6 +34,23 @@ TEST(HttpHead, EveryPrefixNeedsMore) {
     EXPECT_FALSE(rq.keep_alive);
 }
 
+// issue 11, defect 7: bytes that cannot start a request line are refused before the line
+// ends (a tls hello has no newline for a long while); every prefix of a real one waits
+TEST(HttpHead, ImpossibleFirstLineRefusedAtOnce) {
+    const char* bad[] = {"\x16\x03\x01", "\x00", "GET\t/", "GET  /", "GET /a\x01", "GET / HTTX", "GET / HTTP/a", "GET / HTTP/1.1x",
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "{\"model\":1}", "GET / HTTP/1.1\rX"};
+    for (const char* b : bad) {
+        HttpRequest rq;
+        EXPECT_EQ(http_parse_head(b, strlen(b) + (b[0] ? 0 : 1), limits(), &rq), -400) << b;
+    }
+    for (const char* good : {"POST /v1/chat/completions?x=1 HTTP/1.1\r\n", "OPTIONS * HTTP/1.0\r\n", "GET http://a/b HTTP/1.1\r\n"}) {
+        for (size_t n = 0; n < strlen(good); n++) {
+            HttpRequest rq;
+            EXPECT_EQ(http_parse_head(good, n, limits(), &rq), 0) << good << " at " << n;
+        }
+    }
+}
+
 TEST(HttpHead, LeadingCrlfAndBareLf) {
     HttpRequest rq;
     std::string s = "\r\n\r\nGET /health HTTP/1.1\nHost: a\n\n";
@@ -238,6 +255,12 @@ TEST(Flags, Errors) {
     EXPECT_EQ(args({"m", "--seed", "-1"}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--kv-capacity", "lots"}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--vision=1"}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--api-key", ""}, &o, &err), 1);  // an empty key would turn authentication off
+    EXPECT_NE(err.find("--api-key"), std::string::npos);
+    EXPECT_EQ(args({"m", "--api-key="}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--allowed-hosts", ", ,"}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--allowed-hosts", "A.example, b"}, &o, &err), 0) << err;
+    EXPECT_EQ(o.allowed_hosts, (std::vector<std::string>{"a.example", "b"}));
     EXPECT_EQ(args({"m", "n"}, &o, &err), 1);
     EXPECT_EQ(args({}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--help"}, &o, &err), 2);
