@@ -6,10 +6,11 @@
 //   engine interface: ServeChat, ServePrompt, ServeSampling, ServeEvent, ServeSink,
 //                     ServeResult, ServeError, ServeEngine, ServeBackend
 //   options:          ServeOptions, serve_parse_args, serve_check_features, serve_usage
-//   http:             HttpLimits, HttpRequest, http_parse_head, ChunkedDecoder, chunked_feed,
-//                     http_status_text
+//   http:             HttpLimits, HttpRequest, http_line_plausible, http_parse_head, ChunkedDecoder,
+//                     chunked_feed, http_status_text
 //   output:           utf8_take (hold back a split code point), sse_data, sse_event
-//   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat)
+//   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat; every
+//                     field used or refused by name), api_check_schema
 //   server:           serve_main
 //
 // depends only on the c/c++ standard library, posix sockets / pthreads and format.h (Json).
@@ -19,6 +20,9 @@
 // the shape of the server (see shared/docs/server.md for the checklist it follows):
 //   - the main thread accepts; one detached thread per connection reads requests, answers
 //     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare);
+//   - before any of that, serve_origin_refused turns away what a browser page could send a
+//     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
+//     Origin without --cors; POST bodies must be application/json;
 //   - one engine thread owns the model and runs queued requests one at a time in fifo order
 //     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
 //     and a request that waits longer than --pending-timeout-ms gets 503;
