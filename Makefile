@@ -26,6 +26,7 @@ LDLIBS   := -lgomp -lpthread -ldl -lrt
 GTEST    := -lgtest_main -lgtest -lpthread
 
 HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h)
+TEST_HEADERS := test/test_util.h test/dev_kernels.cuh
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
 
@@ -89,7 +90,7 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 
 # the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
 # benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
-$(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) Makefile
+$(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
 
@@ -97,10 +98,10 @@ TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test
 
 # the whole-model gpu forward against the cpu reference (skips without a gpu), and the
 # pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128
-$(BUILD)/test/test_gpu: test/test_gpu.cu ninfer.cu $(HEADERS) Makefile
+$(BUILD)/test/test_gpu: test/test_gpu.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_gpu.cu $(LDLIBS) $(GTEST)
-$(BUILD)/test/bench_gpu: test/bench_gpu.cu ninfer.cu $(HEADERS) Makefile
+$(BUILD)/test/bench_gpu: test/bench_gpu.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_gpu.cu $(LDLIBS)
 TEST_BINS += $(BUILD)/test/test_gpu

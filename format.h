@@ -2,7 +2,7 @@
 //
 // defines:
 //   json:      Json (a parsed value, member order kept), json_parse, json_write, json_escape,
-//              utf8_valid, utf8_encode
+//              utf8_valid, utf8_encode, utf8_lossy (ill-formed bytes -> U+FFFD, streaming or final)
 //   numbers:   bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16
 //   container: NumFormat, Layout, TensorObject (directory entry), Artifact (mmap'd file),
 //              artifact_open, artifact_close, artifact_find, encoded_size, format_name, ...
@@ -57,6 +57,39 @@ static inline bool utf8_valid(const char* s, size_t n) {
         i += len;
     }
     return true;
+}
+
+// append s[0..n) to out with every ill-formed sequence replaced by U+FFFD, one per maximal
+// subpart (unicode's recommended practice; what rust's String::from_utf8_lossy and python's
+// bytes.decode('utf-8', 'replace') do, hence what hf tokenizers sees). with final=false a
+// truncated but still possible sequence at the end is not consumed: returns the number of
+// bytes consumed (== n when final).
+static inline size_t utf8_lossy(std::string* out, const char* s, size_t n, bool final = true) {
+    const unsigned char* p = (const unsigned char*)s;
+    size_t i = 0;
+    while (i < n) {
+        size_t run = i;  // copy ascii runs at once
+        while (i < n && p[i] < 0x80) i++;
+        if (i > run) out->append(s + run, i - run);
+        if (i >= n) break;
+        unsigned c = p[i];
+        int len; unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else { out->append("\xEF\xBF\xBD"); i++; continue; }
+        int k = 1;
+        while (k < len && i + k < n) {
+            unsigned b = p[i + k];
+            if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+            k++;
+        }
+        if (k == len) { out->append(s + i, len); i += len; continue; }
+        if (i + k >= n && !final) return i;  // a possible sequence cut by the end: keep it
+        out->append("\xEF\xBF\xBD");
+        i += k;
+    }
+    return n;
 }
 
 // append the utf-8 encoding of code point cp (assumed valid) to out

@@ -1,5 +1,8 @@
-// ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention,
-// mtp head, vision tower) from .ninfer artifacts, in one cuda translation unit.
+// ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention)
+// from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
+// on the cpu reference path); the mtp head is a cpu reference only today (mtp_forward_cpu,
+// no speculative decoding yet); the vision tower is bound and checked but not run (not
+// written yet).
 //
 // contents (sections are in dependency order; grep for the banner "// === N.")
 //   1. includes and checks   CHECK macros, cuda error checks, timers
@@ -16,17 +19,23 @@
 //                            counter-based rng, the arithmetic shared with the gpu sampler
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
 //                            loop, perplexity
-//   7. kernels               the gpu kernel layer: quantized gemv / tensor-core gemm over the
-//                            stored formats, norms, m-rope, conv + gdn with state slots,
-//                            attention (bf16 / int8 / fp8 kv, split-k decode, flash prefill),
-//                            argmax and the sampler on the device
-//   8. gpu forward           loading into one device arena, sequence state, the forward pass,
-//                            cuda graph decode, generate_gpu / perplexity_gpu
+//   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
+//                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
+//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope),
+//                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
+//                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
+//                            7.7 argmax, 7.8 sampling on the device, 7.9 shared-memory matrix
+//                            helpers, 7.10 gemm + linear, 7.11 deltanet prefill (recurrent),
+//                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init
+//   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
+//                            state, the forward pass, cuda graph decode, generate_gpu /
+//                            perplexity_gpu
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; serve.h's engine interface
-//  12. cli                   poor man's argparse and main (left out when NINFER_TESTING)
+//  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
+//                            one runner per mode, main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
@@ -35,7 +44,7 @@
 // === 1. includes and checks ==================================================
 
 #include <stdio.h>     // defines: printf, fprintf
-#include <stdlib.h>    // defines: exit, strtol
+#include <stdlib.h>    // defines: exit, strtoll, getenv
 #include <stdint.h>    // defines: int64_t, uint16_t
 #include <stdarg.h>    // defines: va_list
 #include <string.h>    // defines: strcmp, memcpy
@@ -46,7 +55,6 @@
 #include <dirent.h>    // defines: opendir, readdir (the "did you mean" of a mistyped model path)
 #include <strings.h>   // defines: strcasecmp
 #include <sys/stat.h>  // defines: stat, S_ISDIR
-#include <omp.h>       // defines: omp_get_max_threads
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
@@ -55,8 +63,8 @@
 #include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
 #include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
 #include <cuda_fp8.h>   // defines: __nv_cvt_float_to_fp8, __nv_cvt_fp8x2_to_halfraw2
-#include "format.h"    // defines: Json, Artifact, artifact_open, Mat, mat_rows, mat_row_dequant
-#include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, chat_render, TextOut, OutEvent
+#include "format.h"    // defines: Json, Artifact, artifact_open, artifact_find, Mat, mat_from, mat_rows
+#include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, tokenizer_decode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
@@ -1538,53 +1546,38 @@ static double token_nll(const float* lg, int vocab, int target) {
 // mean negative log-likelihood over a token sequence, NInfer-style perplexity: the ids are
 // cut into non-overlapping windows of `window` tokens; in each window every token after the
 // first is scored given the window's prefix (a fresh sequence per window). returns the total
-// nll and the number of scored tokens; ppl = exp(nll / n).
-static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const std::vector<int>& ids, int window, int64_t* scored) {
-    const Geometry& g = m->geo;
-    const int piece = logits_piece(r, g.vocab);
-    std::vector<float> logits((size_t)piece * g.vocab);
+// nll and the number of scored tokens; ppl = exp(nll / n). both paths run this loop: reset()
+// starts a fresh sequence, forward(ids, T, logits) runs T tokens with every row's logits
+// (at most `piece` per call).
+template <typename Reset, typename Forward>
+static double perplexity_windows(const std::vector<int>& ids, int window, int piece, int vocab, int64_t* scored, Reset reset,
+                                 Forward forward) {
+    std::vector<float> logits((size_t)piece * vocab);
     double nll = 0.0;
     *scored = 0;
     for (size_t w0 = 0; w0 < ids.size(); w0 += window) {
         int n = (int)std::min<size_t>(window, ids.size() - w0);
-        seq_reset(st);
+        reset();
         for (int i = 0; i < n; i += piece) {
             int T = std::min(piece, n - i);
-            forward_cpu(m, r, st, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true, nullptr);
+            forward(ids.data() + w0 + i, T, logits.data());
             for (int t = 0; t < T && i + t + 1 < n; t++) {  // row t predicts token i+t+1 of the window
-                nll += token_nll(logits.data() + (size_t)t * g.vocab, g.vocab, ids[w0 + i + t + 1]);
+                nll += token_nll(logits.data() + (size_t)t * vocab, vocab, ids[w0 + i + t + 1]);
                 (*scored)++;
             }
         }
     }
     return nll;
 }
+static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const std::vector<int>& ids, int window, int64_t* scored) {
+    return perplexity_windows(ids, window, logits_piece(r, m->geo.vocab), m->geo.vocab, scored, [&] { seq_reset(st); },
+                              [&](const int* x, int T, float* lg) { forward_cpu(m, r, st, x, nullptr, nullptr, T, lg, true, nullptr); });
+}
 
 // === 7. kernels ==============================================================
 //
-// what sections 7-9 define (every kernel is `op_kernel` + one host launcher `op(...)`):
-//   helpers:    bf16_t, CEIL_DIV, SlotMap semantics, warp/block reductions
-//   gemv:       quantized / bf16 matrix times a few activation columns (decode), tensor cores
-//   norms:      rmsnorm (1+w and plain), gated_rmsnorm (x silu(z)), l2norm
-//   elementwise: swiglu, embed_gather (any weight format, per-token overrides), mrope
-//   gdn:        conv_step / conv_prefill / conv_state_update, gdn_gates, gdn_step (recurrent decode)
-//   attention:  kv formats (bf16 / int8 / fp8 with fp16 scales per 64), kv_append, attn_prep (q/k
-//               norm + m-rope + append in one kernel), attn_decode (split-k over context, gqa) +
-//               attn_combine (x sigmoid gate)
-//   sampling:   argmax (two-stage, lowest id on ties); sample_gpu: sample() on the device (logit_bias,
-//               penalties from device counts, top-k by radix select or a full bitonic sort, then
-//               temperature / min_p / top_p / the draw in sample()'s order), sample_accept
-//   prefill:    gemm (mma.sync over exact codes, per-group fp32 scale), linear (gemv or gemm),
-//               gdn_prefill (recurrent, state in registers), gdn_prefill_chunked (wy/ut chunks of
-//               64, tf32 mma), flash_prefill (mma, causal, gqa)
-//   launches:   launch_k + pdl_entry (programmatic dependent launch, off by default)
-//   gpu forward: GpuOpts, GpuEngine (arena, sequence state with gdn slots, workspace), gpu_build /
-//               gpu_free / gpu_reset, gpu_forward (prefill piece or decode columns), gpu_decode
-//               (cuda graph per context bucket), gpu_sampler_bind / gpu_sampler_accept, gpu_pick
-//               (4 bytes to the host per token), gpu_snapshot / gpu_restore,
-//               generate_gpu, perplexity_gpu
-//   interface:  Engine (one sequence on the cpu or the gpu path): engine_build / free / reset /
-//               generate / perplexity / pos / capacity; gpu_parse_flag (main's usage lists the flags)
+// every kernel is `op_kernel` + one host launcher `op(...)`; the table of contents lists the
+// subsections (decode ops 7.2-7.8, then the prefill ops 7.9-7.13).
 //
 // conventions (all kernels):
 //   activations are [columns][features], features fastest, with a row stride `ld` in elements;
@@ -1608,8 +1601,7 @@ typedef __nv_bfloat16 bf16_t;
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 #endif
 
-// ----------------------------------------------------------------------------
-// device helpers
+// ---- 7.1 device helpers ---------------------------------------------------------------------
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16_t f2bf(float x) { return __float2bfloat16(x); }  // round to nearest even
@@ -1640,13 +1632,11 @@ __device__ __forceinline__ float block_sum(float v) {
 // it reads what an earlier kernel wrote or writes what one reads (griddepcontrol.wait: the
 // kernels it depends on have finished and their writes are visible); with the launch
 // attribute the next kernel's blocks can be placed while this one runs, which shortens the
-// gaps between the ~300 kernels of a decode step. launched without the attribute (g_pdl off,
-// or before sm_90) it is a no-op.
-// measured on the h200 (bench-notes): the first try (session 1: every kernel triggering at
-// entry) slowed the 9b step (3.93 -> 4.09 ms: early-placed dependents took the gemv's slots);
-// with the triggers below (small kernels after their wait, gemvs after their main loop, the
-// x-staged gemv's weight prefetch before its wait) it is on by default: 3.43 -> 3.20 ms per
-// step (session 2). NINFER_PDL=0 turns it off.
+// gaps between the ~300 kernels of a decode step. launched without the attribute (GpuTuning::pdl
+// off, or before sm_90) it is a no-op. on by default: faster on sm_90 with the triggers below
+// (small kernels after their wait, gemvs after their main loop, the x-staged gemv's weight
+// prefetch before its wait); triggering at every kernel's entry was slower (test/bench-notes.md,
+// session 2).
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1658,7 +1648,7 @@ __device__ __forceinline__ void pdl_entry() {
 // gemv's blocks then take the idle sms and start streaming their weights (which no kernel
 // writes) before they wait for this kernel's output. a bigger grid does not trigger early,
 // because the early dependents would take slots its own later blocks need (measured for the
-// gemv chain, bench-notes run 3). the gemvs trigger after their main loop (gemv_xs_kernel).
+// gemv chain, bench-notes). the gemvs trigger after their main loop (gemv_xs_kernel).
 __device__ __forceinline__ void pdl_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -1670,7 +1660,7 @@ __device__ __forceinline__ void pdl_entry_small() {
     asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
     if (gridDim.x * gridDim.y * gridDim.z <= nsm) pdl_release();
 }
-static bool g_pdl = false;  // launch with the programmatic-serialization attribute (gpu_kernels_init: sm_90+, NINFER_PDL=0: off)
+static bool g_launch_pdl = false;  // launch with the programmatic-serialization attribute (gpu_kernels_init: sm_90+ and GpuTuning::pdl)
 template <typename... KArgs, typename... Args>
 static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
@@ -1678,7 +1668,7 @@ static void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sme
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr; cfg.numAttrs = g_pdl ? 1 : 0;
+    cfg.attrs = attr; cfg.numAttrs = g_launch_pdl ? 1 : 0;
     cudaCheck(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
@@ -1687,7 +1677,7 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 // torch's softplus: linear above 20
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-// ----------------------------------------------------------------------------
+// ---- 7.2 gemv (decode products) -------------------------------------------------------------
 // gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch), decode's matrix op
 //
 // batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
@@ -1704,7 +1694,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 //     acc += fp16_scale * mma(codes, x). the k order inside a group is permuted (pairs of
 //     lanes i, i+4 share a register, which is what one shift + mask gives); x is permuted the
 //     same way when its fragment is built, so the sum is unchanged.
-//   * a block is NW warps on one 16-row tile (RT tiles with RT > 1); the warps split the k
+//   * a block is NW warps on one 16-row tile; the warps split the k
 //     groups (warp w takes groups [w*D, w*D+D), then +NW*D, ...) so a 4096-row matrix still
 //     fills the machine. partial sums meet in shared memory at the end.
 //   * two ways to get the weights in: the register kernel issues all loads of a stage (D
@@ -1712,12 +1702,11 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 //     then computes it; the async kernel copies 16-row x 2-group tiles into per-warp shared
 //     memory with cp.async, S stages deep, so the next stages are in flight while one is
 //     computed without holding registers. x is read when a group is computed (l1 hits).
-//   * the offset trick (OFFS): the magic values are code + 136/144/160 (q4/q5/q6); instead of
+//   * the offset trick: the magic values are code + 136/144/160 (q4/q5/q6); instead of
 //     a bf16 subtract per pair, one more mma with A = 1 gives sum(x) per group and the fp32
 //     epilogue subtracts offset * sum(x) (w8: lo + 128 and hi + 136 in two accumulators).
-//   * where the time goes (ncu, bench-notes): ~0.2 instructions per weight byte; the register
-//     kernel waits on memory latency (long scoreboard), the async one is issue-bound. the
-//     next step is fewer instructions per byte (two row tiles per warp in the async kernel).
+//   * where the time goes (ncu): the register kernel waits on memory latency, the async one
+//     is issue-bound (test/bench-notes.md, "gemv versions").
 // numerics: products exact (bf16 x small integer), sums fp32 (tensor-core accumulation within
 // a group, fp32 fma across groups and warps; the offset trick cancels ~5 bits of a group's
 // fp32 sum, still ~1e-6 of sum |w x|: measured rel-l2 ~8e-8 vs float64 on fp32 outputs).
@@ -1813,34 +1802,30 @@ template <int F> struct GemvFmt {
 // i = p%4: the shift by 4i brings nibble i to bits 0..3 and nibble i+4 to bits 16..19.
 // hs: the high bits pre-spread for the word (see gemv_spread_high), so the same kind of
 // shift places them at bit 4 (and 5) of each half.
-// OFFS: return code + offset (gemv_offset: 136, 144, 160), the bare magic value; the kernel
-// then subtracts offset * sum(x) per group in fp32, which saves the bf16 fma per pair.
+// the offset trick: the pair is code + offset (GemvOffset: 136, 144, 160), the bare magic
+// value; the kernel subtracts offset * sum(x) per group in fp32, which saves a bf16 fma per
+// pair (the version without it is test/dev_kernels.cuh's variant 4).
 template <int F> struct GemvOffset { static constexpr float v = F == FMT_Q4 ? 136.f : F == FMT_Q5 ? 144.f : F == FMT_Q6 ? 160.f : 0.f; };
-template <int F, bool OFFS>
+template <int F>
 __device__ __forceinline__ uint32_t gemv_pair(const uint32_t (&r)[GemvFmt<F>::RAW], uint32_t hs0, uint32_t hs1, int p) {
     if constexpr (F == FMT_BF16) {
         return r[p];
     } else {
         uint32_t w = p < 4 ? r[0] : r[1];
         int i = p & 3;
-        uint32_t v, off;
         if constexpr (F == FMT_Q4) {
-            v = lop3<LOP_AND_XOR>(w >> (4 * i), 0x000F000Fu, 0x43084308u);  // 128 + (u ^ 8) = code + 136
-            off = BF2(BF_M136);
+            return lop3<LOP_AND_XOR>(w >> (4 * i), 0x000F000Fu, 0x43084308u);  // 128 + (u ^ 8) = code + 136
         } else if constexpr (F == FMT_Q5) {
             // two lop3: the high bits (sign already flipped) with the magic exponent, then the
             // nibbles selected in by mask: 128 + (u ^ 16) = code + 144
             uint32_t hs = p < 4 ? hs0 : hs1;
             uint32_t hm = lop3<LOP_AND_OR>(hs >> i, 0x00100010u, 0x43004300u);
-            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
-            off = BF2(BF_M144);
+            return lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
         } else {  // q6: 128 + (u ^ 32) = code + 160
             uint32_t hs = p < 4 ? hs0 : hs1;
             uint32_t hm = lop3<LOP_AND_OR>(hs >> (2 * i), 0x00300030u, 0x43004300u);
-            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
-            off = BF2(BF_M160);
+            return lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
         }
-        return OFFS ? v : bf2_fma(v, BF2(BF_ONE), off);
     }
 }
 
@@ -1865,14 +1850,10 @@ __device__ __forceinline__ void gemv_spread_high(uint32_t hw, uint32_t& hs0, uin
 
 // w8: one byte per lane; code = 16*hi + lo with hi = byte >> 4 (signed), lo = byte & 15.
 // pair j of a word = its bytes (j, j+2): lanes (0,2), (1,3) of word 0, (4,6), (5,7) of word 1.
-// lo and 16*hi are each exact in bf16. OFFS: lo + 128 and hi + 136 (not times 16).
-template <bool OFFS>
+// with the offset trick: lo + 128 and hi + 136 (not times 16), both exact in bf16.
 __device__ __forceinline__ void gemv_pair_w8(uint32_t w, int j, uint32_t& lo, uint32_t& hi) {
-    uint32_t l = lop3<LOP_AND_OR>(w >> (8 * j), 0x000F000Fu, 0x43004300u);       // 128 + lo
-    uint32_t h = lop3<LOP_AND_XOR>(w >> (8 * j + 4), 0x000F000Fu, 0x43084308u);  // 128 + (hi ^ 8) = hi + 136
-    if (OFFS) { lo = l; hi = h; return; }
-    lo = bf2_fma(l, BF2(BF_ONE), BF2(BF_M128));
-    hi = bf2_fma(h, BF2(BF_16), BF2(BF_M2176));                        // 16 * (hi + 136) - 2176
+    lo = lop3<LOP_AND_OR>(w >> (8 * j), 0x000F000Fu, 0x43004300u);       // 128 + lo
+    hi = lop3<LOP_AND_XOR>(w >> (8 * j + 4), 0x000F000Fu, 0x43084308u);  // 128 + (hi ^ 8) = hi + 136
 }
 
 // the B operand for step s from the thread's x values (its LPT lanes of the group, as uint4s
@@ -1898,12 +1879,11 @@ __device__ __forceinline__ void gemv_xfrag(const uint4 (&x)[2], int s, uint32_t&
     }
 }
 
-// a warp's plane pointers: rows g and g+8 of RT tiles, already advanced to the thread's
+// a warp's plane pointers: rows g and g+8 of its 16-row tile, already advanced to the thread's
 // share of a group (base + 8t; bf16 + 32t; high + 2t or 4t); rows past the end are clamped
 // (read twice, never stored). per stage they move by whole groups, and the D groups of a
 // stage are immediate offsets from there.
-template <int RT>
-struct GemvPtrs { const uint8_t* b[RT][2]; const uint8_t* h[RT][2]; const uint8_t* s[RT][2]; };
+struct GemvPtrs { const uint8_t* b[2]; const uint8_t* h[2]; const uint8_t* s[2]; };
 
 template <int F> struct GemvStride {  // bytes per group in each plane
     static constexpr int B = F == FMT_BF16 ? 128 : 32;
@@ -1913,50 +1893,48 @@ template <int F> struct GemvStride {  // bytes per group in each plane
 // the raw words of groups [ub, ub+D) for the warp's rows. FAST: all D groups lie inside k
 // (no guards); else groups past `units` are skipped and bf16's partial last group is
 // zero-filled past k.
-template <int F, int D, int RT, bool FAST>
-__device__ __forceinline__ void gemv_load(uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], const GemvPtrs<RT>& P, int ub, int units,
-                                          int t, int64_t K) {
+template <int F, int D, bool FAST>
+__device__ __forceinline__ void gemv_load(uint32_t (&raw)[D][2][GemvFmt<F>::RAW], const GemvPtrs& P, int ub, int units, int t,
+                                          int64_t K) {
     using Sd = GemvStride<F>;
 #pragma unroll
-    for (int i = 0; i < RT; i++)
+    for (int h = 0; h < 2; h++) {
+        const uint8_t* b = P.b[h] + (size_t)ub * Sd::B;
+        if constexpr (F == FMT_BF16) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint8_t* b = P.b[i][h] + (size_t)ub * Sd::B;
-            if constexpr (F == FMT_BF16) {
+            for (int d = 0; d < D; d++) {
+                uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+                int64_t k0 = (int64_t)(ub + d) * 64 + t * 16;
+                if (FAST || k0 + 16 <= K) { x0 = ldg_stream_u4(b + d * Sd::B); x1 = ldg_stream_u4(b + d * Sd::B + 16); }
+                else if (k0 + 8 <= K) x0 = ldg_stream_u4(b + d * Sd::B);  // cols % 8 == 0
+                uint32_t* r = raw[d][h];
+                r[0] = x0.x; r[1] = x0.y; r[2] = x0.z; r[3] = x0.w; r[4] = x1.x; r[5] = x1.y; r[6] = x1.z; r[7] = x1.w;
+            }
+        } else {
+            const uint8_t* hp = Sd::H ? P.h[h] + (size_t)ub * Sd::H : nullptr;
+            const uint8_t* sp = P.s[h] + (size_t)ub * 2;
 #pragma unroll
-                for (int d = 0; d < D; d++) {
-                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
-                    int64_t k0 = (int64_t)(ub + d) * 64 + t * 16;
-                    if (FAST || k0 + 16 <= K) { x0 = ldg_stream_u4(b + d * Sd::B); x1 = ldg_stream_u4(b + d * Sd::B + 16); }
-                    else if (k0 + 8 <= K) x0 = ldg_stream_u4(b + d * Sd::B);  // cols % 8 == 0
-                    uint32_t* r = raw[d][i][h];
-                    r[0] = x0.x; r[1] = x0.y; r[2] = x0.z; r[3] = x0.w; r[4] = x1.x; r[5] = x1.y; r[6] = x1.z; r[7] = x1.w;
-                }
-            } else {
-                const uint8_t* hp = Sd::H ? P.h[i][h] + (size_t)ub * Sd::H : nullptr;
-                const uint8_t* sp = P.s[i][h] + (size_t)ub * 2;
-#pragma unroll
-                for (int d = 0; d < D; d++) {
-                    if (!FAST && ub + d >= units) continue;
-                    uint2 v = ldg_stream_u2(b + d * Sd::B);
-                    raw[d][i][h][0] = v.x; raw[d][i][h][1] = v.y;
-                    if constexpr (F == FMT_Q5) raw[d][i][h][2] = ldg_stream_u16(hp + d * Sd::H);
-                    else if constexpr (F == FMT_Q6) raw[d][i][h][2] = ldg_stream_u32(hp + d * Sd::H);
-                    else raw[d][i][h][2] = 0;
-                    // scales: two groups per 32-bit load (ub is even when D is, and the scale
-                    // rows are 4-byte aligned: groups per row are even)
-                    if (FAST && D % 2 == 0) {
-                        if (d % 2 == 0) {
-                            uint32_t s2 = ldg_stream_u32(sp + d * 2);
-                            raw[d][i][h][3] = s2 & 0xFFFFu;
-                            raw[d + (d + 1 < D ? 1 : 0)][i][h][3] = s2 >> 16;
-                        }
-                    } else {
-                        raw[d][i][h][3] = ldg_stream_u16(sp + d * 2);
+            for (int d = 0; d < D; d++) {
+                if (!FAST && ub + d >= units) continue;
+                uint2 v = ldg_stream_u2(b + d * Sd::B);
+                raw[d][h][0] = v.x; raw[d][h][1] = v.y;
+                if constexpr (F == FMT_Q5) raw[d][h][2] = ldg_stream_u16(hp + d * Sd::H);
+                else if constexpr (F == FMT_Q6) raw[d][h][2] = ldg_stream_u32(hp + d * Sd::H);
+                else raw[d][h][2] = 0;
+                // scales: two groups per 32-bit load (ub is even when D is, and the scale
+                // rows are 4-byte aligned: groups per row are even)
+                if (FAST && D % 2 == 0) {
+                    if (d % 2 == 0) {
+                        uint32_t s2 = ldg_stream_u32(sp + d * 2);
+                        raw[d][h][3] = s2 & 0xFFFFu;
+                        raw[d + (d + 1 < D ? 1 : 0)][h][3] = s2 >> 16;
                     }
+                } else {
+                    raw[d][h][3] = ldg_stream_u16(sp + d * 2);
                 }
             }
         }
+    }
 }
 
 // x for group u: the thread's LPT lanes of its column (zeros for lanes past k or columns >= C)
@@ -1980,62 +1958,56 @@ __device__ __forceinline__ void gemv_load_x(uint4 (&xr)[2], const bf16_t* xq, bo
     }
 }
 
-// one group of RT row tiles: acc += scale * (codes . x) per tile, from the group's b fragments
-// and (offset trick) the sums of x over the group for columns 2t, 2t+1 (sx[0], sx[1])
-template <int F, int RT, bool OFFS>
-__device__ __forceinline__ void gemv_group(const uint32_t (&raw)[RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4],
+// one group of the warp's tile: acc += scale * (codes . x), from the group's b fragments and
+// (offset trick) the sums of x over the group for columns 2t, 2t+1 (sx[0], sx[1])
+template <int F>
+__device__ __forceinline__ void gemv_group(const uint32_t (&raw)[2][GemvFmt<F>::RAW], float (&acc)[4],
                                            const uint32_t (&b)[GemvFmt<F>::STEPS][2], const float (&sx)[4]) {
     using Fm = GemvFmt<F>;
+    const uint32_t (&r0)[Fm::RAW] = raw[0];
+    const uint32_t (&r1)[Fm::RAW] = raw[1];
+    if constexpr (F == FMT_BF16) {
 #pragma unroll
-    for (int i = 0; i < RT; i++) {
-        const uint32_t (&r0)[Fm::RAW] = raw[i][0];
-        const uint32_t (&r1)[Fm::RAW] = raw[i][1];
-        if constexpr (F == FMT_BF16) {
+        for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc, r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
+    } else {
+        float dd[4] = {0.f, 0.f, 0.f, 0.f};
+        float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
+        if constexpr (F == FMT_W8) {
+            float dh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
-        } else {
-            float dd[4] = {0.f, 0.f, 0.f, 0.f};
-            float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
-            if constexpr (F == FMT_W8) {
-                float dh[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++) {
-                    uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
-                    gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
-                    gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
-                    gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
-                    gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
-                    mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
-                    mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
-                }
-                if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
-                }
-            } else {
-                uint32_t hs[2][2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
-#pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++)
-                    mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
-                                   gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
-                                   gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
-                if constexpr (OFFS) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
-                }
+            for (int s = 0; s < Fm::STEPS; s++) {
+                uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
+                gemv_pair_w8(r0[s], 0, lo[0], hi[0]);
+                gemv_pair_w8(r1[s], 0, lo[1], hi[1]);
+                gemv_pair_w8(r0[s], 1, lo[2], hi[2]);
+                gemv_pair_w8(r1[s], 1, lo[3], hi[3]);
+                mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
+                mma_bf16_16816(dh, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
             }
-            acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
-            acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
-            acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
-            acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
+            // lo + 16 hi - (128 + 16*136) sum(x)
+#pragma unroll
+            for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+        } else {
+            uint32_t hs[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++)
+                mma_bf16_16816(dd, gemv_pair<F>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F>(r1, hs[1][0], hs[1][1], 2 * s),
+                               gemv_pair<F>(r0, hs[0][0], hs[0][1], 2 * s + 1), gemv_pair<F>(r1, hs[1][0], hs[1][1], 2 * s + 1),
+                               b[s][0], b[s][1]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
         }
+        acc[0] = fmaf(s0, dd[0], acc[0]);
+        acc[1] = fmaf(s0, dd[1], acc[1]);
+        acc[2] = fmaf(s1, dd[2], acc[2]);
+        acc[3] = fmaf(s1, dd[3], acc[3]);
     }
 }
 
-template <int F, int D, int RT, bool OFFS, bool FAST>
-__device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4], const bf16_t* xq,
+template <int F, int D, bool FAST>
+__device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt<F>::RAW], float (&acc)[4], const bf16_t* xq,
                                              bool xcol, int ub, int units, int t, int64_t K) {
     using Fm = GemvFmt<F>;
 #pragma unroll
@@ -2048,26 +2020,28 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][Gem
         for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, b[s][0], b[s][1]);
         // sum of x over the group per column (the offsets' correction): one mma with A = 1
         float sx[4] = {0.f, 0.f, 0.f, 0.f};
-        if constexpr (OFFS && Fm::SCALED) {
+        if constexpr (Fm::SCALED) {
             const uint32_t one = BF2(BF_ONE);
 #pragma unroll
             for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(sx, one, one, one, one, b[s][0], b[s][1]);
         }
-        gemv_group<F, RT, OFFS>(raw[d], acc, b, sx);
+        gemv_group<F>(raw[d], acc, b, sx);
     }
 }
 
 // the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
-// 2t, 2t+1 of each tile (the mma accumulator layout). then one thread per output element adds
-// the residual, rounds and stores.
-template <int NW, int RT>
-__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[RT][4], int64_t row0, int warp, int lane) {
+// 2t, 2t+1 of the tile (the mma accumulator layout). then one thread per output element adds
+// the residual, rounds and stores. the tile index i (always 0: one 16-row tile) stays in the
+// index arithmetic on purpose: without it ptxas schedules the whole x-staged kernel
+// differently and a 9b decode step measured 0.6% slower (h200, test/bench-notes.md, the
+// tuning switches); with it the sass of every gemv kernel is the measured one's.
+template <int NW>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[4], int64_t row0, int warp, int lane) {
     const int64_t rows = a.w.rows;
-    __shared__ float4 red[NW][RT * 32];
-#pragma unroll
-    for (int i = 0; i < RT; i++) red[warp][i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    __shared__ float4 red[NW][32];
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < RT * 128; idx += NW * 32) {
+    for (int idx = threadIdx.x; idx < 128; idx += NW * 32) {
         int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
         float s = 0.f;
 #pragma unroll
@@ -2086,11 +2060,11 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
     }
 }
 
-// NW warps share a tile of 16*RT rows and split its groups: warp w takes groups
-// [(it*NW + w)*D, +D) for it = 0, 1, ...: the loads of a stage are all issued, then the stage
-// is computed (the other warps of the sm keep the memory busy meanwhile). x is loaded when a
-// group is computed (an l1 hit once one warp of the sm has touched it).
-template <int F, int NW, int D, int RT, bool OFFS, int MINB>
+// NW warps share a 16-row tile and split its groups: warp w takes groups [(it*NW + w)*D, +D)
+// for it = 0, 1, ...: the loads of a stage are all issued, then the stage is computed (the
+// other warps of the sm keep the memory busy meanwhile). x is loaded when a group is computed
+// (an l1 hit once one warp of the sm has touched it).
+template <int F, int NW, int D, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
     pdl_entry();
     using Fm = GemvFmt<F>;
@@ -2099,45 +2073,40 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
     const int64_t rows = w.rows, K = w.cols;
     const int units = F == FMT_BF16 ? (int)CEIL_DIV(K, (int64_t)64) : (int)w.gpr;
     const int full_units = (int)(K / Fm::G);  // groups with every lane inside k
-    const int64_t row0 = (int64_t)blockIdx.x * 16 * RT;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
 
-    GemvPtrs<RT> P;
+    GemvPtrs P;
 #pragma unroll
-    for (int i = 0; i < RT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int64_t r = row0 + 16 * i + g + 8 * h;
-            r = r < rows ? r : rows - 1;
-            P.b[i][h] = w.base + r * w.base_row + t * (F == FMT_BF16 ? 32 : 8);
-            P.h[i][h] = Fm::SCALED && GemvStride<F>::H ? w.high + r * w.high_row + t * (GemvStride<F>::H / 4) : nullptr;
-            P.s[i][h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
-        }
+    for (int h = 0; h < 2; h++) {
+        int64_t r = row0 + g + 8 * h;
+        r = r < rows ? r : rows - 1;
+        P.b[h] = w.base + r * w.base_row + t * (F == FMT_BF16 ? 32 : 8);
+        P.h[h] = Fm::SCALED && GemvStride<F>::H ? w.high + r * w.high_row + t * (GemvStride<F>::H / 4) : nullptr;
+        P.s[h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
+    }
     const bool xcol = g < a.C;  // this lane's B column
     const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
 
-    float acc[RT][4];
-#pragma unroll
-    for (int i = 0; i < RT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-
-    uint32_t raw[D][RT][2][Fm::RAW];
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    uint32_t raw[D][2][Fm::RAW];
     for (int ub = warp * D; ub < units; ub += NW * D) {
         if (ub + D <= full_units) {
-            gemv_load<F, D, RT, true>(raw, P, ub, units, t, K);
-            gemv_compute<F, D, RT, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+            gemv_load<F, D, true>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, true>(raw, acc, xq, xcol, ub, units, t, K);
         } else {
-            gemv_load<F, D, RT, false>(raw, P, ub, units, t, K);
-            gemv_compute<F, D, RT, OFFS, false>(raw, acc, xq, xcol, ub, units, t, K);
+            gemv_load<F, D, false>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, false>(raw, acc, xq, xcol, ub, units, t, K);
         }
     }
 
-    gemv_epilogue<NW, RT>(a, acc, row0, warp, lane);
+    gemv_epilogue<NW>(a, acc, row0, warp, lane);
 }
 
 // the same computation with the weights streamed through shared memory by cp.async, S stages
 // deep per warp: the copies of the next S-1 stages are in flight while a stage is computed, and
 // they hold no registers, so a few warps per sm keep enough bytes in flight (the register
 // kernel above stalls on memory latency: ncu, bench-notes). each warp runs its own pipeline
-// over its own slots (no block barrier until the epilogue). 16-row tiles only (RT = 1), D = 2
+// over its own slots (no block barrier until the epilogue). 16-row tiles, D = 2
 // groups per stage, and only shapes whose groups are all full (k a multiple of the group;
 // the launcher falls back otherwise). grouped formats only.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
@@ -2159,7 +2128,25 @@ template <int F> struct GemvAsyncLayout {  // one stage of one warp: 16 rows x 2
     static constexpr int BYTES = (OFF_S + 16 * RS_S + 15) / 16 * 16;
 };
 
-template <int F, int NW, int S, bool OFFS, int MINB>
+// the raw words of a stage's two groups for the thread's rows g, g+8, from the warp's slot
+template <int F>
+__device__ __forceinline__ void gemv_stage_read(uint32_t (&raw)[2][2][GemvFmt<F>::RAW], const uint8_t* st, int g, int t) {
+    using Ly = GemvAsyncLayout<F>;
+#pragma unroll
+    for (int d = 0; d < 2; d++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
+            raw[d][h][0] = v.x; raw[d][h][1] = v.y;
+            if constexpr (F == FMT_Q5) raw[d][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
+            else if constexpr (F == FMT_Q6) raw[d][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
+            else raw[d][h][2] = 0;
+            raw[d][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
+        }
+}
+
+template <int F, int NW, int S, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
     pdl_entry();
     using Fm = GemvFmt<F>;
@@ -2202,31 +2189,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
     }
     const bool xcol = g < a.C;
     const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int it = 0; it < n_it; it++) {
         cp_async_wait<S - 2>();
         __syncwarp();
         const uint8_t* st = &sm[warp][it % S][0];
-        uint32_t raw[D][1][2][Fm::RAW];
-#pragma unroll
-        for (int d = 0; d < D; d++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = g + 8 * h;
-                uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
-                raw[d][0][h][0] = v.x; raw[d][0][h][1] = v.y;
-                if constexpr (F == FMT_Q5) raw[d][0][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
-                else if constexpr (F == FMT_Q6) raw[d][0][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
-                else raw[d][0][h][2] = 0;
-                raw[d][0][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
-            }
+        uint32_t raw[D][2][Fm::RAW];
+        gemv_stage_read<F>(raw, st, g, t);
         const int ub = (it * NW + warp) * D;
-        gemv_compute<F, D, 1, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        gemv_compute<F, D, true>(raw, acc, xq, xcol, ub, units, t, K);
         if (it + S - 1 < n_it) issue(it + S - 1);
         cp_async_commit();
     }
     cp_async_wait<0>();
-    gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
+    gemv_epilogue<NW>(a, acc, row0, warp, lane);
 }
 // the async kernel with x staged once per block in shared memory, in b-fragment order, with
 // the per-group sums of x the offset trick needs. in the kernels above the x side of a group
@@ -2237,13 +2213,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
 // and a stage's copies advance four pointers by constants. the block's first S-1 weight stages
 // are issued before x is staged, so the two latencies overlap.
 // shared memory (dynamic): the weight stages, then x (gemv_xs_bytes): [C][units][4 t][W]
-// words (W = 2 * STEPS b words per thread and group), then sums [units][8] fp32 (columns >= C
-// are never written: they feed only accumulator columns the epilogue drops).
-template <int F> struct GemvXs { static constexpr int W = 2 * GemvFmt<F>::STEPS; };
+// words (W = gemv_xs_words: 2 * STEPS b words per thread and group), then sums [units][8]
+// fp32 (columns >= C are never written: they feed only accumulator columns the epilogue drops).
+__host__ __device__ constexpr int gemv_xs_words(int f) { return 2 * (f == FMT_W8 ? GemvFmt<FMT_W8>::STEPS : GemvFmt<FMT_Q4>::STEPS); }
 enum { GEMV_XS_MAX = 96 * 1024 };  // staged x beyond this (long k times many columns): the async kernel
 static size_t gemv_xs_bytes(NumFormat f, int units, int C) {
-    const int W = f == FMT_W8 ? 4 : 8;
-    return (size_t)C * units * 4 * W * 4 + (size_t)units * 8 * 4;
+    return (size_t)C * units * 4 * gemv_xs_words(f) * 4 + (size_t)units * 8 * 4;
 }
 template <int F> static size_t gemv_xs_smem(int NW, int S, size_t xsb) { return (size_t)NW * S * GemvAsyncLayout<F>::BYTES + xsb; }
 enum { GEMV_XS_SMEM_MAX = 160 * 1024 };  // the opt-in (the largest variant: 8 warps x 3 q6 stages + x)
@@ -2251,7 +2226,7 @@ template <int F, int NW, int S, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = GemvXs<F>::W;
+    constexpr int D = 2, W = gemv_xs_words(F);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat& w = a.w;
     const int64_t rows = w.rows;
@@ -2362,7 +2337,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
 
     const bool xcol = g < C;
     const uint32_t* xw = xs + (size_t)(xcol ? g : 0) * units * 4 * W + t * W;  // + u * 4 * W
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     uint32_t rslot = 0;
     int ub = warp * D;
     for (int it = 0; it < n_it; it++, ub += NW * D) {
@@ -2370,19 +2345,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
         __syncwarp();
         const uint8_t* st = sm_w + rslot;
         rslot = rslot + Ly::BYTES == S * Ly::BYTES ? 0 : rslot + Ly::BYTES;
-        uint32_t raw[D][1][2][Fm::RAW];
-#pragma unroll
-        for (int d = 0; d < D; d++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = g + 8 * h;
-                uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
-                raw[d][0][h][0] = v.x; raw[d][0][h][1] = v.y;
-                if constexpr (F == FMT_Q5) raw[d][0][h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
-                else if constexpr (F == FMT_Q6) raw[d][0][h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
-                else raw[d][0][h][2] = 0;
-                raw[d][0][h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
-            }
+        uint32_t raw[D][2][Fm::RAW];
+        gemv_stage_read<F>(raw, st, g, t);
 #pragma unroll
         for (int d = 0; d < D; d++) {
             uint32_t b[Fm::STEPS][2];
@@ -2400,78 +2364,72 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
             }
             const float2 sv = *(const float2*)(xsum + (ub + d) * 8 + 2 * t);
             const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-            gemv_group<F, 1, true>(raw[d], acc, b, sx);
+            gemv_group<F>(raw[d], acc, b, sx);
         }
         if (it + S - 1 < n_it) issue();
         cp_async_commit();
     }
     pdl_release();  // the next kernel's blocks may take the sms this grid leaves
     cp_async_wait<0>();
-    gemv_epilogue<NW, 1>(a, acc, row0, warp, lane);
+    gemv_epilogue<NW>(a, acc, row0, warp, lane);
 }
 
 // k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
 // count (two groups per stage; 4-byte aligned scale pairs)
-template <int F>
-static bool gemv_async_ok(const Mat& w) {
-    return format_grouped(w.format) && w.cols % 128 == 0;
-}
+static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.cols % 128 == 0; }
 
-// kernel variants for tests and benches; gemv() picks one by shape (gemv_auto_variant).
-//   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
-//   async kernel <NW, stages S, offset trick, min blocks/sm>; shapes it cannot take run variant 2
-//   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
-static const int GEMV_VARIANTS = 10;
+// the four kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
+// "gemv versions" and session 2): the x-staged kernel for every grouped format (4 warps x 4
+// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); more
+// than two columns (mtp verification) stage too much x per block: the async kernel; bf16 and
+// shapes the async kernels cannot take: the register kernel. the other measured versions are
+// test/dev_kernels.cuh's (tests and benches index all of them by number).
+enum GemvKernel {
+    GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
+    GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
+    GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
+    GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
+};
+// the kernel for one launch; shapes a kernel cannot take fall back (x-staged -> async ->
+// register), so every kernel this reaches passes the same tests
 template <int F>
-static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
-    int64_t rows = a.w.rows;
-    unsigned t1 = (unsigned)CEIL_DIV(rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(rows, (int64_t)32);
+static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
+    const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if (variant >= 8 && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) variant = 7;  // 8, 9: x-staged
-    if (variant >= 6 && !(F != FMT_BF16 && gemv_async_ok<F>(a.w))) variant = 2;
-    switch (variant) {
-        case 0: launch_k(gemv_kernel<F, 8, 2, 1, true, 3>, t1, 8 * 32, 0, stream, a); break;
-        case 1: launch_k(gemv_kernel<F, 8, 4, 1, true, 2>, t1, 8 * 32, 0, stream, a); break;
-        case 2: launch_k(gemv_kernel<F, 16, 2, 1, true, 2>, t1, 16 * 32, 0, stream, a); break;
-        case 3: launch_k(gemv_kernel<F, 8, 2, 2, true, 2>, t2, 8 * 32, 0, stream, a); break;
-        case 4: launch_k(gemv_kernel<F, 8, 2, 1, false, 3>, t1, 8 * 32, 0, stream, a); break;
-        case 5: launch_k(gemv_kernel<F, 32, 2, 1, true, 1>, t1, 32 * 32, 0, stream, a); break;
-        case 6: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, true, 8>, t1, 4 * 32, 0, stream, a); break;
-        case 7: if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 8, 3, true, 4>, t1, 8 * 32, 0, stream, a); break;
-        case 8: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 8, 3, 3>, t1, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
-        case 9: if constexpr (F != FMT_BF16) launch_k(gemv_xs_kernel<F, 4, 4, 6>, t1, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
-        default: CHECK(false, "gemv variant %d", variant);
+    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4) && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) k = GEMV_ASYNC;
+    if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
+    if constexpr (F == FMT_BF16) {
+        launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
+    } else {
+        switch (k) {
+            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a); break;
+            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, tiles, 8 * 32, 0, stream, a); break;
+            case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
+            case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
+        }
     }
     cudaCheck(cudaGetLastError());
 }
-// picked from the h200 measurements (test/bench-notes.md, session 2): the x-staged kernel for
-// every grouped format (4 warps x 4 stages; 8 x 3 for long rows, where 4 warps per 16 rows
-// leave too few blocks in flight); bf16 and shapes it cannot take fall back (variant 7, 2).
-// every variant this can return passes the same tests.
-// more than two columns (mtp verification) stage too much x per block: the async kernel.
-static int gemv_auto_variant(const Mat& w, int C) {
-    if (w.format == FMT_BF16) return 2;
-    if (C > 2) return 7;
-    return w.cols > 8192 ? 8 : 9;
+static GemvKernel gemv_pick(const Mat& w, int C, bool x_transform) {
+    if (x_transform) return w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
+    if (w.format == FMT_BF16) return GEMV_REGISTER;
+    if (C > 2) return GEMV_ASYNC;
+    return w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
 }
 
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
 // the x-staged kernel takes this product in one launch, so it can fuse an x transform
 static bool gemv_fusable(const Mat& w, int C) {
-    return format_grouped(w.format) && gemv_async_ok<FMT_Q4>(w) && C >= 1 && C <= GEMV_MAX_COLS &&
+    return format_grouped(w.format) && gemv_async_ok(w) && C >= 1 && C <= GEMV_MAX_COLS &&
            gemv_xs_bytes(w.format, (int)w.gpr, C) <= GEMV_XS_MAX;
 }
 
-// y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
-// resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
-static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
-                         const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
+// the launches of one product: columns in chunks of GEMV_MAX_COLS, `launch(args)` runs one
+template <typename Launch>
+static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
+                            int ldr, GemvX xt, Launch launch) {
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
-    if (variant < 0) variant = xt.mode != GEMV_X_PLAIN ? (w.cols > 8192 ? 8 : 9) : gemv_auto_variant(w, C);
-    CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w, C)),
-          "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld, %d columns)", variant, format_name(w.format),
-          (long long)w.cols, C);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
     for (int c0 = 0; c0 < C; c0 += GEMV_MAX_COLS) {
@@ -2483,23 +2441,30 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
         a.ldy = ldy; a.y_f32 = y_f32;
         a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
         a.xmode = xt.mode; a.xw = xt.w; a.eps = xt.eps;
-        switch (w.format) {
-            case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
-            case FMT_Q5: gemv_launch_variant<FMT_Q5>(variant, a, stream); break;
-            case FMT_Q6: gemv_launch_variant<FMT_Q6>(variant, a, stream); break;
-            case FMT_W8: gemv_launch_variant<FMT_W8>(variant, a, stream); break;
-            case FMT_BF16: gemv_launch_variant<FMT_BF16>(variant, a, stream); break;
-            default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
-        }
+        launch(a);
     }
 }
+
+// y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
+// resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
-    gemv_variant(-1, w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt);
+    CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w, C), "gemv: an x transform needs the x-staged kernel (%s, k %lld, %d columns)",
+          format_name(w.format), (long long)w.cols, C);
+    const GemvKernel k = gemv_pick(w, C, xt.mode != GEMV_X_PLAIN);
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, [&](const GemvArgs& a) {
+        switch (w.format) {
+            case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
+            case FMT_Q5: gemv_launch<FMT_Q5>(k, a, stream); break;
+            case FMT_Q6: gemv_launch<FMT_Q6>(k, a, stream); break;
+            case FMT_W8: gemv_launch<FMT_W8>(k, a, stream); break;
+            case FMT_BF16: gemv_launch<FMT_BF16>(k, a, stream); break;
+            default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
+        }
+    });
 }
 
-// ----------------------------------------------------------------------------
-// norms
+// ---- 7.3 norms ------------------------------------------------------------------------------
 //
 // one block of NORM_THREADS per row; a row is one token's vector (heads == 1) or one head of it
 // (q/k norm over 256, the gdn gated norm over 128): row r is token r / heads, head r % heads,
@@ -2585,8 +2550,7 @@ static void l2norm(const bf16_t* x, int ldx, float* y, int ldy, int n, int T, in
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
-// elementwise
+// ---- 7.4 elementwise ------------------------------------------------------------------------
 
 enum { EW_THREADS = 256 };
 
@@ -2642,53 +2606,18 @@ static void embed_gather(const Mat& w, const int* ids, int T, const bf16_t* ovr,
     cudaCheck(cudaGetLastError());
 }
 
-// partial interleaved m-rope (model.md 2.3), in place on nheads heads of head_dim per token:
+// partial interleaved m-rope (model.md 2.3; attn_prep applies it, test/dev_kernels.cuh keeps the
+// separate kernel as its reference), in place on nheads heads of head_dim per token:
 // dims [0, rot) rotate as rotate_half pairs (i, i+rot/2); the rest pass through. pair i uses
 // position axis T/H/W by the interleaved rule of mrope_section; angle = pos[t][axis] *
 // inv_freq[i] in fp32; cos/sin rounded to bf16, products and sum rounded to bf16 as hf does:
 //   x'_i = bf16( bf16(x_i c) - bf16(x_{i+h} s) ),  x'_{i+h} = bf16( bf16(x_{i+h} c) + bf16(x_i s) )
 // pos: device [T][3] int32 (text: all three equal).
-struct RopeArgs {
-    bf16_t* x; int ldx;
-    int T, nheads, head_dim, half;  // half = rot / 2 (32)
-    const int* pos;
-    int sec_h, sec_w;               // mrope_section[1], [2]
-    float inv_freq[64];
-};
-__global__ void mrope_kernel(RopeArgs a) {
-    pdl_entry_small();
-    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
-    if (idx >= (int64_t)a.T * a.nheads * a.half) return;
-    int i = (int)(idx % a.half);
-    int64_t th = idx / a.half;
-    int t = (int)(th / a.nheads), hd = (int)(th % a.nheads);
-    int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
-    float ang = (float)a.pos[t * 3 + axis] * a.inv_freq[i];
-    float sn, cs;
-    sincosf(ang, &sn, &cs);
-    float c = bfround(cs), s = bfround(sn);
-    bf16_t* p = a.x + (int64_t)t * a.ldx + (int64_t)hd * a.head_dim;
-    float x1 = bf2f(p[i]), x2 = bf2f(p[i + a.half]);
-    p[i] = f2bf(bfround(x1 * c) - bfround(x2 * s));
-    p[i + a.half] = f2bf(bfround(x2 * c) + bfround(x1 * s));
-}
-// inv_freq_j = 1 / theta^(2j/rot) in fp32, as hf builds it
+// inv_freq_j = 1 / theta^(2j/rot) in fp32, as hf builds it; zeros past rot/2 up to 64
 static void rope_inv_freq(float theta, int rot, float* out) {
-    for (int j = 0; j < rot / 2; j++) out[j] = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
+    for (int j = 0; j < 64; j++) out[j] = j < rot / 2 ? 1.0f / powf(theta, (float)(2 * j) / (float)rot) : 0.f;
 }
-static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, const int* pos, float theta,
-                  const int sections[3], cudaStream_t stream) {
-    CHECK(rot % 2 == 0 && rot <= 128 && rot <= head_dim, "mrope: bad rotary dim %d", rot);
-    RopeArgs a;
-    a.x = x; a.ldx = ldx; a.T = T; a.nheads = nheads; a.head_dim = head_dim; a.half = rot / 2; a.pos = pos;
-    a.sec_h = sections[1]; a.sec_w = sections[2];
-    rope_inv_freq(theta, rot, a.inv_freq);
-    int64_t n = (int64_t)T * nheads * a.half;
-    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
-    cudaCheck(cudaGetLastError());
-}
-
-// ----------------------------------------------------------------------------
+// ---- 7.5 gated deltanet decode: conv, gates, recurrent step ---------------------------------
 // gated deltanet: causal conv, gates, recurrent step
 //
 // conv state per slot: the last 3 raw in_proj_qkv outputs (model.md 3.7), stored tap-major
@@ -2887,11 +2816,11 @@ static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.6 attention decode: kv formats, attn_prep, split-k attention -------------------------
 // attention decode (model.md 2.4): bf16 kv cache, split-k over the context, gqa
 //
 // cache per layer: K and V [Hkv][cap][256] bf16 (position-addressed; rows past the visible
-// length are never read, so they may hold anything). kv_append writes the C new columns at
+// length are never read, so they may hold anything). attn_prep writes the C new columns at
 // their positions first; then column c attends to keys 0..pos[c] (mtp verification: the
 // draft columns see each other causally).
 // attn_decode: block (kv head h, split sp) handles keys [sp*split_keys, +split_keys) for all
@@ -2918,6 +2847,9 @@ enum KvDtype { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 };
 enum { KV_GROUP = 64, KV_GROUPS = ATT_HD / KV_GROUP };
 static const char* kv_dtype_name(int kv) { return kv == KV_INT8 ? "int8" : kv == KV_FP8 ? "fp8" : "bf16"; }
 static int kv_elem_bytes(int kv) { return kv == KV_BF16 ? 2 : 1; }
+// one attention layer's cache on the device: codes [Hkv][cap][256] in the KvDtype, and for
+// int8 / fp8 fp16 scales [Hkv][cap][KV_GROUPS] (null for bf16)
+struct KvCache { int kv = KV_BF16; void* kc = nullptr; void* vc = nullptr; __half* ksc = nullptr; __half* vsc = nullptr; int64_t cap = 0; };
 
 // 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
 template <int KV> struct KvVec;
@@ -2962,67 +2894,13 @@ template <> struct KvVec<KV_FP8> {
     }
 };
 
-// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
-template <int KV>
-__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
-                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
-                                                             const int* __restrict__ pos, int Hkv) {
-    pdl_entry_small();
-    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
-    __shared__ float wmax[2][ATT_HD / 32];
-    const int64_t p = pos[c];
-    if (p < 0 || p >= cap) return;  // the whole block returns together
-    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
-    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
-    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
-    __syncthreads();
-    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
-    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
-    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
-    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
-    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
-    const float sk = __half2float(hk), sv = __half2float(hv);
-    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
-    const int64_t row = (int64_t)h * cap + p;
-    if constexpr (KV == KV_INT8) {
-        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
-        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
-    } else {
-        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
-        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
-    }
-    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
-}
-
-__global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
-                                 bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
-    pdl_entry_small();
-    int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
-    int64_t p = pos[c];
-    if (p < 0 || p >= cap) return;
-    kc[((int64_t)h * cap + p) * ATT_HD + d] = k[(int64_t)c * ldk + h * ATT_HD + d];
-    vc[((int64_t)h * cap + p) * ATT_HD + d] = v[(int64_t)c * ldv + h * ATT_HD + d];
-}
-static void kv_append(const bf16_t* k, int ldk, const bf16_t* v, int ldv, bf16_t* kc, bf16_t* vc, int64_t cap,
-                      const int* pos, int C, int Hkv, cudaStream_t stream) {
-    launch_k(kv_append_kernel, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, cap, pos, Hkv);
-    cudaCheck(cudaGetLastError());
-}
-// any cache format: bf16 copies, int8 / fp8 quantize per 64 elements (scales: null for bf16)
-static void kv_append(int kv, const bf16_t* k, int ldk, const bf16_t* v, int ldv, void* kc, void* vc, __half* ksc, __half* vsc,
-                      int64_t cap, const int* pos, int C, int Hkv, cudaStream_t stream) {
-    if (kv == KV_BF16) { kv_append(k, ldk, v, ldv, (bf16_t*)kc, (bf16_t*)vc, cap, pos, C, Hkv, stream); return; }
-    if (kv == KV_INT8) launch_k(kv_append_q_kernel<KV_INT8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
-    else launch_k(kv_append_q_kernel<KV_FP8>, C * Hkv, ATT_HD, 0, stream, k, ldk, v, ldv, kc, vc, ksc, vsc, cap, pos, Hkv);
-    cudaCheck(cudaGetLastError());
-}
-
 // the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
 // block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
-// place. kv heads: the same for k, then k and v appended at kvpos[c] (quantized for int8 /
-// fp8 as kv_append_q does). the roundings are those of the separate kernels: y = bf16(x * inv *
-// (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
-struct AttnPrepArgs {
+// place. kv heads: the same for k, then k and v appended at kvpos[c] (int8 / fp8 quantized
+// per 64 elements). the roundings are those of the separate kernels (rmsnorm, and
+// test/dev_kernels.cuh's mrope and kv_append): y = bf16(x * inv * (1+w)); rotated dims
+// bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+struct AttnPrepParams {
     bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
     const bf16_t* v; int ldv;           // [C][Hkv*256]
     const bf16_t* qw; const bf16_t* kw; // norm weights (256)
@@ -3033,7 +2911,7 @@ struct AttnPrepArgs {
     float inv_freq[64];
 };
 template <int KV>
-__global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepArgs a) {
+__global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepParams a) {
     pdl_entry_small();
     const int nh = a.Hq + a.Hkv, c = blockIdx.x / nh, hh = blockIdx.x % nh, d = threadIdx.x, warp = d >> 5;
     const bool isk = hh >= a.Hq;
@@ -3089,16 +2967,27 @@ __global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepArgs a) {
         if (d % KV_GROUP == 0) { a.ksc[crow * KV_GROUPS + d / KV_GROUP] = hk; a.vsc[crow * KV_GROUPS + d / KV_GROUP] = hv; }
     }
 }
-static void attn_prep(int kv, bf16_t* qk, int ldqk, const bf16_t* v, int ldv, const bf16_t* qw, const bf16_t* kw, const int* pos3,
-                      const int* kvpos, void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap, int C, int Hq, int Hkv, int rot,
-                      float theta, const int sections[3], float eps, cudaStream_t stream) {
+// the launcher's arguments (the kernel's AttnPrepParams add the rope frequencies)
+struct AttnPrepArgs {
+    bf16_t* qk = nullptr; int ldqk = 0;              // [C][(Hq+Hkv)*256]: q heads then k heads, in place
+    const bf16_t* v = nullptr; int ldv = 0;          // [C][Hkv*256]
+    const bf16_t* qw = nullptr; const bf16_t* kw = nullptr;  // q / k norm weights (256)
+    const int* pos3 = nullptr; const int* kvpos = nullptr;   // [C][3] m-rope positions, [C] cache rows (device)
+    KvCache c;
+    int C = 0, Hq = 0, Hkv = 0, rot = 0;             // rot: rotated dims per head
+    float theta = 0.f, eps = 0.f;
+    const int* sections = nullptr;                   // m-rope sections [3]
+};
+static void attn_prep(const AttnPrepArgs& in, cudaStream_t stream) {
+    const int rot = in.rot;
     CHECK(rot % 2 == 0 && rot / 2 <= 64 && rot <= ATT_HD, "attn_prep: rotary dims %d", rot);
-    AttnPrepArgs a;
-    a.qk = qk; a.ldqk = ldqk; a.v = v; a.ldv = ldv; a.qw = qw; a.kw = kw; a.pos3 = pos3; a.kvpos = kvpos;
-    a.kc = kc; a.vc = vc; a.ksc = ksc; a.vsc = vsc; a.cap = cap; a.Hq = Hq; a.Hkv = Hkv; a.half = rot / 2;
-    a.sec_h = sections[1]; a.sec_w = sections[2]; a.eps = eps;
-    for (int j = 0; j < 64; j++) a.inv_freq[j] = j < rot / 2 ? 1.0f / powf(theta, (float)(2 * j) / (float)rot) : 0.f;
-    const unsigned blocks = (unsigned)(C * (Hq + Hkv));
+    AttnPrepParams a;
+    a.qk = in.qk; a.ldqk = in.ldqk; a.v = in.v; a.ldv = in.ldv; a.qw = in.qw; a.kw = in.kw; a.pos3 = in.pos3; a.kvpos = in.kvpos;
+    a.kc = in.c.kc; a.vc = in.c.vc; a.ksc = in.c.ksc; a.vsc = in.c.vsc; a.cap = in.c.cap; a.Hq = in.Hq; a.Hkv = in.Hkv; a.half = rot / 2;
+    a.sec_h = in.sections[1]; a.sec_w = in.sections[2]; a.eps = in.eps;
+    rope_inv_freq(in.theta, rot, a.inv_freq);
+    const unsigned blocks = (unsigned)(in.C * (in.Hq + in.Hkv));
+    const int kv = in.c.kv;
     if (kv == KV_INT8) launch_k(attn_prep_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a);
     else if (kv == KV_FP8) launch_k(attn_prep_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a);
     else launch_k(attn_prep_kernel<KV_BF16>, blocks, ATT_HD, 0, stream, a);
@@ -3252,11 +3141,6 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits) {
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     return (size_t)Hkv * n_splits * (G * cols) * (ATT_HD + 2);
 }
-// split plan: keys per split (a multiple of ATT_KEYS) for contexts up to max_len in n_splits
-static int attn_split_keys(int64_t max_len, int n_splits) {
-    int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
-    return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
-}
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
 // n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
 // gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
@@ -3266,24 +3150,28 @@ static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_
     else if (nq <= 8) launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
     else launch_k(attn_decode_kernel<4, KV>, grid, ATT_THREADS, 0, stream, a);
 }
-static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
-                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
-                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream);
-static void attn_decode(const bf16_t* q, int ldq, const bf16_t* kc, const bf16_t* vc, int64_t cap, const int* pos, int C,
-                        int Hq, int Hkv, int n_splits, int split_keys, float* scratch, const bf16_t* gate, int ldg, bf16_t* y,
-                        int ldy, cudaStream_t stream) {
-    attn_decode(KV_BF16, q, ldq, kc, vc, nullptr, nullptr, cap, pos, C, Hq, Hkv, n_splits, split_keys, scratch, gate, ldg, y, ldy, stream);
-}
-static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const void* vc, const __half* ksc, const __half* vsc,
-                        int64_t cap, const int* pos, int C, int Hq, int Hkv, int n_splits, int split_keys, float* scratch,
-                        const bf16_t* gate, int ldg, bf16_t* y, int ldy, cudaStream_t stream) {
+struct AttnDecodeArgs {
+    KvCache c;
+    const bf16_t* q = nullptr; int ldq = 0;  // column c, head hq at q + c*ldq + hq*256 (normed, roped)
+    const int* pos = nullptr;                // [C] device: the last visible key of each column
+    int C = 0, Hq = 0, Hkv = 0;
+    int n_splits = 0, split_keys = 0;        // the split plan (split_keys a multiple of ATT_KEYS)
+    float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits)
+    const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
+    bf16_t* y = nullptr; int ldy = 0;
+};
+static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
+    const int kv = in.c.kv, C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits, split_keys = in.split_keys, ldq = in.ldq,
+              ldg = in.ldg, ldy = in.ldy;
+    const bf16_t* gate = in.gate;
+    float* scratch = in.scratch;
     CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
     for (int c0 = 0; c0 < C; c0 += cols) {
         AttnArgs a;
-        a.q = q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = kc; a.vc = vc; a.cap = cap; a.pos = pos + c0;
-        a.ksc = ksc; a.vsc = vsc;
+        a.q = in.q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
+        a.ksc = in.c.ksc; a.vsc = in.c.vsc;
         a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
         a.n_splits = n_splits; a.split_keys = split_keys;
         a.part_acc = scratch;
@@ -3296,12 +3184,12 @@ static void attn_decode(int kv, const bf16_t* q, int ldq, const void* kc, const 
         else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
         cudaCheck(cudaGetLastError());
         launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
-                                                              y + (int64_t)c0 * ldy, ldy);
+                                                              in.y + (int64_t)c0 * ldy, ldy);
         cudaCheck(cudaGetLastError());
     }
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.7 argmax -----------------------------------------------------------------------------
 // argmax over the first n logits of each of C columns (greedy sampling), lowest id on ties;
 // nan never wins. stage 1: ARGMAX_BLOCKS blocks per column each reduce a strided slice;
 // stage 2: one warp per column merges them. logits fp32 or bf16.
@@ -3356,7 +3244,7 @@ static void argmax(const T* logits, int64_t ld, int n, int C, void* scratch, int
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.8 sampling on the device -------------------------------------------------------------
 // sampling: sample()'s semantics (section 5) on the device, so that a sampled token costs 4
 // bytes to the host instead of the domain's logits (~1 MB) and a cpu sort.
 //
@@ -3734,7 +3622,7 @@ static void sample_accept(const SampleScratch& s, int id, cudaStream_t stream, c
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.9 shared-memory matrix helpers -------------------------------------------------------
 // shared-memory matrix helpers (the prefill kernels)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -3758,7 +3646,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
     return *(const uint32_t*)&v;
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.10 gemm (prefill products) and linear ------------------------------------------------
 // gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores
 //
 // prefill multiplies each weight by hundreds of tokens, so it is arithmetic, not a stream:
@@ -3991,11 +3879,11 @@ static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy
 }
 
 // the matrix product of the forward: gemv for a few columns (decode), gemm for prefill pieces
+// (gemv_only: every T through the gemv, GpuTuning::force_gemv)
 enum { LINEAR_GEMV_MAX = 8 };
-static bool g_force_gemv = false;  // tests: run every product through the gemv
 static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
-                   cudaStream_t stream, GemvX xt = GemvX()) {
-    if (T > LINEAR_GEMV_MAX && !g_force_gemv && gemm_ok(w)) {
+                   cudaStream_t stream, GemvX xt = GemvX(), bool gemv_only = false) {
+    if (T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w)) {
         CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
         gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
     } else {
@@ -4003,7 +3891,7 @@ static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int l
     }
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.11 gated delta rule prefill, recurrent -----------------------------------------------
 // gated delta rule over a prefill piece (model.md 3.5), recurrent, state in registers
 //
 // the same recurrence as gdn_step, organised for many tokens: q and k arrive l2-normed in
@@ -4089,14 +3977,13 @@ static void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.12 gated delta rule prefill, chunked -------------------------------------------------
 // gated delta rule over a prefill piece, chunked (model.md 3.6), tensor cores
 //
-// the recurrent kernel above does T dependent steps per head, ~1,100 cycles each with ~4 warps
-// per sm: 2.4 ms per 9b layer at T = 4096 (h200). the chunked form turns the steps inside a
-// chunk of 64 tokens into matrix products; only the chunk-to-chunk state update stays serial.
-// measured (h200, 9b, us per layer; test_kernels Bench.DISABLED_GdnPrefill9B, bench-notes):
-// T = 64: 22.6 vs 26.6 recurrent, 512: 55 vs 196, 4096: 398 (prep 127) vs 2,427.
+// the recurrent kernel above does T dependent steps per head (latency-bound); the chunked form
+// turns the steps inside a chunk of 64 tokens into matrix products; only the chunk-to-chunk
+// state update stays serial. it pays from 64-token pieces on (1.2x there, 6x at 4096 on the
+// h200: test/bench-notes.md, "gated deltanet prefill"), hence GpuTuning::gdn_chunked_min.
 // two kernels:
 //   gdn_chunk_prep (one block per chunk x value head, all chunks in parallel): Gamma = the
 //     cumulative log-decay in the chunk; A[r][s] = beta_r (k_r.k_s) e^(Gamma_r - Gamma_s) for
@@ -4137,10 +4024,6 @@ static constexpr size_t gdc_scan_smem() {
     return ((size_t)3 * GDC * GDC_LDK + 2 * GDC * GDC_LDT + (size_t)(128 + 2 * GDC) * (NC + 8) + 2 * GDC) * 4;
 }
 static int g_sms = 132;               // multiprocessors of the device (gpu_kernels_init)
-// prefill pieces of this many tokens or more take the chunked form: the pair costs ~22 us at any
-// T <= 64 (the prep block's latency), the recurrent kernel 0.41 us per token (h200, 9b: 0.92x at
-// T = 48, 1.18x at 64). NINFER_GDN_CHUNKED=N sets it (0: never)
-static int g_gdn_chunked_min = 64;
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
     uint32_t r;
@@ -4490,7 +4373,7 @@ static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, in
     cudaCheck(cudaGetLastError());
 }
 
-// ----------------------------------------------------------------------------
+// ---- 7.13 flash attention prefill; kernel init ----------------------------------------------
 // attention over a prefill piece (model.md 2.4): flash attention with tensor cores
 //
 // block = (64 queries, one query head); 4 warps of 16 queries. the keys come from the cache
@@ -4667,23 +4550,17 @@ static void flash_prefill(int kv, const FlashArgs& a, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
-// a plain 16-byte copy, grid-stride: the copy-bandwidth ceiling of the benches
-__global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
-}
-
 // the shared memory (static + dynamic) past 48 KB that kernels ask for: once per device, before any capture
 template <int F>
 static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
-static void gpu_kernels_init() {
+static void gpu_kernels_init(bool pdl = true) {
     int dev = 0, major = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const char* pdl = getenv("NINFER_PDL");
-    g_pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    g_launch_pdl = major >= 9 && pdl;
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -4724,17 +4601,15 @@ static void gpu_kernels_init() {
 //   T <= 8 (decode; mtp verification): gemv, conv_step / gdn_step through the slot map,
 //     attn_decode split over the context with a per-bucket plan
 //   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill (recurrent below
-//     g_gdn_chunked_min tokens, chunked from there on), flash_prefill
+//     GpuTuning::gdn_chunked_min tokens, chunked from there on), flash_prefill
 // numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
 // fp32 deltanet state, fp32 logits.
 //
-//   decode (T <= 8, g_fuse_x): the products that read a norm of the residual stream, and
+//   decode (T <= 8, GpuTuning::fuse_x): the products that read a norm of the residual stream, and
 //     down (swiglu of gate_up), make their x while staging it (GemvX), so a step has 24 row
 //     norms (the a/b branch of each deltanet layer) instead of 65 and no swiglu kernel.
 //
-// measured (h200, 9b synthetic groupwise-int, test/bench-notes.md, session 2): pp512 10.8k tok/s,
-// pp4096 11.5k tok/s, tg128 306 tok/s greedy / 303 sampled (a step is 3.18 ms on the device:
-// the products ~2.6-2.9 ms at 42-48% of copy bandwidth, ~0.33 ms of small kernels, gaps).
+// speed and where a decode step's time goes: README ("Speed") and test/bench-notes.md.
 //
 // cuda graphs: a decode step (embed -> layers -> final norm -> head -> argmax) reads its token,
 // positions and slots from a small device block, so a captured graph replays for any step.
@@ -4746,6 +4621,42 @@ static void gpu_kernels_init() {
 enum { DEC_COLS = 8, GPU_BUCKET0 = 512, GPU_MAX_BUCKETS = 24 };
 enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 
+// the gpu path's measurement and test knobs, in one place (GpuOpts::tune). the cli and the
+// server fill it once at startup from the environment (gpu_tuning_from_env); tests set the
+// fields. measurement only: the defaults are the measured best, and every knob that stays
+// measured faster on (test/bench-notes.md) and has a test with it off (test_gpu).
+//   pdl      true  programmatic dependent launch on sm_90+ (NINFER_PDL=0: off). a decode step
+//                  3.43 -> 3.20 ms with it (session 2)
+//   fork     true  independent products on a second stream, graph branches in a capture
+//                  (NINFER_FORK=0: one stream). ~1% of a step (v2)
+//   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
+//                  tests and bench_gpu). 3.32 -> 3.20 ms a step (v5)
+//   gdn_chunked_min 64  prefill pieces of this many tokens or more take the chunked delta rule
+//                  (NINFER_GDN_CHUNKED=N; 0: never). the pair costs ~22 us at any T <= 64, the
+//                  recurrent kernel 0.41 us a token: 0.92x at 48, 1.18x at 64 (h200, 9b)
+// test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
+// through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
+// every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
+// attn_prep is always on (the separate kernels measured no faster: ~0.2%) and device sampling
+// always where it applies (13% -> 0.4% of a decode token).
+struct GpuTuning {
+    bool pdl = true;
+    bool fork = true;
+    bool fuse_x = true;
+    int gdn_chunked_min = 64;
+    bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
+};
+static GpuTuning gpu_tuning_from_env() {
+    GpuTuning t;
+    auto off = [](const char* name) { const char* v = getenv(name); return v && !strcmp(v, "0"); };
+    t.pdl = !off("NINFER_PDL");
+    t.fork = !off("NINFER_FORK");
+    if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
+    return t;
+}
+
+enum { GPU_LIVE_SLOTS = 2 };  // gdn slots 0 and 1: the live pair (generate_gpu runs a step ahead into the other)
+
 struct GpuOpts {
     int device = 0;
     int kv = KV_BF16;          // --kv-dtype
@@ -4753,8 +4664,9 @@ struct GpuOpts {
     int kv_capacity = 0;       // --kv-capacity: kv rows allocated (0: = max_context, -1: auto)
     int prefill_chunk = 1024;  // --prefill-chunk: tokens per prefill call
     bool graphs = true;        // --no-cuda-graph turns them off
-    int gdn_slots = 2;         // the live pair: generate_gpu runs a step ahead into the other slot (snapshots, mtp: more)
+    int gdn_slots = GPU_LIVE_SLOTS;  // the live pair, then snapshots (mtp verification, prefix reuse) from slot 2 on
     bool quiet = false;        // no load progress / summary on stderr (tests)
+    GpuTuning tune;            // measurement / test knobs (above)
 };
 
 // the step inputs of one forward call, device pointers
@@ -4819,19 +4731,16 @@ struct GpuEngine {
 
 // run `side_work` on e->side concurrently with what the caller launches next on e->stream;
 // gpu_join makes e->stream wait for it. inside a capture this forks and joins graph branches.
-static bool g_fork = true;       // NINFER_FORK=0: everything on one stream
-static bool g_fuse_prep = true;  // attention inputs in one kernel (attn_prep); NINFER_FUSE=0: the separate kernels
-static bool g_host_sample = false;  // NINFER_HOST_SAMPLE=1 (and tests): every sampled pick on the host, the old path
 template <typename F>
 static void gpu_fork(GpuEngine* e, F side_work) {
-    if (!g_fork) { side_work(e->stream); return; }
+    if (!e->o.tune.fork) { side_work(e->stream); return; }
     cudaCheck(cudaEventRecord(e->fork_ev, e->stream));
     cudaCheck(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
     side_work(e->side);
     cudaCheck(cudaEventRecord(e->join_ev, e->side));
 }
 static void gpu_join(GpuEngine* e) {
-    if (g_fork) cudaCheck(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
+    if (e->o.tune.fork) cudaCheck(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
 }
 
 // ---- loading --------------------------------------------------------------------------------
@@ -5003,53 +4912,26 @@ static void gpu_reset(GpuEngine* e) {
     e->last_logits = nullptr;
 }
 
-// one model on one gpu with one sequence of o.max_context tokens. on a user-facing failure
-// (no such device, not enough memory, a format the kernels cannot read) returns null with a
-// one-line *err.
-static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) {
-    const Geometry& g = m->geo;
-    int ndev = gpu_count();
-    if (ndev == 0) { *err = "no cuda device"; return nullptr; }
-    if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
-    if (!gpu_check_formats(m, err)) return nullptr;
-    if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
-        *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
-        return nullptr;
-    }
-    cudaCheck(cudaSetDevice(o.device));
-    gpu_kernels_init();
-    GpuEngine* e = new GpuEngine();
-    e->m = m; e->o = o; e->device = o.device;
-    cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
-    cudaCheck(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking));
-    cudaCheck(cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming));
-    const char* fk = getenv("NINFER_FORK");
-    g_fork = !(fk && !strcmp(fk, "0"));
-    const char* fu = getenv("NINFER_FUSE");
-    g_fuse_prep = !(fu && !strcmp(fu, "0"));
-    const char* hs = getenv("NINFER_HOST_SAMPLE");
-    if (hs && !strcmp(hs, "1")) g_host_sample = true;
-    const char* gc = getenv("NINFER_GDN_CHUNKED");  // N: prefill pieces of >= N tokens take the chunked delta rule; 0: none
-    if (gc) g_gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
-    FrontendIds fr;
-    if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
-    e->domain = fr.domain;
-
-    // weights layout: resident tensors in file order
+// the arena's layout: resident tensors in file order at 256-byte alignment (e->spans)
+static void gpu_arena_layout(GpuEngine* e) {
     uint64_t off = 0;
-    for (const TensorObject& t : m->art.objects) {
+    for (const TensorObject& t : e->m->art.objects) {
         if (t.resource || !gpu_needs_tensor(t.name)) continue;
         off = align_up(off, 256);
         e->spans.push_back({t.data, t.bytes, off});
         off += t.bytes;
     }
     e->arena_bytes = align_up(off, 256);
+}
 
-    // sizes of the state and workspace
+// the sizes of the sequence state and the workspace: the kv capacity (--kv-capacity auto: what
+// fits), T_max, work_bytes, state_bytes. false with a one-line *err when they do not fit.
+static bool gpu_size_state(GpuEngine* e, std::string* err) {
+    const Geometry& g = e->m->geo;
     const size_t headroom = 256ull << 20;  // cuda context growth, graphs, library scratch
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    const GpuOpts& o = e->o;
     const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv), gdn = gpu_gdn_bytes(g, o.gdn_slots);
     e->T_max = std::max(1, o.prefill_chunk);
     e->logit_rows = std::max<int>(DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
@@ -5083,17 +4965,15 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
                  o.device, gib(need), gib(e->arena_bytes), gib((double)e->capacity * kv_row), e->capacity, kv_dtype_name(o.kv), gib(gdn),
                  gib(e->work_bytes), e->T_max, gib(free_b), gib(total_b));
         *err = buf;
-        gpu_free(e);
-        return nullptr;
+        return false;
     }
-    cudaCheck(cudaMalloc(&e->arena, e->arena_bytes));
-    cudaCheck(cudaMalloc(&e->state, e->state_bytes));
-    cudaCheck(cudaMalloc(&e->work, e->work_bytes));
-    gpu_work_layout(e, e->work);
-    gpu_upload_weights(e);
+    return true;
+}
 
-    // device weight views
-    e->w = m->w;
+// the cpu Weights views rebased onto the arena (text only), and the fused a/b product
+static void gpu_device_views(GpuEngine* e) {
+    const Geometry& g = e->m->geo;
+    e->w = e->m->w;
     e->w.vision = VisionWeights();
     e->w.mtp = MtpWeights();
     e->w.draft_head = Mat();
@@ -5124,7 +5004,13 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
         }
     }
 
-    // sequence state: kv planes, then the deltanet slots (zeroed by gpu_reset)
+}
+
+// the sequence state's layout: kv planes per full-attention layer, then the deltanet slots
+// (zeroed by gpu_reset)
+static void gpu_state_layout(GpuEngine* e) {
+    const Geometry& g = e->m->geo;
+    const GpuOpts& o = e->o;
     size_t so = 0;
     auto take = [&](size_t bytes) { so = align_up(so, 256); uint8_t* p = e->state + so; so += bytes; return p; };
     const size_t plane = (size_t)g.Hkv * e->capacity * ATT_HD * kv_elem_bytes(o.kv);
@@ -5146,7 +5032,12 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     CHECK(so <= e->state_bytes, "state layout %zu > %zu", so, e->state_bytes);
     cudaCheck(cudaMemsetAsync(e->state, 0, e->state_bytes, e->stream));  // no nan in never-written kv rows
 
-    // step inputs: prefill [T_max] then decode [DEC_COLS], each ids | pos3 | kvpos | slots | out
+}
+
+// the step inputs: prefill [T_max] then decode [DEC_COLS], each ids | pos3 | kvpos | slots |
+// out, on the device and in two pinned host mirrors; the pinned logits row and picked ids
+static void gpu_steps_alloc(GpuEngine* e) {
+    const Geometry& g = e->m->geo;
     auto per = [](size_t T) { return T + 3 * T + T + 2 * T + T; };
     e->in_ints = per(e->T_max) + per(DEC_COLS);
     e->dec_off = per(e->T_max);
@@ -5162,9 +5053,49 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
     cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
     cudaCheck(cudaEventCreateWithFlags(&e->tok_ready, cudaEventDisableTiming));
-    // the device sampler: ~4.5 MB for a 248k domain, inside the headroom above
+}
+
+// the device sampler: ~4.5 MB for a 248k domain, inside the workspace headroom
+static void gpu_sampler_alloc(GpuEngine* e) {
     cudaCheck(cudaMalloc(&e->smp_mem, sample_layout(&e->smp, nullptr, e->domain)));
     sample_layout(&e->smp, e->smp_mem, e->domain);
+}
+
+// one model on one gpu with one sequence of o.max_context tokens. on a user-facing failure
+// (no such device, not enough memory, a format the kernels cannot read) returns null with a
+// one-line *err.
+static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) {
+    int ndev = gpu_count();
+    if (ndev == 0) { *err = "no cuda device"; return nullptr; }
+    if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
+    if (!gpu_check_formats(m, err)) return nullptr;
+    if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
+        *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
+        return nullptr;
+    }
+    CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
+    cudaCheck(cudaSetDevice(o.device));
+    gpu_kernels_init(o.tune.pdl);
+    GpuEngine* e = new GpuEngine();
+    e->m = m; e->o = o; e->device = o.device;
+    cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming));
+    FrontendIds fr;
+    if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
+    e->domain = fr.domain;
+    gpu_arena_layout(e);
+    if (!gpu_size_state(e, err)) { gpu_free(e); return nullptr; }
+    cudaCheck(cudaMalloc(&e->arena, e->arena_bytes));
+    cudaCheck(cudaMalloc(&e->state, e->state_bytes));
+    cudaCheck(cudaMalloc(&e->work, e->work_bytes));
+    gpu_work_layout(e, e->work);
+    gpu_upload_weights(e);
+    gpu_device_views(e);
+    gpu_state_layout(e);
+    gpu_steps_alloc(e);
+    gpu_sampler_alloc(e);
     gpu_reset(e);
     cudaCheck(cudaStreamSynchronize(e->stream));
     return e;
@@ -5172,44 +5103,65 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
 
 // ---- the forward pass on the device --------------------------------------------------------
 
+// what a layer makes inside its products' x staging (GemvX) instead of a separate kernel: in
+// decode, where the x-staged kernel takes the products (gemv_fusable) and GpuTuning::fuse_x
+struct LayerFuse {
+    bool input_norm;  // the input projections read rmsnorm(x) (the deltanet a/b branch still runs the norm)
+    bool post_norm;   // gate_up reads rmsnorm(x)
+    bool swiglu;      // down reads swiglu(gate_up)
+};
+static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T, bool decode) {
+    auto ok = [&](const Mat& m) { return decode && e->o.tune.fuse_x && gemv_fusable(m, T); };
+    LayerFuse f;
+    f.input_norm = w.full ? ok(w.attn.query_key) && ok(w.attn.gate_value) : ok(w.gdn.query_key) && ok(w.gdn.value_z);
+    f.post_norm = ok(w.gate_up);
+    f.swiglu = ok(w.down);
+    return f;
+}
+// the head reads rmsnorm(x) of its rows
+static bool gpu_head_fuse(const GpuEngine* e, int rows, bool decode) {
+    return decode && e->o.tune.fuse_x && gemv_fusable(e->w.output_head, rows);
+}
+// layer l's kv cache
+static KvCache gpu_kv_cache(const GpuEngine* e, int l) {
+    KvCache c;
+    c.kv = e->o.kv; c.kc = e->kc[l]; c.vc = e->vc[l]; c.ksc = e->ksc[l]; c.vsc = e->vsc[l]; c.cap = e->capacity;
+    return c;
+}
+
 // one decoder layer on e->x [T][H]. decode: the slot map, kv rows and positions come from P
 // (device); prefill: pos0 (host) is the kv row of column 0 and the live slot is e->slot.
-static bool g_force_attn_decode = false;  // tests: prefill attention through attn_decode
-static bool g_force_gdn_step = false;     // tests: prefill deltanet through gdn_step
-static bool g_fuse_x = true;  // decode: norms and swiglu inside the gemvs' x staging (tests turn it off)
 static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys) {
     const Geometry& g = e->m->geo;
     const LayerWeights& w = e->w.layers[l];
+    const GpuTuning& tu = e->o.tune;
     cudaStream_t s = e->stream;
     const int H = g.H, hd = g.head_dim;
-    // decode: the products that read a norm of x (or swiglu of gate_up) make it themselves
-    // while staging x (GemvX), where the x-staged kernel takes them; else the separate kernel
-    auto fusable = [&](const Mat& m) { return decode && g_fuse_x && gemv_fusable(m, T); };
-    const bool fin = w.full ? fusable(w.attn.query_key) && fusable(w.attn.gate_value) : fusable(w.gdn.query_key) && fusable(w.gdn.value_z);
+    auto linear = [&](const Mat& m, const bf16_t* x, int ldx, void* y, int ldy, const bf16_t* resid, cudaStream_t st, GemvX xt = GemvX()) {
+        ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv);
+    };
+    const LayerFuse fu = gpu_layer_fuse(e, w, T, decode);
+    const bool fin = fu.input_norm;
     GemvX nin;
     if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
     const bf16_t* xin = fin ? e->x : e->xb;  // what the input projections read
     if (!fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
     if (w.full) {
         const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
-        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, T, e->gv, ld, false, nullptr, 0, s2, nin); });
-        linear(w.attn.query_key, xin, H, T, e->qk, ld, false, nullptr, 0, s, nin);
-        if (g_fuse_prep) {
-            gpu_join(e);  // v
-            attn_prep(e->o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)w.attn.query_norm.p, (const bf16_t*)w.attn.key_norm.p, P.pos3,
-                      P.kvpos, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, T, g.Hq, g.Hkv, g.rope_dim, g.rope_theta,
-                      g.mrope_section, g.eps, s);
-        } else {
-            rmsnorm(e->qk, ld, e->qk, ld, (const bf16_t*)w.attn.query_norm.p, hd, T * g.Hq, g.Hq, g.eps, false, s);
-            rmsnorm(e->qk + qd, ld, e->qk + qd, ld, (const bf16_t*)w.attn.key_norm.p, hd, T * g.Hkv, g.Hkv, g.eps, false, s);
-            mrope(e->qk, ld, T, g.Hq, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
-            mrope(e->qk + qd, ld, T, g.Hkv, hd, g.rope_dim, P.pos3, g.rope_theta, g.mrope_section, s);
-            gpu_join(e);  // v and the gate
-            kv_append(e->o.kv, e->qk + qd, ld, e->gv + qd, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hkv, s);
-        }
-        if (decode || g_force_attn_decode) {
-            attn_decode(e->o.kv, e->qk, ld, e->kc[l], e->vc[l], e->ksc[l], e->vsc[l], e->capacity, P.kvpos, T, g.Hq, g.Hkv, n_splits,
-                        split_keys, e->attn_scr, e->gv, ld, e->att, qd, s);
+        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, e->gv, ld, nullptr, s2, nin); });
+        linear(w.attn.query_key, xin, H, e->qk, ld, nullptr, s, nin);
+        gpu_join(e);  // v
+        const KvCache kv = gpu_kv_cache(e, l);
+        AttnPrepArgs ap;
+        ap.qk = e->qk; ap.ldqk = ld; ap.v = e->gv + qd; ap.ldv = ld; ap.qw = (const bf16_t*)w.attn.query_norm.p;
+        ap.kw = (const bf16_t*)w.attn.key_norm.p; ap.pos3 = P.pos3; ap.kvpos = P.kvpos; ap.c = kv; ap.C = T; ap.Hq = g.Hq;
+        ap.Hkv = g.Hkv; ap.rot = g.rope_dim; ap.theta = g.rope_theta; ap.sections = g.mrope_section; ap.eps = g.eps;
+        attn_prep(ap, s);
+        if (decode || tu.force_attn_decode) {
+            AttnDecodeArgs ad;
+            ad.c = kv; ad.q = e->qk; ad.ldq = ld; ad.pos = P.kvpos; ad.C = T; ad.Hq = g.Hq; ad.Hkv = g.Hkv; ad.n_splits = n_splits;
+            ad.split_keys = split_keys; ad.scratch = e->attn_scr; ad.gate = e->gv; ad.ldg = ld; ad.y = e->att; ad.ldy = qd;
+            attn_decode(ad, s);
         } else {
             FlashArgs fa;
             fa.q = e->qk; fa.ldq = ld; fa.kc = e->kc[l]; fa.vc = e->vc[l]; fa.ksc = e->ksc[l]; fa.vsc = e->vsc[l];
@@ -5217,7 +5169,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             fa.gate = e->gv; fa.ldg = ld; fa.y = e->att; fa.ldy = qd;
             flash_prefill(e->o.kv, fa, s);
         }
-        linear(w.attn.output, e->att, qd, T, e->x, H, false, e->x, H, s);
+        linear(w.attn.output, e->att, qd, e->x, H, e->x, s);
     } else {
         const GdnWeights& d = w.gdn;
         const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv, LU = C + vd, Hv2 = 2 * g.Hv;
@@ -5227,14 +5179,14 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         bf16_t *pa = e->pab, *pb = e->pab + g.Hv;
         gpu_fork(e, [&](cudaStream_t s2) {  // the gate projections (bf16: never fused) beside the others
             if (fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s2);
-            if (e->ab[l].rows) linear(e->ab[l], e->xb, H, T, e->pab, Hv2, false, nullptr, 0, s2);
+            if (e->ab[l].rows) linear(e->ab[l], e->xb, H, e->pab, Hv2, nullptr, s2);
             else {
-                linear(d.a_proj, e->xb, H, T, pa, Hv2, false, nullptr, 0, s2);
-                linear(d.b_proj, e->xb, H, T, pb, Hv2, false, nullptr, 0, s2);
+                linear(d.a_proj, e->xb, H, pa, Hv2, nullptr, s2);
+                linear(d.b_proj, e->xb, H, pb, Hv2, nullptr, s2);
             }
         });
-        linear(d.query_key, xin, H, T, e->u, LU, false, nullptr, 0, s, nin);
-        linear(d.value_z, xin, H, T, e->u + 2 * kd, LU, false, nullptr, 0, s, nin);
+        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
+        linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin);
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
@@ -5243,7 +5195,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         } else {
             conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
         }
-        if (decode || g_force_gdn_step) {
+        if (decode || tu.force_gdn_step) {
             GdnStepArgs a;
             a.qkv = e->cy; a.ldqkv = C; a.a = pa; a.b = pb; a.ldab = Hv2;
             a.a_log = (const float*)d.a_log.p; a.dt_bias = (const float*)d.dt_bias.p;
@@ -5258,19 +5210,19 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             a.q = e->qn; a.k = e->kn; a.ldqk = kd; a.v = e->cy + 2 * kd; a.ldv = C;
             a.beta = e->beta; a.g = e->gg; a.ldg = g.Hv; a.state_in = rst; a.state_out = rst;
             a.out = e->core; a.ldo = vd; a.T = T; a.Hk = g.Hk; a.Hv = g.Hv; a.scratch = e->gdn_scr;
-            if (T >= g_gdn_chunked_min) gdn_prefill_chunked(a, s);
+            if (T >= tu.gdn_chunked_min) gdn_prefill_chunked(a, s);
             else gdn_prefill(a, s);
         }
         gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
-        linear(d.output, e->gn, vd, T, e->x, H, false, e->x, H, s);
+        linear(d.output, e->gn, vd, e->x, H, e->x, s);
     }
     GemvX npost, sw;
-    if (fusable(w.gate_up)) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }
+    if (fu.post_norm) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }
     else rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
-    linear(w.gate_up, npost.mode ? e->x : e->xb, H, T, e->gu, 2 * g.I, false, nullptr, 0, s, npost);
-    if (fusable(w.down)) sw.mode = GEMV_X_SWIGLU;
+    linear(w.gate_up, npost.mode ? e->x : e->xb, H, e->gu, 2 * g.I, nullptr, s, npost);
+    if (fu.swiglu) sw.mode = GEMV_X_SWIGLU;
     else swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
-    linear(w.down, sw.mode ? e->gu : e->hb, sw.mode ? 2 * g.I : g.I, T, e->x, H, false, e->x, H, s, sw);
+    linear(w.down, sw.mode ? e->gu : e->hb, sw.mode ? 2 * g.I : g.I, e->x, H, e->x, s, sw);
 }
 
 // embed -> layers -> final norm -> head (-> argmax per column). logits fp32 in e->logits:
@@ -5288,9 +5240,9 @@ static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int p
     const int rows = head == HEAD_ALL ? T : 1;
     CHECK(rows <= e->logit_rows, "logits of %d rows, room for %d", rows, e->logit_rows);
     GemvX nf;
-    if (decode && g_fuse_x && gemv_fusable(e->w.output_head, rows)) { nf.mode = GEMV_X_RMS; nf.w = (const bf16_t*)e->w.final_norm.p; nf.eps = g.eps; }
+    if (gpu_head_fuse(e, rows, decode)) { nf.mode = GEMV_X_RMS; nf.w = (const bf16_t*)e->w.final_norm.p; nf.eps = g.eps; }
     else rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
-    linear(e->w.output_head, nf.mode ? xr : e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s, nf);
+    linear(e->w.output_head, nf.mode ? xr : e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s, nf, e->o.tune.force_gemv);
     if (amax) argmax<float>(e->logits, g.vocab, e->domain, rows, e->amax_scr, P.out, s);
 }
 
@@ -5406,18 +5358,18 @@ static void gpu_sampler_accept(GpuEngine* e, Sampler* smp, int id) {
 // the next token from the last forward's logits, sample()'s pick, with 4 bytes to the host:
 // greedy without a logit_bias is the argmax (the decode step already took it when
 // `after_decode`); everything else is sample_gpu with the bound sampler's state. the host
-// samples (the domain's logits to the host, the cpu sampler) only for g_host_sample, a
+// samples (the domain's logits to the host, the cpu sampler) only for force_host_sample, a
 // logit_bias of more than SAMPLE_MAX_BIAS ids, or a sampler of another domain.
 // gpu_pick_device queues the pick and returns the device address its id will be at, or null
 // when the pick has to run on the host (nothing ran yet: the cpu path samples zero logits;
-// g_host_sample; a bias table too large); gpu_pick waits for the id.
+// force_host_sample; a bias table too large); gpu_pick waits for the id.
 static const int* gpu_pick_device(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
     if (!e->last_logits) return nullptr;
     if (smp->p.temperature <= 0.0f && smp->p.logit_bias.empty()) {  // greedy: the argmax on the device
         if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
         return e->dec.out;
     }
-    if (!g_host_sample) {
+    if (!e->o.tune.force_host_sample) {
         if (e->smp_bound != smp) gpu_sampler_bind(e, smp);
         if (e->smp_bound == smp && e->smp.n_bias >= 0) {
             sample_gpu(e->last_logits, smp->p, e->smp, position, purpose, e->stream);
@@ -5441,12 +5393,15 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
     return sample(smp, e->h_logits, position, purpose);
 }
 
+#ifdef NINFER_TESTING  // no product caller yet (prefix reuse and mtp rounds will be)
 // state slots: copy the live deltanet state into slot `to` (prefix reuse keeps it), or make
 // slot `from` the live one again (kv rows are position-addressed: restoring also needs the
-// position the snapshot was taken at)
+// position the snapshot was taken at). slots 0 and 1 are the live pair (generate_gpu runs a
+// step ahead into the other one), so snapshots take slots from 2 on.
 static void gpu_snapshot(GpuEngine* e, int to) {
     const Geometry& g = e->m->geo;
-    CHECK(to >= 0 && to < e->o.gdn_slots && to != e->slot, "snapshot slot %d", to);
+    CHECK(to >= GPU_LIVE_SLOTS && to < e->o.gdn_slots && to != e->slot, "snapshot slot %d: slots 0 and 1 are the live pair, %d slots",
+          to, e->o.gdn_slots);
     for (int l = 0; l < g.L; l++) {
         if (g.full[l]) continue;
         cudaCheck(cudaMemcpyAsync(e->conv[l] + to * e->conv_slot, e->conv[l] + e->slot * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
@@ -5464,6 +5419,7 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
     e->pos = pos;
     e->last_logits = nullptr;
 }
+#endif  // NINFER_TESTING
 
 // ---- generation ----------------------------------------------------------------------------
 
@@ -5499,14 +5455,14 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     // kv row is overwritten by the next forward, and its logits are dropped.
     for (int n = 0; n < max_new; n++) {
         const int* did = gpu_pick_device(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
-        const bool ahead = did && n + 1 < max_new && e->pos < e->capacity && e->o.gdn_slots >= 2;
+        const bool ahead = did && n + 1 < max_new && e->pos < e->capacity;
         const int spare = e->slot == 0 ? 1 : 0;
         int id;
         if (did) {
             cudaCheck(cudaMemcpyAsync(e->h_out, did, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
             cudaCheck(cudaEventRecord(e->tok_ready, e->stream));
             if (ahead) {
-                if (e->smp_bound == smp && (smp->p.temperature > 0.0f || !smp->p.logit_bias.empty())) sample_accept(e->smp, 0, e->stream, did);
+                if (did == e->smp.out) sample_accept(e->smp, 0, e->stream, did);  // the device sampler picked it: count it there
                 gpu_decode_step(e, 0, did, spare);
             }
             cudaCheck(cudaEventSynchronize(e->tok_ready));
@@ -5541,28 +5497,8 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
 
 // perplexity_cpu's contract on the gpu (non-overlapping windows, a fresh sequence each)
 static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int window, int64_t* scored) {
-    const Geometry& g = e->m->geo;
-    const int piece = gpu_logits_piece(e);
-    std::vector<float> logits((size_t)piece * g.vocab);
-    double nll = 0.0;
-    *scored = 0;
-    for (size_t w0 = 0; w0 < ids.size(); w0 += window) {
-        int n = (int)std::min<size_t>(window, ids.size() - w0);
-        gpu_reset(e);
-        for (int i = 0; i < n; i += piece) {
-            int T = std::min(piece, n - i);
-            gpu_forward(e, ids.data() + w0 + i, nullptr, nullptr, T, logits.data(), true);
-            for (int t = 0; t < T && i + t + 1 < n; t++) {
-                const float* lg = logits.data() + (size_t)t * g.vocab;
-                float mx = lg[argmax(lg, g.vocab)];
-                double sum = 0.0;
-                for (int v = 0; v < g.vocab; v++) sum += exp((double)(lg[v] - mx));
-                nll += log(sum) + mx - lg[ids[w0 + i + t + 1]];
-                (*scored)++;
-            }
-        }
-    }
-    return nll;
+    return perplexity_windows(ids, window, gpu_logits_piece(e), e->m->geo.vocab, scored, [&] { gpu_reset(e); },
+                              [&](const int* x, int T, float* lg) { gpu_forward(e, x, nullptr, nullptr, T, lg, true); });
 }
 
 // === 9. engine ===============================================================
@@ -5607,40 +5543,6 @@ static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
     return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
-}
-
-// the gpu flags of the cli: true when argv[*i] is one (consumed, with its value); bad values
-// exit with one line. --max-context and --prefill-chunk stay the cli's own (both paths use them).
-static bool gpu_parse_flag(int argc, char** argv, int* i, GpuOpts* o) {
-    const char* a = argv[*i];
-    auto value = [&]() -> const char* {
-        if (*i + 1 >= argc) { fprintf(stderr, "ninfer: error: %s needs a value\n", a); exit(EXIT_FAILURE); }
-        return argv[++*i];
-    };
-    auto whole = [&](const char* v, long long lo, long long hi) {
-        char* end; errno = 0;
-        long long x = strtoll(v, &end, 10);
-        if (errno || end == v || *end || x < lo || x > hi) {
-            fprintf(stderr, "ninfer: error: %s: '%s' is not an integer in [%lld, %lld]\n", a, v, lo, hi); exit(EXIT_FAILURE);
-        }
-        return (int)x;
-    };
-    if (!strcmp(a, "--device")) { o->device = whole(value(), 0, 1024); return true; }
-    if (!strcmp(a, "--no-cuda-graph")) { o->graphs = false; return true; }
-    if (!strcmp(a, "--kv-dtype")) {
-        const char* v = value();
-        if (!strcmp(v, "bf16")) o->kv = KV_BF16;
-        else if (!strcmp(v, "int8")) o->kv = KV_INT8;
-        else if (!strcmp(v, "fp8")) o->kv = KV_FP8;
-        else { fprintf(stderr, "ninfer: error: --kv-dtype: '%s' is not one of bf16, int8, fp8\n", v); exit(EXIT_FAILURE); }
-        return true;
-    }
-    if (!strcmp(a, "--kv-capacity")) {
-        const char* v = value();
-        o->kv_capacity = !strcmp(v, "auto") ? -1 : whole(v, 1, INT32_MAX / 2);
-        return true;
-    }
-    return false;
 }
 
 // === 10. info =================================================================
@@ -5832,6 +5734,9 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     return true;
 }
 
+// served_generate passes tokenizer.h's event kinds to serve.h as they are
+static_assert((int)SERVE_REASONING == (int)OUT_REASONING && (int)SERVE_CONTENT == (int)OUT_CONTENT &&
+              (int)SERVE_TOOL_CALL == (int)OUT_TOOL_CALL, "serve.h's event kinds are tokenizer.h's output kinds");
 static void served_generate(void* self, const ServePrompt& p, const ServeSampling& smp, const ServeSink& sink, ServeResult* res) {
     ServedModel* s = (ServedModel*)self;
     TextRequest rq;
@@ -5885,6 +5790,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.max_context = o.max_context;
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
+    g.tune = gpu_tuning_from_env();
     if (!text_model_open(&s->t, path, err) || !text_model_start(&s->t, false, g, "ninfer-serve", err)) { delete s; return nullptr; }
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;
@@ -5898,6 +5804,40 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
 }
 
 // === 12. cli ==================================================================
+
+// the gpu flags of the cli: true when argv[*i] is one (consumed, with its value); bad values
+// exit with one line. --max-context and --prefill-chunk stay the cli's own (both paths use them).
+static bool gpu_parse_flag(int argc, char** argv, int* i, GpuOpts* o) {
+    const char* a = argv[*i];
+    auto value = [&]() -> const char* {
+        if (*i + 1 >= argc) { fprintf(stderr, "ninfer: error: %s needs a value\n", a); exit(EXIT_FAILURE); }
+        return argv[++*i];
+    };
+    auto whole = [&](const char* v, long long lo, long long hi) {
+        char* end; errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || x < lo || x > hi) {
+            fprintf(stderr, "ninfer: error: %s: '%s' is not an integer in [%lld, %lld]\n", a, v, lo, hi); exit(EXIT_FAILURE);
+        }
+        return (int)x;
+    };
+    if (!strcmp(a, "--device")) { o->device = whole(value(), 0, 1024); return true; }
+    if (!strcmp(a, "--no-cuda-graph")) { o->graphs = false; return true; }
+    if (!strcmp(a, "--kv-dtype")) {
+        const char* v = value();
+        if (!strcmp(v, "bf16")) o->kv = KV_BF16;
+        else if (!strcmp(v, "int8")) o->kv = KV_INT8;
+        else if (!strcmp(v, "fp8")) o->kv = KV_FP8;
+        else { fprintf(stderr, "ninfer: error: --kv-dtype: '%s' is not one of bf16, int8, fp8\n", v); exit(EXIT_FAILURE); }
+        return true;
+    }
+    if (!strcmp(a, "--kv-capacity")) {
+        const char* v = value();
+        o->kv_capacity = !strcmp(v, "auto") ? -1 : whole(v, 1, INT32_MAX / 2);
+        return true;
+    }
+    return false;
+}
 
 #ifndef NINFER_TESTING
 
@@ -6002,13 +5942,8 @@ static std::string show_piece(const std::string& s) {
     return o;
 }
 
-int main(int argc, char** argv) {
-    // the server is the same binary under another name
-    const char* base = strrchr(argv[0], '/');
-    base = base ? base + 1 : argv[0];
-    if (!strcmp(base, "ninfer-serve")) return serve_main(argc, argv, ServeBackend{served_supports, served_load});
-
-    // defaults: NInfer's (reference-engine.md 2.1)
+// the command line, NInfer's defaults (reference-engine.md 2.1)
+struct CliArgs {
     const char* model_path = nullptr;
     bool info = false, tokenize = false, render = false;
     bool cpu = false;                  // force the reference path; automatic without a gpu
@@ -6025,27 +5960,31 @@ int main(int argc, char** argv) {
     bool greedy = false, no_thinking = false, raw_output = false, print_ids = false;
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
-    GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph
+    GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph; tune from the environment
+    int inputs = 0;                    // how many of the input modes were given
+};
 
-    // poor man's argparse
+// poor man's argparse: the flags into *c, or a one-line error and exit 1 (--help: exit 0)
+static void cli_parse(int argc, char** argv, CliArgs* c) {
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         auto value = [&]() -> const char* { if (i + 1 >= argc) die("%s needs a value", a); return argv[++i]; };
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--info")) info = true;
-        else if (!strcmp(a, "--tokenize")) tokenize = true;
-        else if (!strcmp(a, "--render")) render = true;
-        else if (!strcmp(a, "--cpu")) cpu = true;
-        else if (!strcmp(a, "--prompt")) prompt_text = value();
-        else if (!strcmp(a, "--messages")) messages_path = value();
-        else if (!strcmp(a, "--raw-prompt")) raw_prompt = value();
-        else if (!strcmp(a, "--prompt-ids")) prompt_ids = value();
-        else if (!strcmp(a, "--logits-out")) logits_path = value();
-        else if (!strcmp(a, "--perplexity")) ppl_path = value();
-        else if (!strcmp(a, "--max-new")) max_new = (int)parse_int(a, value(), 0, INT32_MAX);
-        else if (!strcmp(a, "--max-context")) max_context = (int)parse_int(a, value(), 1, INT32_MAX);
-        else if (!strcmp(a, "--prefill-chunk")) prefill_chunk = (int)parse_int(a, value(), 1, INT32_MAX);
-        else if (!strcmp(a, "--greedy")) greedy = true;
+        SamplerParams& sp = c->sp;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        else if (!strcmp(a, "--info")) c->info = true;
+        else if (!strcmp(a, "--tokenize")) c->tokenize = true;
+        else if (!strcmp(a, "--render")) c->render = true;
+        else if (!strcmp(a, "--cpu")) c->cpu = true;
+        else if (!strcmp(a, "--prompt")) c->prompt_text = value();
+        else if (!strcmp(a, "--messages")) c->messages_path = value();
+        else if (!strcmp(a, "--raw-prompt")) c->raw_prompt = value();
+        else if (!strcmp(a, "--prompt-ids")) c->prompt_ids = value();
+        else if (!strcmp(a, "--logits-out")) c->logits_path = value();
+        else if (!strcmp(a, "--perplexity")) c->ppl_path = value();
+        else if (!strcmp(a, "--max-new")) c->max_new = (int)parse_int(a, value(), 0, INT32_MAX);
+        else if (!strcmp(a, "--max-context")) c->max_context = (int)parse_int(a, value(), 1, INT32_MAX);
+        else if (!strcmp(a, "--prefill-chunk")) c->prefill_chunk = (int)parse_int(a, value(), 1, INT32_MAX);
+        else if (!strcmp(a, "--greedy")) c->greedy = true;
         else if (!strcmp(a, "--temperature")) sp.temperature = parse_float(a, value(), 0, 2);
         else if (!strcmp(a, "--top-p")) sp.top_p = parse_float(a, value(), 0, 1);
         else if (!strcmp(a, "--top-k")) sp.top_k = (int)parse_int(a, value(), INT32_MIN, INT32_MAX);
@@ -6053,179 +5992,218 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--presence-penalty")) sp.presence = parse_float(a, value(), -2, 2);
         else if (!strcmp(a, "--frequency-penalty")) sp.frequency = parse_float(a, value(), -2, 2);
         else if (!strcmp(a, "--seed")) sp.seed = parse_u64(a, value());
-        else if (!strcmp(a, "--stop-token-id")) user_stops.push_back((int)parse_int(a, value(), 0, INT32_MAX));
-        else if (!strcmp(a, "--stop")) { const char* v = value(); if (!*v) die("--stop: empty string"); stop_strings.push_back(v); }
-        else if (!strcmp(a, "--reasoning-stop")) { const char* v = value(); if (!*v) die("--reasoning-stop: empty string"); reasoning_stops.push_back(v); }
-        else if (!strcmp(a, "--no-thinking")) no_thinking = true;
-        else if (!strcmp(a, "--raw-output")) raw_output = true;
-        else if (!strcmp(a, "--print-token-ids")) print_ids = true;
+        else if (!strcmp(a, "--stop-token-id")) c->user_stops.push_back((int)parse_int(a, value(), 0, INT32_MAX));
+        else if (!strcmp(a, "--stop")) { const char* v = value(); if (!*v) die("--stop: empty string"); c->stop_strings.push_back(v); }
+        else if (!strcmp(a, "--reasoning-stop")) { const char* v = value(); if (!*v) die("--reasoning-stop: empty string"); c->reasoning_stops.push_back(v); }
+        else if (!strcmp(a, "--no-thinking")) c->no_thinking = true;
+        else if (!strcmp(a, "--raw-output")) c->raw_output = true;
+        else if (!strcmp(a, "--print-token-ids")) c->print_ids = true;
         else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") || !strcmp(a, "--vision") ||
                  !strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
-        else if (gpu_parse_flag(argc, argv, &i, &gopt)) {}
-        else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); return 1; }
-        else if (!model_path) model_path = a;
-        else die("unexpected argument '%s' (the model path was already given as '%s')", a, model_path);
+        else if (gpu_parse_flag(argc, argv, &i, &c->gopt)) {}
+        else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); exit(1); }
+        else if (!c->model_path) c->model_path = a;
+        else die("unexpected argument '%s' (the model path was already given as '%s')", a, c->model_path);
     }
-    if (!model_path) { usage(stderr); return 1; }
-    if (greedy) sp.temperature = 0.0f;
-    int inputs = !!prompt_text + !!messages_path + !!raw_prompt + !!prompt_ids + !!ppl_path + tokenize;
-    if (inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
-    if (render && !prompt_text && !messages_path) die("--render needs --prompt or --messages");
-    if (info && (inputs || render || logits_path || print_ids))
+    if (!c->model_path) { usage(stderr); exit(1); }
+    if (c->greedy) c->sp.temperature = 0.0f;
+    c->inputs = !!c->prompt_text + !!c->messages_path + !!c->raw_prompt + !!c->prompt_ids + !!c->ppl_path + c->tokenize;
+    if (c->inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
+    if (c->render && !c->prompt_text && !c->messages_path) die("--render needs --prompt or --messages");
+    if (c->info && (c->inputs || c->render || c->logits_path || c->print_ids))
         die("--info prints the artifact and exits: it takes no --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize, --render or --logits-out");
     // text arguments are utf-8, as request strings are for the server (an invalid byte is an
     // error there too, not a silent U+FFFD)
-    for (auto [flag, v] : {std::pair<const char*, const char*>{"--prompt", prompt_text}, {"--raw-prompt", raw_prompt}})
+    for (auto [flag, v] : {std::pair<const char*, const char*>{"--prompt", c->prompt_text}, {"--raw-prompt", c->raw_prompt}})
         if (v && !utf8_valid(v, strlen(v))) {
             size_t at = 0, n = strlen(v);
             while (at < n) {  // the first ill-formed sequence
-                unsigned char c = (unsigned char)v[at];
-                size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+                unsigned char b = (unsigned char)v[at];
+                size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
                 if (at + len > n || !utf8_valid(v + at, len)) break;
                 at += len;
             }
             die("%s: the text is not valid utf-8 (byte %zu)", flag, at);
         }
-    if (logits_path && (!(prompt_text || messages_path || raw_prompt || prompt_ids) || render))
+    if (c->logits_path && (!(c->prompt_text || c->messages_path || c->raw_prompt || c->prompt_ids) || c->render))
         die("--logits-out needs a prompt (--prompt, --messages, --raw-prompt or --prompt-ids)");
-    gopt.max_context = max_context;
-    gopt.prefill_chunk = std::min(prefill_chunk, max_context);
+    c->gopt.max_context = c->max_context;
+    c->gopt.prefill_chunk = std::min(c->prefill_chunk, c->max_context);
+    c->gopt.tune = gpu_tuning_from_env();
+}
 
+// --info
+static int cli_info(const CliArgs& c) {
     Model m;
     std::string err;
-    if (info) {
-        if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
-        print_info(stdout, &m);
-        model_close(&m);
-        return 0;
-    }
-    if (!inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
+    if (!model_open(&m, c.model_path, &err)) die("%s", err.c_str());
+    print_info(stdout, &m);
+    model_close(&m);
+    return 0;
+}
 
-    // text in: render the chat template or take the text as is; tokenize
-    TextModel t;
-    if (!text_model_open(&t, model_path, &err)) die("%s", err.c_str());
-    if (tokenize) {
-        std::string text, line;
-        char buf[1 << 16]; size_t n;
-        while ((n = fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, n);
-        std::vector<int> ids;
-        tokenizer_encode(&t.tok, text, &ids);
-        for (size_t i = 0; i < ids.size(); i++) printf(i ? " %d" : "%d", ids[i]);
-        printf("\n");
-        model_close(&t.m);
-        return 0;
-    }
-    TextRequest rq;
-    std::string rendered;
-    bool ids_out = prompt_ids != nullptr;  // ids in, ids out
-    if (prompt_text || messages_path) {
+// --tokenize: text on stdin, ids on stdout
+static int cli_tokenize(TextModel* t) {
+    std::string text;
+    char buf[1 << 16]; size_t n;
+    while ((n = fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, n);
+    std::vector<int> ids;
+    tokenizer_encode(&t->tok, text, &ids);
+    for (size_t i = 0; i < ids.size(); i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    model_close(&t->m);
+    return 0;
+}
+
+// the prompt's tokens into rq: the chat template (--prompt, --messages), the text as is
+// (--raw-prompt) or ids (--prompt-ids). --render prints the rendered prompt and returns false.
+static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq) {
+    std::string err;
+    if (c.prompt_text || c.messages_path) {
         Json messages, tools;
-        if (prompt_text) messages = chat_messages_from_prompt(prompt_text);
-        else if (!chat_parse_request(read_file(messages_path), &messages, &tools, &err)) die("%s: %s", messages_path, err.c_str());
-        if (!chat_from_openai(&messages, &err)) die("%s: %s", messages_path, err.c_str());
+        if (c.prompt_text) messages = chat_messages_from_prompt(c.prompt_text);
+        else if (!chat_parse_request(read_file(c.messages_path), &messages, &tools, &err)) die("%s: %s", c.messages_path, err.c_str());
+        if (!chat_from_openai(&messages, &err)) die("%s: %s", c.messages_path, err.c_str());
         ChatOptions co;
-        co.enable_thinking = no_thinking ? 0 : -1;
+        co.enable_thinking = c.no_thinking ? 0 : -1;
         co.developer_as_system = true;
-        std::string owned;
+        std::string rendered, owned;
         if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &owned))
-            die("%s: %s", messages_path ? messages_path : "--prompt", err.c_str());
-        if (render) { fwrite(rendered.data(), 1, rendered.size(), stdout); model_close(&t.m); return 0; }
-        tokenizer_encode(&t.tok, rendered, &rq.prompt, true, &owned);  // conversation text is literal
-        rq.thinking_open = chat_thinking_open(rendered);
-        rq.tools = tools.is_array();
-    } else if (raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
-        tokenizer_encode(&t.tok, raw_prompt, &rq.prompt);
-        if (rq.prompt.empty()) die("--raw-prompt: the text has no tokens");
-    } else if (prompt_ids) {
-        if (!parse_ids(prompt_ids, &rq.prompt) || rq.prompt.empty()) die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", prompt_ids);
+            die("%s: %s", c.messages_path ? c.messages_path : "--prompt", err.c_str());
+        if (c.render) { fwrite(rendered.data(), 1, rendered.size(), stdout); return false; }
+        tokenizer_encode(&t->tok, rendered, &rq->prompt, true, &owned);  // conversation text is literal
+        rq->thinking_open = chat_thinking_open(rendered);
+        rq->tools = tools.is_array();
+    } else if (c.raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
+        tokenizer_encode(&t->tok, c.raw_prompt, &rq->prompt);
+        if (rq->prompt.empty()) die("--raw-prompt: the text has no tokens");
+    } else if (c.prompt_ids) {
+        if (!parse_ids(c.prompt_ids, &rq->prompt) || rq->prompt.empty())
+            die("--prompt-ids: '%s' is not a list of token ids (e.g. 1,2,3)", c.prompt_ids);
     }
-    const int domain = t.fr.domain;
-    const Geometry& g = t.m.geo;
-    if (!text_model_start(&t, cpu, gopt, "ninfer", &err)) die("%s", err.c_str());
+    return true;
+}
 
-    if (ppl_path) {
-        std::string text = read_file(ppl_path);
-        std::vector<int> ids;
-        bool as_ids = parse_ids(text.c_str(), &ids);
-        if (!as_ids) tokenizer_encode(&t.tok, text, &ids);  // a text file
-        if (ids.size() < 2) die("%s: needs at least 2 tokens, has %zu", ppl_path, ids.size());
-        for (size_t i = 0; i < ids.size(); i++)
-            if (ids[i] >= g.vocab) die("%s: token %zu is id %d, outside the vocabulary [0, %d)", ppl_path, i, ids[i], g.vocab);
-        double t0 = now_s();
-        int64_t n = 0;
-        double nll = engine_perplexity(&t.en, ids, max_context, &n);
-        if (n == 0) die("%s: no token was scored (every window has one token; raise --max-context)", ppl_path);
-        printf("perplexity: %.6f over %lld tokens\n", exp(nll / n), (long long)n);
-        fprintf(stderr, "ninfer: %zu tokens (%s) in windows of %d, %.2f s\n", ids.size(), as_ids ? "ids" : "text", max_context, now_s() - t0);
-        text_model_close(&t);
-        return 0;
-    }
+// --perplexity FILE (token ids or text) in windows of --max-context
+static int cli_perplexity(const CliArgs& c, TextModel* t) {
+    const char* path = c.ppl_path;
+    std::string text = read_file(path);
+    std::vector<int> ids;
+    bool as_ids = parse_ids(text.c_str(), &ids);
+    if (!as_ids) tokenizer_encode(&t->tok, text, &ids);  // a text file
+    if (ids.size() < 2) die("%s: needs at least 2 tokens, has %zu", path, ids.size());
+    const int vocab = t->m.geo.vocab;
+    for (size_t i = 0; i < ids.size(); i++)
+        if (ids[i] >= vocab) die("%s: token %zu is id %d, outside the vocabulary [0, %d)", path, i, ids[i], vocab);
+    double t0 = now_s();
+    int64_t n = 0;
+    double nll = engine_perplexity(&t->en, ids, c.max_context, &n);
+    if (n == 0) die("%s: no token was scored (every window has one token; raise --max-context)", path);
+    printf("perplexity: %.6f over %lld tokens\n", exp(nll / n), (long long)n);
+    fprintf(stderr, "ninfer: %zu tokens (%s) in windows of %d, %.2f s\n", ids.size(), as_ids ? "ids" : "text", c.max_context, now_s() - t0);
+    text_model_close(t);
+    return 0;
+}
 
+// token space: ids out (--prompt-ids) or the decoded text, and the prompt's logits (--logits-out)
+static GenStats cli_generate_ids(const CliArgs& c, TextModel* t, const TextRequest& rq) {
+    const bool ids_out = c.prompt_ids != nullptr;
+    FILE* lf = nullptr;
+    if (c.logits_path && !(lf = fopen(c.logits_path, "wb"))) die("%s: cannot create: %s", c.logits_path, strerror(errno));
+    Sampler smp;
+    sampler_build(&smp, rq.sp, t->fr.domain);
+    std::vector<int> out;
+    GenStats s = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf, [&](int id) {
+        if (ids_out) { printf(out.empty() ? "%d" : " %d", id); fflush(stdout); }
+        out.push_back(id);
+    });
+    if (ids_out && !out.empty()) printf("\n");
+    if (!ids_out) { std::string text = tokenizer_decode(&t->tok, out, !rq.raw); printf("%s\n", text.c_str()); }
+    if (lf && fclose(lf) != 0) die("%s: write failed: %s", c.logits_path, strerror(errno));
+    return s;
+}
+
+// text: content to stdout, reasoning to stderr, tool calls to stdout as json lines
+static TextResult cli_generate_text(const CliArgs& c, TextModel* t, const TextRequest& rq) {
+    bool in_reasoning = false;
+    TextResult r = generate_text(t, rq, [&](const OutEvent& e, int id) {
+        if (e.kind == OUT_CONTENT) {
+            if (in_reasoning) { fprintf(stderr, "\n"); in_reasoning = false; }
+            fwrite(e.text.data(), 1, e.text.size(), stdout);
+            fflush(stdout);
+        } else if (e.kind == OUT_REASONING) {
+            in_reasoning = true;
+            fwrite(e.text.data(), 1, e.text.size(), stderr);
+        } else {
+            std::string line = "{\"tool_call\":{\"name\":";
+            json_escape(&line, e.name);
+            line += ",\"arguments\":" + (e.arguments.empty() ? std::string("{}") : e.arguments) + "}}\n";
+            fwrite(line.data(), 1, line.size(), stdout);
+        }
+        if (c.print_ids && id >= 0) fprintf(stderr, "[%d '%s']", id, show_piece(tokenizer_token_bytes(&t->tok, id)).c_str());
+        return true;
+    });
+    printf("\n");
+    fflush(stdout);
+    return r;
+}
+
+// generation from the prompt in rq: checks, stop ids and strings, then ids or text out, stats
+static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
+    const int domain = t->fr.domain;
     for (size_t i = 0; i < rq.prompt.size(); i++)
         if (rq.prompt[i] < 0 || rq.prompt[i] >= domain) die("prompt id %d (position %zu) is outside the token domain [0, %d)", rq.prompt[i], i, domain);
-    if ((int)rq.prompt.size() >= engine_capacity(&t.en))
-        die("the prompt has %zu tokens, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t.en));
-    rq.stop_ids = t.fr.stops;
-    for (int id : user_stops) {
+    if ((int)rq.prompt.size() >= engine_capacity(&t->en))
+        die("the prompt has %zu tokens, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t->en));
+    rq.stop_ids = t->fr.stops;
+    for (int id : c.user_stops) {
         if (id >= domain) die("--stop-token-id %d is outside the token domain [0, %d)", id, domain);
         rq.stop_ids.push_back(id);
     }
-    rq.stop = stop_strings;
-    rq.reasoning_stop = reasoning_stops;
-    rq.raw = rq.raw || raw_output;
-    rq.max_new = max_new;
-    rq.sp = sp;
-    if (print_ids) {
+    rq.stop = c.stop_strings;
+    rq.reasoning_stop = c.reasoning_stops;
+    rq.raw = rq.raw || c.raw_output;
+    rq.max_new = c.max_new;
+    rq.sp = c.sp;
+    if (c.print_ids) {
         fprintf(stderr, "prompt ids:");
         for (int id : rq.prompt) fprintf(stderr, " %d", id);
         fprintf(stderr, "\n");
     }
-
     TextResult r;
-    if (ids_out || logits_path) {  // token space: ids out (and the prompt's logits)
-        FILE* lf = nullptr;
-        if (logits_path && !(lf = fopen(logits_path, "wb"))) die("%s: cannot create: %s", logits_path, strerror(errno));
-        Sampler smp;
-        sampler_build(&smp, rq.sp, domain);
-        std::vector<int> out;
-        r.gen = engine_generate(&t.en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf, [&](int id) {
-            if (ids_out) { printf(out.empty() ? "%d" : " %d", id); fflush(stdout); }
-            out.push_back(id);
-        });
-        if (ids_out && !out.empty()) printf("\n");
-        if (!ids_out) { std::string text = tokenizer_decode(&t.tok, out, !rq.raw); printf("%s\n", text.c_str()); }
-        if (lf && fclose(lf) != 0) die("%s: write failed: %s", logits_path, strerror(errno));
-    } else {  // text: content to stdout, reasoning to stderr, tool calls to stdout as json lines
-        bool in_reasoning = false;
-        r = generate_text(&t, rq, [&](const OutEvent& e, int id) {
-            if (e.kind == OUT_CONTENT) {
-                if (in_reasoning) { fprintf(stderr, "\n"); in_reasoning = false; }
-                fwrite(e.text.data(), 1, e.text.size(), stdout);
-                fflush(stdout);
-            } else if (e.kind == OUT_REASONING) {
-                in_reasoning = true;
-                fwrite(e.text.data(), 1, e.text.size(), stderr);
-            } else {
-                std::string line = "{\"tool_call\":{\"name\":";
-                json_escape(&line, e.name);
-                line += ",\"arguments\":" + (e.arguments.empty() ? std::string("{}") : e.arguments) + "}}\n";
-                fwrite(line.data(), 1, line.size(), stdout);
-            }
-            if (print_ids && id >= 0) fprintf(stderr, "[%d '%s']", id, show_piece(tokenizer_token_bytes(&t.tok, id)).c_str());
-            return true;
-        });
-        printf("\n");
-        fflush(stdout);
-    }
+    if (c.prompt_ids || c.logits_path) r.gen = cli_generate_ids(c, t, rq);
+    else r = cli_generate_text(c, t, rq);
     const GenStats& s = r.gen;
     fprintf(stderr, "ninfer: %s; prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
-            t.en.gpu ? "gpu" : "cpu", s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
+            t->en.gpu ? "gpu" : "cpu", s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
             s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
             s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
-            : engine_pos(&t.en) == engine_capacity(&t.en) ? ", context full" : "");
-    text_model_close(&t);
+            : engine_pos(&t->en) == engine_capacity(&t->en) ? ", context full" : "");
+    text_model_close(t);
     return 0;
+}
+
+int main(int argc, char** argv) {
+    // the server is the same binary under another name
+    const char* base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (!strcmp(base, "ninfer-serve")) return serve_main(argc, argv, ServeBackend{served_supports, served_load});
+
+    CliArgs c;
+    cli_parse(argc, argv, &c);
+    if (c.info) return cli_info(c);
+    if (!c.inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
+
+    TextModel t;
+    std::string err;
+    if (!text_model_open(&t, c.model_path, &err)) die("%s", err.c_str());
+    if (c.tokenize) return cli_tokenize(&t);
+    TextRequest rq;
+    if (!cli_prompt(c, &t, &rq)) { model_close(&t.m); return 0; }  // --render
+    if (!text_model_start(&t, c.cpu, c.gopt, "ninfer", &err)) die("%s", err.c_str());
+    if (c.ppl_path) return cli_perplexity(c, &t);
+    return cli_generate(c, &t, rq);
 }
 
 #endif  // NINFER_TESTING

@@ -780,32 +780,7 @@ static const char* http_status_text(int s) {
 // U+FFFD, one per maximal subpart, so whatever comes in, what goes out is valid utf-8.
 static void utf8_take(std::string* carry, const char* in, size_t n, std::string* out, bool final) {
     carry->append(in, n);
-    const unsigned char* s = (const unsigned char*)carry->data();
-    size_t len = carry->size(), i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            size_t r = i;
-            while (i < len && s[i] < 0x80) i++;
-            out->append((const char*)s + r, i - r);
-            continue;
-        }
-        int need; unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 2;
-        else if (c >= 0xE0 && c <= 0xEF) { need = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-        else if (c >= 0xF0 && c <= 0xF4) { need = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-        else { out->append("\xEF\xBF\xBD"); i++; continue; }
-        int k = 1;
-        while (k < need && i + k < len) {
-            unsigned b = s[i + k];
-            if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
-            k++;
-        }
-        if (k == need) { out->append((const char*)s + i, need); i += need; continue; }
-        if (i + k == len && !final) break;  // a possible sequence cut by the end: wait
-        out->append("\xEF\xBF\xBD"); i += k;
-    }
-    carry->erase(0, i);
+    carry->erase(0, utf8_lossy(out, carry->data(), carry->size(), final));  // format.h's repair
 }
 static std::string utf8_fix(const std::string& s) {
     std::string carry, out;

@@ -1,8 +1,8 @@
 // tokenizer.h: everything between user text and token ids, for qwen3 / qwen3.5 models.
 //
 // defines:
-//   unicode:   unicode_prop, unicode_gc, utf8_next, utf8_lossy (hf's from_utf8_lossy),
-//              nfc_normalize, nfc_quick_check
+//   unicode:   unicode_prop, unicode_gc, utf8_next, nfc_normalize, nfc_quick_check
+//              (utf8_lossy, hf's from_utf8_lossy, is format.h's)
 //   tokenizer: Tokenizer, tokenizer_load, tokenizer_encode, tokenizer_pretokenize,
 //              tokenizer_decode, tokenizer_token_bytes, tokenizer_is_special, tokenizer_find,
 //              StreamDecoder, stream_decoder_push, stream_decoder_flush
@@ -100,39 +100,6 @@ static inline uint32_t utf8_next(const char* s, size_t* i) {
     if (c < 0xF0) { *i += 3; return ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F); }
     *i += 4;
     return ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
-}
-
-// append s[0..n) to out with every ill-formed sequence replaced by U+FFFD, one per maximal
-// subpart (unicode's recommended practice; what rust's String::from_utf8_lossy and python's
-// bytes.decode('utf-8', 'replace') do, hence what hf tokenizers sees). with final=false a
-// truncated but still possible sequence at the end is not consumed: returns the number of
-// bytes consumed (== n when final).
-static inline size_t utf8_lossy(std::string* out, const char* s, size_t n, bool final = true) {
-    const unsigned char* p = (const unsigned char*)s;
-    size_t i = 0;
-    while (i < n) {
-        size_t run = i;  // copy ascii runs at once
-        while (i < n && p[i] < 0x80) i++;
-        if (i > run) out->append(s + run, i - run);
-        if (i >= n) break;
-        unsigned c = p[i];
-        int len; unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-        else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-        else { out->append("\xEF\xBF\xBD"); i++; continue; }
-        int k = 1;
-        while (k < len && i + k < n) {
-            unsigned b = p[i + k];
-            if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
-            k++;
-        }
-        if (k == len) { out->append(s + i, len); i += len; continue; }
-        if (i + k >= n && !final) return i;  // a possible sequence cut by the end: keep it
-        out->append("\xEF\xBF\xBD");
-        i += k;
-    }
-    return n;
 }
 
 // canonical decomposition of one code point, recursively, appended to out

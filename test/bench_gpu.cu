@@ -10,14 +10,15 @@
 //
 // --sample: tgN samples with the cli's defaults (temperature 0.6, top_k 20, top_p 0.95,
 // presence 1.0) instead of greedy, each token counted for the penalties as generate_gpu does;
-// on the device (sample_gpu), or with NINFER_HOST_SAMPLE=1 the old way (the logits row to the
-// host and the cpu sampler).
+// on the device (sample_gpu). the launch knobs come from the environment as for the cli
+// (GpuTuning: NINFER_PDL=0, NINFER_FORK=0, NINFER_GDN_CHUNKED=N).
 //
 // decode steps are timed as the cli runs them (generate_gpu): stage the step's inputs, replay
 // the bucket's graph, pick on the device, the id to the host (one step ahead of the host). the first
 // run of each test is a warm-up (graph capture, first-touch), then the median of --reps runs.
 #define NINFER_TESTING
 #include "../ninfer.cu"
+#include "test_util.h"
 #include <random>
 #include <functional>
 
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
     int reps = 3, chunk = 0;
     bool sampled = false;
     GpuOpts o;
+    o.tune = gpu_tuning_from_env();  // NINFER_PDL=0 etc., as the cli reads them
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (gpu_parse_flag(argc, argv, &i, &o)) continue;
@@ -87,8 +89,8 @@ int main(int argc, char** argv) {
     if (!e) { fprintf(stderr, "bench_gpu: %s\n", err.c_str()); return 1; }
     fprintf(stderr, "bench_gpu: engine built in %.2f s (capacity %d, prefill chunk %d, kv %s, graphs %s)\n", now_s() - t0, e->capacity,
             e->T_max, kv_dtype_name(o.kv), o.graphs ? "on" : "off");
-    printf("config     kv %s, graphs %s, pdl %s, fork %s, fused attention inputs %s, prefill chunk %d\n", kv_dtype_name(o.kv),
-           o.graphs ? "on" : "off", g_pdl ? "on" : "off", g_fork ? "on" : "off", g_fuse_prep ? "on" : "off", e->T_max);
+    printf("config     kv %s, graphs %s, pdl %s, fork %s, gdn chunked from %d tokens, prefill chunk %d\n", kv_dtype_name(o.kv),
+           o.graphs ? "on" : "off", g_launch_pdl ? "on" : "off", o.tune.fork ? "on" : "off", o.tune.gdn_chunked_min, e->T_max);
     const Geometry& g = m.geo;
     cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, e->device));
     const float bw = copy_bandwidth_gbs(e->stream);
@@ -109,8 +111,7 @@ int main(int argc, char** argv) {
     Sampler smp; SamplerParams sp;  // --sample: the defaults
     if (!sampled) sp.temperature = 0;
     sampler_build(&smp, sp, e->domain);
-    printf("decoding   %s\n", !sampled ? "greedy (argmax on the device)" : g_host_sample ? "sampled on the host (NINFER_HOST_SAMPLE=1: the logits row to the host, the cpu sampler)"
-                                                                       : "sampled on the device (sample_gpu)");
+    printf("decoding   %s\n", !sampled ? "greedy (argmax on the device)" : "sampled on the device (sample_gpu)");
     printf("model      %s (%s)\n", m.art.model_id.c_str(), path);
     printf("device     %s, %d SMs; copy bandwidth %.0f GB/s (read + write, 2 x 1 GiB)\n", prop.name, prop.multiProcessorCount, bw);
     printf("resident   %.3f GB weights; decode reads %.3f GB weights + %.1f MB deltanet state per token (+ %.1f KB kv per context token)\n",
@@ -175,11 +176,11 @@ int main(int argc, char** argv) {
         int kernels = 0, fused_norms = 0, fused_swiglu = 0;
         // as the step runs them: a product that reads a norm of x (nw) or swiglu of gate_up
         // makes it while staging x where the x-staged kernel takes it (gpu_layer)
-        auto mm = [&](const Mat& w, const Vec* nw, bool sw = false) {
+        auto mm = [&](const Mat& w, const Vec* nw, bool fused, bool sw = false) {
             GemvX xt;
             const bf16_t* x = e->xb;
             int ldx = (int)w.cols <= g.H ? g.H : (int)w.cols;
-            if (g_fuse_x && (nw || sw) && gemv_fusable(w, 1)) {
+            if (fused) {
                 if (sw) { xt.mode = GEMV_X_SWIGLU; x = e->gu; ldx = 2 * g.I; fused_swiglu++; }
                 else { xt.mode = GEMV_X_RMS; xt.w = (const bf16_t*)nw->p; xt.eps = g.eps; x = e->x; fused_norms++; }
             }
@@ -190,15 +191,18 @@ int main(int argc, char** argv) {
         };
         for (int l = 0; l < g.L; l++) {
             const LayerWeights& lw = e->w.layers[l];
-            if (lw.full) { mm(lw.attn.query_key, &lw.input_norm); mm(lw.attn.gate_value, &lw.input_norm); mm(lw.attn.output, nullptr); }
-            else {
-                mm(lw.gdn.query_key, &lw.input_norm); mm(lw.gdn.value_z, &lw.input_norm);
-                if (e->ab[l].rows) mm(e->ab[l], nullptr); else { mm(lw.gdn.a_proj, nullptr); mm(lw.gdn.b_proj, nullptr); }
-                mm(lw.gdn.output, nullptr);
+            const LayerFuse fu = gpu_layer_fuse(e, lw, 1, true);  // the decode step's choices
+            if (lw.full) {
+                mm(lw.attn.query_key, &lw.input_norm, fu.input_norm); mm(lw.attn.gate_value, &lw.input_norm, fu.input_norm);
+                mm(lw.attn.output, nullptr, false);
+            } else {
+                mm(lw.gdn.query_key, &lw.input_norm, fu.input_norm); mm(lw.gdn.value_z, &lw.input_norm, fu.input_norm);
+                if (e->ab[l].rows) mm(e->ab[l], nullptr, false); else { mm(lw.gdn.a_proj, nullptr, false); mm(lw.gdn.b_proj, nullptr, false); }
+                mm(lw.gdn.output, nullptr, false);
             }
-            mm(lw.gate_up, &lw.post_norm); mm(lw.down, nullptr, true);
+            mm(lw.gate_up, &lw.post_norm, fu.post_norm); mm(lw.down, nullptr, fu.swiglu, true);
         }
-        mm(e->w.output_head, &e->w.final_norm);
+        mm(e->w.output_head, &e->w.final_norm, gpu_head_fuse(e, 1, true));
         cudaCheck(cudaStreamEndCapture(e->stream, &gr));
         cudaGraphExec_t gx;
         cudaCheck(cudaGraphInstantiate(&gx, gr, 0));
@@ -214,12 +218,10 @@ int main(int argc, char** argv) {
         // make themselves (a layer's input norm counts once however many products fuse it)
         int norm_kernels = 0;
         for (int l = 0; l < g.L; l++) {
-            const LayerWeights& lw = e->w.layers[l];
-            bool fin = g_fuse_x && (lw.full ? gemv_fusable(lw.attn.query_key, 1) && gemv_fusable(lw.attn.gate_value, 1)
-                                            : gemv_fusable(lw.gdn.query_key, 1) && gemv_fusable(lw.gdn.value_z, 1));
-            norm_kernels += (!fin || !lw.full) + !(g_fuse_x && gemv_fusable(lw.gate_up, 1));  // gdn: the a/b branch keeps one
+            const LayerFuse fu = gpu_layer_fuse(e, e->w.layers[l], 1, true);
+            norm_kernels += (!fu.input_norm || !g.full[l]) + !fu.post_norm;  // gdn: the a/b branch keeps one
         }
-        norm_kernels += !(g_fuse_x && gemv_fusable(e->w.output_head, 1));
+        norm_kernels += !gpu_head_fuse(e, 1, true);
         const int swiglu_kernels = g.L - fused_swiglu;
         // the small kernels of a step, each kind alone in a graph as many times as a step runs it
         int l_gdn = 0, l_full = 0;
@@ -240,12 +242,16 @@ int main(int argc, char** argv) {
             {"gated_rmsnorm", g.n_gdn, [&](cudaStream_t s) { gated_rmsnorm(e->core, vd, e->u + C, LU, e->gn, vd, (const bf16_t*)wg.gdn.norm.p, g.dv, 1, g.Hv, g.eps, s); }},
             {"swiglu", swiglu_kernels, [&](cudaStream_t s) { swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, 1, s); }},
             {"attn_prep", g.n_full, [&](cudaStream_t s) {
-                attn_prep(o.kv, e->qk, ld, e->gv + qd, ld, (const bf16_t*)wf.attn.query_norm.p, (const bf16_t*)wf.attn.key_norm.p, e->dec.pos3,
-                          e->dec.kvpos, e->kc[l_full], e->vc[l_full], e->ksc[l_full], e->vsc[l_full], e->capacity, 1, g.Hq, g.Hkv, g.rope_dim,
-                          g.rope_theta, g.mrope_section, g.eps, s); }},
+                AttnPrepArgs ap;
+                ap.qk = e->qk; ap.ldqk = ld; ap.v = e->gv + qd; ap.ldv = ld; ap.qw = (const bf16_t*)wf.attn.query_norm.p;
+                ap.kw = (const bf16_t*)wf.attn.key_norm.p; ap.pos3 = e->dec.pos3; ap.kvpos = e->dec.kvpos; ap.c = gpu_kv_cache(e, l_full);
+                ap.C = 1; ap.Hq = g.Hq; ap.Hkv = g.Hkv; ap.rot = g.rope_dim; ap.theta = g.rope_theta; ap.sections = g.mrope_section; ap.eps = g.eps;
+                attn_prep(ap, s); }},
             {"attn_decode+combine", g.n_full, [&](cudaStream_t s) {
-                attn_decode(o.kv, e->qk, ld, e->kc[l_full], e->vc[l_full], e->ksc[l_full], e->vsc[l_full], e->capacity, e->dec.kvpos, 1, g.Hq, g.Hkv,
-                            ns, sk, e->attn_scr, e->gv, ld, e->att, qd, s); }},
+                AttnDecodeArgs ad;
+                ad.c = gpu_kv_cache(e, l_full); ad.q = e->qk; ad.ldq = ld; ad.pos = e->dec.kvpos; ad.C = 1; ad.Hq = g.Hq; ad.Hkv = g.Hkv;
+                ad.n_splits = ns; ad.split_keys = sk; ad.scratch = e->attn_scr; ad.gate = e->gv; ad.ldg = ld; ad.y = e->att; ad.ldy = qd;
+                attn_decode(ad, s); }},
             {"embed + argmax", 1, [&](cudaStream_t s) {
                 embed_gather(e->w.token_embedding, e->dec.ids, 1, e->ovr, g.H, e->x, g.H, s);
                 argmax<float>(e->logits, g.vocab, e->domain, 1, e->amax_scr, e->dec.out, s); }},

@@ -1,4 +1,5 @@
-// tests for the gpu kernel layer (ninfer.cu section 7): every kernel against a cpu twin on fresh
+// tests for the gpu kernel layer (ninfer.cu section 7, in its order: the decode ops 7.2-7.8,
+// then the prefill ops 7.10-7.13, then the benches): every kernel against a cpu twin on fresh
 // random inputs at the 9b and 0.8b layer sizes and at odd sizes, outputs poisoned (0xff bytes:
 // nan in bf16 and fp32) before each launch so an unwritten element fails.
 //
@@ -13,118 +14,13 @@
 // (they print a table; NINFER_BENCH_LOG=path appends it to a file).
 #define NINFER_TESTING
 #include "../ninfer.cu"
+#include "dev_kernels.cuh"
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <random>
 #include <functional>
 #include <omp.h>
 
-// ---- helpers -------------------------------------------------------------------
-
-static uint64_t g_seed = 0;
-static uint64_t test_seed() {
-    if (!g_seed) {
-        const char* e = getenv("NINFER_SEED");
-        g_seed = e ? strtoull(e, nullptr, 10) : ((uint64_t)std::random_device{}() << 32 | std::random_device{}());
-        if (!g_seed) g_seed = 1;
-        fprintf(stderr, "test_kernels: seed %llu (NINFER_SEED=%llu reproduces)\n", (unsigned long long)g_seed, (unsigned long long)g_seed);
-    }
-    return g_seed;
-}
-static uint64_t splitmix(uint64_t& s) {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t stream) : s(test_seed() ^ (stream * 0xD1B54A32D192ED03ull)) { splitmix(s); }
-    uint64_t u64() { return splitmix(s); }
-    double uni() { return (u64() >> 11) * (1.0 / 9007199254740992.0); }         // [0,1)
-    float uniform(float a, float b) { return a + (b - a) * (float)uni(); }
-    int below(int n) { return (int)(u64() % (uint64_t)n); }
-    float normal() { double u = uni() + 1e-300, v = uni(); return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v)); }
-};
-static uint64_t g_stream = 1;  // each call site draws its own stream
-static Rng rng() { return Rng(g_stream++); }
-
-static float bfr(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-static std::vector<uint16_t> rand_bf16(Rng& r, size_t n, float scale) {
-    std::vector<uint16_t> v(n);
-    for (auto& x : v) { float f = r.normal() * scale; x = f32_to_bf16(f == 0.f ? scale * 0.5f : f); }
-    return v;
-}
-static std::vector<float> to_f32(const std::vector<uint16_t>& v) {
-    std::vector<float> o(v.size());
-    for (size_t i = 0; i < v.size(); i++) o[i] = bf16_to_f32(v[i]);
-    return o;
-}
-
-// a device buffer; poisoned with 0xff bytes on request
-struct Dev {
-    void* p = nullptr; size_t n = 0;
-    Dev() {}
-    explicit Dev(size_t bytes) : n(bytes) { cudaCheck(cudaMalloc(&p, bytes ? bytes : 1)); }
-    ~Dev() { if (p) cudaFree(p); }
-    Dev(const Dev&) = delete; Dev& operator=(const Dev&) = delete;
-    template <typename T> T* as() const { return (T*)p; }
-    void poison() { cudaCheck(cudaMemset(p, 0xFF, n)); }
-};
-template <typename T> static void up(Dev& d, const std::vector<T>& v) { cudaCheck(cudaMemcpy(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-template <typename T> static Dev* upn(const std::vector<T>& v) { Dev* d = new Dev(v.size() * sizeof(T)); up(*d, v); return d; }
-template <typename T> static std::vector<T> down(const Dev& d, size_t n) {
-    std::vector<T> v(n);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(v.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
-
-// bf16 values as ordered integers: the ulp distance between two bf16 words
-static int bf16_ulps(uint16_t a, uint16_t b) {
-    auto ord = [](uint16_t x) { return (x & 0x8000) ? -(int)(x & 0x7fff) : (int)x; };
-    return abs(ord(a) - ord(b));
-}
-static bool bf16_finite(uint16_t x) { return (x & 0x7f80) != 0x7f80; }
-
-// compare bf16 outputs with a twin that rounds at the same points: every element finite and
-// at most max_ulps apart; report how many differ at all
-static void expect_bf16_ulps(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref, int max_ulps,
-                             double max_diff_frac = 0.02) {
-    ASSERT_EQ(got.size(), ref.size());
-    size_t bad = 0, diff = 0, shown = 0; int worst = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        int u = bf16_finite(got[i]) ? bf16_ulps(got[i], ref[i]) : 1 << 20;
-        if (u) diff++;
-        worst = std::max(worst, u);
-        if (u > max_ulps) {
-            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << bf16_to_f32(got[i]) << " want " << bf16_to_f32(ref[i]) << " (" << u << " ulps)";
-            bad++;
-        }
-    }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements more than " << max_ulps << " ulps off";
-    EXPECT_LE((double)diff, max_diff_frac * got.size() + 2) << what << ": " << diff << " of " << got.size() << " differ by an ulp";
-    fprintf(stderr, "  %-28s n=%zu  differing=%zu  worst=%d ulp\n", what, got.size(), diff, worst);
-}
-
-// |got - ref| <= atol[i] + rtol |ref|, nan never passes
-static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& atol,
-                         double rtol) {
-    ASSERT_EQ(got.size(), ref.size());
-    size_t bad = 0, shown = 0; double worst = 0, l2e = 0, l2r = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        double e = fabs((double)got[i] - ref[i]), tol = atol[i] + rtol * fabs(ref[i]);
-        if (!(e <= tol)) {
-            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << ref[i] << " (tol " << tol << ")";
-            bad++;
-        }
-        if (tol > 0 && e == e) worst = std::max(worst, e / tol);
-        l2e += (got[i] - ref[i]) * (got[i] - ref[i]); l2r += ref[i] * ref[i];
-    }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " out of tolerance";
-    fprintf(stderr, "  %-28s n=%zu  worst err/tol=%.3f  rel-l2=%.2e\n", what, got.size(), worst, sqrt(l2e / (l2r + 1e-300)));
-}
-
-#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
 
 // ---- random row-split matrices ------------------------------------------------------
 
@@ -187,7 +83,7 @@ static HostMat make_mat(NumFormat f, int64_t rows, int64_t cols, uint64_t stream
     return m;
 }
 
-// ---- gemv ------------------------------------------------------------------------
+// ---- gemv (7.2) ------------------------------------------------------------------------
 
 struct GemvCase {
     NumFormat f; int64_t rows, cols; int C;
@@ -418,7 +314,7 @@ TEST(Gemv, FusedXTransforms) {
         }
 }
 
-// ---- norms -----------------------------------------------------------------------
+// ---- norms (7.3) -----------------------------------------------------------------------
 
 // cpu twin: same rounding points (fp32 math, one rounding at the end)
 static std::vector<uint16_t> rmsnorm_cpu(const std::vector<uint16_t>& x, int ldx, const std::vector<uint16_t>& w, int n, int rows,
@@ -525,7 +421,7 @@ TEST(Norms, L2Norm) {
     expect_close("l2norm 16x128", got, ref, atol, 1e-5);
 }
 
-// ---- elementwise -------------------------------------------------------------------
+// ---- elementwise (7.4) -------------------------------------------------------------------
 
 // twin rounds silu to bf16 then the product: 1 ulp (expf ulps)
 TEST(Elementwise, SwiGLU) {
@@ -596,7 +492,7 @@ TEST(Elementwise, MRope) {
     Dev dp(pos.size() * 4); up(dp, pos);
     mrope(dx.as<bf16_t>(), ld, T, nheads, hd, rot, dp.as<int>(), 1e7f, sec, 0);
     auto got = down<uint16_t>(dx, x.size());
-    float inv[32]; rope_inv_freq(1e7f, rot, inv);
+    float inv[64]; rope_inv_freq(1e7f, rot, inv);
     std::vector<uint16_t> ref = x;
     for (int t = 0; t < T; t++) for (int h = 0; h < nheads; h++) for (int i = 0; i < 32; i++) {
         int axis = (i % 3 == 1 && i < 33) ? 1 : (i % 3 == 2 && i < 30) ? 2 : 0;
@@ -610,7 +506,7 @@ TEST(Elementwise, MRope) {
     expect_bf16_ulps("mrope (whole rows: pass-through untouched)", got, ref, 2);
 }
 
-// ---- gated deltanet -----------------------------------------------------------------
+// ---- gated deltanet decode (7.5) -----------------------------------------------------------------
 
 static float silu_h(float x) { return x / (1.f + expf(-x)); }
 
@@ -765,15 +661,9 @@ static void gdn_step_case(int Hk, int Hv, int C, bool mtp_slots) {
             for (int i = 0; i < D; i++) { q[i] = q[i] / sqrt(qq + 1e-6) / sqrt(128.0); k[i] = k[i] / sqrt(kk + 1e-6); }
             double av = bf16_to_f32(ab[(size_t)c * 2 * Hv + h]) + (double)dtb[h];
             double beta = bfr((float)(1 / (1 + exp(-(double)bf16_to_f32(ab[(size_t)c * 2 * Hv + Hv + h])))));
-            double g = -exp((double)alog[h]) * (av > 20 ? av : log1p(exp(av))), eg = exp(g);
-            double* Sh = &S[(size_t)h * D * D];
-            for (int j = 0; j < D; j++) {
-                double m = 0;
-                for (int i = 0; i < D; i++) { Sh[i * D + j] *= eg; m += Sh[i * D + j] * k[i]; }
-                double delta = beta * (bf16_to_f32(row[2 * Hk * D + h * D + j]) - m), o = 0;
-                for (int i = 0; i < D; i++) { Sh[i * D + j] += k[i] * delta; o += Sh[i * D + j] * q[i]; }
-                ro[(size_t)c * ldo + h * D + j] = o;
-            }
+            double g = -exp((double)alog[h]) * (av > 20 ? av : log1p(exp(av)));
+            gdn_ref_step(&S[(size_t)h * D * D], q, k, [&](int j) { return (double)bf16_to_f32(row[2 * Hk * D + h * D + j]); }, exp(g), beta,
+                         &ro[(size_t)c * ldo + h * D], nullptr);
         }
         int so = slots[C + c];
         if (so >= 0) for (size_t i = 0; i < S.size(); i++) { rs.push_back(S[i]); gs.push_back(gst[so * slot + i]); }
@@ -793,163 +683,7 @@ TEST(Gdn, RecurrentStep) {
     gdn_step_case(16, 48, 3, true);   // 27b grouping (3 value heads per key head)
 }
 
-// ---- chunked prefill delta rule -----------------------------------------------------
-
-// the kernel's inputs as the model produces them: q, k l2-normalised fp32 (q times dk^-1/2;
-// odd key heads strongly correlated across tokens, which makes the triangular solve work),
-// v bf16, beta in (0, 1) (bf16-rounded, as gdn_gates makes it), g = -exp(A_log) softplus(x)
-// with A_log per head in [-4, 2.5] (decay per token from ~1 - 1e-4 to e^-60) and head 0 at
-// A_log = 3 (strong decay: Gamma underflows within a chunk), a nonzero random input state
-struct GdnInputs {
-    int Hk, Hv, T, ldqk, ldv;
-    std::vector<float> q, k, beta, g, S0;
-    std::vector<uint16_t> v;
-};
-static GdnInputs gdn_inputs(int Hk, int Hv, int T) {
-    Rng r = rng();
-    const int D = 128;
-    GdnInputs in; in.Hk = Hk; in.Hv = Hv; in.T = T; in.ldqk = Hk * D + 4; in.ldv = Hv * D + 8;
-    in.q.assign((size_t)T * in.ldqk, 0.f); in.k.assign((size_t)T * in.ldqk, 0.f);
-    for (int hk = 0; hk < Hk; hk++) {
-        const double rho = hk % 2 ? 0.9 : 0.0;
-        double m[128];
-        for (int i = 0; i < D; i++) m[i] = r.normal();
-        for (int t = 0; t < T; t++) {
-            double kv[128], qv[128], kk = 0, qq = 0;
-            for (int i = 0; i < D; i++) {
-                kv[i] = rho * m[i] + sqrt(1 - rho * rho) * r.normal(); qv[i] = r.normal();
-                kk += kv[i] * kv[i]; qq += qv[i] * qv[i];
-            }
-            for (int i = 0; i < D; i++) {
-                in.k[(size_t)t * in.ldqk + hk * D + i] = (float)(kv[i] / sqrt(kk));
-                in.q[(size_t)t * in.ldqk + hk * D + i] = (float)(qv[i] / sqrt(qq) / sqrt(128.0));
-            }
-        }
-    }
-    in.v = rand_bf16(r, (size_t)T * in.ldv, 1.f);
-    in.beta.resize((size_t)T * Hv); in.g.resize((size_t)T * Hv);
-    std::vector<double> alog(Hv);
-    for (int h = 0; h < Hv; h++) alog[h] = h == 0 ? 3.0 : r.uniform(-4.f, 2.5f);
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < Hv; h++) {
-            double x = 2.0 * r.normal();
-            in.g[(size_t)t * Hv + h] = (float)(-exp(alog[h]) * (x > 20 ? x : log1p(exp(x))));
-            in.beta[(size_t)t * Hv + h] = bfr(r.uniform(0.02f, 0.98f));
-        }
-    in.S0.resize((size_t)Hv * D * D);
-    for (auto& s : in.S0) s = 0.5f * r.normal();
-    return in;
-}
-// float64 recurrence (model.md 3.5) on the same inputs: o [T][Hv*128], S [Hv][128][128], and
-// orss = sqrt(sum_i (S_t[i][j] q_t[i])^2), the root sum of squares of the terms of o (the
-// scale of its rounding error)
-static void gdn_reference(const GdnInputs& in, std::vector<double>& o, std::vector<double>& S, std::vector<double>& orss) {
-    const int D = 128, Hv = in.Hv, T = in.T, G = in.Hv / in.Hk;
-    o.assign((size_t)T * Hv * D, 0.0);
-    orss.assign((size_t)T * Hv * D, 0.0);
-    S.assign(in.S0.begin(), in.S0.end());
-    #pragma omp parallel for schedule(dynamic)
-    for (int h = 0; h < Hv; h++) {
-        double* Sh = &S[(size_t)h * D * D];
-        for (int t = 0; t < T; t++) {
-            const float* q = &in.q[(size_t)t * in.ldqk + (h / G) * D];
-            const float* k = &in.k[(size_t)t * in.ldqk + (h / G) * D];
-            const double eg = exp((double)in.g[(size_t)t * Hv + h]), beta = in.beta[(size_t)t * Hv + h];
-            double m[128] = {}, o_[128] = {}, oa[128] = {};
-            for (int i = 0; i < D; i++)
-                for (int j = 0; j < D; j++) { Sh[i * D + j] *= eg; m[j] += Sh[i * D + j] * k[i]; }
-            for (int j = 0; j < D; j++) m[j] = beta * (bf16_to_f32(in.v[(size_t)t * in.ldv + h * D + j]) - m[j]);
-            for (int i = 0; i < D; i++)
-                for (int j = 0; j < D; j++) { Sh[i * D + j] += k[i] * m[j]; o_[j] += Sh[i * D + j] * q[i]; oa[j] += (Sh[i * D + j] * q[i]) * (Sh[i * D + j] * q[i]); }
-            for (int j = 0; j < D; j++) { o[(size_t)t * Hv * D + h * D + j] = o_[j]; orss[(size_t)t * Hv * D + h * D + j] = sqrt(oa[j]); }
-        }
-    }
-}
-static GdnPrefillArgs gdn_args(const GdnInputs& in, const Dev& dq, const Dev& dk, const Dev& dv, const Dev& dbe, const Dev& dg,
-                               const float* s_in, float* s_out, const Dev& dout, int ldo, const Dev& dscr) {
-    GdnPrefillArgs a;
-    a.q = dq.as<float>(); a.k = dk.as<float>(); a.ldqk = in.ldqk; a.v = dv.as<bf16_t>(); a.ldv = in.ldv;
-    a.beta = dbe.as<float>(); a.g = dg.as<float>(); a.ldg = in.Hv; a.state_in = s_in; a.state_out = s_out;
-    a.out = dout.as<bf16_t>(); a.ldo = ldo; a.T = in.T; a.Hk = in.Hk; a.Hv = in.Hv; a.scratch = dscr.as<float>();
-    return a;
-}
-
-// the chunked kernels (gdn_prefill_chunked) against the float64 recurrence. tolerances from
-// the precision: every product has tf32 operands (relative rounding u = 2^-11 each), fp32
-// sums, so a dot of n terms errs by ~u x the root sum of squares of its terms (independent
-// roundings), whatever its result: near 0 when its terms cancel;
-// the state update is a contraction (eigenvalues of e^g (I - beta k k^T) in [0, 1]), so the
-// state error stays ~u x rms(S) over any number of chunks instead of growing with T (first
-// h200 run: state rel-l2 4-5e-4 ~ u at T = 63 .. 1000). bounds, with margin for the tails
-// over up to 6M elements and the ill-conditioned solves of correlated keys:
-//   state:  |err| <= 32u rms(S of the head) + 4u |ref|, rel-l2 <= 4u (~2e-3)
-//   output: |err| <= 2^-8 |ref| (the bf16 rounding) + 64u rss_i(S_t[i][j] q_t[i]) (the
-//           roundings of the state, of V_new and of P add up to a few u x rss, and the max
-//           over 6M elements is ~5 sigma; an output near 0 from cancelling terms keeps the
-//           error of its terms: a bound by the rms of the output row failed there by up to 56x
-//           in the first run, 1.3% errors on 2e-4 outputs, ~2u x rss), rel-l2 <= 4e-3 (bf16
-//           rounding alone: ~1.1e-3; measured 1.7e-3)
-static void gdn_chunked_case(int Hk, int Hv, int T, bool alias, int nc = 0) {
-    SCOPED_TRACE("gdn chunked Hk " + std::to_string(Hk) + " Hv " + std::to_string(Hv) + " T " + std::to_string(T) +
-                 (alias ? " (state in place)" : "") + (nc ? " nc " + std::to_string(nc) : ""));
-    const int D = 128, ldo = Hv * D + 2;
-    const double u = 1.0 / 2048;
-    GdnInputs in = gdn_inputs(Hk, Hv, T);
-    Dev dq(in.q.size() * 4), dk(in.k.size() * 4), dv(in.v.size() * 2), dbe(in.beta.size() * 4), dg(in.g.size() * 4);
-    up(dq, in.q); up(dk, in.k); up(dv, in.v); up(dbe, in.beta); up(dg, in.g);
-    Dev dsi(in.S0.size() * 4), dso(in.S0.size() * 4), dout((size_t)T * ldo * 2), dscr(gdn_chunked_scratch_floats(T, Hv) * 4);
-    up(dsi, in.S0);
-    dso.poison(); dout.poison(); dscr.poison();
-    float* sout = alias ? dsi.as<float>() : dso.as<float>();
-    gdn_prefill_chunked(gdn_args(in, dq, dk, dv, dbe, dg, dsi.as<float>(), sout, dout, ldo, dscr), 0, nc);
-    cudaCheck(cudaGetLastError());
-    auto gout = down<uint16_t>(dout, (size_t)T * ldo);
-    std::vector<float> gst = alias ? down<float>(dsi, in.S0.size()) : down<float>(dso, in.S0.size());
-    if (!alias) { auto si = down<float>(dsi, in.S0.size()); ASSERT_EQ(memcmp(si.data(), in.S0.data(), si.size() * 4), 0) << "state_in was modified"; }
-    std::vector<double> ro, rs, rorss;
-    gdn_reference(in, ro, rs, rorss);
-    // state
-    std::vector<double> atol(rs.size());
-    for (int h = 0; h < Hv; h++) {
-        double ss = 0;
-        for (int i = 0; i < D * D; i++) ss += rs[(size_t)h * D * D + i] * rs[(size_t)h * D * D + i];
-        for (int i = 0; i < D * D; i++) atol[(size_t)h * D * D + i] = 32 * u * sqrt(ss / (D * D));
-    }
-    expect_close("gdn chunked state", gst, rs, atol, 4 * u);
-    double e2 = 0, r2 = 0;
-    for (size_t i = 0; i < rs.size(); i++) { e2 += (gst[i] - rs[i]) * (gst[i] - rs[i]); r2 += rs[i] * rs[i]; }
-    EXPECT_LT(sqrt(e2 / r2), 4 * u) << "state rel-l2";
-    // output (columns of the padded rows are not compared: they are not written)
-    std::vector<float> go; std::vector<double> ref, otol;
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < Hv * D; j++) {
-            go.push_back(bf16_to_f32(gout[(size_t)t * ldo + j]));
-            ref.push_back(ro[(size_t)t * Hv * D + j]);
-            otol.push_back(64 * u * rorss[(size_t)t * Hv * D + j]);
-        }
-    expect_close("gdn chunked output", go, ref, otol, 1.0 / 256);
-    e2 = r2 = 0;
-    for (size_t i = 0; i < ref.size(); i++) { e2 += (go[i] - ref[i]) * (go[i] - ref[i]); r2 += ref[i] * ref[i]; }
-    EXPECT_LT(sqrt(e2 / r2), 4e-3) << "output rel-l2";
-    for (int t = 0; t < T; t++)  // the padding columns of out stay untouched
-        for (int j = Hv * D; j < ldo; j++) ASSERT_EQ(gout[(size_t)t * ldo + j], 0xFFFFu) << "out[" << t << "][" << j << "] written";
-}
-TEST(Gdn, ChunkedPrefill) {
-    NEED_GPU();
-    gpu_kernels_init();
-    struct { int Hk, Hv; } geos[] = {{16, 32}, {16, 16}, {16, 48}, {2, 4}};  // 9b/4b, 0.8b/2b, 27b, tiny (grouping 2, 1, 3, 2)
-    int i = 0;
-    for (auto ge : geos)
-        for (int T : {1, 63, 64, 65, 200, 1000}) gdn_chunked_case(ge.Hk, ge.Hv, T, (i++ % 2) == 1);
-}
-// every column split of the scan on the 9b geometry (small: also the compute-sanitizer case)
-TEST(Gdn, ChunkedPrefillColumnSplits) {
-    NEED_GPU();
-    gpu_kernels_init();
-    for (int nc : {16, 32, 64}) gdn_chunked_case(16, 32, 130, nc == 32, nc);
-}
-
-// ---- attention -------------------------------------------------------------------
+// ---- attention decode (7.6) -------------------------------------------------------------------
 
 // float64 twin on the same bf16 cache; the output rounds to bf16 and the gate multiplies
 // as in the kernel. tolerance: rtol 2^-7 (two bf16 roundings) + atol 1e-5 * max|v| (fp32
@@ -974,13 +708,21 @@ static void attn_case(int Hq, int Hkv, int C, int64_t cap, int base_len, int n_s
     Dev dqk(qk.size() * 2); up(dqk, qk);
     Dev dgv(gv.size() * 2); up(dgv, gv);
     Dev dpos(C * 4); up(dpos, pos);
-    kv_append(dqk.as<bf16_t>() + Hq * HD, ldq, dgv.as<bf16_t>() + Hq * HD, ldv, dkc.as<bf16_t>(), dvc.as<bf16_t>(), cap, dpos.as<int>(), C, Hkv, 0);
+    KvCache cache;
+    cache.kc = dkc.p; cache.vc = dvc.p; cache.cap = cap;
+    KvAppendArgs ka;
+    ka.k = dqk.as<bf16_t>() + Hq * HD; ka.ldk = ldq; ka.v = dgv.as<bf16_t>() + Hq * HD; ka.ldv = ldv; ka.c = cache; ka.pos = dpos.as<int>();
+    ka.C = C; ka.Hkv = Hkv;
+    kv_append(ka, 0);
     int split_keys = attn_split_keys(base_len + C, n_splits);
     Dev dscr(attn_scratch_floats(Hq, Hkv, n_splits) * 4); dscr.poison();
     int ldy = Hq * HD;
     Dev dy((size_t)C * ldy * 2); dy.poison();
-    attn_decode(dqk.as<bf16_t>(), ldq, dkc.as<bf16_t>(), dvc.as<bf16_t>(), cap, dpos.as<int>(), C, Hq, Hkv, n_splits, split_keys, dscr.as<float>(),
-                gate ? dgv.as<bf16_t>() : nullptr, ldv, dy.as<bf16_t>(), ldy, 0);
+    AttnDecodeArgs ad;
+    ad.c = cache; ad.q = dqk.as<bf16_t>(); ad.ldq = ldq; ad.pos = dpos.as<int>(); ad.C = C; ad.Hq = Hq; ad.Hkv = Hkv; ad.n_splits = n_splits;
+    ad.split_keys = split_keys; ad.scratch = dscr.as<float>(); ad.gate = gate ? dgv.as<bf16_t>() : nullptr; ad.ldg = ldv; ad.y = dy.as<bf16_t>();
+    ad.ldy = ldy;
+    attn_decode(ad, 0);
     auto got = down<uint16_t>(dy, (size_t)C * ldy);
     // the appended rows are exactly the new k, v
     auto gkc = down<uint16_t>(dkc, kc.size());
@@ -1031,7 +773,87 @@ TEST(Attention, DecodeSplitK) {
     attn_case(16, 4, 1, 70000, 65600, 128, true); // long context
 }
 
-// ---- argmax ----------------------------------------------------------------------
+// attn_prep (one kernel: q/k norms, m-rope, the kv append) against the kernels it replaces,
+// each held to its cpu twin above (Norms.RmsNorm, Elementwise.MRope, the append in
+// DecodeSplitK): the same math and roundings, except that the norm's sum of squares runs in
+// another order, which can move a bf16 of a normed head by one ulp (and then its rotated
+// pair, and for int8 / fp8 the group's amax, so a code by one step and its fp16 scale by one
+// ulp). so: q / k heads within 1 bf16 ulp (<= 2% of them differing), cache codes within one
+// step, scales within one fp16 ulp; rows that are not appended stay as poisoned.
+static int sm_steps(uint32_t a, uint32_t b, uint32_t sign) {  // distance of two sign-magnitude codes
+    auto ord = [&](uint32_t x) { return (x & sign) ? -(int)(x & (sign - 1)) : (int)x; };
+    return abs(ord(a) - ord(b));
+}
+TEST(Attention, PrepMatchesSeparateKernels) {
+    NEED_GPU();
+    const int HD = ATT_HD, Hq = 16, Hkv = 4, C = 3, rot = 64, qd = Hq * HD, ld = (Hq + Hkv) * HD, ldv = Hkv * HD + 64;
+    const int64_t cap = 64;
+    const int sec[3] = {11, 11, 10};
+    const float theta = 1e7f, eps = 1e-6f;
+    Rng r = rng();
+    auto qk = rand_bf16(r, (size_t)C * ld, 2.f), v = rand_bf16(r, (size_t)C * ldv, 1.f);
+    auto qw = rand_bf16(r, HD, 0.3f), kw = rand_bf16(r, HD, 0.3f);
+    std::vector<int> kvpos = {5, 6, 40}, pos3(C * 3);
+    for (int c = 0; c < C; c++) for (int a = 0; a < 3; a++) pos3[c * 3 + a] = c == 0 ? 7 : r.below(5000);
+    Dev dv(v.size() * 2); up(dv, v);
+    Dev dqw(HD * 2), dkw(HD * 2); up(dqw, qw); up(dkw, kw);
+    Dev dkv(C * 4), dp3(C * 12); up(dkv, kvpos); up(dp3, pos3);
+    for (int kv : {(int)KV_BF16, (int)KV_INT8, (int)KV_FP8}) {
+        SCOPED_TRACE(kv_dtype_name(kv));
+        const size_t plane = (size_t)Hkv * cap * HD * kv_elem_bytes(kv), splane = (size_t)Hkv * cap * KV_GROUPS * 2;
+        Dev qa(qk.size() * 2), qb(qk.size() * 2);
+        up(qa, qk); up(qb, qk);
+        Dev kca(plane), vca(plane), ksa(splane), vsa(splane), kcb(plane), vcb(plane), ksb(splane), vsb(splane);
+        for (Dev* d : {&kca, &vca, &ksa, &vsa, &kcb, &vcb, &ksb, &vsb}) d->poison();
+        auto cache = [&](Dev& kc, Dev& vc, Dev& ks, Dev& vs) {
+            KvCache c; c.kv = kv; c.kc = kc.p; c.vc = vc.p; c.cap = cap;
+            if (kv != KV_BF16) { c.ksc = ks.as<__half>(); c.vsc = vs.as<__half>(); }
+            return c;
+        };
+        AttnPrepArgs ap;
+        ap.qk = qa.as<bf16_t>(); ap.ldqk = ld; ap.v = dv.as<bf16_t>(); ap.ldv = ldv; ap.qw = dqw.as<bf16_t>(); ap.kw = dkw.as<bf16_t>();
+        ap.pos3 = dp3.as<int>(); ap.kvpos = dkv.as<int>(); ap.c = cache(kca, vca, ksa, vsa); ap.C = C; ap.Hq = Hq; ap.Hkv = Hkv;
+        ap.rot = rot; ap.theta = theta; ap.sections = sec; ap.eps = eps;
+        attn_prep(ap, 0);
+        bf16_t* q = qb.as<bf16_t>();
+        rmsnorm(q, ld, q, ld, dqw.as<bf16_t>(), HD, C * Hq, Hq, eps, false, 0);
+        rmsnorm(q + qd, ld, q + qd, ld, dkw.as<bf16_t>(), HD, C * Hkv, Hkv, eps, false, 0);
+        mrope(q, ld, C, Hq, HD, rot, dp3.as<int>(), theta, sec, 0);
+        mrope(q + qd, ld, C, Hkv, HD, rot, dp3.as<int>(), theta, sec, 0);
+        KvAppendArgs ka;
+        ka.k = q + qd; ka.ldk = ld; ka.v = dv.as<bf16_t>(); ka.ldv = ldv; ka.c = cache(kcb, vcb, ksb, vsb); ka.pos = dkv.as<int>(); ka.C = C; ka.Hkv = Hkv;
+        kv_append(ka, 0);
+        expect_bf16_ulps("attn_prep q/k heads", down<uint16_t>(qa, qk.size()), down<uint16_t>(qb, qk.size()), 1);
+        const int eb = kv_elem_bytes(kv);
+        for (int which = 0; which < 2; which++) {
+            auto a = down<uint8_t>(which ? vca : kca, plane), b = down<uint8_t>(which ? vcb : kcb, plane);
+            auto sa = down<uint16_t>(which ? vsa : ksa, splane / 2), sb = down<uint16_t>(which ? vsb : ksb, splane / 2);
+            int worst = 0, worst_s = 0;
+            size_t written = 0;
+            for (int h = 0; h < Hkv; h++) for (int p = 0; p < cap; p++) {
+                const bool appended = std::find(kvpos.begin(), kvpos.end(), p) != kvpos.end();
+                const size_t row = (size_t)h * cap + p;
+                for (int d = 0; d < HD; d++) {
+                    const size_t o = (row * HD + d) * eb;
+                    if (!appended) { ASSERT_TRUE(a[o] == 0xFF && b[o] == 0xFF) << "row " << row << " written"; continue; }
+                    written++;
+                    int st = eb == 2 ? bf16_ulps(a[o] | a[o + 1] << 8, b[o] | b[o + 1] << 8)
+                                     : kv == KV_INT8 ? abs((int)(int8_t)a[o] - (int)(int8_t)b[o]) : sm_steps(a[o], b[o], 0x80);
+                    worst = std::max(worst, st);
+                }
+                if (kv != KV_BF16 && appended)
+                    for (int gi = 0; gi < KV_GROUPS; gi++) worst_s = std::max(worst_s, sm_steps(sa[row * KV_GROUPS + gi], sb[row * KV_GROUPS + gi], 0x8000));
+            }
+            fprintf(stderr, "  attn_prep %s %s cache: %zu elements, worst %d steps, scales worst %d ulp\n", kv_dtype_name(kv), which ? "v" : "k",
+                    written, worst, worst_s);
+            EXPECT_EQ(written, (size_t)Hkv * C * HD);
+            EXPECT_LE(worst, which == 1 ? 0 : 1);    // v is not normed: the same values, the same codes
+            EXPECT_LE(worst_s, which == 1 ? 0 : 1);
+        }
+    }
+}
+
+// ---- argmax (7.7) ----------------------------------------------------------------------
 
 TEST(Sampling, Argmax) {
     NEED_GPU();
@@ -1064,7 +886,7 @@ TEST(Sampling, Argmax) {
     for (int c = 0; c < C; c++) EXPECT_EQ(got[c], want[c]) << "bf16 column " << c;
 }
 
-// ---- sampling ----------------------------------------------------------------------
+// ---- sampling (7.8) ----------------------------------------------------------------------
 //
 // sample_gpu against the cpu sample() on fresh random logits. for 0 < top_k < n (top_k <=
 // SAMPLE_SEQ_MAX) and greedy the device runs sample()'s operations in sample()'s order on the
@@ -1294,6 +1116,325 @@ TEST(Sampling, WholeVocabularyPeakedAgreesWithCpu) {
     EXPECT_LE(differ, 1);
 }
 
+// ---- gemm (7.10) -----------------------------------------------------------------------
+
+// y = W x over T tokens by the gemm, against float64 dots of format.h's row decoder.
+// per element: |got - ref| <= 1e-5 sum_k |w_k x_k| (fp32 sums of exact products) for fp32;
+// the bf16 + residual output adds its two roundings (2^-8 each, relative).
+static void check_gemm(NumFormat f, int64_t N, int64_t K, int T) {
+    SCOPED_TRACE(std::string(format_name(f)) + " " + std::to_string(N) + "x" + std::to_string(K) + " T=" + std::to_string(T));
+    HostMat hm = make_mat(f, N, K, 1000 + f * 7 + N + K + T);
+    Mat hmat = mat_from(&hm.obj, hm.bytes.data());
+    std::mt19937_64 r(77 + T);
+    const int ldx = (int)K + 8, ldy = (int)N + 3;
+    std::vector<uint16_t> x = rand_bf16(r, (size_t)T * ldx, 1.0f);
+    std::vector<uint16_t> res = rand_bf16(r, (size_t)T * ldy, 0.5f);
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+    Mat dmat = mat_from(&hm.obj, dw.as<uint8_t>());
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dy((size_t)T * ldy * 4);
+    Dev dyb((size_t)T * ldy * 2); up(dyb, res);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dy.as<float>(), ldy, true, nullptr, 0, 0);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dyb.as<bf16_t>(), ldy, false, dyb.as<bf16_t>(), ldy, 0);
+    cudaCheck(cudaGetLastError());
+    std::vector<float> y = down<float>(dy, (size_t)T * ldy);
+    std::vector<uint16_t> yb = down<uint16_t>(dyb, (size_t)T * ldy);
+    std::vector<float> wrow(K);
+    size_t bad = 0; double worst = 0;
+    for (int64_t n = 0; n < N; n++) {
+        mat_row_dequant(hmat, n, wrow.data());
+        for (int t = 0; t < T; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)wrow[k] * bf16_to_f32(x[(size_t)t * ldx + k]);
+                ref += p; mag += fabs(p);
+            }
+            double got = y[(size_t)t * ldy + n], tol = 1e-5 * mag + 1e-30;
+            double rs = bf16_to_f32(res[(size_t)t * ldy + n]);
+            double gotb = bf16_to_f32(yb[(size_t)t * ldy + n]), tolb = tol + (fabs(rs) + 2 * fabs(ref)) * (1.0 / 256);
+            worst = std::max(worst, fabs(got - ref) / tol);
+            if (!(fabs(got - ref) <= tol) || !(fabs(gotb - (rs + ref)) <= tolb)) {
+                if (bad++ < 5) ADD_FAILURE() << "y[" << t << "][" << n << "] = " << got << " / bf16+resid " << gotb << ", want " << ref << " / " << rs + ref;
+            }
+        }
+    }
+    EXPECT_EQ(bad, 0u);
+    fprintf(stderr, "  gemm %-10s %5lldx%-5lld T=%-4d worst err/tol %.3f\n", format_name(f), (long long)N, (long long)K, T, worst);
+}
+
+TEST(Gemm, MatchesFloat64) {
+    NEED_GPU();
+    for (NumFormat f : {FMT_Q4, FMT_Q5, FMT_Q6, FMT_W8, FMT_BF16}) {
+        check_gemm(f, 300, 512, 200);
+        check_gemm(f, 40, 128, 9);
+    }
+    check_gemm(FMT_Q4, 1000, 1024, 300);
+}
+
+// ---- gated delta rule prefill, recurrent (7.11) -------------------------------------------
+
+TEST(GdnPrefill, RecurrentMatchesStep) {
+    NEED_GPU();
+    const int Hk = 2, Hv = 4, D = 128, T = 100, kd = Hk * D, C = 2 * kd + Hv * D;
+    std::mt19937_64 r(5);
+    std::vector<uint16_t> cy = rand_bf16(r, (size_t)T * C, 1.0f), pa = rand_bf16(r, (size_t)T * Hv, 1.0f), pb = rand_bf16(r, (size_t)T * Hv, 1.0f);
+    std::vector<float> a_log(Hv), dt(Hv), s0((size_t)Hv * D * D);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int h = 0; h < Hv; h++) { a_log[h] = 0.3f * nd(r); dt[h] = 0.5f * nd(r); }
+    for (auto& v : s0) v = 0.1f * nd(r);
+    Dev dcy(cy.size() * 2), dpa(pa.size() * 2), dpb(pb.size() * 2), dal(Hv * 4), ddt(Hv * 4);
+    up(dcy, cy); up(dpa, pa); up(dpb, pb); up(dal, a_log); up(ddt, dt);
+    // path a: l2norm + gates + gdn_prefill
+    Dev dq((size_t)T * kd * 4), dk((size_t)T * kd * 4), dbe((size_t)T * Hv * 4), dg((size_t)T * Hv * 4);
+    Dev dsa(s0.size() * 4), doa((size_t)T * Hv * D * 2);
+    up(dsa, s0);
+    l2norm(dcy.as<bf16_t>(), C, dq.as<float>(), kd, D, T, Hk, 1e-6f, 1.0f / sqrtf((float)D), 0);
+    l2norm(dcy.as<bf16_t>() + kd, C, dk.as<float>(), kd, D, T, Hk, 1e-6f, 1.0f, 0);
+    gdn_gates(dpa.as<bf16_t>(), Hv, dpb.as<bf16_t>(), Hv, dal.as<float>(), ddt.as<float>(), dbe.as<float>(), dg.as<float>(), T, Hv, 0);
+    GdnPrefillArgs pa_;
+    pa_.q = dq.as<float>(); pa_.k = dk.as<float>(); pa_.ldqk = kd; pa_.v = dcy.as<bf16_t>() + 2 * kd; pa_.ldv = C;
+    pa_.beta = dbe.as<float>(); pa_.g = dg.as<float>(); pa_.ldg = Hv; pa_.state_in = dsa.as<float>(); pa_.state_out = dsa.as<float>();
+    pa_.out = doa.as<bf16_t>(); pa_.ldo = Hv * D; pa_.T = T; pa_.Hk = Hk; pa_.Hv = Hv;
+    gdn_prefill(pa_, 0);
+    // path b: gdn_step over T columns, slot 0 in, slot 1 out
+    Dev dsb(s0.size() * 4 * 2), dob((size_t)T * Hv * D * 2);
+    cudaCheck(cudaMemcpy(dsb.p, s0.data(), s0.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int> slots(2 * T, -1);
+    slots[0] = 0; slots[2 * T - 1] = 1;
+    Dev dsl(slots.size() * 4); up(dsl, slots);
+    GdnStepArgs sa;
+    sa.qkv = dcy.as<bf16_t>(); sa.ldqkv = C; sa.a = dpa.as<bf16_t>(); sa.b = dpb.as<bf16_t>(); sa.ldab = Hv;
+    sa.a_log = dal.as<float>(); sa.dt_bias = ddt.as<float>(); sa.state = dsb.as<float>(); sa.slot_stride = (int64_t)Hv * D * D;
+    sa.slots = dsl.as<int>(); sa.out = dob.as<bf16_t>(); sa.ldo = Hv * D; sa.C = T; sa.Hk = Hk; sa.Hv = Hv;
+    gdn_step(sa, 0);
+    auto oa = down<uint16_t>(doa, (size_t)T * Hv * D), ob = down<uint16_t>(dob, (size_t)T * Hv * D);
+    auto sa_ = down<float>(dsa, s0.size());
+    std::vector<float> sb((size_t)Hv * D * D);
+    cudaCheck(cudaMemcpy(sb.data(), dsb.as<float>() + s0.size(), s0.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> fa(oa.size()), fb(ob.size());
+    for (size_t i = 0; i < oa.size(); i++) { fa[i] = bf16_to_f32(oa[i]); fb[i] = bf16_to_f32(ob[i]); }
+    double eo = rel_l2(fa.data(), fb.data(), fa.size()), es = rel_l2(sa_.data(), sb.data(), sb.size());
+    fprintf(stderr, "  gdn prefill vs step: output rel-l2 %.2e, state rel-l2 %.2e\n", eo, es);
+    EXPECT_LT(eo, 2e-3);  // bf16 outputs of fp32 sums in different orders
+    EXPECT_LT(es, 1e-5);  // fp32 state
+    // path c: the chunked form (two chunks, the second partial) from the same state; tf32
+    // operands (2^-11) instead of fp32: test_kernels' Gdn.ChunkedPrefill derives the bounds
+    gpu_kernels_init();
+    Dev dsc(s0.size() * 4), doc((size_t)T * Hv * D * 2), dscr(gdn_chunked_scratch_floats(T, Hv) * 4);
+    up(dsc, s0);
+    pa_.state_in = dsc.as<float>(); pa_.state_out = dsc.as<float>(); pa_.out = doc.as<bf16_t>(); pa_.scratch = dscr.as<float>();
+    gdn_prefill_chunked(pa_, 0);
+    auto oc = down<uint16_t>(doc, (size_t)T * Hv * D);
+    auto sc = down<float>(dsc, s0.size());
+    std::vector<float> fc(oc.size());
+    for (size_t i = 0; i < oc.size(); i++) fc[i] = bf16_to_f32(oc[i]);
+    double co = rel_l2(fc.data(), fb.data(), fc.size()), cs = rel_l2(sc.data(), sb.data(), sb.size());
+    fprintf(stderr, "  gdn chunked vs step: output rel-l2 %.2e, state rel-l2 %.2e\n", co, cs);
+    EXPECT_LT(co, 4e-3);
+    EXPECT_LT(cs, 2e-3);
+}
+
+// ---- gated delta rule prefill, chunked (7.12) ---------------------------------------
+
+// the kernel's inputs as the model produces them: q, k l2-normalised fp32 (q times dk^-1/2;
+// odd key heads strongly correlated across tokens, which makes the triangular solve work),
+// v bf16, beta in (0, 1) (bf16-rounded, as gdn_gates makes it), g = -exp(A_log) softplus(x)
+// with A_log per head in [-4, 2.5] (decay per token from ~1 - 1e-4 to e^-60) and head 0 at
+// A_log = 3 (strong decay: Gamma underflows within a chunk), a nonzero random input state
+struct GdnInputs {
+    int Hk, Hv, T, ldqk, ldv;
+    std::vector<float> q, k, beta, g, S0;
+    std::vector<uint16_t> v;
+};
+static GdnInputs gdn_inputs(int Hk, int Hv, int T) {
+    Rng r = rng();
+    const int D = 128;
+    GdnInputs in; in.Hk = Hk; in.Hv = Hv; in.T = T; in.ldqk = Hk * D + 4; in.ldv = Hv * D + 8;
+    in.q.assign((size_t)T * in.ldqk, 0.f); in.k.assign((size_t)T * in.ldqk, 0.f);
+    for (int hk = 0; hk < Hk; hk++) {
+        const double rho = hk % 2 ? 0.9 : 0.0;
+        double m[128];
+        for (int i = 0; i < D; i++) m[i] = r.normal();
+        for (int t = 0; t < T; t++) {
+            double kv[128], qv[128], kk = 0, qq = 0;
+            for (int i = 0; i < D; i++) {
+                kv[i] = rho * m[i] + sqrt(1 - rho * rho) * r.normal(); qv[i] = r.normal();
+                kk += kv[i] * kv[i]; qq += qv[i] * qv[i];
+            }
+            for (int i = 0; i < D; i++) {
+                in.k[(size_t)t * in.ldqk + hk * D + i] = (float)(kv[i] / sqrt(kk));
+                in.q[(size_t)t * in.ldqk + hk * D + i] = (float)(qv[i] / sqrt(qq) / sqrt(128.0));
+            }
+        }
+    }
+    in.v = rand_bf16(r, (size_t)T * in.ldv, 1.f);
+    in.beta.resize((size_t)T * Hv); in.g.resize((size_t)T * Hv);
+    std::vector<double> alog(Hv);
+    for (int h = 0; h < Hv; h++) alog[h] = h == 0 ? 3.0 : r.uniform(-4.f, 2.5f);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hv; h++) {
+            double x = 2.0 * r.normal();
+            in.g[(size_t)t * Hv + h] = (float)(-exp(alog[h]) * (x > 20 ? x : log1p(exp(x))));
+            in.beta[(size_t)t * Hv + h] = bfr(r.uniform(0.02f, 0.98f));
+        }
+    in.S0.resize((size_t)Hv * D * D);
+    for (auto& s : in.S0) s = 0.5f * r.normal();
+    return in;
+}
+// float64 recurrence (model.md 3.5) on the same inputs: o [T][Hv*128], S [Hv][128][128], and
+// orss = sqrt(sum_i (S_t[i][j] q_t[i])^2), the root sum of squares of the terms of o (the
+// scale of its rounding error)
+static void gdn_reference(const GdnInputs& in, std::vector<double>& o, std::vector<double>& S, std::vector<double>& orss) {
+    const int D = 128, Hv = in.Hv, T = in.T, G = in.Hv / in.Hk;
+    o.assign((size_t)T * Hv * D, 0.0);
+    orss.assign((size_t)T * Hv * D, 0.0);
+    S.assign(in.S0.begin(), in.S0.end());
+    #pragma omp parallel for schedule(dynamic)
+    for (int h = 0; h < Hv; h++) {
+        double* Sh = &S[(size_t)h * D * D];
+        for (int t = 0; t < T; t++) {
+            double q[128], k[128];
+            for (int i = 0; i < D; i++) { q[i] = in.q[(size_t)t * in.ldqk + (h / G) * D + i]; k[i] = in.k[(size_t)t * in.ldqk + (h / G) * D + i]; }
+            const double eg = exp((double)in.g[(size_t)t * Hv + h]), beta = in.beta[(size_t)t * Hv + h];
+            const uint16_t* v = &in.v[(size_t)t * in.ldv + h * D];
+            gdn_ref_step(Sh, q, k, [&](int j) { return (double)bf16_to_f32(v[j]); }, eg, beta, &o[(size_t)t * Hv * D + h * D],
+                         &orss[(size_t)t * Hv * D + h * D]);
+        }
+    }
+}
+static GdnPrefillArgs gdn_args(const GdnInputs& in, const Dev& dq, const Dev& dk, const Dev& dv, const Dev& dbe, const Dev& dg,
+                               const float* s_in, float* s_out, const Dev& dout, int ldo, const Dev& dscr) {
+    GdnPrefillArgs a;
+    a.q = dq.as<float>(); a.k = dk.as<float>(); a.ldqk = in.ldqk; a.v = dv.as<bf16_t>(); a.ldv = in.ldv;
+    a.beta = dbe.as<float>(); a.g = dg.as<float>(); a.ldg = in.Hv; a.state_in = s_in; a.state_out = s_out;
+    a.out = dout.as<bf16_t>(); a.ldo = ldo; a.T = in.T; a.Hk = in.Hk; a.Hv = in.Hv; a.scratch = dscr.as<float>();
+    return a;
+}
+
+// the chunked kernels (gdn_prefill_chunked) against the float64 recurrence. tolerances from
+// the precision: every product has tf32 operands (relative rounding u = 2^-11 each), fp32
+// sums, so a dot of n terms errs by ~u x the root sum of squares of its terms (independent
+// roundings), whatever its result: near 0 when its terms cancel;
+// the state update is a contraction (eigenvalues of e^g (I - beta k k^T) in [0, 1]), so the
+// state error stays ~u x rms(S) over any number of chunks instead of growing with T (first
+// h200 run: state rel-l2 4-5e-4 ~ u at T = 63 .. 1000). bounds, with margin for the tails
+// over up to 6M elements and the ill-conditioned solves of correlated keys:
+//   state:  |err| <= 32u rms(S of the head) + 4u |ref|, rel-l2 <= 4u (~2e-3)
+//   output: |err| <= 2^-8 |ref| (the bf16 rounding) + 64u rss_i(S_t[i][j] q_t[i]) (the
+//           roundings of the state, of V_new and of P add up to a few u x rss, and the max
+//           over 6M elements is ~5 sigma; an output near 0 from cancelling terms keeps the
+//           error of its terms: a bound by the rms of the output row failed there by up to 56x
+//           in the first run, 1.3% errors on 2e-4 outputs, ~2u x rss), rel-l2 <= 4e-3 (bf16
+//           rounding alone: ~1.1e-3; measured 1.7e-3)
+static void gdn_chunked_case(int Hk, int Hv, int T, bool alias, int nc = 0) {
+    SCOPED_TRACE("gdn chunked Hk " + std::to_string(Hk) + " Hv " + std::to_string(Hv) + " T " + std::to_string(T) +
+                 (alias ? " (state in place)" : "") + (nc ? " nc " + std::to_string(nc) : ""));
+    const int D = 128, ldo = Hv * D + 2;
+    const double u = 1.0 / 2048;
+    GdnInputs in = gdn_inputs(Hk, Hv, T);
+    Dev dq(in.q.size() * 4), dk(in.k.size() * 4), dv(in.v.size() * 2), dbe(in.beta.size() * 4), dg(in.g.size() * 4);
+    up(dq, in.q); up(dk, in.k); up(dv, in.v); up(dbe, in.beta); up(dg, in.g);
+    Dev dsi(in.S0.size() * 4), dso(in.S0.size() * 4), dout((size_t)T * ldo * 2), dscr(gdn_chunked_scratch_floats(T, Hv) * 4);
+    up(dsi, in.S0);
+    dso.poison(); dout.poison(); dscr.poison();
+    float* sout = alias ? dsi.as<float>() : dso.as<float>();
+    gdn_prefill_chunked(gdn_args(in, dq, dk, dv, dbe, dg, dsi.as<float>(), sout, dout, ldo, dscr), 0, nc);
+    cudaCheck(cudaGetLastError());
+    auto gout = down<uint16_t>(dout, (size_t)T * ldo);
+    std::vector<float> gst = alias ? down<float>(dsi, in.S0.size()) : down<float>(dso, in.S0.size());
+    if (!alias) { auto si = down<float>(dsi, in.S0.size()); ASSERT_EQ(memcmp(si.data(), in.S0.data(), si.size() * 4), 0) << "state_in was modified"; }
+    std::vector<double> ro, rs, rorss;
+    gdn_reference(in, ro, rs, rorss);
+    // state
+    std::vector<double> atol(rs.size());
+    for (int h = 0; h < Hv; h++) {
+        double ss = 0;
+        for (int i = 0; i < D * D; i++) ss += rs[(size_t)h * D * D + i] * rs[(size_t)h * D * D + i];
+        for (int i = 0; i < D * D; i++) atol[(size_t)h * D * D + i] = 32 * u * sqrt(ss / (D * D));
+    }
+    expect_close("gdn chunked state", gst, rs, atol, 4 * u);
+    double e2 = 0, r2 = 0;
+    for (size_t i = 0; i < rs.size(); i++) { e2 += (gst[i] - rs[i]) * (gst[i] - rs[i]); r2 += rs[i] * rs[i]; }
+    EXPECT_LT(sqrt(e2 / r2), 4 * u) << "state rel-l2";
+    // output (columns of the padded rows are not compared: they are not written)
+    std::vector<float> go; std::vector<double> ref, otol;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < Hv * D; j++) {
+            go.push_back(bf16_to_f32(gout[(size_t)t * ldo + j]));
+            ref.push_back(ro[(size_t)t * Hv * D + j]);
+            otol.push_back(64 * u * rorss[(size_t)t * Hv * D + j]);
+        }
+    expect_close("gdn chunked output", go, ref, otol, 1.0 / 256);
+    e2 = r2 = 0;
+    for (size_t i = 0; i < ref.size(); i++) { e2 += (go[i] - ref[i]) * (go[i] - ref[i]); r2 += ref[i] * ref[i]; }
+    EXPECT_LT(sqrt(e2 / r2), 4e-3) << "output rel-l2";
+    for (int t = 0; t < T; t++)  // the padding columns of out stay untouched
+        for (int j = Hv * D; j < ldo; j++) ASSERT_EQ(gout[(size_t)t * ldo + j], 0xFFFFu) << "out[" << t << "][" << j << "] written";
+}
+TEST(Gdn, ChunkedPrefill) {
+    NEED_GPU();
+    gpu_kernels_init();
+    struct { int Hk, Hv; } geos[] = {{16, 32}, {16, 16}, {16, 48}, {2, 4}};  // 9b/4b, 0.8b/2b, 27b, tiny (grouping 2, 1, 3, 2)
+    int i = 0;
+    for (auto ge : geos)
+        for (int T : {1, 63, 64, 65, 200, 1000}) gdn_chunked_case(ge.Hk, ge.Hv, T, (i++ % 2) == 1);
+}
+// every column split of the scan on the 9b geometry (small: also the compute-sanitizer case)
+TEST(Gdn, ChunkedPrefillColumnSplits) {
+    NEED_GPU();
+    gpu_kernels_init();
+    for (int nc : {16, 32, 64}) gdn_chunked_case(16, 32, 130, nc == 32, nc);
+}
+
+// ---- flash attention prefill vs the split-k decode kernel (7.13) ---------------------------
+
+static void check_flash(int kv, int Hq, int Hkv, int pos0, int T) {
+    SCOPED_TRACE(std::string(kv_dtype_name(kv)) + " Hq " + std::to_string(Hq) + " Hkv " + std::to_string(Hkv));
+    const int HD = ATT_HD, ld = (Hq + Hkv) * HD, qd = Hq * HD;
+    const int64_t cap = 512;
+    const int n = pos0 + T;
+    std::mt19937_64 r(kv * 100 + Hq);
+    std::vector<uint16_t> qk = rand_bf16(r, (size_t)n * ld, 1.0f), gv = rand_bf16(r, (size_t)n * ld, 1.0f);
+    Dev dqk(qk.size() * 2), dgv(gv.size() * 2); up(dqk, qk); up(dgv, gv);
+    const size_t plane = (size_t)Hkv * cap * HD * kv_elem_bytes(kv), splane = (size_t)Hkv * cap * KV_GROUPS * 2;
+    Dev kc(plane), vc(plane), ks(splane), vs(splane);
+    std::vector<int> pos(n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    Dev dpos(n * 4); up(dpos, pos);
+    KvCache cache;
+    cache.kv = kv; cache.kc = kc.p; cache.vc = vc.p; cache.ksc = ks.as<__half>(); cache.vsc = vs.as<__half>(); cache.cap = cap;
+    KvAppendArgs ka;
+    ka.k = dqk.as<bf16_t>() + qd; ka.ldk = ld; ka.v = dgv.as<bf16_t>() + qd; ka.ldv = ld; ka.c = cache; ka.pos = dpos.as<int>(); ka.C = n; ka.Hkv = Hkv;
+    kv_append(ka, 0);
+    const bf16_t* q = dqk.as<bf16_t>() + (size_t)pos0 * ld;
+    const bf16_t* gate = dgv.as<bf16_t>() + (size_t)pos0 * ld;
+    Dev ya((size_t)T * qd * 2), yb((size_t)T * qd * 2);
+    FlashArgs fa;
+    fa.q = q; fa.ldq = ld; fa.kc = kc.p; fa.vc = vc.p; fa.ksc = ks.as<__half>(); fa.vsc = vs.as<__half>(); fa.cap = cap;
+    fa.pos0 = pos0; fa.T = T; fa.Hq = Hq; fa.Hkv = Hkv; fa.gate = gate; fa.ldg = ld; fa.y = ya.as<bf16_t>(); fa.ldy = qd;
+    flash_prefill(kv, fa, 0);
+    int n_splits = 4, split_keys = attn_split_keys(n, n_splits);
+    Dev scr(attn_scratch_floats(Hq, Hkv, n_splits) * 4);
+    AttnDecodeArgs ad;
+    ad.c = cache; ad.q = q; ad.ldq = ld; ad.pos = dpos.as<int>() + pos0; ad.C = T; ad.Hq = Hq; ad.Hkv = Hkv; ad.n_splits = n_splits;
+    ad.split_keys = split_keys; ad.scratch = scr.as<float>(); ad.gate = gate; ad.ldg = ld; ad.y = yb.as<bf16_t>(); ad.ldy = qd;
+    attn_decode(ad, 0);
+    auto a = down<uint16_t>(ya, (size_t)T * qd), b = down<uint16_t>(yb, (size_t)T * qd);
+    std::vector<float> fa_(a.size()), fb(b.size());
+    for (size_t i = 0; i < a.size(); i++) { fa_[i] = bf16_to_f32(a[i]); fb[i] = bf16_to_f32(b[i]); }
+    double e = rel_l2(fa_.data(), fb.data(), fa_.size());
+    fprintf(stderr, "  flash vs decode %-4s Hq %2d Hkv %d pos0 %3d T %3d: rel-l2 %.2e\n", kv_dtype_name(kv), Hq, Hkv, pos0, T, e);
+    EXPECT_LT(e, 6e-3);  // flash multiplies V by bf16 probabilities; the decode kernel keeps them fp32
+}
+
+TEST(FlashPrefill, MatchesDecode) {
+    NEED_GPU();
+    gpu_kernels_init();
+    for (int kv : {KV_BF16, KV_INT8, KV_FP8}) check_flash(kv, 16, 4, 100, 150);
+    check_flash(KV_BF16, 6, 1, 0, 70);
+    check_flash(KV_BF16, 2, 1, 37, 9);
+}
+
 // ---- benches (disabled by default; run on the gpu machine) ------------------------------
 
 static FILE* bench_log() {
@@ -1363,10 +1504,6 @@ static double time_graph_ms(const std::function<void(cudaStream_t, int)>& fn, in
     return t[t.size() / 2];
 }
 
-// a plain 16-byte grid-stride copy: what a streaming kernel can get
-__global__ void bench_copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
-}
 static double g_copy_gbs = 0;
 static double copy_bandwidth() {
     if (g_copy_gbs) return g_copy_gbs;
@@ -1380,7 +1517,7 @@ static double copy_bandwidth() {
     double best = 0;
     for (int blocks : {132 * 4, 132 * 8, 132 * 16}) {
         double ms2 = time_graph_ms([&](cudaStream_t s, int) {
-            bench_copy_kernel<<<blocks, 512, 0, s>>>(a.as<uint4>(), b.as<uint4>(), n / 16); cudaCheck(cudaGetLastError()); }, 4, 9);
+            copy16_kernel<<<blocks, 512, 0, s>>>(a.as<uint4>(), b.as<uint4>(), n / 16); cudaCheck(cudaGetLastError()); }, 4, 9);
         double gbs = 2.0 * n / (ms2 * 1e-3) / 1e9;
         BENCH_PRINT("copy bandwidth, 16-byte copy kernel %d x 512 (read + write): %.0f GB/s\n", blocks, gbs);
         best = std::max(best, gbs);
@@ -1507,8 +1644,11 @@ TEST(Bench, DISABLED_DecodeOps9B) {
         Dev scr(attn_scratch_floats(Hq, Hkv, n_splits) * 4);
         double ms = time_graph_ms([&](cudaStream_t s, int i) {
             size_t lo = (size_t)(i % layers) * Hkv * cap * HD;
-            attn_decode(q.as<bf16_t>(), (Hq + Hkv) * HD, kc.as<bf16_t>() + lo, vc.as<bf16_t>() + lo, cap, pos.as<int>(), 1, Hq, Hkv, n_splits,
-                        split_keys, scr.as<float>(), gate.as<bf16_t>(), Hq * HD, y.as<bf16_t>(), Hq * HD, s);
+            AttnDecodeArgs ad;
+            ad.c.kc = kc.as<bf16_t>() + lo; ad.c.vc = vc.as<bf16_t>() + lo; ad.c.cap = cap; ad.q = q.as<bf16_t>(); ad.ldq = (Hq + Hkv) * HD;
+            ad.pos = pos.as<int>(); ad.C = 1; ad.Hq = Hq; ad.Hkv = Hkv; ad.n_splits = n_splits; ad.split_keys = split_keys;
+            ad.scratch = scr.as<float>(); ad.gate = gate.as<bf16_t>(); ad.ldg = Hq * HD; ad.y = y.as<bf16_t>(); ad.ldy = Hq * HD;
+            attn_decode(ad, s);
         }, layers);
         double gbs = 2.0 * Hkv * len * HD * 2 / (ms * 1e-3) / 1e9;
         BENCH_PRINT("attn_decode 9b C=1 len %6d (%d splits): %.2f us/layer, %.0f GB/s kv traffic (%.0f%% of copy)\n", len, n_splits, ms * 1e3, gbs,

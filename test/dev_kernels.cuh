@@ -1,0 +1,424 @@
+// kernels the product does not launch, kept for the kernel tests and benches (llm.c's dev/cuda).
+// include after ninfer.cu (under NINFER_TESTING): they reuse the product's device helpers.
+//   * gemv versions: the product's gemv() (ninfer.cu 7.2) reaches four configurations; the
+//     other measured versions of the register kernel, with the row-tile count RT and the
+//     offset trick OFFS as parameters, live here with the variant table that test_kernels and
+//     the benches index (why each exists and how it measured: test/bench-notes.md, "gemv
+//     versions").
+//   * the separate kernels attn_prep (ninfer.cu 7.6) fuses: m-rope and the kv append, each
+//     tested against its cpu twin, and attn_prep against them (Attention.PrepMatchesSeparateKernels).
+//   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
+#pragma once
+
+namespace gemv_dev {
+
+// the A operand: the bf16x2 pair p of one row's raw group data (codes, exact).
+// q4/q5/q6: pair p = lanes (i, i+4) of base word p/4 (lanes 0..7 or 8..15 of the thread's 16),
+// i = p%4: the shift by 4i brings nibble i to bits 0..3 and nibble i+4 to bits 16..19.
+// hs: the high bits pre-spread for the word (see gemv_spread_high), so the same kind of
+// shift places them at bit 4 (and 5) of each half.
+// OFFS: return code + offset (gemv_offset: 136, 144, 160), the bare magic value; the kernel
+// then subtracts offset * sum(x) per group in fp32, which saves the bf16 fma per pair.
+template <int F, bool OFFS>
+__device__ __forceinline__ uint32_t gemv_pair(const uint32_t (&r)[GemvFmt<F>::RAW], uint32_t hs0, uint32_t hs1, int p) {
+    if constexpr (F == FMT_BF16) {
+        return r[p];
+    } else {
+        uint32_t w = p < 4 ? r[0] : r[1];
+        int i = p & 3;
+        uint32_t v, off;
+        if constexpr (F == FMT_Q4) {
+            v = lop3<LOP_AND_XOR>(w >> (4 * i), 0x000F000Fu, 0x43084308u);  // 128 + (u ^ 8) = code + 136
+            off = BF2(BF_M136);
+        } else if constexpr (F == FMT_Q5) {
+            // two lop3: the high bits (sign already flipped) with the magic exponent, then the
+            // nibbles selected in by mask: 128 + (u ^ 16) = code + 144
+            uint32_t hs = p < 4 ? hs0 : hs1;
+            uint32_t hm = lop3<LOP_AND_OR>(hs >> i, 0x00100010u, 0x43004300u);
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M144);
+        } else {  // q6: 128 + (u ^ 32) = code + 160
+            uint32_t hs = p < 4 ? hs0 : hs1;
+            uint32_t hm = lop3<LOP_AND_OR>(hs >> (2 * i), 0x00300030u, 0x43004300u);
+            v = lop3<LOP_SELECT>(w >> (4 * i), hm, 0x000F000Fu);
+            off = BF2(BF_M160);
+        }
+        return OFFS ? v : bf2_fma(v, BF2(BF_ONE), off);
+    }
+}
+
+// w8: one byte per lane; code = 16*hi + lo with hi = byte >> 4 (signed), lo = byte & 15.
+// pair j of a word = its bytes (j, j+2): lanes (0,2), (1,3) of word 0, (4,6), (5,7) of word 1.
+// lo and 16*hi are each exact in bf16. OFFS: lo + 128 and hi + 136 (not times 16).
+template <bool OFFS>
+__device__ __forceinline__ void gemv_pair_w8(uint32_t w, int j, uint32_t& lo, uint32_t& hi) {
+    uint32_t l = lop3<LOP_AND_OR>(w >> (8 * j), 0x000F000Fu, 0x43004300u);       // 128 + lo
+    uint32_t h = lop3<LOP_AND_XOR>(w >> (8 * j + 4), 0x000F000Fu, 0x43084308u);  // 128 + (hi ^ 8) = hi + 136
+    if (OFFS) { lo = l; hi = h; return; }
+    lo = bf2_fma(l, BF2(BF_ONE), BF2(BF_M128));
+    hi = bf2_fma(h, BF2(BF_16), BF2(BF_M2176));                        // 16 * (hi + 136) - 2176
+}
+
+// a warp's plane pointers: rows g and g+8 of RT tiles, already advanced to the thread's
+// share of a group (base + 8t; bf16 + 32t; high + 2t or 4t); rows past the end are clamped
+// (read twice, never stored). per stage they move by whole groups, and the D groups of a
+// stage are immediate offsets from there.
+template <int RT>
+struct GemvPtrs { const uint8_t* b[RT][2]; const uint8_t* h[RT][2]; const uint8_t* s[RT][2]; };
+
+
+// the raw words of groups [ub, ub+D) for the warp's rows. FAST: all D groups lie inside k
+// (no guards); else groups past `units` are skipped and bf16's partial last group is
+// zero-filled past k.
+template <int F, int D, int RT, bool FAST>
+__device__ __forceinline__ void gemv_load(uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], const GemvPtrs<RT>& P, int ub, int units,
+                                          int t, int64_t K) {
+    using Sd = GemvStride<F>;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t* b = P.b[i][h] + (size_t)ub * Sd::B;
+            if constexpr (F == FMT_BF16) {
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+                    int64_t k0 = (int64_t)(ub + d) * 64 + t * 16;
+                    if (FAST || k0 + 16 <= K) { x0 = ldg_stream_u4(b + d * Sd::B); x1 = ldg_stream_u4(b + d * Sd::B + 16); }
+                    else if (k0 + 8 <= K) x0 = ldg_stream_u4(b + d * Sd::B);  // cols % 8 == 0
+                    uint32_t* r = raw[d][i][h];
+                    r[0] = x0.x; r[1] = x0.y; r[2] = x0.z; r[3] = x0.w; r[4] = x1.x; r[5] = x1.y; r[6] = x1.z; r[7] = x1.w;
+                }
+            } else {
+                const uint8_t* hp = Sd::H ? P.h[i][h] + (size_t)ub * Sd::H : nullptr;
+                const uint8_t* sp = P.s[i][h] + (size_t)ub * 2;
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    if (!FAST && ub + d >= units) continue;
+                    uint2 v = ldg_stream_u2(b + d * Sd::B);
+                    raw[d][i][h][0] = v.x; raw[d][i][h][1] = v.y;
+                    if constexpr (F == FMT_Q5) raw[d][i][h][2] = ldg_stream_u16(hp + d * Sd::H);
+                    else if constexpr (F == FMT_Q6) raw[d][i][h][2] = ldg_stream_u32(hp + d * Sd::H);
+                    else raw[d][i][h][2] = 0;
+                    // scales: two groups per 32-bit load (ub is even when D is, and the scale
+                    // rows are 4-byte aligned: groups per row are even)
+                    if (FAST && D % 2 == 0) {
+                        if (d % 2 == 0) {
+                            uint32_t s2 = ldg_stream_u32(sp + d * 2);
+                            raw[d][i][h][3] = s2 & 0xFFFFu;
+                            raw[d + (d + 1 < D ? 1 : 0)][i][h][3] = s2 >> 16;
+                        }
+                    } else {
+                        raw[d][i][h][3] = ldg_stream_u16(sp + d * 2);
+                    }
+                }
+            }
+        }
+}
+
+// one group of RT row tiles: acc += scale * (codes . x) per tile, from the group's b fragments
+// and (offset trick) the sums of x over the group for columns 2t, 2t+1 (sx[0], sx[1])
+template <int F, int RT, bool OFFS>
+__device__ __forceinline__ void gemv_group(const uint32_t (&raw)[RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4],
+                                           const uint32_t (&b)[GemvFmt<F>::STEPS][2], const float (&sx)[4]) {
+    using Fm = GemvFmt<F>;
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        const uint32_t (&r0)[Fm::RAW] = raw[i][0];
+        const uint32_t (&r1)[Fm::RAW] = raw[i][1];
+        if constexpr (F == FMT_BF16) {
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(acc[i], r0[2 * s], r1[2 * s], r0[2 * s + 1], r1[2 * s + 1], b[s][0], b[s][1]);
+        } else {
+            float dd[4] = {0.f, 0.f, 0.f, 0.f};
+            float s0 = f16bits2f(r0[3]), s1 = f16bits2f(r1[3]);
+            if constexpr (F == FMT_W8) {
+                float dh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++) {
+                    uint32_t lo[4], hi[4];  // pairs 2s, 2s+1 of rows g, g+8, in a-register order
+                    gemv_pair_w8<OFFS>(r0[s], 0, lo[0], hi[0]);
+                    gemv_pair_w8<OFFS>(r1[s], 0, lo[1], hi[1]);
+                    gemv_pair_w8<OFFS>(r0[s], 1, lo[2], hi[2]);
+                    gemv_pair_w8<OFFS>(r1[s], 1, lo[3], hi[3]);
+                    mma_bf16_16816(dd, lo[0], lo[1], lo[2], lo[3], b[s][0], b[s][1]);
+                    mma_bf16_16816(OFFS ? dh : dd, hi[0], hi[1], hi[2], hi[3], b[s][0], b[s][1]);
+                }
+                if constexpr (OFFS) {  // lo + 16 hi - (128 + 16*136) sum(x)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+                }
+            } else {
+                uint32_t hs[2][2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+                for (int s = 0; s < Fm::STEPS; s++)
+                    mma_bf16_16816(dd, gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s), gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s),
+                                   gemv_pair<F, OFFS>(r0, hs[0][0], hs[0][1], 2 * s + 1),
+                                   gemv_pair<F, OFFS>(r1, hs[1][0], hs[1][1], 2 * s + 1), b[s][0], b[s][1]);
+                if constexpr (OFFS) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
+                }
+            }
+            acc[i][0] = fmaf(s0, dd[0], acc[i][0]);
+            acc[i][1] = fmaf(s0, dd[1], acc[i][1]);
+            acc[i][2] = fmaf(s1, dd[2], acc[i][2]);
+            acc[i][3] = fmaf(s1, dd[3], acc[i][3]);
+        }
+    }
+}
+
+template <int F, int D, int RT, bool OFFS, bool FAST>
+__device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][RT][2][GemvFmt<F>::RAW], float (&acc)[RT][4], const bf16_t* xq,
+                                             bool xcol, int ub, int units, int t, int64_t K) {
+    using Fm = GemvFmt<F>;
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        if (!FAST && ub + d >= units) continue;
+        uint4 xr[2];
+        gemv_load_x<F, FAST>(xr, xq, xcol, ub + d, t, K);
+        uint32_t b[Fm::STEPS][2];
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, b[s][0], b[s][1]);
+        // sum of x over the group per column (the offsets' correction): one mma with A = 1
+        float sx[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (OFFS && Fm::SCALED) {
+            const uint32_t one = BF2(BF_ONE);
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(sx, one, one, one, one, b[s][0], b[s][1]);
+        }
+        gemv_group<F, RT, OFFS>(raw[d], acc, b, sx);
+    }
+}
+
+// the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
+// 2t, 2t+1 of each tile (the mma accumulator layout). then one thread per output element adds
+// the residual, rounds and stores.
+template <int NW, int RT>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[RT][4], int64_t row0, int warp, int lane) {
+    const int64_t rows = a.w.rows;
+    __shared__ float4 red[NW][RT * 32];
+#pragma unroll
+    for (int i = 0; i < RT; i++) red[warp][i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RT * 128; idx += NW * 32) {
+        int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
+        int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        int col = 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < a.C) {
+            if (a.y_f32) {
+                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
+                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
+            } else {
+                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
+                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+            }
+        }
+    }
+}
+
+// NW warps share a tile of 16*RT rows and split its groups: warp w takes groups
+// [(it*NW + w)*D, +D) for it = 0, 1, ...: the loads of a stage are all issued, then the stage
+// is computed (the other warps of the sm keep the memory busy meanwhile). x is loaded when a
+// group is computed (an l1 hit once one warp of the sm has touched it).
+template <int F, int NW, int D, int RT, bool OFFS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+    pdl_entry();
+    using Fm = GemvFmt<F>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, K = w.cols;
+    const int units = F == FMT_BF16 ? (int)CEIL_DIV(K, (int64_t)64) : (int)w.gpr;
+    const int full_units = (int)(K / Fm::G);  // groups with every lane inside k
+    const int64_t row0 = (int64_t)blockIdx.x * 16 * RT;
+
+    GemvPtrs<RT> P;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int64_t r = row0 + 16 * i + g + 8 * h;
+            r = r < rows ? r : rows - 1;
+            P.b[i][h] = w.base + r * w.base_row + t * (F == FMT_BF16 ? 32 : 8);
+            P.h[i][h] = Fm::SCALED && GemvStride<F>::H ? w.high + r * w.high_row + t * (GemvStride<F>::H / 4) : nullptr;
+            P.s[i][h] = Fm::SCALED ? w.scale + r * w.scale_row : nullptr;
+        }
+    const bool xcol = g < a.C;  // this lane's B column
+    const bf16_t* xq = a.x + (int64_t)(xcol ? g : 0) * a.ldx + t * Fm::LPT;
+
+    float acc[RT][4];
+#pragma unroll
+    for (int i = 0; i < RT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    uint32_t raw[D][RT][2][Fm::RAW];
+    for (int ub = warp * D; ub < units; ub += NW * D) {
+        if (ub + D <= full_units) {
+            gemv_load<F, D, RT, true>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, true>(raw, acc, xq, xcol, ub, units, t, K);
+        } else {
+            gemv_load<F, D, RT, false>(raw, P, ub, units, t, K);
+            gemv_compute<F, D, RT, OFFS, false>(raw, acc, xq, xcol, ub, units, t, K);
+        }
+    }
+
+    gemv_epilogue<NW, RT>(a, acc, row0, warp, lane);
+}
+
+}  // namespace gemv_dev
+
+// the variants the tests and benches index; gemv() picks one of 2, 7, 8, 9 by shape.
+//   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
+//     0..5 (3: two row tiles, 4: no offset trick: gemv_dev's versions; 2 is the product's)
+//   async kernel <NW, stages S, min blocks/sm> (6, 7); shapes it cannot take run variant 2
+//   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
+static const int GEMV_VARIANTS = 10;
+template <int F>
+static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
+    const unsigned t1 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)32);
+    switch (variant) {
+        case 0: launch_k(gemv_kernel<F, 8, 2, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 1: launch_k(gemv_kernel<F, 8, 4, 2>, t1, 8 * 32, 0, stream, a); break;
+        case 2: gemv_launch<F>(GEMV_REGISTER, a, stream); break;
+        case 3: launch_k(gemv_dev::gemv_kernel<F, 8, 2, 2, true, 2>, t2, 8 * 32, 0, stream, a); break;
+        case 4: launch_k(gemv_dev::gemv_kernel<F, 8, 2, 1, false, 3>, t1, 8 * 32, 0, stream, a); break;
+        case 5: launch_k(gemv_kernel<F, 32, 2, 1>, t1, 32 * 32, 0, stream, a); break;
+        case 6:
+            if (F == FMT_BF16 || !gemv_async_ok(a.w)) { gemv_launch<F>(GEMV_REGISTER, a, stream); break; }
+            if constexpr (F != FMT_BF16) launch_k(gemv_async_kernel<F, 4, 4, 8>, t1, 4 * 32, 0, stream, a);
+            break;
+        case 7: gemv_launch<F>(GEMV_ASYNC, a, stream); break;
+        case 8: gemv_launch<F>(GEMV_XS_8X3, a, stream); break;
+        case 9: gemv_launch<F>(GEMV_XS_4X4, a, stream); break;
+        default: CHECK(false, "gemv variant %d", variant);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// gemv() with the kernel given by its variant number (-1: gemv()'s own pick)
+static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
+                         const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
+    if (variant < 0) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
+    CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w, C)),
+          "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld, %d columns)", variant, format_name(w.format),
+          (long long)w.cols, C);
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, [&](const GemvArgs& a) {
+        switch (w.format) {
+            case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
+            case FMT_Q5: gemv_launch_variant<FMT_Q5>(variant, a, stream); break;
+            case FMT_Q6: gemv_launch_variant<FMT_Q6>(variant, a, stream); break;
+            case FMT_W8: gemv_launch_variant<FMT_W8>(variant, a, stream); break;
+            case FMT_BF16: gemv_launch_variant<FMT_BF16>(variant, a, stream); break;
+            default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
+        }
+    });
+}
+
+// ---- the separate attention-input kernels (attn_prep fuses them) ----------------------------
+
+struct RopeArgs {
+    bf16_t* x; int ldx;
+    int T, nheads, head_dim, half;  // half = rot / 2 (32)
+    const int* pos;
+    int sec_h, sec_w;               // mrope_section[1], [2]
+    float inv_freq[64];
+};
+__global__ void mrope_kernel(RopeArgs a) {
+    pdl_entry_small();
+    int64_t idx = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (idx >= (int64_t)a.T * a.nheads * a.half) return;
+    int i = (int)(idx % a.half);
+    int64_t th = idx / a.half;
+    int t = (int)(th / a.nheads), hd = (int)(th % a.nheads);
+    int axis = (i % 3 == 1 && i < 3 * a.sec_h) ? 1 : (i % 3 == 2 && i < 3 * a.sec_w) ? 2 : 0;
+    float ang = (float)a.pos[t * 3 + axis] * a.inv_freq[i];
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    float c = bfround(cs), s = bfround(sn);
+    bf16_t* p = a.x + (int64_t)t * a.ldx + (int64_t)hd * a.head_dim;
+    float x1 = bf2f(p[i]), x2 = bf2f(p[i + a.half]);
+    p[i] = f2bf(bfround(x1 * c) - bfround(x2 * s));
+    p[i + a.half] = f2bf(bfround(x2 * c) + bfround(x1 * s));
+}
+static void mrope(bf16_t* x, int ldx, int T, int nheads, int head_dim, int rot, const int* pos, float theta,
+                  const int sections[3], cudaStream_t stream) {
+    CHECK(rot % 2 == 0 && rot <= 128 && rot <= head_dim, "mrope: bad rotary dim %d", rot);
+    RopeArgs a;
+    a.x = x; a.ldx = ldx; a.T = T; a.nheads = nheads; a.head_dim = head_dim; a.half = rot / 2; a.pos = pos;
+    a.sec_h = sections[1]; a.sec_w = sections[2];
+    rope_inv_freq(theta, rot, a.inv_freq);
+    int64_t n = (int64_t)T * nheads * a.half;
+    launch_k(mrope_kernel, (unsigned)CEIL_DIV(n, (int64_t)EW_THREADS), EW_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+
+// quantizing append: block = (column, kv head), thread = dim; a group of 64 is two warps
+template <int KV>
+__global__ void __launch_bounds__(ATT_HD) kv_append_q_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv,
+                                                             void* kc, void* vc, __half* ksc, __half* vsc, int64_t cap,
+                                                             const int* __restrict__ pos, int Hkv) {
+    pdl_entry_small();
+    const int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x, warp = d >> 5;
+    __shared__ float wmax[2][ATT_HD / 32];
+    const int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;  // the whole block returns together
+    const float xk = bf2f(k[(int64_t)c * ldk + h * ATT_HD + d]), xv = bf2f(v[(int64_t)c * ldv + h * ATT_HD + d]);
+    float mk = warp_max(fabsf(xk)), mv = warp_max(fabsf(xv));
+    if ((d & 31) == 0) { wmax[0][warp] = mk; wmax[1][warp] = mv; }
+    __syncthreads();
+    const int gw = (d / KV_GROUP) * 2;  // the group's two warps
+    mk = fmaxf(wmax[0][gw], wmax[0][gw + 1]);
+    mv = fmaxf(wmax[1][gw], wmax[1][gw + 1]);
+    const float qmax = KV == KV_INT8 ? 127.f : 448.f;
+    const __half hk = __float2half_rn(mk / qmax), hv = __float2half_rn(mv / qmax);
+    const float sk = __half2float(hk), sv = __half2float(hv);
+    const float ik = sk > 0.f ? 1.f / sk : 0.f, iv = sv > 0.f ? 1.f / sv : 0.f;
+    const int64_t row = (int64_t)h * cap + p;
+    if constexpr (KV == KV_INT8) {
+        ((int8_t*)kc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xk * ik), -127.f), 127.f);
+        ((int8_t*)vc)[row * ATT_HD + d] = (int8_t)fminf(fmaxf(rintf(xv * iv), -127.f), 127.f);
+    } else {
+        ((uint8_t*)kc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xk * ik, __NV_SATFINITE, __NV_E4M3);
+        ((uint8_t*)vc)[row * ATT_HD + d] = (uint8_t)__nv_cvt_float_to_fp8(xv * iv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (d % KV_GROUP == 0) { ksc[row * KV_GROUPS + d / KV_GROUP] = hk; vsc[row * KV_GROUPS + d / KV_GROUP] = hv; }
+}
+
+__global__ void kv_append_kernel(const bf16_t* __restrict__ k, int ldk, const bf16_t* __restrict__ v, int ldv, bf16_t* kc,
+                                 bf16_t* vc, int64_t cap, const int* __restrict__ pos, int Hkv) {
+    pdl_entry_small();
+    int c = blockIdx.x / Hkv, h = blockIdx.x % Hkv, d = threadIdx.x;
+    int64_t p = pos[c];
+    if (p < 0 || p >= cap) return;
+    kc[((int64_t)h * cap + p) * ATT_HD + d] = k[(int64_t)c * ldk + h * ATT_HD + d];
+    vc[((int64_t)h * cap + p) * ATT_HD + d] = v[(int64_t)c * ldv + h * ATT_HD + d];
+}
+// k and v of C columns (head h at k + c*ldk + h*256) into the cache rows pos[c]: bf16 copies,
+// int8 / fp8 quantized per 64 elements.
+struct KvAppendArgs {
+    const bf16_t* k = nullptr; int ldk = 0;
+    const bf16_t* v = nullptr; int ldv = 0;
+    KvCache c;
+    const int* pos = nullptr;  // [C] device
+    int C = 0, Hkv = 0;
+};
+static void kv_append(const KvAppendArgs& a, cudaStream_t stream) {
+    const KvCache& c = a.c;
+    const unsigned blocks = (unsigned)(a.C * a.Hkv);
+    if (c.kv == KV_BF16)
+        launch_k(kv_append_kernel, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, (bf16_t*)c.kc, (bf16_t*)c.vc, c.cap, a.pos, a.Hkv);
+    else if (c.kv == KV_INT8)
+        launch_k(kv_append_q_kernel<KV_INT8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
+    else launch_k(kv_append_q_kernel<KV_FP8>, blocks, ATT_HD, 0, stream, a.k, a.ldk, a.v, a.ldv, c.kc, c.vc, c.ksc, c.vsc, c.cap, a.pos, a.Hkv);
+    cudaCheck(cudaGetLastError());
+}
+
+// split plan: keys per split (a multiple of ATT_KEYS) for contexts up to max_len in n_splits
+static int attn_split_keys(int64_t max_len, int n_splits) {
+    int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
+    return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
+}

@@ -1,0 +1,170 @@
+// helpers shared by the gpu tests and benches (test_kernels, test_gpu, bench_gpu): the skip
+// without a gpu, device buffers, random inputs (a fresh seed per run, printed; NINFER_SEED=...
+// reproduces), closeness checks, the float64 gated delta rule step, the copy kernel. include
+// after ninfer.cu (under NINFER_TESTING): they use its CHECK macros and bf16 helpers.
+#pragma once
+#include <gtest/gtest.h>
+#include <random>
+
+// every gpu test starts with this: skipped without a gpu, else the kernels' attributes set
+#define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
+
+// ---- random inputs ----------------------------------------------------------------------
+
+static uint64_t g_seed = 0;
+static uint64_t test_seed() {
+    if (!g_seed) {
+        const char* e = getenv("NINFER_SEED");
+        g_seed = e ? strtoull(e, nullptr, 10) : ((uint64_t)std::random_device{}() << 32 | std::random_device{}());
+        if (!g_seed) g_seed = 1;
+        fprintf(stderr, "ninfer tests: seed %llu (NINFER_SEED=%llu reproduces)\n", (unsigned long long)g_seed, (unsigned long long)g_seed);
+    }
+    return g_seed;
+}
+static uint64_t splitmix(uint64_t& s) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t stream) : s(test_seed() ^ (stream * 0xD1B54A32D192ED03ull)) { splitmix(s); }
+    uint64_t u64() { return splitmix(s); }
+    double uni() { return (u64() >> 11) * (1.0 / 9007199254740992.0); }         // [0,1)
+    float uniform(float a, float b) { return a + (b - a) * (float)uni(); }
+    int below(int n) { return (int)(u64() % (uint64_t)n); }
+    float normal() { double u = uni() + 1e-300, v = uni(); return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v)); }
+};
+static uint64_t g_stream = 1;  // each call site draws its own stream
+static Rng rng() { return Rng(g_stream++); }
+
+static float bfr(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+static std::vector<uint16_t> rand_bf16(Rng& r, size_t n, float scale) {
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) { float f = r.normal() * scale; x = f32_to_bf16(f == 0.f ? scale * 0.5f : f); }
+    return v;
+}
+static std::vector<uint16_t> rand_bf16(std::mt19937_64& r, size_t n, float scale) {  // a fixed stream (whole-model tests)
+    std::normal_distribution<float> nd(0.f, scale);
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) x = f32_to_bf16(nd(r));
+    return v;
+}
+static std::vector<int> random_ids(int n, int domain, uint64_t seed) {
+    std::mt19937_64 r(seed);
+    std::vector<int> ids(n);
+    for (int& id : ids) id = (int)(r() % domain);
+    return ids;
+}
+static std::vector<float> to_f32(const std::vector<uint16_t>& v) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = bf16_to_f32(v[i]);
+    return o;
+}
+
+// ---- device buffers -------------------------------------------------------------------
+
+// a device buffer, poisoned with 0xff bytes (nan in bf16 and fp32) when made and on request,
+// so an output a kernel does not write fails its check
+struct Dev {
+    void* p = nullptr; size_t n = 0;
+    Dev() {}
+    explicit Dev(size_t bytes) : n(bytes) { cudaCheck(cudaMalloc(&p, bytes ? bytes : 1)); cudaCheck(cudaMemset(p, 0xFF, bytes ? bytes : 1)); }
+    ~Dev() { if (p) cudaFree(p); }
+    Dev(const Dev&) = delete; Dev& operator=(const Dev&) = delete;
+    template <typename T> T* as() const { return (T*)p; }
+    void poison() { cudaCheck(cudaMemset(p, 0xFF, n)); }
+};
+template <typename T> static void up(Dev& d, const std::vector<T>& v) { cudaCheck(cudaMemcpy(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+template <typename T> static Dev* upn(const std::vector<T>& v) { Dev* d = new Dev(v.size() * sizeof(T)); up(*d, v); return d; }
+template <typename T> static std::vector<T> down(const Dev& d, size_t n) {
+    std::vector<T> v(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(v.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// ---- closeness ------------------------------------------------------------------------
+
+static double rel_l2(const float* a, const float* b, size_t n) {  // inf when a holds a nan
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!(d == d)) return INFINITY;
+        e += d * d; r += (double)b[i] * b[i];
+    }
+    return sqrt(e / (r + 1e-300));
+}
+
+// bf16 values as ordered integers: the ulp distance between two bf16 words
+static int bf16_ulps(uint16_t a, uint16_t b) {
+    auto ord = [](uint16_t x) { return (x & 0x8000) ? -(int)(x & 0x7fff) : (int)x; };
+    return abs(ord(a) - ord(b));
+}
+static bool bf16_finite(uint16_t x) { return (x & 0x7f80) != 0x7f80; }
+
+// compare bf16 outputs with a twin that rounds at the same points: every element finite and
+// at most max_ulps apart; report how many differ at all
+static void expect_bf16_ulps(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref, int max_ulps,
+                             double max_diff_frac = 0.02) {
+    ASSERT_EQ(got.size(), ref.size());
+    size_t bad = 0, diff = 0, shown = 0; int worst = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        int u = bf16_finite(got[i]) ? bf16_ulps(got[i], ref[i]) : 1 << 20;
+        if (u) diff++;
+        worst = std::max(worst, u);
+        if (u > max_ulps) {
+            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << bf16_to_f32(got[i]) << " want " << bf16_to_f32(ref[i]) << " (" << u << " ulps)";
+            bad++;
+        }
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements more than " << max_ulps << " ulps off";
+    EXPECT_LE((double)diff, max_diff_frac * got.size() + 2) << what << ": " << diff << " of " << got.size() << " differ by an ulp";
+    fprintf(stderr, "  %-28s n=%zu  differing=%zu  worst=%d ulp\n", what, got.size(), diff, worst);
+}
+
+// |got - ref| <= atol[i] + rtol |ref|, nan never passes
+static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& atol,
+                         double rtol) {
+    ASSERT_EQ(got.size(), ref.size());
+    size_t bad = 0, shown = 0; double worst = 0, l2e = 0, l2r = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = fabs((double)got[i] - ref[i]), tol = atol[i] + rtol * fabs(ref[i]);
+        if (!(e <= tol)) {
+            if (shown++ < 8) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << ref[i] << " (tol " << tol << ")";
+            bad++;
+        }
+        if (tol > 0 && e == e) worst = std::max(worst, e / tol);
+        l2e += (got[i] - ref[i]) * (got[i] - ref[i]); l2r += ref[i] * ref[i];
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " out of tolerance";
+    fprintf(stderr, "  %-28s n=%zu  worst err/tol=%.3f  rel-l2=%.2e\n", what, got.size(), worst, sqrt(l2e / (l2r + 1e-300)));
+}
+
+// ---- the float64 gated delta rule (model.md 3.5) ------------------------------------------
+
+// one token of one value head: S <- e^g S, then the delta update with key k (l2-normed),
+// value v and beta, and o_j = sum_i S[i][j] q_i (q already times dk^-1/2); orss (nullable)
+// gets the root sum of squares of o's terms, the scale of its rounding error. S is [128][128]
+// (key dim i, value dim j). both the decode twin and the prefill reference run this.
+template <typename V>
+static void gdn_ref_step(double* S, const double* q, const double* k, const V& v, double eg, double beta, double* o, double* orss) {
+    const int D = 128;
+    double m[128] = {};
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < D; j++) { S[i * D + j] *= eg; m[j] += S[i * D + j] * k[i]; }
+    for (int j = 0; j < D; j++) m[j] = beta * (v(j) - m[j]);
+    double oa[128] = {};
+    for (int j = 0; j < D; j++) o[j] = 0;
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < D; j++) { S[i * D + j] += k[i] * m[j]; const double t = S[i * D + j] * q[i]; o[j] += t; oa[j] += t * t; }
+    if (orss) for (int j = 0; j < D; j++) orss[j] = sqrt(oa[j]);
+}
+
+// ---- benches --------------------------------------------------------------------------
+
+// a plain 16-byte copy, grid-stride: the copy-bandwidth ceiling the benches compare with
+__global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
