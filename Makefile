@@ -118,11 +118,31 @@ $(BUILD)/test/test_tokenizer: test/test_tokenizer.cc tokenizer.h unicode_tables.
 	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/test_tokenizer.cc $(GTEST)
 TEST_BINS += $(BUILD)/test/test_tokenizer
 
+# media decoding and preprocessing (vision.h): host code only, against PIL and hugging face's
+# processors on the committed corpus test/media (test/gen_media_corpus.py made it and its goldens)
+VISION_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -I.
+$(BUILD)/test/test_vision: test/test_vision.cc vision.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(VISION_CXXFLAGS) -pthread -o $@ test/test_vision.cc $(GTEST)
+TEST_BINS += $(BUILD)/test/test_vision
+
+# the decoders under asan + ubsan on mutations of the corpus's png and jpeg files (a few
+# seconds: FUZZ_ITERS mutations per file; FUZZ_ITERS=100000 for a long run)
+FUZZ_ITERS ?= 400
+$(BUILD)/test/fuzz_vision: test/fuzz_vision.cc vision.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(VISION_CXXFLAGS) -pthread -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -o $@ test/fuzz_vision.cc
+.PHONY: fuzz-vision
+fuzz-vision: $(BUILD)/test/fuzz_vision
+	$(BUILD)/test/fuzz_vision $(FUZZ_ITERS) test/media/png_*.png test/media/pil_*.png test/media/jpg_*.jpg
+
 # the http server (serve.h): host code only, no gpu. serve_fake is ninfer-serve with a
 # deterministic fake engine (test/test_serve.py drives it with the openai and anthropic sdks);
 # test_serve covers the pure parts (http parsing, chunked bodies, utf-8 holdback, flags).
 # make test-serve runs just these. build/test/ninfer-serve is the real server for
 # NINFER_SERVE_CMD="build/test/ninfer-serve build/models/tiny.ninfer" pytest test/test_serve.py
+# and for test/test_serve_robust.py (memory budget, isolation, cancel, the hostile battery:
+# with models/kjv on the cpu path; its real-engine tests skip while it is not built)
 SERVE_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -pthread
 $(BUILD)/test/serve_fake: test/serve_fake.cc serve.h format.h Makefile
 	@mkdir -p $(@D)
@@ -137,7 +157,7 @@ test: $(BUILD)/test/serve_fake
 .PHONY: test-serve
 test-serve: deps $(BUILD)/test/serve_fake $(BUILD)/test/test_serve
 	$(BUILD)/test/test_serve
-	$(PYTHON) -m pytest -q test/test_serve.py
+	$(PYTHON) -m pytest -q test/test_serve.py test/test_serve_robust.py
 
 # what the tests need: python packages pinned in test/requirements.txt (installed when missing)
 deps:
@@ -147,7 +167,7 @@ $(BUILD)/test/format_vectors.ninfer: test/make_format_vectors.py convert.py
 	@mkdir -p $(@D)
 	$(PYTHON) test/make_format_vectors.py $@
 
-test: deps $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
+test: deps fuzz-vision $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	@echo "== test/test_serve.py against the real engine (tiny, cpu path)"
 	NINFER_SERVE_CMD="$(BUILD)/test/ninfer-serve $(MODELS)/tiny.ninfer" $(PYTHON) -m pytest -q test/test_serve.py

@@ -66,6 +66,7 @@
 #include "format.h"    // defines: Json, Artifact, artifact_open, artifact_find, Mat, mat_from, mat_rows
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, tokenizer_decode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
+#include "vision.h"    // defines: Image, image_load, VisionConfig, VisionItem, vision_image, video_load, MediaLimits
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -1493,6 +1494,14 @@ struct GenStats {
     bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
 };
 
+// a cancel poll for the prefill: called before each prefill piece, true ends generation
+// there (the server's client left). emit's false return covers the decode steps.
+struct GenCancel {
+    bool (*fn)(void*) = nullptr;
+    void* ctx = nullptr;
+    bool operator()() const { return fn && fn(ctx); }
+};
+
 // emitters may return void (always go on) or bool (false: stop after this id)
 template <typename Emit>
 static bool emit_more(Emit& emit, int id) {
@@ -1504,9 +1513,12 @@ static bool emit_more(Emit& emit, int id) {
 // sampled (emit may return false to end generation there); a stop id ends generation and is
 // not emitted. generation also ends when the
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+// cancel is polled before each prefill piece: when it says stop, nothing is sampled and the
+// sequence holds the pieces prefilled so far (s.cancelled).
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
-                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit) {
+                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit,
+                             const GenCancel& cancel = GenCancel()) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -1514,6 +1526,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
+        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         int T = std::min(piece, s.prompt - i);
         forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
         if (!logits_out) continue;
@@ -5427,10 +5440,12 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
 static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
 
 // generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
-// when given), then sample, emit and decode until max_new, a stop id or a full context
+// when given), then sample, emit and decode until max_new, a stop id or a full context.
+// with a cancel poll each piece is waited for before the poll, so a cancel ends the prefill
+// within one piece (the host would otherwise queue them all at once).
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit) {
+                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -5438,6 +5453,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
     double t0 = now_s();
     for (int i = 0; i < s.prompt; i += piece) {
+        if (cancel.fn) {
+            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
+        }
         int T = std::min(piece, s.prompt - i);
         gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
         if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
@@ -5536,9 +5555,9 @@ static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.p
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit);
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit);
+                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -5662,6 +5681,7 @@ struct TextRequest {
     std::vector<int> stop_ids;        // model defaults + caller's
     int max_new = 128;
     SamplerParams sp;
+    GenCancel cancel;                 // polled between prefill pieces
 };
 
 struct TextResult {
@@ -5692,7 +5712,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    });
+    }, rq.cancel);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -5749,6 +5769,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
+    rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -5763,7 +5784,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
-                : (r.gen.stopped || !r.stop_hit.empty() || cancelled) ? "stop"
+                : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
                 : full ? "length" : "stop";
 }
 
@@ -5855,6 +5876,13 @@ static void usage(FILE* f) {
         "                         chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
+        "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable\n"
+        "  --video PATH           a video: a directory of frames, a comma-separated list of images, or a\n"
+        "                         video file decoded by an ffmpeg on PATH; repeatable\n"
+        "  --video-fps F          frame rate of a directory or list of frames (24, as transformers assumes)\n"
+        "  --max-image-pixels N   decoded pixels allowed per image (67108864)\n"
+        "  --max-video-pixels N   decoded pixels allowed per video, sampled frames summed (134217728)\n"
+        "  --max-media-mib N      bytes allowed per media file, in MiB (256)\n"
         "\n"
         "generation:\n"
         "  --max-new N            output token limit (128)\n"
@@ -5886,6 +5914,11 @@ static void usage(FILE* f) {
         "  --render               print the rendered prompt (with --prompt or --messages) and exit\n"
         "  --print-token-ids      print prompt and generated ids on stderr, each id beside its text\n"
         "  --logits-out FILE      write the prompt's logits as float32 [prompt tokens, vocab rows]\n"
+        "  --decode-out FILE      write the decoded pixels of the one --image (exif orientation applied)\n"
+        "                         as rgb8 [height, width, 3]; prints 'image WIDTH HEIGHT'\n"
+        "  --pixels-out FILE      write the preprocessed pixel values of every --image and --video, in\n"
+        "                         command-line order, as float32 [patch rows, 1536]; prints\n"
+        "                         'image|video T H W' (grid_thw) for each\n"
         "  --perplexity FILE      perplexity over a text file or a file of token ids, in\n"
         "                         non-overlapping windows of --max-context tokens\n"
         "  --info                 print the artifact's identity, geometry, objects and resources\n"
@@ -5942,6 +5975,8 @@ static std::string show_piece(const std::string& s) {
     return o;
 }
 
+struct MediaArg { bool video; std::string ref; };  // one --image or --video, in command-line order
+
 // the command line, NInfer's defaults (reference-engine.md 2.1)
 struct CliArgs {
     const char* model_path = nullptr;
@@ -5961,6 +5996,11 @@ struct CliArgs {
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
     GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph; tune from the environment
+    std::vector<MediaArg> media;       // --image, --video
+    double video_fps = 24;             // a frame list has no rate; transformers assumes 24
+    MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
+    const char* decode_out = nullptr;  // --decode-out
+    const char* pixels_out = nullptr;  // --pixels-out
     int inputs = 0;                    // how many of the input modes were given
 };
 
@@ -5998,6 +6038,14 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--no-thinking")) c->no_thinking = true;
         else if (!strcmp(a, "--raw-output")) c->raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) c->print_ids = true;
+        else if (!strcmp(a, "--image")) c->media.push_back({false, value()});
+        else if (!strcmp(a, "--video")) c->media.push_back({true, value()});
+        else if (!strcmp(a, "--video-fps")) c->video_fps = parse_float(a, value(), 0.001, 1000);
+        else if (!strcmp(a, "--max-image-pixels")) c->media_limits.max_pixels = parse_int(a, value(), 1, 1ll << 40);
+        else if (!strcmp(a, "--max-video-pixels")) c->media_limits.max_video_pixels = parse_int(a, value(), 1, 1ll << 42);
+        else if (!strcmp(a, "--max-media-mib")) c->media_limits.max_bytes = parse_int(a, value(), 1, 1 << 20) << 20;
+        else if (!strcmp(a, "--decode-out")) c->decode_out = value();
+        else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
         else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") || !strcmp(a, "--vision") ||
                  !strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
@@ -6039,6 +6087,55 @@ static int cli_info(const CliArgs& c) {
     std::string err;
     if (!model_open(&m, c.model_path, &err)) die("%s", err.c_str());
     print_info(stdout, &m);
+    model_close(&m);
+    return 0;
+}
+
+// --decode-out / --pixels-out: media through vision.h with the artifact's preprocessor
+// configs, no tower. stdout: one line per item (the decoded size, or grid_thw); a video's
+// sampled frame timestamps go to stderr.
+static int cli_media(const CliArgs& c) {
+    const std::vector<MediaArg>& media = c.media;
+    const MediaLimits& lim = c.media_limits;
+    const char *decode_out = c.decode_out, *pixels_out = c.pixels_out, *model_path = c.model_path;
+    if (media.empty()) die("%s needs an --image or a --video", decode_out ? "--decode-out" : "--pixels-out");
+    std::string err;
+    if (decode_out) {
+        if (media.size() != 1 || media[0].video || pixels_out) die("--decode-out takes exactly one --image (and no --video or --pixels-out)");
+        Image im;
+        if (!media_image(media[0].ref, lim, &im, &err)) die("%s", err.c_str());
+        FILE* f = fopen(decode_out, "wb");
+        if (!f) die("%s: cannot create: %s", decode_out, strerror(errno));
+        if (fwrite(im.rgb.data(), 1, im.rgb.size(), f) != im.rgb.size() || fclose(f) != 0) die("%s: write failed: %s", decode_out, strerror(errno));
+        printf("image %d %d\n", im.w, im.h);
+        return 0;
+    }
+    Model m;
+    if (!model_open(&m, model_path, &err)) die("%s", err.c_str());
+    if (!m.geo.has_vision) die("%s: the model has no vision tower; --image and --video need a vision model", model_path);
+    VisionConfig cfg;
+    if (!vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                             artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err))
+        die("%s: %s", model_path, err.c_str());
+    FILE* f = fopen(pixels_out, "wb");
+    if (!f) die("%s: cannot create: %s", pixels_out, strerror(errno));
+    auto put = [&](const VisionItem& it) {
+        if (fwrite(it.pixels.data(), sizeof(float), it.pixels.size(), f) != it.pixels.size()) die("%s: write failed: %s", pixels_out, strerror(errno));
+        printf("%s %d %d %d\n", it.video ? "video" : "image", it.t, it.h, it.w);
+    };
+    std::vector<MediaJob> jobs(media.size());
+    for (size_t i = 0; i < media.size(); i++) { jobs[i].video = media[i].video; jobs[i].ref = media[i].ref; }
+    vision_prepare(&jobs, cfg, lim, c.video_fps, (int)std::min(16u, std::max(1u, std::thread::hardware_concurrency())));  // NInfer: <= 16 threads
+    for (const MediaJob& j : jobs) {
+        if (!j.ok) die("%s", j.err.c_str());
+        put(j.item);
+        if (j.video) {
+            fprintf(stderr, "ninfer: %s: %d temporal patches at", j.ref.c_str(), j.item.t);
+            for (double ts : j.item.timestamps) fprintf(stderr, " <%.1f seconds>", ts);
+            fprintf(stderr, "\n");
+        }
+    }
+    if (fclose(f) != 0) die("%s: write failed: %s", pixels_out, strerror(errno));
     model_close(&m);
     return 0;
 }
@@ -6193,6 +6290,9 @@ int main(int argc, char** argv) {
     CliArgs c;
     cli_parse(argc, argv, &c);
     if (c.info) return cli_info(c);
+    if (c.decode_out || c.pixels_out) return cli_media(c);
+    if (!c.media.empty())
+        die("--image and --video need the vision tower, which this build does not run yet (--pixels-out and --decode-out work)");
     if (!c.inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 
     TextModel t;

@@ -9,6 +9,8 @@
 //   http:             HttpLimits, HttpRequest, http_line_plausible, http_parse_head, ChunkedDecoder,
 //                     chunked_feed, http_status_text
 //   output:           utf8_take (hold back a split code point), sse_data, sse_event
+//   memory:           the global operator new / delete, ServeOverBudget, ServeMemScope (a
+//                     thread's allocation budget for one request), serve_request_budget
 //   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat; every
 //                     field used or refused by name), api_check_schema
 //   server:           serve_main
@@ -19,7 +21,8 @@
 //
 // the shape of the server (see shared/docs/server.md for the checklist it follows):
 //   - the main thread accepts; one detached thread per connection reads requests, answers
-//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare);
+//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare,
+//     concurrently, each under a memory budget: the request memory section);
 //   - before any of that, serve_origin_refused turns away what a browser page could send a
 //     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
 //     Origin without --cors; POST bodies must be application/json;
@@ -67,6 +70,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <chrono>
+#include <new>
+#include <cstddef>
+#include <malloc.h>
 #include "format.h"
 
 // ----------------------------------------------------------------------------
@@ -155,9 +161,10 @@ struct ServeEngine {
     int n_vocab = 0;               // logit_bias ids must be below it (0: not checked)
     bool vision = false;           // image / video parts accepted (else 400 vision_disabled)
     ServeSampling defaults;        // the model's sampler preset (max_tokens and stop unused)
-    // render and tokenize a chat. runs on a connection thread (requests and count_tokens),
-    // possibly while generate runs on the engine thread; serve.h never runs two prepares at
-    // once. bad input: false and *err (status 400, a code such as unsupported_role,
+    // render and tokenize a chat. runs on the connection threads (requests and count_tokens),
+    // several at once and while generate runs on the engine thread: it must be thread-safe.
+    // it may throw std::bad_alloc (the request's memory budget; serve.h answers 413 or 503).
+    // bad input: false and *err (status 400, a code such as unsupported_role,
     // reasoning_effort_not_supported, a one-line message).
     bool (*prepare)(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) = nullptr;
     // generate on the engine thread: emit reasoning / content / tool calls through the sink,
@@ -249,7 +256,8 @@ static void serve_usage(FILE* f) {
         "  --model-id ID                 public model id; openai requests must name it (the artifact's)\n"
         "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off:\n"
         "                                requests with a foreign Origin get 403)\n"
-        "  --max-request-mib N           request body limit, 413 above it (384)\n"
+        "  --max-request-mib N           request body limit, 413 above it (384); preparing a request may\n"
+        "                                hold 6x its body + 16 MiB more, 413 past that\n"
         "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
         "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
         "  --pending-timeout-ms N        a queued request waits at most this, then 503 (30000)\n"
@@ -793,6 +801,84 @@ static std::string sse_data(const std::string& json) { return "data: " + json + 
 static std::string sse_event(const char* name, const std::string& json) {
     return std::string("event: ") + name + "\ndata: " + json + "\n\n";
 }
+
+// ----------------------------------------------------------------------------
+// request memory: a json body costs more than its bytes once parsed, converted, rendered
+// and tokenized (a 16 MiB array of zeros is 8M json values of 112 bytes). so every
+// allocation of the program goes through the replaceable global operator new / delete
+// below, and while a connection thread prepares a request it runs under a budget: the net
+// bytes it allocates (what it frees counts back, the body it parses included) may not pass
+// serve_request_budget(body). past it the allocation throws ServeOverBudget and the request
+// gets 413; a real allocation failure is a plain std::bad_alloc and gets 503. either way
+// the request is unwound and the server goes on. a peak per request is then at most the
+// body plus its budget: (1 + kServeMemMultiple) x the body + kServeMemFloor.
+// these are definitions, not inline: serve.h belongs to one translation unit per binary.
+
+// plain text on the kjv tokenizer (2.4 bytes a token) peaks at 4x (a 63 MiB body) to 6.6x
+// (16 MiB) its body, the body included: the json, the converted chat, the rendered prompt,
+// the token ids growing (test/bench-notes.md). digits (a token a byte) and words of
+// millions of letters need more and get 413.
+enum : int64_t {
+    kServeMemMultiple = 6,           // budget per body byte
+    kServeMemFloor = 16ll << 20,     // plus this for every request (small bodies, word caches)
+};
+static inline int64_t serve_request_budget(size_t body) { return kServeMemMultiple * (int64_t)body + kServeMemFloor; }
+
+struct ServeOverBudget : std::bad_alloc {
+    const char* what() const noexcept override { return "request memory budget exceeded"; }
+};
+
+// the calling thread's count: limit < 0 is no budget (nothing is counted)
+static thread_local int64_t t_serve_mem_used = 0, t_serve_mem_peak = 0, t_serve_mem_limit = -1;
+
+static inline void* serve_mem_alloc(size_t n, size_t align) {
+    if (t_serve_mem_limit >= 0 && t_serve_mem_used + (int64_t)n > t_serve_mem_limit) throw ServeOverBudget();
+    void* p = align <= alignof(std::max_align_t) ? malloc(n ? n : 1) : aligned_alloc(align, (n + align - 1) / align * align);
+    if (!p) throw std::bad_alloc();
+    if (t_serve_mem_limit >= 0) {
+        t_serve_mem_used += (int64_t)malloc_usable_size(p);
+        if (t_serve_mem_used > t_serve_mem_peak) t_serve_mem_peak = t_serve_mem_used;
+    }
+    return p;
+}
+static inline void* serve_mem_alloc_nothrow(size_t n, size_t align) noexcept {
+    try { return serve_mem_alloc(n, align); } catch (...) { return nullptr; }
+}
+static inline void serve_mem_free(void* p) noexcept {
+    if (!p) return;
+    if (t_serve_mem_limit >= 0) t_serve_mem_used -= (int64_t)malloc_usable_size(p);
+    free(p);
+}
+#ifndef __CUDA_ARCH__  // host code only (nvcc's device pass keeps its own)
+void* operator new(size_t n) { return serve_mem_alloc(n, 0); }
+void* operator new[](size_t n) { return serve_mem_alloc(n, 0); }
+void* operator new(size_t n, std::align_val_t a) { return serve_mem_alloc(n, (size_t)a); }
+void* operator new[](size_t n, std::align_val_t a) { return serve_mem_alloc(n, (size_t)a); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return serve_mem_alloc_nothrow(n, 0); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return serve_mem_alloc_nothrow(n, 0); }
+void* operator new(size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return serve_mem_alloc_nothrow(n, (size_t)a); }
+void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return serve_mem_alloc_nothrow(n, (size_t)a); }
+void operator delete(void* p) noexcept { serve_mem_free(p); }
+void operator delete[](void* p) noexcept { serve_mem_free(p); }
+void operator delete(void* p, size_t) noexcept { serve_mem_free(p); }
+void operator delete[](void* p, size_t) noexcept { serve_mem_free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { serve_mem_free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { serve_mem_free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { serve_mem_free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { serve_mem_free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { serve_mem_free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { serve_mem_free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { serve_mem_free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { serve_mem_free(p); }
+#endif
+
+// the budget of the calling thread while it lives (not nested)
+struct ServeMemScope {
+    explicit ServeMemScope(int64_t limit) { t_serve_mem_used = 0; t_serve_mem_peak = 0; t_serve_mem_limit = limit; }
+    ~ServeMemScope() { t_serve_mem_limit = -1; t_serve_mem_used = 0; }
+    ServeMemScope(const ServeMemScope&) = delete;
+    ServeMemScope& operator=(const ServeMemScope&) = delete;
+};
 
 // ----------------------------------------------------------------------------
 // request parsing: openai chat completions and anthropic messages into one shape
@@ -1586,7 +1672,6 @@ struct ServeState {
     int n_conns = 0;
     std::atomic<int64_t> body_bytes{0};  // request bytes buffered by all connections together;
     int64_t body_budget = 0;             // at most 4x --max-request-mib, else 503
-    std::mutex prepare_mu;               // prepare never runs twice at once
     std::mutex log_mu;
     FILE* jsonl = nullptr;
     long created = 0;                    // unix time at start
@@ -1623,6 +1708,7 @@ struct ServeReqLog {
     bool stream = false;
     int prompt = -1, completion = -1;
     double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
+    double prepare_mib = -1;       // the most memory the request's preparation held (request memory section)
 };
 
 // a printable, bounded copy of a request path for the log
@@ -1664,6 +1750,7 @@ static void serve_log_request(const ServeReqLog& l) {
     if (l.prefill_s >= 0) add(" prefill_ms=%.1f", l.prefill_s * 1e3);
     if (l.decode_s >= 0) add(" decode_ms=%.1f", l.decode_s * 1e3);
     if (l.decode_s > 0 && l.completion > 1) add(" decode_tok_s=%.1f", (l.completion - 1) / l.decode_s);
+    if (l.prepare_mib >= 0) add(" prepare_mib=%.1f", l.prepare_mib);
     add(" total_ms=%.1f", total * 1e3);
     fprintf(stderr, "%s\n", buf);
     if (g_serve.jsonl && !l.api.empty()) {
@@ -1737,10 +1824,10 @@ static void* serve_engine_main(void*) {
         if (!serve_job_cancelled(j.get())) {
             ServeSink sink{serve_job_emit, serve_job_cancelled, j.get()};
             try { s.eng->generate(s.eng->self, j->prompt, j->sampling, sink, &res); }
-            catch (...) { res.error = "generation failed"; }
+            catch (...) { res.error = "generation failed"; }  // an allocation failure included: this request fails, the next runs
         }
         lk.lock();
-        j->result = res; j->done = true; j->t_done = serve_now();
+        j->result = std::move(res); j->done = true; j->t_done = serve_now();
         s.engine_busy = false;
         s.st_requests++; s.st_prompt += res.prompt_tokens; s.st_completion += res.completion_tokens; s.st_decode_s += res.decode_s;
         j->cv.notify_all();
@@ -1757,6 +1844,7 @@ struct ServeConn {
     bool broken = false;           // a write failed or the peer left: no more writes
     bool chunked_out = false;      // the streaming response in progress is chunk-framed
     bool head = false;             // the request is a HEAD: responses carry no body (content-length stays)
+    uint64_t written = 0;          // bytes sent on this connection
 };
 
 // read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof or
@@ -1786,7 +1874,7 @@ static bool serve_conn_write(ServeConn* c, const char* p, size_t n) {
     double deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3;
     while (n > 0) {
         ssize_t k = send(c->fd, p, n, MSG_NOSIGNAL);
-        if (k > 0) { p += k; n -= k; deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3; continue; }
+        if (k > 0) { p += k; n -= k; c->written += k; deadline = serve_now() + g_serve.opt.write_timeout_ms / 1e3; continue; }
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             double left = deadline - serve_now();
@@ -1950,8 +2038,10 @@ static int serve_conn_read_body(ServeConn* c, const HttpRequest& rq, double t0, 
             if (!serve_hold(c, c->in.size())) return 503;
         }
         if (!serve_hold(c, need)) return 503;
+        if (c->in.size() == need) { body->swap(c->in); return 0; }  // the usual case: no copy
         body->assign(c->in, 0, need);
         c->in.erase(0, need);
+        c->in.shrink_to_fit();
         return 0;
     }
     ChunkedDecoder d;
@@ -2298,32 +2388,59 @@ static ServeSampling serve_resolve_sampling(const ApiRequest& ar, int max_tokens
 
 enum { SERVE_ROUTE_NONE, SERVE_ROUTE_HEALTH, SERVE_ROUTE_MODELS, SERVE_ROUTE_MODEL, SERVE_ROUTE_CHAT, SERVE_ROUTE_MESSAGES, SERVE_ROUTE_COUNT };
 
+// parse, validate, render and tokenize one request body on the calling connection thread,
+// under the request's memory budget (the request memory section): past it 413, an
+// allocation failure 503, anything else thrown 500. requests are prepared concurrently
+// (prepare is thread-safe). *body is freed once parsed. false with *e on any failure.
+static bool serve_prepare(std::string* body, int route, ApiRequest* ar, ServePrompt* pr, ServeError* e, double* peak_mib) {
+    ServeState& s = g_serve;
+    size_t body_bytes = body->capacity();
+    struct Peak {  // the body is held as well until it is parsed
+        double* out; size_t body;
+        ~Peak() { *out = (double)(t_serve_mem_peak + (int64_t)body) / (1 << 20); }
+    } peak{peak_mib, body_bytes};
+    try {
+        ServeMemScope budget(serve_request_budget(body->size()));
+        {
+            Json j; std::string jerr;
+            if (!json_parse(*body, &j, &jerr, 64)) {
+                *e = serve_make_error(400, "invalid_request_error", ("invalid json: " + jerr).c_str());
+                return false;
+            }
+            std::string().swap(*body);  // the json holds it now
+            bool ok = route != SERVE_ROUTE_CHAT ? anthropic_parse(j, s.api, route == SERVE_ROUTE_COUNT, ar, e)
+                                                : openai_chat_parse(j, s.api, ar, e);
+            if (!ok) return false;
+        }  // the json is gone: the chat holds what the prompt needs
+        if (!s.eng->prepare(s.eng->self, ar->chat, pr, e)) {
+            if (e->status < 400) e->status = 400;
+            if (e->message.empty()) e->message = "the request could not be rendered";
+            return false;
+        }
+        return true;
+    } catch (const ServeOverBudget&) {
+        char m[160];
+        snprintf(m, sizeof m, "the request needs more memory to prepare than its budget (%dx its body + %d MiB)",
+                 (int)kServeMemMultiple, (int)(kServeMemFloor >> 20));
+        *e = serve_make_error(413, "request_too_large", m);
+    } catch (const std::bad_alloc&) {
+        *e = serve_make_error(503, "out_of_memory", "the server is out of memory; retry later");
+    } catch (...) {
+        *e = serve_make_error(500, "internal_error", "prompt preparation failed");
+    }
+    *ar = ApiRequest(); *pr = ServePrompt();
+    return false;
+}
+
 // chat completions, messages and count_tokens. returns whether the connection may be reused.
-static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route, const std::string& body, bool keep, ServeReqLog* lg) {
+static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route, std::string* body, bool keep, ServeReqLog* lg) {
     ServeState& s = g_serve;
     bool anth = route != SERVE_ROUTE_CHAT;
     lg->api = anth ? "anthropic" : "openai";
-    Json j; std::string jerr;
-    if (!json_parse(body, &j, &jerr, 64)) {
-        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", ("invalid json: " + jerr).c_str()), keep, lg);
-        return keep;
-    }
-    ApiRequest ar; ServeError e;
-    bool ok = anth ? anthropic_parse(j, s.api, route == SERVE_ROUTE_COUNT, &ar, &e) : openai_chat_parse(j, s.api, &ar, &e);
+    ApiRequest ar; ServeError e; ServePrompt pr;
+    bool ok = serve_prepare(body, route, &ar, &pr, &e, &lg->prepare_mib);
     if (!ok) { serve_conn_send_error(c, anth, e, keep, lg); return keep; }
     lg->stream = ar.stream;
-    ServePrompt pr;
-    {
-        std::lock_guard<std::mutex> lk(s.prepare_mu);
-        try { ok = s.eng->prepare(s.eng->self, ar.chat, &pr, &e); }
-        catch (...) { ok = false; e = serve_make_error(500, "internal_error", "prompt preparation failed"); }
-    }
-    if (!ok) {
-        if (e.status < 400) e.status = 400;
-        if (e.message.empty()) e.message = "the request could not be rendered";
-        serve_conn_send_error(c, anth, e, keep, lg);
-        return keep;
-    }
     int n = (int)pr.tokens.size();
     lg->prompt = n;
     if (route == SERVE_ROUTE_COUNT) {
@@ -2345,6 +2462,16 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
         }
     int want = ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
     auto job = std::make_shared<ServeJob>();
+    // however this function is left (an exception included), the engine drops the job
+    struct Abandon {
+        ServeJob* j;
+        ~Abandon() {
+            j->cancel = true;
+            std::lock_guard<std::mutex> lk(g_serve.mu);
+            for (auto it = g_serve.queue.begin(); it != g_serve.queue.end(); ++it)
+                if (it->get() == j) { g_serve.queue.erase(it); break; }
+        }
+    } abandon{job.get()};
     job->sampling = serve_resolve_sampling(ar, std::min(want, max_ctx - n));
     job->prompt = std::move(pr);
     ServeGen g;
@@ -2603,10 +2730,38 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         if (id != s.model_id) serve_conn_send_error(c, false, serve_make_error(404, "model_not_found", "model not found"), keep, &lg);
         else { serve_conn_send(c, 200, "application/json", json_dump(serve_model_object()), keep, head_only); lg.status = 200; }
     } else {
-        keep = serve_handle_generate(c, rq, route, body, keep, &lg);
+        keep = serve_handle_generate(c, rq, route, &body, keep, &lg);
     }
     serve_log_request(lg);
     return keep && !c->broken;
+}
+
+// serve_handle_request, with whatever it throws (an allocation failure while it answers,
+// e.g. a response too large for the memory left) confined to its request: the client gets
+// 500 / 503 if nothing was sent yet (else the connection closes: the framing is lost), and
+// the server goes on
+static bool serve_handle_request_isolated(ServeConn* c, const HttpRequest& rq, double t0) {
+    uint64_t w0 = c->written;
+    bool oom = false;
+    try { return serve_handle_request(c, rq, t0); }
+    catch (const std::bad_alloc&) { oom = true; }
+    catch (...) {}
+    fprintf(stderr, "ninfer-serve: %d %s %.80s code=%s\n", oom ? 503 : 500, rq.method.c_str(), rq.path.c_str(), oom ? "out_of_memory" : "internal_error");
+    if (c->written != w0 || c->broken) return false;
+    try {  // the api's own error shape when there is memory for it, else fixed bytes
+        bool anth = !rq.path.compare(0, 12, "/v1/messages");
+        serve_conn_send_error(c, anth, oom ? serve_make_error(503, "out_of_memory", "the server is out of memory; retry later")
+                                           : serve_make_error(500, "internal_error", "the request failed"), false, nullptr);
+    } catch (...) {
+        if (c->written != w0) return false;
+        const char* b = oom ? "{\"error\":{\"message\":\"the server is out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":\"out_of_memory\"}}"
+                            : "{\"error\":{\"message\":\"the request failed\",\"type\":\"server_error\",\"param\":null,\"code\":\"internal_error\"}}";
+        char h[160];
+        int n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                         oom ? 503 : 500, http_status_text(oom ? 503 : 500), strlen(b));
+        if (serve_conn_write(c, h, (size_t)n)) serve_conn_write(c, b, strlen(b));
+    }
+    return false;
 }
 
 static void serve_conn_serve(ServeConn* c) {
@@ -2651,7 +2806,7 @@ static void serve_conn_serve(ServeConn* c) {
         }
         c->in.erase(0, (size_t)hl);
         c->head = rq.method == "HEAD";
-        bool keep = serve_handle_request(c, rq, t0);
+        bool keep = serve_handle_request_isolated(c, rq, t0);
         serve_release(c);  // the request's body (and the json made from it) are gone now
         if (!keep) return;
     }
@@ -2659,7 +2814,7 @@ static void serve_conn_serve(ServeConn* c) {
 
 static void* serve_conn_main(void* arg) {
     ServeConn* c = (ServeConn*)arg;
-    serve_conn_serve(c);
+    try { serve_conn_serve(c); } catch (...) {}  // between requests (reading a head): the connection ends, nothing else
     serve_release(c);
     serve_conn_close(c);
     delete c;
@@ -2786,10 +2941,10 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
             close(fd);
             continue;
         }
-        ServeConn* c = new ServeConn;
-        c->fd = fd;
+        ServeConn* c = new (std::nothrow) ServeConn;
         pthread_t t;
-        if (pthread_create(&t, &attr, serve_conn_main, c) != 0) {
+        if (c) c->fd = fd;
+        if (!c || pthread_create(&t, &attr, serve_conn_main, c) != 0) {
             close(fd); delete c;
             std::lock_guard<std::mutex> lk(s.mu);
             s.n_conns--;

@@ -334,15 +334,23 @@ struct MergeMap {
     }
 };
 
-// cache of bpe results per pre-token (word bytes -> ids), as hf's bpe keeps one
+// cache of bpe results per pre-token (word bytes -> ids), as hf's bpe keeps one. its memory
+// is reserved whole at the first clear (~96 MiB of address space, resident only as it fills)
+// and it starts over when any part is full, so an encode call never grows it: the server
+// charges what a request allocates to that request (serve.h, request memory), and a cache
+// shared by all requests must not land on whichever one happens to grow it.
 struct WordCache {
     struct Entry { uint64_t hash; uint32_t koff, klen, voff, vlen; };
+    enum : size_t { MAX_ENTRIES = 1 << 20, MAX_SLOTS = 2 * MAX_ENTRIES, MAX_KEY_BYTES = 32 << 20, MAX_VALS = 8 << 20 };
     std::vector<uint32_t> slots;  // 0 = empty, else entry index + 1
     std::vector<Entry> entries;
     std::string keys;
     std::vector<int> vals;
     uint64_t mask = 0;
     void clear() {
+        if (slots.capacity() < MAX_SLOTS) {
+            slots.reserve(MAX_SLOTS); entries.reserve(MAX_ENTRIES); keys.reserve(MAX_KEY_BYTES); vals.reserve(MAX_VALS);
+        }
         slots.assign(1 << 16, 0); mask = (1 << 16) - 1;
         entries.clear(); keys.clear(); vals.clear();
     }
@@ -365,7 +373,8 @@ struct WordCache {
         }
     }
     void add(const char* s, size_t n, uint64_t h, const int* ids, size_t nid) {
-        if (slots.empty() || entries.size() >= (1u << 20)) clear();  // bounded: start over when full
+        if (slots.empty() || entries.size() >= MAX_ENTRIES || keys.size() + n > MAX_KEY_BYTES || vals.size() + nid > MAX_VALS)
+            clear();  // bounded: start over when full
         if (2 * (entries.size() + 1) > slots.size()) {  // grow, rehash
             slots.assign(slots.size() * 2, 0); mask = slots.size() - 1;
             for (size_t e = 0; e < entries.size(); e++) {
@@ -397,6 +406,7 @@ struct Tokenizer {
     int n_merges = 0;
     std::vector<AddedToken> added;       // sorted by content length, longest first
     bool added_first_byte[256];          // quick filter: can an added token start with this byte?
+    size_t scan_window = 1 << 20;        // bytes pre-tokenized at a time (encode_segment)
     // word cache, shared; one encode call holds it (others run uncached meanwhile)
     mutable std::mutex cache_mu;
     mutable WordCache cache;
@@ -632,27 +642,46 @@ static inline void bpe_word(const Tokenizer* t, const char* s, size_t n, std::ve
     for (int i = 0; i >= 0; i = nxt[i]) out->push_back(sym[i]);
 }
 
-// the pieces of one normalized segment: pre-tokenize and bpe each piece (with the cache)
+// the pieces of one normalized segment: pre-tokenize and bpe each piece (with the cache).
+// the scanner keeps 5 bytes per code point, so a long segment is scanned a window at a time
+// (t->scan_window bytes, whole code points). a piece is final once the scanner cannot have
+// looked past the window for it: it reads at most one code point past a piece's end, so all
+// but the last two pieces of a window are, and the scan goes on from the end of the last
+// final piece. a window holding fewer than three pieces is doubled.
 static inline void encode_segment(const Tokenizer* t, const char* s, size_t n, std::vector<int>* ids, WordCache* cache,
                            std::vector<uint32_t>* cuts) {
-    cuts->clear();
-    pretokenize_scan(t->flavour, s, n, cuts);
-    size_t a = 0;
-    for (uint32_t b : *cuts) {
-        const char* w = s + a;
-        size_t wn = b - a;
-        a = b;
-        if (wn == 1) { ids->push_back(t->byte_id[(unsigned char)w[0]]); continue; }
-        if (cache && wn < 256) {
-            uint64_t h = WordCache::hash(w, wn);
-            if (const WordCache::Entry* e = cache->find(w, wn, h)) {
-                ids->insert(ids->end(), cache->vals.begin() + e->voff, cache->vals.begin() + e->voff + e->vlen);
-                continue;
-            }
-            size_t before = ids->size();
-            bpe_word(t, w, wn, ids);
-            cache->add(w, wn, h, ids->data() + before, ids->size() - before);
-        } else bpe_word(t, w, wn, ids);
+    size_t base = 0, window = std::max<size_t>(t->scan_window, 4);
+    while (base < n) {
+        size_t len = std::min(window, n - base);
+        while (base + len < n && ((unsigned char)s[base + len] & 0xC0) == 0x80) len++;  // a whole code point
+        bool last = base + len == n;
+        cuts->clear();
+        pretokenize_scan(t->flavour, s + base, len, cuts);
+        size_t keep = cuts->size();
+        if (!last) {
+            if (keep < 3) { window *= 2; continue; }
+            keep -= 2;
+            window = std::max<size_t>(t->scan_window, 4);
+        }
+        size_t a = 0;
+        for (size_t k = 0; k < keep; k++) {
+            size_t b = (*cuts)[k];
+            const char* w = s + base + a;
+            size_t wn = b - a;
+            a = b;
+            if (wn == 1) { ids->push_back(t->byte_id[(unsigned char)w[0]]); continue; }
+            if (cache && wn < 256) {
+                uint64_t h = WordCache::hash(w, wn);
+                if (const WordCache::Entry* e = cache->find(w, wn, h)) {
+                    ids->insert(ids->end(), cache->vals.begin() + e->voff, cache->vals.begin() + e->voff + e->vlen);
+                    continue;
+                }
+                size_t before = ids->size();
+                bpe_word(t, w, wn, ids);
+                cache->add(w, wn, h, ids->data() + before, ids->size() - before);
+            } else bpe_word(t, w, wn, ids);
+        }
+        base += a;
     }
 }
 

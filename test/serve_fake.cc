@@ -25,6 +25,8 @@
 //   [[delay=MS]]   sleep MS milliseconds per token (for cancel / queue tests)
 //   [[fail]]       fail after 2 tokens (an engine error mid-stream)
 //   [[params]]     content = the resolved sampler as json (precedence tests)
+//   [[prepare_ms=MS]] anywhere in the prompt: prepare sleeps MS milliseconds (requests
+//                  prepared concurrently, test_serve_robust.py)
 // stop strings are applied to the content channel the way reference-engine.md 10 says: the
 // longest suffix that could start a stop string is held back, the earliest match ends
 // generation and is not emitted. max_tokens counts every token, silent ones included.
@@ -99,6 +101,7 @@ static bool fake_prepare(void*, const ServeChat& chat, ServePrompt* out, ServeEr
         }
     }
     r += chat.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    if (size_t d = r.find("[[prepare_ms="); d != std::string::npos) usleep(atoi(r.c_str() + d + 13) * 1000);
     out->tokens.assign(r.begin(), r.end());
     for (auto& t : out->tokens) t &= 0xFF;
     out->thinking = chat.enable_thinking;

@@ -580,6 +580,40 @@ TEST(Generation, StopsOnAStopIdAndAtCapacity) {
     EXPECT_EQ(got2, std::vector<int>(got.begin(), got.begin() + 3));
 }
 
+// the prefill polls its cancel before each piece (the server's client left): a cancel at the
+// k-th poll leaves k - 1 pieces prefilled and samples nothing; the sequence, reset, then
+// generates exactly what an uncancelled one does
+TEST(Generation, PrefillCancelStopsBetweenPieces) {
+    LOAD_OR_SKIP(L, "build/models/tiny.ninfer", 8, 64);
+    std::vector<int> prompt = random_ids(37, 151000, 5);
+    struct Poll { int calls = 0, at = 0; } p;
+    GenCancel cancel{[](void* c) { Poll* q = (Poll*)c; return ++q->calls >= q->at; }, &p};
+    Sampler ref_s = make_sampler(151669, 0.0f, 20, 1.0f, 0);
+    std::vector<int> ref;
+    p.at = 1 << 30;  // never
+    GenStats st = generate_cpu(&L.m, &L.rs, &L.st, &ref_s, prompt, 6, {}, nullptr, [&](int id) { ref.push_back(id); }, cancel);
+    EXPECT_FALSE(st.cancelled);
+    EXPECT_EQ(p.calls, 5);  // 37 tokens in pieces of 8
+    ASSERT_EQ(ref.size(), 6u);
+    for (int at : {1, 2, 5}) {
+        seq_reset(&L.st);
+        p = Poll{0, at};
+        Sampler s = make_sampler(151669, 0.0f, 20, 1.0f, 0);
+        int emitted = 0;
+        st = generate_cpu(&L.m, &L.rs, &L.st, &s, prompt, 6, {}, nullptr, [&](int) { emitted++; }, cancel);
+        EXPECT_TRUE(st.cancelled) << at;
+        EXPECT_EQ(st.generated, 0);
+        EXPECT_EQ(emitted, 0);
+        EXPECT_EQ(p.calls, at);
+        EXPECT_EQ(L.st.pos, 8 * (at - 1));
+    }
+    seq_reset(&L.st);
+    Sampler s = make_sampler(151669, 0.0f, 20, 1.0f, 0);
+    std::vector<int> again;
+    generate_cpu(&L.m, &L.rs, &L.st, &s, prompt, 6, {}, nullptr, [&](int id) { again.push_back(id); });
+    EXPECT_EQ(again, ref);
+}
+
 // ---- hugging face goldens -----------------------------------------------------------------------------
 
 struct GoldenCase { const char* model; const char* profile; };

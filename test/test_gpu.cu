@@ -800,6 +800,51 @@ TEST(GpuEngineInterface, BothPathsGenerate) {
     model_close(&m);
 }
 
+// the gpu prefill polls its cancel before each piece, after waiting for the piece in flight
+// (the server's client left): a cancel at the k-th poll leaves k - 1 pieces prefilled and
+// samples nothing; reset, the engine then generates exactly what it does uncancelled
+static void prefill_cancel_case(const char* path) {
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    Engine en;
+    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
+    ASSERT_TRUE(engine_build(&en, &m, true, o, &err)) << err;
+    FrontendIds fr;
+    ASSERT_TRUE(frontend_ids(&m, &fr, &err));
+    const std::vector<int> prompt = random_ids(600, fr.domain, 11);
+    struct Poll { int calls = 0, at = 0; } p;
+    GenCancel cancel{[](void* c) { Poll* q = (Poll*)c; return ++q->calls >= q->at; }, &p};
+    auto run = [&](int at, bool with_cancel, std::vector<int>* out) {
+        engine_reset(&en);
+        p = Poll{0, at};
+        Sampler smp; SamplerParams sp; sp.temperature = 0;
+        sampler_build(&smp, sp, fr.domain);
+        return engine_generate(&en, &smp, prompt, 8, {}, nullptr, [&](int id) { out->push_back(id); },
+                               with_cancel ? cancel : GenCancel());
+    };
+    std::vector<int> ref;
+    GenStats st = run(1 << 30, true, &ref);
+    EXPECT_FALSE(st.cancelled);
+    EXPECT_EQ(p.calls, 5);  // 600 tokens in pieces of 128
+    ASSERT_EQ(ref.size(), 8u);
+    for (int at : {1, 2, 5}) {
+        std::vector<int> none;
+        st = run(at, true, &none);
+        EXPECT_TRUE(st.cancelled) << at;
+        EXPECT_EQ(st.generated, 0);
+        EXPECT_TRUE(none.empty());
+        EXPECT_EQ(p.calls, at);
+        EXPECT_EQ(engine_pos(&en), 128 * (at - 1));
+    }
+    std::vector<int> again;
+    run(0, false, &again);
+    EXPECT_EQ(again, ref);
+    engine_free(&en);
+    model_close(&m);
+}
+TEST(GpuGeneration, PrefillCancelStopsBetweenPiecesKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); prefill_cancel_case("models/kjv/kjv.ninfer"); }
+TEST(GpuGeneration, PrefillCancelStopsBetweenPiecesTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); prefill_cancel_case("build/models/tiny.ninfer"); }
+
 // sampled generation through generate_gpu: the device sampler (sample_gpu: 4 bytes per token
 // to the host) against the host path (GpuTuning::force_host_sample: the domain's logits to the host and
 // sample()) on one engine. the forward is deterministic (the same prefill twice gives the

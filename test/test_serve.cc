@@ -485,6 +485,28 @@ static std::string mutate(std::string s) {
     return s;
 }
 
+// the request memory budget (serve.h): net bytes allocated on this thread, frees counted
+// back; past it ServeOverBudget (a std::bad_alloc); nothing is counted outside a scope
+TEST(RequestMemory, BudgetCountsNetAllocations) {
+    {
+        ServeMemScope budget(1 << 20);
+        std::vector<char> a(600 << 10);
+        EXPECT_THROW(std::vector<char>(600 << 10), ServeOverBudget);
+        std::vector<char>().swap(a);
+        std::vector<char> b(900 << 10);  // fits once a is freed
+        EXPECT_GE(t_serve_mem_peak, 900 << 10);
+        std::vector<char>().swap(b);
+        // a parse that would pass the budget stops there, whatever it was building
+        std::string arr = "[" + std::string(200000, '0');
+        for (size_t k = 2; k < arr.size(); k += 2) arr[k] = ',';
+        arr += "]";
+        Json j; std::string err;
+        EXPECT_THROW(json_parse(arr, &j, &err), ServeOverBudget);
+    }
+    std::vector<char> big(8 << 20);  // no scope, no budget
+    EXPECT_EQ(t_serve_mem_limit, -1);
+}
+
 TEST(Fuzz, HttpHeadAndChunked) {
     const std::string seeds[] = {
         "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nExpect: 100-continue\r\n\r\n",

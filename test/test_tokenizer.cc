@@ -149,6 +149,53 @@ TEST(Tokenizer, GoldenIdsQwen3) { ASSERT_TRUE(toks().ok); check_goldens(&toks().
 TEST(Tokenizer, GoldenIdsQwen35Regex) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q35, "qwen35re", "qwen3.5 regex"); }
 TEST(Tokenizer, GoldenIdsMergeStrings) { ASSERT_TRUE(toks().ok); check_goldens(&toks().q3s, "qwen3", "merges as strings"); }
 
+// the word cache is reserved whole at load: encoding never grows it (the server charges a
+// request what it allocates), it starts over when full
+TEST(Tokenizer, WordCacheNeverGrowsInEncode) {
+    ASSERT_TRUE(toks().ok);
+    Tokenizer* t = &toks().q3;
+    std::string text;
+    for (int i = 0; i < 300000; i++) {
+        text += " w";
+        for (int x = i; x; x /= 26) text.push_back((char)('a' + x % 26));
+    }
+    std::vector<int> ids;
+    tokenizer_encode(t, "warm up", &ids);
+    const void* at[4] = {t->cache.slots.data(), t->cache.entries.data(), t->cache.keys.data(), t->cache.vals.data()};
+    ids.clear();
+    tokenizer_encode(t, text, &ids);
+    EXPECT_GT(t->cache.entries.size(), 250000u);
+    EXPECT_GE(t->cache.slots.size(), 2 * t->cache.entries.size());
+    const void* now[4] = {t->cache.slots.data(), t->cache.entries.data(), t->cache.keys.data(), t->cache.vals.data()};
+    for (int k = 0; k < 4; k++) EXPECT_EQ(at[k], now[k]) << k;
+    std::vector<int> again;  // the cached ids are the ids
+    tokenizer_encode(t, text, &again);
+    EXPECT_EQ(again, ids);
+}
+
+// long segments are pre-tokenized a window at a time (encode_segment, memory bounded): any
+// window gives hf's ids, on the goldens and on all of them joined into one long text
+TEST(Tokenizer, ScanWindowChangesNothing) {
+    ASSERT_TRUE(toks().ok);
+    std::string joined;
+    for (const Json& r : tok_goldens()) joined += golden_input(r);
+    std::vector<int> whole;
+    Tokenizer* t = &toks().q35;
+    tokenizer_encode(t, joined, &whole);
+    ASSERT_GT(joined.size(), 4096u);
+    ASSERT_LT(joined.size(), t->scan_window);  // the reference is one scan
+    for (size_t w : {4, 5, 7, 16, 61, 1000}) {
+        t->scan_window = w;
+        toks().q3.scan_window = w;
+        check_goldens(&toks().q35, "qwen35re", ("qwen3.5 regex, window " + std::to_string(w)).c_str());
+        check_goldens(&toks().q3, "qwen3", ("qwen3, window " + std::to_string(w)).c_str());
+        std::vector<int> ids;
+        tokenizer_encode(t, joined, &ids);
+        EXPECT_EQ(ids, whole) << "window " << w;
+    }
+    t->scan_window = toks().q3.scan_window = Tokenizer().scan_window;
+}
+
 // the demo model's truncated tokenizer (models/kjv/make_tokenizer.py: the fixture's first
 // 4000 merges + the chat template's added tokens): ids from hf tokenizers in
 // models/kjv/tokenizer_ids.jsonl (made by that script)
