@@ -5743,12 +5743,13 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
-    std::string text, owned, msg;
-    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg, &owned)) {
+    std::string text, msg;
+    TextSpans literal;
+    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg, &literal)) {
         err->message = "the conversation cannot be rendered with the chat template: " + msg;
         return false;
     }
-    tokenizer_encode(&s->t.tok, text, &out->tokens, true, &owned);  // conversation text is literal
+    tokenizer_encode(&s->t.tok, text, &out->tokens, true, &literal);  // conversation text is literal
     out->thinking = chat_thinking_open(text);
     out->tools = chat.tools.is_array();
     return true;
@@ -6165,11 +6166,12 @@ static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq) {
         ChatOptions co;
         co.enable_thinking = c.no_thinking ? 0 : -1;
         co.developer_as_system = true;
-        std::string rendered, owned;
-        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &owned))
+        std::string rendered;
+        TextSpans literal;
+        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &literal))
             die("%s: %s", c.messages_path ? c.messages_path : "--prompt", err.c_str());
         if (c.render) { fwrite(rendered.data(), 1, rendered.size(), stdout); return false; }
-        tokenizer_encode(&t->tok, rendered, &rq->prompt, true, &owned);  // conversation text is literal
+        tokenizer_encode(&t->tok, rendered, &rq->prompt, true, &literal);  // conversation text is literal
         rq->thinking_open = chat_thinking_open(rendered);
         rq->tools = tools.is_array();
     } else if (c.raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls

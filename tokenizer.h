@@ -685,22 +685,28 @@ static inline void encode_segment(const Tokenizer* t, const char* s, size_t n, s
     }
 }
 
+// byte ranges [first, second) of a text, in order and disjoint: the conversation's own text
+// in a rendered prompt (chat_render), which tokenizer_encode keeps literal
+typedef std::vector<std::pair<size_t, size_t>> TextSpans;
+
 // split text into added-token matches and plain segments (leftmost-longest, as hf's
-// aho-corasick); calls seg(begin, end) for plain text and tok(id) for matches. with `owned`
-// (one byte per text byte, 0 = literal), a token matches only where every byte it covers is
-// owned (nonzero): conversation text is literal (reference-engine.md 10), so a user who types
-// "<|im_end|>" gets those characters, not the control token
+// aho-corasick); calls seg(begin, end) for plain text and tok(id) for matches. with `literal`
+// spans, no token matches over any byte of them: conversation text is literal
+// (reference-engine.md 10), so a user who types "<|im_end|>" gets those characters, not the
+// control token
 template <class Seg, class Tok>
 static inline void split_added(const Tokenizer* t, const std::string& text, bool parse_special, Seg seg, Tok tok,
-                               const std::string* owned = nullptr) {
-    size_t start = 0, i = 0, n = text.size();
+                               const TextSpans* literal = nullptr) {
+    size_t start = 0, i = 0, n = text.size(), k = 0, nk = literal ? literal->size() : 0;
     if (parse_special && !t->added.empty()) {
         while (i < n) {
-            if (!t->added_first_byte[(unsigned char)text[i]] || (owned && !(*owned)[i])) { i++; continue; }
+            while (k < nk && (*literal)[k].second <= i) k++;
+            if (k < nk && (*literal)[k].first <= i) { i = (*literal)[k].second; continue; }  // inside literal text
+            if (!t->added_first_byte[(unsigned char)text[i]]) { i++; continue; }
+            size_t lim = k < nk ? (*literal)[k].first : n;  // a match must end before the next literal span
             const AddedToken* hit = nullptr;
             for (const AddedToken& a : t->added)  // longest first
-                if (a.content.size() <= n - i && memcmp(text.data() + i, a.content.data(), a.content.size()) == 0 &&
-                    (!owned || !memchr(owned->data() + i, 0, a.content.size()))) { hit = &a; break; }
+                if (a.content.size() <= lim - i && memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) { hit = &a; break; }
             if (!hit) { i++; continue; }
             if (i > start) seg(start, i);
             tok(hit->id);
@@ -711,35 +717,37 @@ static inline void split_added(const Tokenizer* t, const std::string& text, bool
     if (n > start) seg(start, n);
 }
 
-// invalid utf-8 -> U+FFFD (hf sees text decoded with errors='replace'). with an ownership
-// mask, each run of one owner is cleaned alone and the mask follows the new bytes.
-static inline bool utf8_clean(const std::string& text, const std::string* owned, std::string* out, std::string* out_owned) {
+// invalid utf-8 -> U+FFFD (hf sees text decoded with errors='replace'). with literal spans,
+// each span and each stretch between spans is cleaned alone and the spans follow the bytes.
+static inline bool utf8_clean(const std::string& text, const TextSpans* literal, std::string* out, TextSpans* out_literal) {
     if (utf8_valid(text.data(), text.size())) return false;
     out->clear();
-    if (!owned) { utf8_lossy(out, text.data(), text.size()); return true; }
-    out_owned->clear();
-    for (size_t a = 0; a < text.size();) {
-        size_t b = a;
-        while (b < text.size() && (*owned)[b] == (*owned)[a]) b++;
-        size_t before = out->size();
-        utf8_lossy(out, text.data() + a, b - a);
-        out_owned->append(out->size() - before, (*owned)[a]);
-        a = b;
+    if (!literal) { utf8_lossy(out, text.data(), text.size()); return true; }
+    out_literal->clear();
+    size_t at = 0;
+    for (const auto& p : *literal) {
+        utf8_lossy(out, text.data() + at, p.first - at);
+        size_t o = out->size();
+        utf8_lossy(out, text.data() + p.first, p.second - p.first);
+        out_literal->emplace_back(o, out->size());
+        at = p.second;
     }
+    utf8_lossy(out, text.data() + at, text.size() - at);
     return true;
 }
 
 // text -> ids, appended to *ids. parse_special: match added tokens in the text (hf's default;
-// the chat template's output needs it); false treats every byte as plain text. owned: the
-// mask chat_render makes (added tokens match only in the template's own text; nullptr: all
-// text is owned). invalid utf-8 is replaced by U+FFFD first, as hf sees text decoded with
+// the chat template's output needs it); false treats every byte as plain text. literal: the
+// spans chat_render makes (added tokens match only in the template's own text; nullptr: none
+// literal). invalid utf-8 is replaced by U+FFFD first, as hf sees text decoded with
 // errors='replace'.
 static inline void tokenizer_encode(const Tokenizer* t, const std::string& text, std::vector<int>* ids, bool parse_special = true,
-                                    const std::string* owned = nullptr) {
-    if (owned && owned->size() != text.size()) owned = nullptr;  // a caller bug; never read past the mask
-    std::string clean, clean_owned;
+                                    const TextSpans* literal = nullptr) {
+    if (literal && !literal->empty() && literal->back().second > text.size()) literal = nullptr;  // a caller bug: never read past the text
+    std::string clean;
+    TextSpans clean_literal;
     const std::string* src = &text;
-    if (utf8_clean(text, owned, &clean, &clean_owned)) { src = &clean; if (owned) owned = &clean_owned; }
+    if (utf8_clean(text, literal, &clean, &clean_literal)) { src = &clean; if (literal) literal = &clean_literal; }
     std::unique_lock<std::mutex> lk(t->cache_mu, std::try_to_lock);
     WordCache* cache = lk.owns_lock() ? &t->cache : nullptr;
     std::vector<uint32_t> cuts;
@@ -754,7 +762,7 @@ static inline void tokenizer_encode(const Tokenizer* t, const std::string& text,
                 encode_segment(t, norm.data(), norm.size(), ids, cache, &cuts);
             } else encode_segment(t, s, n, ids, cache, &cuts);
         },
-        [&](int id) { ids->push_back(id); }, owned);
+        [&](int id) { ids->push_back(id); }, literal);
 }
 
 // the pre-tokens hf would produce (after added-token splitting and nfc); added tokens
@@ -989,7 +997,8 @@ static inline bool py_isspace(uint32_t c) {
 }
 // python's s.strip() (chars = nullptr: whitespace) or s.strip(chars) for ascii chars;
 // left/right pick lstrip / rstrip
-static inline std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+// the [*a, *b) that py_strip keeps (no copy)
+static inline void py_strip_bounds(const std::string& s, const char* chars, bool left, bool right, size_t* pa, size_t* pb) {
     size_t a = 0, b = s.size();
     auto strip_at = [&](uint32_t c) { return chars ? (c < 0x80 && strchr(chars, (int)c) && c) : py_isspace(c); };
     if (left)
@@ -1008,6 +1017,11 @@ static inline std::string py_strip(const std::string& s, const char* chars = nul
             if (!strip_at(c)) break;
             b = j;
         }
+    *pa = a; *pb = b;
+}
+static inline std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+    size_t a, b;
+    py_strip_bounds(s, chars, left, right, &a, &b);
     return s.substr(a, b - a);
 }
 
@@ -1054,23 +1068,38 @@ static inline int py_in(const char* key, const Json& item, std::string* err) {
     }
 }
 
-// rendered text and who wrote each byte: own[i] is 1 where the template wrote byte i and 0
-// where it came from the conversation (message text, reasoning, tool names, arguments, the
-// tool list). tokenizer_encode matches added tokens only in owned text.
+// rendered text and which of it came from the conversation (message text, reasoning, tool
+// names, arguments, the tool list): `lit`; the rest the template wrote. tokenizer_encode
+// matches added tokens only outside `lit`. spans, not a byte mask: a 64 MiB message costs no
+// second 64 MiB (the request memory budget, serve.h).
 struct ChatText {
-    std::string s, own;
-    void t(const std::string& x) { s += x; own.append(x.size(), 1); }  // the template's text
-    void u(const std::string& x) { s += x; own.append(x.size(), 0); }  // the conversation's
-    void add(const ChatText& x) { s += x.s; own += x.own; }
+    std::string s;
+    TextSpans lit;
+    void t(const std::string& x) { s += x; }  // the template's text
+    void u(const std::string& x) { if (!x.empty()) { size_t a = s.size(); s += x; mark(a, s.size()); } }  // the conversation's
+    void mark(size_t a, size_t b) {
+        if (!lit.empty() && lit.back().second == a) lit.back().second = b;
+        else lit.emplace_back(a, b);
+    }
+    void add(const ChatText& x) { size_t o = s.size(); s += x.s; for (const auto& p : x.lit) mark(o + p.first, o + p.second); }
     bool empty() const { return s.empty(); }
-    ChatText sub(size_t pos, size_t n = std::string::npos) const { return ChatText{s.substr(pos, n), own.substr(pos, n)}; }
+    void keep(size_t pos, size_t n = std::string::npos) {  // in place: this = this[pos, pos + n)
+        n = std::min(n, s.size() - pos);
+        s.erase(pos + n);
+        s.erase(0, pos);
+        TextSpans out;
+        for (const auto& p : lit) {
+            size_t a = std::max(p.first, pos), b = std::min(p.second, pos + n);
+            if (a < b) out.emplace_back(a - pos, b - pos);
+        }
+        lit.swap(out);
+    }
 };
-// python's str.strip / lstrip / rstrip on both parts
-static inline ChatText chat_strip(const ChatText& x, const char* chars = nullptr, bool left = true, bool right = true) {
-    size_t l = left ? x.s.size() - py_strip(x.s, chars, true, false).size() : 0;
-    if (l == x.s.size()) return ChatText();
-    size_t r = right ? x.s.size() - py_strip(x.s, chars, false, true).size() : 0;
-    return x.sub(l, x.s.size() - l - r);
+// python's str.strip / lstrip / rstrip, in place
+static inline void chat_strip(ChatText* x, const char* chars = nullptr, bool left = true, bool right = true) {
+    size_t a, b;
+    py_strip_bounds(x->s, chars, left, right, &a, &b);
+    x->keep(a, b - a);
 }
 
 // the template's render_content macro. content == nullptr is undefined.
@@ -1116,12 +1145,12 @@ static inline bool role_is(const Json& m, const char* role, bool developer_as_sy
 }
 
 // render messages (+ tools, nullptr or null for none) into the prompt text. false with a
-// one-line *err when the template (or python under it) would raise. owned (optional): one
-// byte per output byte, nonzero where the template itself wrote it (for tokenizer_encode).
+// one-line *err when the template (or python under it) would raise. literal (optional): the
+// spans of the output that came from the conversation (for tokenizer_encode).
 static inline bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err,
-                               std::string* owned = nullptr) {
+                               TextSpans* literal = nullptr) {
     out->clear();
-    if (owned) owned->clear();
+    if (literal) literal->clear();
     if (!messages.is_array()) return chat_error(err, "messages must be a list");
     for (const Json& m : messages.arr)
         if (!m.is_object()) {
@@ -1167,14 +1196,15 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
         if (role_is(msgs[0], "system", das)) {
             ChatText c;
             if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
-            c = chat_strip(c);
+            chat_strip(&c);
             if (!c.empty()) { R.t("\n\n"); R.add(c); }
         }
         R.t("<|im_end|>\n");
     } else if (role_is(msgs[0], "system", das)) {
         ChatText c;
         if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
-        R.t("<|im_start|>system\n"); R.add(chat_strip(c)); R.t("<|im_end|>\n");
+        chat_strip(&c);
+        R.t("<|im_start|>system\n"); R.add(c); R.t("<|im_end|>\n");
     }
 
     // the last real user query: scanning backwards, the first user message that is not a
@@ -1184,9 +1214,10 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
         if (!role_is(msgs[k], "user")) continue;
         ChatText ct;
         if (!chat_render_content(&st, msgs[k].get("content"), false, false, &ct)) return false;
-        std::string c = py_strip(ct.s);
-        bool wrapped = c.size() >= 16 && c.compare(0, 15, "<tool_response>") == 0 &&
-                       c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        size_t a, b;
+        py_strip_bounds(ct.s, nullptr, true, true, &a, &b);
+        bool wrapped = b - a >= 16 && ct.s.compare(a, 15, "<tool_response>") == 0 &&
+                       ct.s.compare(b - 16, 16, "</tool_response>") == 0;
         if (!wrapped) { last_query = (long)k; break; }
     }
     if (last_query < 0) return chat_error(err, "No user query found in messages.");
@@ -1195,7 +1226,7 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
         const Json& m = msgs[i];
         ChatText content;
         if (!chat_render_content(&st, m.get("content"), true, false, &content)) return false;
-        content = chat_strip(content);
+        chat_strip(&content);
         if (role_is(m, "system", das)) {
             if (i != 0) return chat_error(err, "System message must be at the beginning.");
         } else if (role_is(m, "user")) {
@@ -1210,13 +1241,16 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
             ChatText reasoning;
             if (rc && rc->is_string()) reasoning.u(rc->str);
             else if (content.s.find("</think>") != std::string::npos) {
-                ChatText before = content.sub(0, content.s.find("</think>"));
-                before = chat_strip(before, "\n", false, true);
-                size_t o = before.s.rfind("<think>");
-                reasoning = chat_strip(o == std::string::npos ? before : before.sub(o + 7), "\n", true, false);
-                content = chat_strip(content.sub(content.s.rfind("</think>") + 8), "\n", true, false);
+                reasoning = content;
+                reasoning.keep(0, content.s.find("</think>"));
+                chat_strip(&reasoning, "\n", false, true);
+                size_t o = reasoning.s.rfind("<think>");
+                if (o != std::string::npos) reasoning.keep(o + 7);
+                chat_strip(&reasoning, "\n", true, false);
+                content.keep(content.s.rfind("</think>") + 8);
+                chat_strip(&content, "\n", true, false);
             }
-            reasoning = chat_strip(reasoning);
+            chat_strip(&reasoning);
             if ((long)i > last_query) { R.t("<|im_start|>assistant\n<think>\n"); R.add(reasoning); R.t("\n</think>\n\n"); R.add(content); }
             else { R.t("<|im_start|>assistant\n"); R.add(content); }
             const Json* calls = m.get("tool_calls");
@@ -1261,7 +1295,7 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
         R.t(opt.enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
     }
     *out = std::move(R.s);
-    if (owned) *owned = std::move(R.own);
+    if (literal) *literal = std::move(R.lit);
     return true;
 }
 
