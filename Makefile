@@ -88,13 +88,19 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 
+# the vision tower and the multimodal prompt on the cpu path against the hf goldens
+# (test/reference/make_vision_goldens.py)
+$(BUILD)/test/test_tower: test/test_tower.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_tower.cu $(LDLIBS) $(GTEST)
+
 # the gpu kernels against their cpu twins; builds without a gpu, skips at run time without one.
 # benches: build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench*'
 $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_kernels
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_tower $(BUILD)/test/test_kernels
 
 # the whole-model gpu forward against the cpu reference (skips without a gpu), and the
 # pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128

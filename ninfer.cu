@@ -1,8 +1,9 @@
 // ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention)
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
 // on the cpu reference path); the mtp head is a cpu reference only today (mtp_forward_cpu,
-// no speculative decoding yet); the vision tower is bound and checked but not run (not
-// written yet).
+// no speculative decoding yet); the vision tower and multimodal prompts run on both paths
+// (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt);
+// the cli and server do not feed them media yet.
 //
 // contents (sections are in dependency order; grep for the banner "// === N.")
 //   1. includes and checks   CHECK macros, cuda error checks, timers
@@ -14,7 +15,10 @@
 //                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
 //                            recurrent state; snapshot/restore) and RunState, 4.4 attention
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
-//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu
+//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu,
+//                            4.7 the vision tower (vision_forward_cpu), 4.8 the multimodal
+//                            prompt (placeholder expansion, vision rows, m-rope positions,
+//                            rope_delta, prefill_mm_cpu)
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
 //                            counter-based rng, the arithmetic shared with the gpu sampler
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
@@ -26,10 +30,13 @@
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
 //                            7.7 argmax, 7.8 sampling on the device, 7.9 shared-memory matrix
 //                            helpers, 7.10 gemm + linear, 7.11 deltanet prefill (recurrent),
-//                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init
+//                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
+//                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
+//                            per-frame attention, epilogues, products over the padded k)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
 //                            state, the forward pass, cuda graph decode, generate_gpu /
-//                            perplexity_gpu
+//                            perplexity_gpu; the vision tower on the device (GpuVision: its
+//                            own weight arena and workspace, only when asked; mm_prepare_gpu)
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
@@ -220,6 +227,10 @@ static bool geometry_from_artifact(const Artifact* a, Geometry* g, std::string* 
         g->v_pos = (int)s[0];
         g->v_heads = vision_heads_for_width(g->v_dim);
         if (!g->v_heads) return bad("unknown vision tower width " + std::to_string(g->v_dim) + ": its head count is not in ninfer's table (known widths: 768, 1024, 1152)");
+        const int vd = g->v_dim / g->v_heads;
+        if (g->v_dim % g->v_heads || vd % 4 || vd > 128) return bad("vision head dim " + std::to_string(vd) + " is not a multiple of 4 up to 128 (the 2-d rotary splits it in quarters)");
+        int side = (int)lround(sqrt((double)g->v_pos));
+        if (side < 2 || side * side != g->v_pos) return bad("vision/position_embedding has " + std::to_string(g->v_pos) + " rows, not a square grid");
     }
     // the engine's fixed inner sizes (style.md 14): check them here, once
     if (g->n_full == 0 || g->n_gdn == 0) return bad("expected both full-attention and gated-deltanet layers");
@@ -548,6 +559,11 @@ static void model_close(Model* m) { artifact_close(&m->art); }
 //
 // parallelism is plain openmp: over output rows in the products, over heads in attention and
 // the deltanet. results do not depend on the thread count.
+//
+// images and videos (4.7, 4.8) go through the vision tower one item at a time, the same way
+// (fp32, exact weights); its output rows replace the pad tokens' embeddings (forward_cpu's
+// embed_override) and the prompt gets explicit 3-axis m-rope positions (pos3), then rope_delta.
+// the tower reads its weights only when it runs: without media they are never touched.
 //
 // bf16 mode (RunState::bf16, off by default; tests only). the gpu path keeps activations in
 // bf16 and so rounds at about a dozen points per layer; on chaotic models (the random
@@ -1219,6 +1235,460 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
     }
 }
 
+// ---- 4.7 vision tower (model.md 6.3) -------------------------------------------------------
+//
+// one image or video (a media item) through the tower, in fp32 with the stored weights decoded
+// exactly, as the text path does. N = t*h*w patches, Dv wide, nh heads of d = Dv/nh:
+//   x = patch_embedding . pixel_row + bias        the conv3d over one 3 x 2 x 16 x 16 patch
+//   x += bilinear(position_embedding; row, col)   the 48 x 48 learned grid resampled to h x w
+//                                                 (align corners; 4 taps, weights as hf's fp32 ones)
+//   per block: x += proj(attn(LN1(x))),  x += fc2(gelu_tanh(fc1(LN2(x))))
+//     attention is non-causal within each temporal patch (h*w patches) and never across; q and
+//     k are rotated over the whole head by the patch's (row, col): the first d/4 frequencies
+//     by row, the next d/4 by col (axial 2-d rope, theta 1e4, rotate_half pairs i, i + d/2)
+//   out = fc2(gelu(fc1([LN(x) of the 4 patches of a 2x2 block])))   exact (erf) gelu here
+// patch rows arrive 2x2-block-major ((t, bh, bw, ih, iw), model.md 6.1), so a merge block is 4
+// consecutive rows and the merger's concatenation is a reshape. hf runs every item of a request
+// in one call with block-diagonal attention; all the other steps are per patch, so one item at a
+// time gives the same rows (make_vision_goldens.py checks this on hf itself).
+
+// one media item as preprocessing hands it over (vision.h): the patch rows and the grid
+struct VisionInput {
+    bool video = false;            // frames of a video (video pads) or an image (image pads)
+    int t = 0, h = 0, w = 0;       // grid_thw: temporal patches, patch rows, patch columns
+    const float* pixels = nullptr; // [t*h*w, 3 * v_temporal * v_patch^2] patch rows
+    const double* seconds = nullptr; // video: [t] the time of each temporal patch (model.md 6.2)
+};
+
+static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_patch * g.v_patch; }
+
+// views of vision.h's preprocessed items (their rows and times stay where they are), checked
+// against the tower's patch row; false with *err naming the item
+[[maybe_unused]] static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
+    out->clear();
+    for (size_t k = 0; k < items.size(); k++) {
+        const VisionItem& it = items[k];
+        const bool rows_ok = it.row_len == 3 * g.v_temporal * g.v_patch * g.v_patch && it.pixels.size() == (size_t)it.rows() * it.row_len;
+        if (!rows_ok || (it.video && it.timestamps.size() != (size_t)it.t)) {
+            *err = "media item " + std::to_string(k) + ": " + std::to_string(it.pixels.size()) + " values in rows of " + std::to_string(it.row_len) +
+                   " with " + std::to_string(it.timestamps.size()) + " times for grid (" + std::to_string(it.t) + ", " + std::to_string(it.h) +
+                   ", " + std::to_string(it.w) + "); the tower takes rows of " + std::to_string(vision_patch_len(g));
+            return false;
+        }
+        VisionInput in;
+        in.video = it.video; in.t = it.t; in.h = it.h; in.w = it.w; in.pixels = it.pixels.data();
+        in.seconds = it.video ? it.timestamps.data() : nullptr;
+        out->push_back(in);
+    }
+    return true;
+}
+static int vision_tokens(const Geometry& g, const VisionInput& in) { return in.t * in.h * in.w / (g.v_merge * g.v_merge); }
+
+// a grid the tower can take (bad input, not a bug: the grid comes from a request)
+static bool vision_input_ok(const Geometry& g, const VisionInput& in, std::string* err) {
+    const int m = g.v_merge;
+    if (!g.has_vision) { *err = "the model has no vision tower"; return false; }
+    if (in.t < 1 || in.h < m || in.w < m || in.h % m || in.w % m || (int64_t)in.t * in.h * in.w > (1 << 24)) {
+        *err = "media grid (" + std::to_string(in.t) + ", " + std::to_string(in.h) + ", " + std::to_string(in.w) +
+               ") is not t >= 1 by positive multiples of " + std::to_string(m) + " patches (at most 2^24 patches)";
+        return false;
+    }
+    if (!in.pixels) { *err = "media item without pixel rows"; return false; }
+    return true;
+}
+
+// LayerNorm with bias over n values (eps on the variance); in place ok
+static void layernorm(float* out, const float* x, const Vec& w, const Vec& b, int n, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    const float r = 1.0f / sqrtf(var / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * r * w.at(i) + b.at(i);
+}
+
+static inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// y[t, :] += b for T rows of stride ld
+static void add_bias(float* y, int64_t ld, const Vec& b, int T) {
+    for (int t = 0; t < T; t++) for (int64_t i = 0; i < b.n; i++) y[t * ld + i] += b.at(i);
+}
+
+// taps and weights of one axis of the position-embedding resampling: target index i of n onto
+// `side` learned entries, align corners (hf's vision_utils: src = i (side-1) / max(n-1, 1))
+static void pos_axis(int i, int n, int side, int tap[2], float wt[2]) {
+    const float src = (float)i * (float)(side - 1) / (float)std::max(n - 1, 1);
+    const float f = floorf(src);
+    for (int o = 0; o < 2; o++) {
+        tap[o] = std::min(std::max((int)f + o, 0), side - 1);
+        wt[o] = std::max(0.0f, 1.0f - fabsf(src - f - (float)o));
+    }
+}
+
+// (row, col) in the patch grid of patch p of a frame, rows being 2x2-block-major
+static void patch_row_col(int p, int w, int m, int* row, int* col) {
+    const int bw = w / m;
+    *row = p / (m * m * bw) * m + (p / m) % m;
+    *col = (p / (m * m)) % bw * m + p % m;
+}
+
+// the learned position rows of one h x w frame: pe [h*w, Dv] in patch-row order
+static void vision_pos_rows(const Geometry& g, const Mat& table, int h, int w, float* pe) {
+    const int D = g.v_dim, side = (int)lround(sqrt((double)g.v_pos));
+    std::vector<float> e(D);
+    for (int p = 0; p < h * w; p++) {
+        int row, col, th[2], tw[2];
+        float wh[2], ww[2];
+        patch_row_col(p, w, g.v_merge, &row, &col);
+        pos_axis(row, h, side, th, wh);
+        pos_axis(col, w, side, tw, ww);
+        float* r = pe + (size_t)p * D;
+        for (int i = 0; i < D; i++) r[i] = 0.0f;
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) {
+                const float wt = wh[a] * ww[b];
+                for (int64_t k0 = 0; k0 < D; k0 += KBLOCK)
+                    row_decode(table, th[a] * side + tw[b], k0, std::min<int64_t>(KBLOCK, D - k0), e.data() + k0);
+                for (int i = 0; i < D; i++) r[i] += e[i] * wt;
+            }
+    }
+}
+
+// the 2-d rotary frequencies f_i = 1e4^(-2i / (d/2)), i < d/4 (model.md 6.3; hf's axial rope)
+static float vision_rope_freq(int d, int i) { return 1.0f / powf(10000.0f, (float)(2 * i) / (float)(d / 2)); }
+
+// q and k of N patch rows [N, 3Dv] ([q heads | k heads | v heads]) rotated in place by each
+// patch's (row, col) in its frame: angles [row f_0..f_{d/4-1} | col f_0..], pairs (i, i + d/2)
+static void vision_rope(const Geometry& g, float* qkv, int N, int w, int frame) {
+    const int D = g.v_dim, nh = g.v_heads, d = D / nh, q4 = d / 4;
+    float cs[64], sn[64];
+    for (int p = 0; p < N; p++) {
+        int row, col;
+        patch_row_col(p % frame, w, g.v_merge, &row, &col);
+        for (int i = 0; i < q4; i++) {
+            const float f = vision_rope_freq(d, i), a = (float)row * f, b = (float)col * f;
+            cs[i] = cosf(a); sn[i] = sinf(a); cs[q4 + i] = cosf(b); sn[q4 + i] = sinf(b);
+        }
+        for (int h = 0; h < 2 * nh; h++) rope_apply(qkv + (size_t)p * 3 * D + h * d, cs, sn, d / 2, false);
+    }
+}
+
+// non-causal attention within each frame (frame consecutive rows) of N rows of qkv [N, 3Dv]:
+// att [N, Dv], heads side by side, scale d^-1/2, softmax in fp32
+static void vision_attention(const Geometry& g, const float* qkv, int N, int frame, float* att) {
+    const int D = g.v_dim, nh = g.v_heads, d = D / nh;
+    const float scale = 1.0f / sqrtf((float)d);
+    #pragma omp parallel if ((int64_t)N * frame * D >= PARALLEL_MIN)
+    {
+        std::vector<float> sc(frame);
+        #pragma omp for schedule(static)
+        for (int64_t qi = 0; qi < (int64_t)N * nh; qi++) {
+            const int p = (int)(qi / nh), h = (int)(qi % nh), f0 = p / frame * frame;
+            const float* q = qkv + (size_t)p * 3 * D + h * d;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < frame; j++) {
+                sc[j] = dot(q, qkv + (size_t)(f0 + j) * 3 * D + D + h * d, d) * scale;
+                mx = std::max(mx, sc[j]);
+            }
+            for (int j = 0; j < frame; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+            float* o = att + (size_t)p * D + h * d;
+            for (int i = 0; i < d; i++) o[i] = 0.0f;
+            for (int j = 0; j < frame; j++) {
+                const float pj = sc[j] / sum;
+                const float* v = qkv + (size_t)(f0 + j) * 3 * D + 2 * D + h * d;
+                for (int i = 0; i < d; i++) o[i] += pj * v[i];
+            }
+        }
+    }
+}
+
+// LayerNorm of each of T rows of n floats (stride n); bf16: the outputs rounded (a product's input)
+static void layernorm_rows(float* y, const float* x, const Vec& w, const Vec& b, int n, int T, float eps, bool bf16) {
+    for (int t = 0; t < T; t++) layernorm(y + (size_t)t * n, x + (size_t)t * n, w, b, n, eps);
+    if (bf16) bf16_round(y, (size_t)T * n);
+}
+
+// the tower on one item. out [tokens, v_out]; embed_out and hidden_out [N, Dv] (the input of
+// the first block and the output of the last), each may be null. bf16 (tests: the gpu tower's
+// oracle): round where the gpu tower does, i.e. every product's input (pixels, layernorm
+// outputs, rotated q / k and v, attention output, gelu outputs) and the output rows; the
+// residual stream, the position rows and every product's output stay fp32 there too.
+// scratch is allocated here, once per item (activations of N rows; nothing per token).
+static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out, std::string* err,
+                               float* embed_out = nullptr, float* hidden_out = nullptr, bool bf16 = false) {
+    const Geometry& g = m->geo;
+    const VisionWeights& w = m->w.vision;
+    if (!vision_input_ok(g, in, err)) return false;
+    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, mg = g.v_merge, P = vision_patch_len(g);
+    std::vector<float> x((size_t)N * D), xb((size_t)N * D), qkv((size_t)N * 3 * D), att((size_t)N * D),
+        mlp((size_t)N * std::max(g.v_inter, D)), pix;
+    const float* pixels = in.pixels;
+    if (bf16) { pix.assign(in.pixels, in.pixels + (size_t)N * P); bf16_round(pix.data(), pix.size()); pixels = pix.data(); }
+    // 1-2. patch embedding, plus the learned positions (the same rows for every frame)
+    matmul(x.data(), D, pixels, P, w.patch_embedding, N);
+    add_bias(x.data(), D, w.patch_bias, N);
+    vision_pos_rows(g, w.position_embedding, in.h, in.w, xb.data());
+    for (int p = 0; p < N; p++)
+        for (int i = 0; i < D; i++) x[(size_t)p * D + i] += xb[(size_t)(p % frame) * D + i];
+    if (embed_out) memcpy(embed_out, x.data(), (size_t)N * D * sizeof(float));
+    // 3-4. the blocks, with the 2-d rotary on q and k
+    for (const VisionLayerWeights& L : w.layers) {
+        layernorm_rows(xb.data(), x.data(), L.norm1_w, L.norm1_b, D, N, g.eps, bf16);
+        matmul(qkv.data(), 3 * D, xb.data(), D, L.qkv, N);
+        add_bias(qkv.data(), 3 * D, L.qkv_bias, N);
+        vision_rope(g, qkv.data(), N, in.w, frame);
+        if (bf16) bf16_round(qkv.data(), qkv.size());
+        vision_attention(g, qkv.data(), N, frame, att.data());
+        if (bf16) bf16_round(att.data(), att.size());
+        matmul(xb.data(), D, att.data(), D, L.output, N);
+        add_bias(xb.data(), D, L.output_bias, N);
+        for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
+        layernorm_rows(xb.data(), x.data(), L.norm2_w, L.norm2_b, D, N, g.eps, bf16);
+        matmul(mlp.data(), g.v_inter, xb.data(), D, L.fc1, N);
+        add_bias(mlp.data(), g.v_inter, L.fc1_bias, N);
+        for (size_t i = 0; i < (size_t)N * g.v_inter; i++) mlp[i] = bf16 ? bf16r(gelu_tanh(mlp[i])) : gelu_tanh(mlp[i]);
+        matmul(xb.data(), D, mlp.data(), g.v_inter, L.fc2, N);
+        add_bias(xb.data(), D, L.fc2_bias, N);
+        for (size_t i = 0; i < (size_t)N * D; i++) x[i] += xb[i];
+    }
+    if (hidden_out) memcpy(hidden_out, x.data(), (size_t)N * D * sizeof(float));
+    // 5. the merger: LN per patch, 4 consecutive rows as one [4 Dv] row, fc1, gelu, fc2
+    const int M = N / (mg * mg), W4 = D * mg * mg;
+    layernorm_rows(xb.data(), x.data(), w.merger_norm_w, w.merger_norm_b, D, N, g.eps, bf16);
+    matmul(att.data(), W4, xb.data(), W4, w.merger_fc1, M);  // att: N*D = M*W4 floats
+    add_bias(att.data(), W4, w.merger_fc1_bias, M);
+    for (size_t i = 0; i < (size_t)M * W4; i++) att[i] = bf16 ? bf16r(gelu_erf(att[i])) : gelu_erf(att[i]);
+    matmul(out, g.v_out, att.data(), W4, w.merger_fc2, M);
+    add_bias(out, g.v_out, w.merger_fc2_bias, M);
+    if (bf16) bf16_round(out, (size_t)M * g.v_out);
+    return true;
+}
+
+// ---- 4.8 the multimodal prompt: vision rows and m-rope positions (model.md 6.5-6.7) ----------
+//
+// the rendered chat template holds one <|image_pad|> per image and one
+// <|vision_start|><|video_pad|><|vision_end|> per video. before tokenizing, mm_expand_text
+// repeats each image pad once per merged token and replaces each video's triple by, for every
+// temporal patch f, "<{seconds_f:.1f} seconds>" <|vision_start|> pad x (gh gw) <|vision_end|>
+// (the expansion is textual, as the processor's: the timestamp tokenizes with the text before
+// it). model.md 6.5 and qwen's processor replace the whole triple; transformers 5.17's processor
+// replaces only the pad (by its source), leaving the outer start/end around the frames: we
+// follow model.md. a bare <|video_pad|> (no triple around it) is replaced the same way.
+// the tokenized, expanded prompt then gets (mm_layout, mm_prepare_cpu):
+//   rows    the tower's outputs replace the pad embeddings, images in order on image pads and
+//           videos in order on video pads (hf's masked_scatter)
+//   pos3    text: all three axes the running position cur, then cur += 1. a run of pads of one
+//           image (or one temporal patch of a video) with merged grid gh x gw: token (t, i, j)
+//           gets (cur + t, cur + i, cur + j) (t = 0 for a video frame), then cur += max(gh, gw)
+//   delta   rope_delta = max(pos3) + 1 - L: decoding token p then rotates by p + delta
+// hf groups tokens into runs by token type, so a pad run must hold exactly one image's tokens
+// (or one frame's); anything else is refused as hf would fail on it.
+
+struct VisionTokenIds { int image_pad = -1, video_pad = -1; };
+// ([[maybe_unused]] below: the tests call the multimodal entry points so far; the cli and the
+// server will once media reaches them, vision.h's items viewed as VisionInput)
+
+// the placeholder expansion of model.md 6.5 on the rendered prompt text; media in prompt order
+// (images and videos each keep their own order). false with *err when they do not match.
+[[maybe_unused]] static bool mm_expand_text(const Geometry& g, const std::string& text, const std::vector<VisionInput>& media,
+                           std::string* out, std::string* err) {
+    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>", kStart = "<|vision_start|>", kEnd = "<|vision_end|>";
+    std::vector<const VisionInput*> images, videos;
+    for (size_t k = 0; k < media.size(); k++) {
+        if (!vision_input_ok(g, media[k], err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+        if (media[k].video && !media[k].seconds) { *err = "media item " + std::to_string(k) + ": a video without frame times"; return false; }
+        (media[k].video ? videos : images).push_back(&media[k]);
+    }
+    size_t ni = 0, nv = 0;
+    out->clear();
+    const int per = g.v_merge * g.v_merge;
+    for (size_t i = 0; i < text.size();) {
+        if (text[i] != '<') { out->push_back(text[i++]); continue; }
+        const bool triple = text.compare(i, kStart.size() + kVideo.size() + kEnd.size(), kStart + kVideo + kEnd) == 0;
+        if (text.compare(i, kImage.size(), kImage) == 0) {
+            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
+            const VisionInput* in = images[ni++];
+            for (int k = vision_tokens(g, *in); k > 0; k--) out->append(kImage);
+            i += kImage.size();
+        } else if (triple || text.compare(i, kVideo.size(), kVideo) == 0) {
+            if (nv == videos.size()) { *err = "the prompt has more video placeholders than the " + std::to_string(videos.size()) + " videos given"; return false; }
+            const VisionInput* in = videos[nv++];
+            for (int f = 0; f < in->t; f++) {
+                char ts[64];
+                snprintf(ts, sizeof ts, "<%.1f seconds>", in->seconds[f]);
+                out->append(ts).append(kStart);
+                for (int k = in->h * in->w / per; k > 0; k--) out->append(kVideo);
+                out->append(kEnd);
+            }
+            i += triple ? kStart.size() + kVideo.size() + kEnd.size() : kVideo.size();
+        } else {
+            out->push_back(text[i++]);
+        }
+    }
+    if (ni != images.size() || nv != videos.size()) {
+        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
+               std::to_string(nv) + " of " + std::to_string(videos.size()) + " videos";
+        return false;
+    }
+    return true;
+}
+
+struct MmPrompt {
+    std::vector<int> tokens;   // [L] the prompt, pads included
+    std::vector<int> ids;      // [L] tokens with -1 on vision rows (forward_cpu's override rows)
+    std::vector<float> rows;   // [vision rows, H] the tower's outputs, in sequence order
+    std::vector<int> pos3;     // [3, L] m-rope positions (axes t, h, w)
+    int rope_delta = 0;
+};
+
+// check the pads of `tokens` against the media and compute the positions; no tower yet.
+// media are in prompt order (images and videos each keep their own order).
+static bool mm_layout(const Geometry& g, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                      const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    const int L = (int)tokens.size(), mg = g.v_merge;
+    p->tokens = tokens; p->ids = tokens; p->pos3.assign((size_t)3 * L, 0); p->rows.clear();
+    std::vector<int> images, videos;
+    for (int k = 0; k < (int)media.size(); k++) {
+        if (!vision_input_ok(g, media[k], err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+        (media[k].video ? videos : images).push_back(k);
+    }
+    size_t ni = 0, nv = 0;
+    int vframe = 0;  // next temporal patch of videos[nv]
+    int64_t cur = 0, top = -1;
+    for (int i = 0; i < L;) {
+        const bool img = tokens[i] == vt.image_pad, vid = tokens[i] == vt.video_pad;
+        if (!img && !vid) {
+            for (int a = 0; a < 3; a++) p->pos3[(size_t)a * L + i] = (int)cur;
+            top = std::max(top, cur++);
+            i++;
+            continue;
+        }
+        int n = 0;
+        while (i + n < L && tokens[i + n] == tokens[i]) n++;
+        const VisionInput* in;
+        if (img) {
+            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
+            in = &media[images[ni++]];
+        } else {
+            if (nv == videos.size()) { *err = "the prompt has more video frame placeholders than the videos given provide"; return false; }
+            in = &media[videos[nv]];
+        }
+        const int gh = in->h / mg, gw = in->w / mg, want = img ? in->t * gh * gw : gh * gw;
+        if (n != want) {
+            *err = std::string(img ? "image" : "video frame") + " placeholder run at token " + std::to_string(i) + " has " +
+                   std::to_string(n) + " pads, expected " + std::to_string(want) + " for its grid (" + std::to_string(in->t) +
+                   ", " + std::to_string(in->h) + ", " + std::to_string(in->w) + ")";
+            return false;
+        }
+        for (int k = 0; k < n; k++) {
+            const int64_t pt = cur + k / (gh * gw), ph = cur + k / gw % gh, pw = cur + k % gw;
+            p->pos3[i + k] = (int)pt; p->pos3[(size_t)L + i + k] = (int)ph; p->pos3[(size_t)2 * L + i + k] = (int)pw;
+            top = std::max(top, std::max(pt, std::max(ph, pw)));
+            p->ids[i + k] = -1;
+        }
+        cur += std::max(gh, gw);
+        if (vid && ++vframe == in->t) { nv++; vframe = 0; }
+        i += n;
+    }
+    if (ni != images.size() || nv != videos.size() || vframe) {
+        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
+               std::to_string(nv) + " of " + std::to_string(videos.size()) + " whole videos";
+        return false;
+    }
+    if (top >= INT32_MAX / 2) { *err = "m-rope positions overflow"; return false; }
+    p->rope_delta = (int)(top + 1 - L);
+    return true;
+}
+
+// the whole multimodal prompt: layout, then the tower on each item (tower(in, out [tokens, H],
+// err): the cpu's or the gpu's), its rows put in sequence order. the pixel rows are only read here.
+template <typename Tower>
+static bool mm_prepare(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens, const std::vector<VisionInput>& media,
+                       MmPrompt* p, std::string* err, Tower tower) {
+    const Geometry& g = m->geo;
+    if (!mm_layout(g, vt, tokens, media, p, err)) return false;
+    // tower outputs per item, then scatter: the k-th image pad run takes the k-th image, video
+    // pads take the videos' tokens in order
+    std::vector<std::vector<float>> outs(media.size());
+    for (size_t k = 0; k < media.size(); k++) {
+        outs[k].resize((size_t)vision_tokens(g, media[k]) * g.H);
+        if (!tower(media[k], outs[k].data(), err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
+    }
+    std::vector<size_t> next(media.size(), 0);  // rows of each item taken so far
+    size_t ni = 0, nv = 0;
+    std::vector<int> images, videos;
+    for (int k = 0; k < (int)media.size(); k++) (media[k].video ? videos : images).push_back(k);
+    for (size_t i = 0; i < p->tokens.size(); i++) {
+        if (p->ids[i] >= 0) continue;
+        const bool img = p->tokens[i] == vt.image_pad;
+        // the current item of the kind: advance once its rows are used up
+        size_t& n = img ? ni : nv;
+        const std::vector<int>& list = img ? images : videos;
+        if (next[list[n]] == (size_t)vision_tokens(g, media[list[n]])) n++;
+        const int k = list[n];
+        const float* row = outs[k].data() + next[k]++ * g.H;
+        p->rows.insert(p->rows.end(), row, row + g.H);
+    }
+    return true;
+}
+[[maybe_unused]] static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    return mm_prepare(m, vt, tokens, media, p, err,
+                      [&](const VisionInput& in, float* out, std::string* e) { return vision_forward_cpu(m, in, out, e); });
+}
+
+// the inputs of a multimodal prompt's prefill, piece by piece in order from row `start` (0, or
+// the end of a prefix already in the sequence): the ids (-1 on vision rows), the piece's
+// override rows and its [3, T] positions. the buffers are allocated once per prompt.
+struct MmPieces {
+    const MmPrompt* p;
+    int H;
+    size_t vrow = 0;           // vision rows before the next piece
+    std::vector<float> ovr;    // [T_max, H]
+    std::vector<int> pos;      // [3, T_max]
+    MmPieces(const MmPrompt* p_, int start, int T_max, int H_) : p(p_), H(H_), ovr((size_t)T_max * H_), pos((size_t)3 * T_max) {
+        if (p) for (int i = 0; i < start; i++) vrow += p->ids[i] < 0;
+    }
+    // rows [i, i + T) of the prompt
+    void piece(int i, int T, const int** ids, const float** rows, const int** pos3) {
+        const int L = (int)p->tokens.size();
+        CHECK(i >= 0 && i + T <= L && (size_t)T * H <= ovr.size(), "multimodal piece [%d, %d) of %d rows", i, i + T, L);
+        for (int t = 0; t < T; t++) {
+            if (p->ids[i + t] < 0) memcpy(ovr.data() + (size_t)t * H, p->rows.data() + vrow++ * H, H * sizeof(float));
+            for (int a = 0; a < 3; a++) pos[(size_t)a * T + t] = p->pos3[(size_t)a * L + i + t];
+        }
+        *ids = p->ids.data() + i; *rows = ovr.data(); *pos3 = pos.data();
+    }
+};
+
+// a generation prompt against its multimodal description: the sequence holds the first `pos`
+// tokens of mm's prompt and `prompt` is the rest
+static void mm_check_prompt(const MmPrompt* mm, int pos, const std::vector<int>& prompt) {
+    CHECK(mm->tokens.size() == pos + prompt.size() && std::equal(prompt.begin(), prompt.end(), mm->tokens.begin() + pos),
+          "the prompt (%zu tokens after %d) is not the rest of its multimodal prompt (%zu tokens)", prompt.size(), pos, mm->tokens.size());
+}
+
+// prefill a multimodal prompt from st->pos on (0, or the end of a reused prefix), in pieces of
+// at most r->T_max tokens; then set the sequence's rope_delta for decoding. logits as in
+// forward_cpu: all rows of the prefilled part ([L - st->pos, vocab]) or the last row.
+[[maybe_unused]] static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
+    const int L = (int)p.tokens.size();
+    CHECK(st->pos < L, "prefill from %d of a %d-token prompt", st->pos, L);
+    const int start = st->pos;
+    MmPieces pc(&p, start, r->T_max, m->geo.H);
+    for (int i = start; i < L;) {
+        const int T = std::min(r->T_max, L - i);
+        const int* ids; const float* rows; const int* pos3;
+        pc.piece(i, T, &ids, &rows, &pos3);
+        const bool last = i + T == L;
+        float* lg = all_logits ? (logits ? logits + (size_t)(i - start) * m->geo.vocab : nullptr) : (last ? logits : nullptr);
+        forward_cpu(m, r, st, ids, rows, pos3, T, lg, all_logits, nullptr);
+        i += T;
+    }
+    st->rope_delta = p.rope_delta;
+}
+
 // === 5. sampler ==============================================================
 //
 // NInfer's semantics (reference-engine.md 16.5), over the token domain only (the ids the
@@ -1412,9 +1882,11 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
 //           for qwen3.5 this is 248077 of 248320 rows.
 //   stops   the default stop ids: generation_config.json eos_token_id (an int or a list), and
 //           tokenizer_config.json's eos_token looked up in tokenizer.json
+//   vision  the ids of <|image_pad|> and <|video_pad|> in tokenizer.json (-1 when absent)
 struct FrontendIds {
     int domain = 0;
     std::vector<int> stops;
+    VisionTokenIds vision;
 };
 
 static bool frontend_ids(const Model* m, FrontendIds* f, std::string* err) {
@@ -1448,6 +1920,8 @@ static bool frontend_ids(const Model* m, FrontendIds* f, std::string* err) {
         const Json* v = vocab ? vocab->get(text.c_str()) : nullptr;
         return v && v->is_int ? v->i : -1;
     };
+    f->vision.image_pad = (int)id_of("<|image_pad|>");
+    f->vision.video_pad = (int)id_of("<|video_pad|>");
     // generation_config eos_token_id
     if (const Json* eos = gen.get("eos_token_id"); eos && !eos->is_null()) {
         std::vector<const Json*> list;
@@ -1515,24 +1989,32 @@ static bool emit_more(Emit& emit, int id) {
 // sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
 // cancel is polled before each prefill piece: when it says stop, nothing is sampled and the
 // sequence holds the pieces prefilled so far (s.cancelled).
+// mm (nullable): the prompt is the rest of this multimodal prompt (mm_check_prompt); its vision
+// rows and m-rope positions are prefilled, and decoding goes on at its rope_delta.
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
                              int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit,
-                             const GenCancel& cancel = GenCancel()) {
+                             const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
     const int piece = logits_out ? logits_piece(r, g.vocab) : r->T_max;
     std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
     double t0 = now_s();
+    const int base = st->pos;
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, g.H);
     for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
         if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         int T = std::min(piece, s.prompt - i);
-        forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, logits.data(), logits_out != nullptr, nullptr);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), logits_out != nullptr, nullptr);
         if (!logits_out) continue;
         CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
         if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
     }
+    if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
     for (int n = 0; n < max_new; n++) {
@@ -1590,7 +2072,7 @@ static double perplexity_cpu(const Model* m, RunState* r, SeqState* st, const st
 // === 7. kernels ==============================================================
 //
 // every kernel is `op_kernel` + one host launcher `op(...)`; the table of contents lists the
-// subsections (decode ops 7.2-7.8, then the prefill ops 7.9-7.13).
+// subsections (decode ops 7.2-7.8, then the prefill ops 7.9-7.13; the vision tower's 7.14).
 //
 // conventions (all kernels):
 //   activations are [columns][features], features fastest, with a row stride `ld` in elements;
@@ -4590,6 +5072,203 @@ static void gpu_kernels_init(bool pdl = true) {
     cudaCheck(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
 }
 
+// ---- 7.14 the vision tower's kernels --------------------------------------------------------
+//
+// model.md 6.3; the cpu twins are the steps of vision_forward_cpu.
+//
+// the tower's residual stream x stays fp32 [N, Dv]; every product's input is bf16 (pixels,
+// layernorm outputs, rotated q / k and v, attention output, gelu outputs) and every product's
+// output fp32 (gemm / gemv with y_f32), which vision_forward_cpu(bf16 = true) reproduces. biases
+// and norm weights are bf16 (the artifact's). N patches of an item are t frames of h*w rows,
+// 2x2-block-major.
+
+// x = y + bias + positions: y the patch embedding product [N, D] fp32; the position rows of a
+// frame come from the bf16 table, bilinear with the 4 taps and weights of pos_axis (fp32)
+__global__ void vis_embed_kernel(const float* __restrict__ y, const bf16_t* __restrict__ bias, const bf16_t* __restrict__ table,
+                                 int D, int side, int h, int w, int merge, float* __restrict__ x) {
+    pdl_entry();
+    const int p = blockIdx.x, fp = p % (h * w), bw = w / merge;
+    const int row = fp / (merge * merge * bw) * merge + (fp / merge) % merge, col = (fp / (merge * merge)) % bw * merge + fp % merge;
+    int th[2], tw[2];
+    float wh[2], ww[2];
+    const float sh = (float)row * (float)(side - 1) / (float)max(h - 1, 1), sw = (float)col * (float)(side - 1) / (float)max(w - 1, 1);
+    const float fh = floorf(sh), fw = floorf(sw);
+    for (int o = 0; o < 2; o++) {
+        th[o] = min(max((int)fh + o, 0), side - 1); wh[o] = fmaxf(0.f, 1.f - fabsf(sh - fh - (float)o));
+        tw[o] = min(max((int)fw + o, 0), side - 1); ww[o] = fmaxf(0.f, 1.f - fabsf(sw - fw - (float)o));
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float pe = 0.f;
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) pe += bf2f(table[(int64_t)(th[a] * side + tw[b]) * D + i]) * (wh[a] * ww[b]);
+        x[(int64_t)p * D + i] = (y[(int64_t)p * D + i] + bf2f(bias[i])) + pe;
+    }
+}
+
+// y = bf16(LayerNorm(x) * w + b) per row of n fp32 (mean, then the variance around it; eps on it)
+__global__ void __launch_bounds__(1024) vis_layernorm_kernel(const float* __restrict__ x, const bf16_t* __restrict__ w,
+                                                             const bf16_t* __restrict__ b, int n, float eps, bf16_t* __restrict__ y) {
+    pdl_entry();
+    const float* xr = x + (int64_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s) / (float)n;
+    float v = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+    const float r = 1.0f / sqrtf(block_sum(v) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[(int64_t)blockIdx.x * n + i] = f2bf((xr[i] - mean) * r * bf2f(w[i]) + bf2f(b[i]));
+}
+
+// qkv = bf16(rope(y + bias)): y the qkv product [N, 3D] fp32 ([q heads | k heads | v heads]);
+// q and k rotated by the patch's (row, col), the pairs (i, i + d/2) of each head
+struct VisRope { float f[32]; };  // vision_rope_freq(d, i), i < d/4, from the host
+__global__ void vis_qkv_kernel(const float* __restrict__ y, const bf16_t* __restrict__ bias, int D, int nh, int w, int frame, int merge,
+                               VisRope fr, bf16_t* __restrict__ qkv) {
+    pdl_entry();
+    const int p = blockIdx.x, d = D / nh, half = d / 2, q4 = d / 4, fp = p % frame, bw = w / merge;
+    const int row = fp / (merge * merge * bw) * merge + (fp / merge) % merge, col = (fp / (merge * merge)) % bw * merge + fp % merge;
+    const float* yr = y + (int64_t)p * 3 * D;
+    bf16_t* o = qkv + (int64_t)p * 3 * D;
+    for (int k = threadIdx.x; k < 3 * nh * half; k += blockDim.x) {
+        const int hh = k / half, i = k % half, c0 = hh * d + i, c1 = c0 + half;
+        const float x0 = yr[c0] + bf2f(bias[c0]), x1 = yr[c1] + bf2f(bias[c1]);
+        if (hh >= 2 * nh) { o[c0] = f2bf(x0); o[c1] = f2bf(x1); continue; }  // v heads
+        const float a = (float)(i < q4 ? row : col) * fr.f[i < q4 ? i : i - q4];
+        const float cs = cosf(a), sn = sinf(a);
+        o[c0] = f2bf(x0 * cs - x1 * sn);
+        o[c1] = f2bf(x1 * cs + x0 * sn);
+    }
+}
+
+// non-causal attention within each frame: one thread per query (VIS_AQ per block, grid
+// frames x heads x query blocks), keys and values staged VIS_AK at a time in shared memory as
+// fp32 (every thread reads the same key: broadcasts), online softmax in fp32. q from qkv
+// [N, 3D], out bf16 [N, D] heads side by side.
+enum { VIS_AQ = 128, VIS_AK = 32 };
+template <int HD>
+__global__ void __launch_bounds__(VIS_AQ) vis_attn_kernel(const bf16_t* __restrict__ qkv, int D, int frame, float scale, bf16_t* __restrict__ out) {
+    pdl_entry();
+    __shared__ float Ks[VIS_AK][HD], Vs[VIS_AK][HD];
+    const int f0 = blockIdx.x * frame, h = blockIdx.y, qi = blockIdx.z * VIS_AQ + threadIdx.x;
+    const bool live = qi < frame;
+    float q[HD], o[HD];
+    const bf16_t* qr = qkv + (int64_t)(f0 + (live ? qi : 0)) * 3 * D + h * HD;
+#pragma unroll
+    for (int i = 0; i < HD; i++) { q[i] = bf2f(qr[i]) * scale; o[i] = 0.f; }
+    float m = -INFINITY, l = 0.f;
+    for (int k0 = 0; k0 < frame; k0 += VIS_AK) {
+        const int nk = min(VIS_AK, frame - k0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < nk * HD; e += VIS_AQ) {
+            const int j = e / HD, i = e % HD;
+            const bf16_t* kr = qkv + (int64_t)(f0 + k0 + j) * 3 * D + h * HD + i;
+            Ks[j][i] = bf2f(kr[D]); Vs[j][i] = bf2f(kr[2 * D]);
+        }
+        __syncthreads();
+        for (int j = 0; j < nk; j++) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < HD; i++) s = fmaf(q[i], Ks[j][i], s);
+            if (s > m) {
+                const float c = expf(m - s);  // 0 on the first key (m = -inf)
+                l *= c;
+#pragma unroll
+                for (int i = 0; i < HD; i++) o[i] *= c;
+                m = s;
+            }
+            const float pj = expf(s - m);
+            l += pj;
+#pragma unroll
+            for (int i = 0; i < HD; i++) o[i] = fmaf(pj, Vs[j][i], o[i]);
+        }
+    }
+    if (!live) return;
+    bf16_t* orow = out + (int64_t)(f0 + qi) * D + h * HD;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < HD; i++) orow[i] = f2bf(o[i] * inv);
+}
+
+// the epilogue of a product y [T, n] fp32: mode VIS_RESID: x += y + b (fp32 residual, [T, n]);
+// VIS_TANH / VIS_ERF / VIS_NONE: out = bf16(gelu(y + b)) with the tanh or erf gelu, or none, in
+// rows of ldo >= n whose columns [n, ldo) are written as zeros (the next product may run over
+// the padded k: vis_linear)
+enum { VIS_NONE = 0, VIS_TANH = 1, VIS_ERF = 2, VIS_RESID = 3 };
+__global__ void vis_bias_kernel(const float* __restrict__ y, const bf16_t* __restrict__ b, int n, int ldo, int64_t total, int mode,
+                                float* __restrict__ x, bf16_t* __restrict__ out) {
+    pdl_entry();
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        if (mode == VIS_RESID) { x[e] += y[e] + bf2f(b[e % n]); continue; }
+        const int64_t r = e / ldo;
+        const int c = (int)(e % ldo);
+        if (c >= n) { out[e] = f2bf(0.f); continue; }
+        const float v = y[r * n + c] + bf2f(b[c]);
+        const float a = mode == VIS_TANH ? 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))
+                      : mode == VIS_ERF ? 0.5f * v * (1.f + erff(v * 0.70710678118654752f)) : v;
+        out[e] = f2bf(a);
+    }
+}
+
+__global__ void vis_cast_kernel(const float* __restrict__ x, int64_t n, bf16_t* __restrict__ y) {
+    pdl_entry();
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) y[e] = f2bf(x[e]);
+}
+
+// launchers
+static unsigned vis_blocks(int64_t total) { return (unsigned)std::min<int64_t>(CEIL_DIV(total, 256), 65535); }
+static void vis_embed(const float* y, const bf16_t* bias, const bf16_t* table, int D, int side, int N, int h, int w, int merge, float* x,
+                      cudaStream_t s) {
+    launch_k(vis_embed_kernel, dim3(N), dim3(128), 0, s, y, bias, table, D, side, h, w, merge, x);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_layernorm(const float* x, const bf16_t* w, const bf16_t* b, int n, int T, float eps, bf16_t* y, cudaStream_t s) {
+    launch_k(vis_layernorm_kernel, dim3(T), dim3(256), 0, s, x, w, b, n, eps, y);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_qkv(const float* y, const bf16_t* bias, int D, int nh, int N, int w, int frame, int merge, bf16_t* qkv, cudaStream_t s) {
+    const int d = D / nh;
+    CHECK(d / 4 <= 32, "vis_qkv: head dim %d", d);
+    VisRope fr;
+    for (int i = 0; i < d / 4; i++) fr.f[i] = vision_rope_freq(d, i);
+    launch_k(vis_qkv_kernel, dim3(N), dim3(256), 0, s, y, bias, D, nh, w, frame, merge, fr, qkv);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_attn(const bf16_t* qkv, int D, int nh, int N, int frame, bf16_t* out, cudaStream_t s) {
+    const int d = D / nh;
+    dim3 grid(N / frame, nh, CEIL_DIV(frame, VIS_AQ));
+    const float scale = 1.0f / sqrtf((float)d);
+    if (d == 64) launch_k(vis_attn_kernel<64>, grid, dim3(VIS_AQ), 0, s, qkv, D, frame, scale, out);
+    else if (d == 72) launch_k(vis_attn_kernel<72>, grid, dim3(VIS_AQ), 0, s, qkv, D, frame, scale, out);
+    else CHECK(false, "vis_attn: head dim %d (the kernel is built for 64 and 72)", d);
+    cudaCheck(cudaGetLastError());
+}
+static void vis_bias(const float* y, const bf16_t* b, int n, int T, int mode, float* x, bf16_t* out, cudaStream_t s, int ldo = 0) {
+    if (ldo == 0) ldo = n;
+    CHECK(ldo >= n && (mode != VIS_RESID || ldo == n), "vis_bias: ldo %d for %d columns", ldo, n);
+    const int64_t total = (int64_t)ldo * T;
+    launch_k(vis_bias_kernel, dim3(vis_blocks(total)), dim3(256), 0, s, y, b, n, ldo, total, mode, x, out);
+    cudaCheck(cudaGetLastError());
+}
+// the k a product runs over: the gemm needs a multiple of 64. the grouped formats store each row
+// padded to 128 (format.md 7), so a k that is not (the 9b's fc2, 4304) runs over the padding,
+// against activation rows of that width whose padding is zero (vis_bias writes it): the padded
+// codes multiply zeros. bf16 weights are stored unpadded and keep their k (linear: the gemv).
+static int64_t vis_k(const Mat& w) {
+    const int64_t k = (int64_t)align_up((uint64_t)w.cols, GM_BK);
+    return format_grouped(w.format) && k <= w.gpr * group_size(w.format) ? k : w.cols;
+}
+// y [T, rows] fp32 = w x, x rows of ldx >= vis_k(w) bf16 (zero past w.cols)
+static void vis_linear(const Mat& w, const bf16_t* x, int ldx, int T, float* y, int ldy, cudaStream_t s) {
+    Mat wp = w;
+    wp.cols = vis_k(w);
+    CHECK(ldx >= wp.cols, "vis_linear: rows of %d for k %lld", ldx, (long long)wp.cols);
+    linear(wp, x, ldx, T, y, ldy, true, nullptr, 0, s);
+}
+static void vis_cast(const float* x, int64_t n, bf16_t* y, cudaStream_t s) {
+    launch_k(vis_cast_kernel, dim3(vis_blocks(n)), dim3(256), 0, s, x, n, y);
+    cudaCheck(cudaGetLastError());
+}
+
 // === 8. gpu forward ==========================================================
 //
 // loading, sequence state, the forward pass, cuda graphs, generation
@@ -5445,22 +6124,28 @@ static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->l
 // within one piece (the host would otherwise queue them all at once).
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
+                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
     const int piece = logits_out ? gpu_logits_piece(e) : e->T_max;
     std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
     double t0 = now_s();
+    const int base = e->pos;
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, g.H);
     for (int i = 0; i < s.prompt; i += piece) {
         if (cancel.fn) {
             if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
             if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         }
         int T = std::min(piece, s.prompt - i);
-        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        gpu_forward(e, ids, rows, pos3, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
         if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
     }
+    if (mm) e->rope_delta = mm->rope_delta;
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
     t0 = now_s();
@@ -5520,6 +6205,159 @@ static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int wind
                               [&](const int* x, int T, float* lg) { gpu_forward(e, x, nullptr, nullptr, T, lg, true); });
 }
 
+// ---- the vision tower on the device -------------------------------------------------------
+//
+// only when vision is asked for (startup residency, reference-engine.md): the tower's weights
+// get their own device arena, apart from the text model's, and a workspace for up to `cap`
+// patches per item; without it nothing of the tower is on the device. one item at a time, as
+// on the cpu (vision_forward_cpu is the oracle, with bf16 = true at the rounding points of the
+// kernels above). the products are the text path's linear() over the stored formats.
+
+struct GpuVision {
+    cudaStream_t stream = nullptr;
+    Geometry geo;             // the model's; the v_* part is what the tower uses
+    VisionWeights w;          // views into `arena`
+    uint8_t* arena = nullptr; // the vision tensors, each 256-byte aligned
+    int cap = 0;              // patches per item the workspace holds
+    void* ws = nullptr;       // the workspace, one allocation:
+    float* pix = nullptr;     //   [cap, P] the pixel rows as the host gives them
+    bf16_t* pixb = nullptr;   //   [cap, P]
+    bf16_t* out = nullptr;    //   [cap/4, O] an item's output rows (mm_prepare_gpu)
+    float* x = nullptr;       //   [cap, Dv] the residual stream
+    float* y = nullptr;       //   [cap, max(3Dv, Iv, O/4)] product outputs
+    bf16_t* xb = nullptr;     //   [cap, Dv] layernorm outputs
+    bf16_t* qkv = nullptr;    //   [cap, 3Dv] rotated q, k and v
+    bf16_t* att = nullptr;    //   [cap, Dv] attention output
+    bf16_t* h = nullptr;      //   gelu outputs: [cap, Iv] or [cap/4, 4Dv], rows padded to 64 with zeros
+};
+
+// the workspace for items of up to cap patches (cap a multiple of 4)
+static void gpu_vision_workspace(GpuVision* v, int cap) {
+    const Geometry& g = v->geo;
+    const int64_t P = vision_patch_len(g), D = g.v_dim;
+    const int64_t ycols = std::max({3 * D, (int64_t)g.v_inter, (int64_t)CEIL_DIV(g.v_out, g.v_merge * g.v_merge)});
+    const int64_t W4 = D * g.v_merge * g.v_merge;  // the merger's rows: cap / 4 of them
+    const int64_t helems = std::max((int64_t)align_up(g.v_inter, GM_BK) * cap, (int64_t)align_up(W4, GM_BK) * (cap / 4));
+    size_t off = 0;
+    auto take = [&](size_t bytes) { size_t o = off; off += (bytes + 255) / 256 * 256; return o; };
+    size_t o_pix = take(cap * P * 4), o_pixb = take(cap * P * 2), o_x = take(cap * D * 4), o_y = take(cap * ycols * 4),
+           o_xb = take(cap * D * 2), o_qkv = take(cap * 3 * D * 2), o_att = take(cap * D * 2), o_h = take(helems * 2),
+           o_out = take((size_t)cap / 4 * g.v_out * 2);
+    cudaCheck(cudaMalloc(&v->ws, off));
+    uint8_t* b = (uint8_t*)v->ws;
+    v->pix = (float*)(b + o_pix); v->pixb = (bf16_t*)(b + o_pixb); v->x = (float*)(b + o_x); v->y = (float*)(b + o_y);
+    v->xb = (bf16_t*)(b + o_xb); v->qkv = (bf16_t*)(b + o_qkv); v->att = (bf16_t*)(b + o_att); v->h = (bf16_t*)(b + o_h);
+    v->out = (bf16_t*)(b + o_out);
+    v->cap = cap;
+}
+
+// copy the model's vision tensors to the device and make the views; false with *err when the
+// model has none or stores them in formats the kernels do not read
+[[maybe_unused]] static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
+    *v = GpuVision();
+    v->stream = stream; v->geo = m->geo; v->w = m->w.vision;
+    const Geometry& g = m->geo;
+    if (!g.has_vision) { *err = m->art.path + ": the model has no vision tower"; return false; }
+    if (cap < 4 || cap % 4) { *err = "vision workspace of " + std::to_string(cap) + " patches: not a positive multiple of 4"; return false; }
+    auto vec_ok = [](const Vec& x) { return x.format == FMT_BF16; };
+    const VisionWeights& w = m->w.vision;
+    bool ok = vec_ok(w.patch_bias) && vec_ok(w.merger_fc1_bias) && vec_ok(w.merger_fc2_bias) && vec_ok(w.merger_norm_w) &&
+              vec_ok(w.merger_norm_b) && w.position_embedding.format == FMT_BF16;
+    for (const VisionLayerWeights& L : w.layers)
+        ok = ok && vec_ok(L.qkv_bias) && vec_ok(L.output_bias) && vec_ok(L.fc1_bias) && vec_ok(L.fc2_bias) && vec_ok(L.norm1_w) &&
+             vec_ok(L.norm1_b) && vec_ok(L.norm2_w) && vec_ok(L.norm2_b);
+    if (!ok) { *err = m->art.path + ": the gpu vision tower needs bf16 biases, norms and position table"; return false; }
+    struct Span { const uint8_t* host; uint64_t bytes; size_t off; };
+    std::vector<Span> spans;
+    size_t total = 0;
+    for (const TensorObject& t : m->art.objects) {
+        if (t.resource || t.name.rfind("vision/", 0) != 0) continue;
+        spans.push_back({t.data, t.bytes, total});
+        total += (t.bytes + 255) / 256 * 256;
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.host < b.host; });
+    cudaCheck(cudaMalloc(&v->arena, total));
+    for (const Span& s : spans) cudaCheck(cudaMemcpy(v->arena + s.off, s.host, s.bytes, cudaMemcpyHostToDevice));
+    auto rebase = [&](const uint8_t* p) -> const uint8_t* {
+        if (!p) return nullptr;
+        auto it = std::upper_bound(spans.begin(), spans.end(), p, [](const uint8_t* q, const Span& s) { return q < s.host; });
+        CHECK(it != spans.begin(), "gpu_vision_build: a view outside the vision tensors");
+        --it;
+        CHECK(p <= it->host + it->bytes, "gpu_vision_build: a view outside the vision tensors");
+        return v->arena + it->off + (p - it->host);
+    };
+    auto mat = [&](Mat* x) { x->base = rebase(x->base); x->high = rebase(x->high); x->scale = rebase(x->scale); };
+    auto vec = [&](Vec* x) { x->p = rebase(x->p); };
+    VisionWeights& d = v->w;
+    mat(&d.patch_embedding); vec(&d.patch_bias); mat(&d.position_embedding);
+    for (VisionLayerWeights& L : d.layers) {
+        mat(&L.qkv); vec(&L.qkv_bias); mat(&L.output); vec(&L.output_bias); mat(&L.fc1); vec(&L.fc1_bias); mat(&L.fc2); vec(&L.fc2_bias);
+        vec(&L.norm1_w); vec(&L.norm1_b); vec(&L.norm2_w); vec(&L.norm2_b);
+    }
+    mat(&d.merger_fc1); vec(&d.merger_fc1_bias); mat(&d.merger_fc2); vec(&d.merger_fc2_bias); vec(&d.merger_norm_w); vec(&d.merger_norm_b);
+    gpu_vision_workspace(v, cap);
+    return true;
+}
+
+[[maybe_unused]] static void gpu_vision_free(GpuVision* v) {
+    if (v->arena) cudaCheck(cudaFree(v->arena));
+    if (v->ws) cudaCheck(cudaFree(v->ws));
+    *v = GpuVision();
+}
+
+// the tower on one item (host pixel rows) into out: [tokens, v_out] bf16 on the device, the
+// rows the text forward's embedding overrides take. asynchronous on v->stream.
+static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out, std::string* err) {
+    const Geometry& g = v->geo;
+    const VisionWeights& w = v->w;
+    if (!vision_input_ok(g, in, err)) return false;
+    const int N = in.t * in.h * in.w, frame = in.h * in.w, D = g.v_dim, P = vision_patch_len(g), mg = g.v_merge;
+    if (N > v->cap) { *err = "media item of " + std::to_string(N) + " patches: the vision workspace holds " + std::to_string(v->cap); return false; }
+    cudaStream_t s = v->stream;
+    auto bv = [](const Vec& x) { return (const bf16_t*)x.p; };
+    cudaCheck(cudaMemcpyAsync(v->pix, in.pixels, (size_t)N * P * 4, cudaMemcpyHostToDevice, s));
+    vis_cast(v->pix, (int64_t)N * P, v->pixb, s);
+    vis_linear(w.patch_embedding, v->pixb, P, N, v->y, D, s);
+    vis_embed(v->y, bv(w.patch_bias), (const bf16_t*)w.position_embedding.base, D, (int)lround(sqrt((double)g.v_pos)), N, in.h, in.w, mg,
+              v->x, s);
+    for (const VisionLayerWeights& L : w.layers) {
+        vis_layernorm(v->x, bv(L.norm1_w), bv(L.norm1_b), D, N, g.eps, v->xb, s);
+        vis_linear(L.qkv, v->xb, D, N, v->y, 3 * D, s);
+        vis_qkv(v->y, bv(L.qkv_bias), D, g.v_heads, N, in.w, frame, mg, v->qkv, s);
+        vis_attn(v->qkv, D, g.v_heads, N, frame, v->att, s);
+        vis_linear(L.output, v->att, D, N, v->y, D, s);
+        vis_bias(v->y, bv(L.output_bias), D, N, VIS_RESID, v->x, nullptr, s);
+        vis_layernorm(v->x, bv(L.norm2_w), bv(L.norm2_b), D, N, g.eps, v->xb, s);
+        vis_linear(L.fc1, v->xb, D, N, v->y, g.v_inter, s);
+        const int ldh = (int)vis_k(L.fc2);
+        vis_bias(v->y, bv(L.fc1_bias), g.v_inter, N, VIS_TANH, nullptr, v->h, s, ldh);
+        vis_linear(L.fc2, v->h, ldh, N, v->y, D, s);
+        vis_bias(v->y, bv(L.fc2_bias), D, N, VIS_RESID, v->x, nullptr, s);
+    }
+    const int M = N / (mg * mg), W4 = D * mg * mg;
+    vis_layernorm(v->x, bv(w.merger_norm_w), bv(w.merger_norm_b), D, N, g.eps, v->xb, s);
+    vis_linear(w.merger_fc1, v->xb, W4, M, v->y, W4, s);
+    vis_bias(v->y, bv(w.merger_fc1_bias), W4, M, VIS_ERF, nullptr, v->h, s, (int)vis_k(w.merger_fc2));
+    vis_linear(w.merger_fc2, v->h, (int)vis_k(w.merger_fc2), M, v->y, g.v_out, s);
+    vis_bias(v->y, bv(w.merger_fc2_bias), g.v_out, M, VIS_NONE, nullptr, out, s);
+    return true;
+}
+
+// mm_prepare_cpu with the gpu tower: each item's rows come back to the host (fp32 from bf16) for
+// the prompt's override rows, which the text forward uploads again with its piece
+[[maybe_unused]] static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+                           const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
+    std::vector<uint16_t> rows;
+    return mm_prepare(m, vt, tokens, media, p, err, [&](const VisionInput& in, float* out, std::string* e) {
+        if (!gpu_vision_forward(v, in, v->out, e)) return false;
+        rows.resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
+        cudaCheck(cudaMemcpyAsync(rows.data(), v->out, rows.size() * 2, cudaMemcpyDeviceToHost, v->stream));
+        cudaCheck(cudaStreamSynchronize(v->stream));
+        for (size_t i = 0; i < rows.size(); i++) out[i] = bf16_to_f32(rows[i]);
+        return true;
+    });
+}
+
 // === 9. engine ===============================================================
 //
 // one sequence on either path: the interface the cli (and the server) drive
@@ -5553,11 +6391,12 @@ static void engine_free(Engine* en) {
 static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_reset(&en->st); }
 static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
+// mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel()) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel);
+                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
