@@ -62,6 +62,9 @@
 #include <time.h>      // defines: clock_gettime
 #include <ctype.h>     // defines: isspace
 #include <errno.h>     // defines: errno
+#include <dirent.h>    // defines: opendir, readdir (the "did you mean" of a mistyped model path)
+#include <strings.h>   // defines: strcasecmp
+#include <sys/stat.h>  // defines: stat, S_ISDIR
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
@@ -505,8 +508,26 @@ struct Model {
     Weights w;
 };
 
+// a path that does not exist but names a file beside it in another case (the 4b card downloads
+// qwen3_5_4B.ninfer and runs models/qwen3_5_4b.ninfer): " (did you mean 'models/qwen3_5_4B.ninfer'?)"
+static std::string path_case_hint(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 || errno != ENOENT) return "";
+    std::string p = path;
+    size_t sl = p.rfind('/');
+    std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : p.substr(0, sl);
+    std::string base = sl == std::string::npos ? p : p.substr(sl + 1);
+    DIR* d = opendir(dir.c_str());
+    if (!d) return "";
+    std::string hint;
+    while (struct dirent* e = readdir(d))
+        if (!strcasecmp(e->d_name, base.c_str())) { hint = " (did you mean '" + (sl == std::string::npos ? "" : p.substr(0, sl + 1)) + e->d_name + "'?)"; break; }
+    closedir(d);
+    return hint;
+}
+
 static bool model_open(Model* m, const char* path, std::string* err) {
-    if (!artifact_open(&m->art, path, err)) return false;
+    if (!artifact_open(&m->art, path, err)) { *err += path_case_hint(path); return false; }
     if (!geometry_from_artifact(&m->art, &m->geo, err)) return false;
     if (!bind_weights(&m->art, m->geo, &m->w, err)) return false;
     return true;
@@ -6803,6 +6824,13 @@ static bool text_model_open(TextModel* t, const char* path, std::string* err) {
 // build the engine: on the gpu unless `cpu` or there is none (then a notice on stderr)
 static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const char* who, std::string* err) {
     bool gpu = !cpu && gpu_count() > 0;
+    // the cpu reference keeps one fp32 kv of exactly --max-context rows: kv formats and pool
+    // sizes are the gpu's, refused rather than ignored
+    if (!gpu && (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity != o.max_context))) {
+        *err = "--kv-capacity is a gpu setting; the cpu reference path holds --max-context rows (give --max-context instead)";
+        return false;
+    }
+    if (!gpu && o.kv != KV_BF16) { *err = "--kv-dtype int8 / fp8 are gpu kv formats; the cpu reference path keeps fp32 kv"; return false; }
     if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
     return engine_build(&t->en, &t->m, gpu, o, err, t->spec);
 }
@@ -6873,15 +6901,21 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
         err->message = "this model's chat template has no reasoning effort levels";
         return false;
     }
+    if (chat.preserve_thinking) {  // the qwen3.5 template always drops closed-turn reasoning
+        err->code = "preserve_thinking_not_supported"; err->param = "preserve_thinking";
+        err->message = "this model's chat template has no option to keep closed-turn reasoning";
+        return false;
+    }
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
     std::string text, msg;
-    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg)) {
+    TextSpans literal;
+    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg, &literal)) {
         err->message = "the conversation cannot be rendered with the chat template: " + msg;
         return false;
     }
-    tokenizer_encode(&s->t.tok, text, &out->tokens);
+    tokenizer_encode(&s->t.tok, text, &out->tokens, true, &literal);  // conversation text is literal
     out->thinking = chat_thinking_open(text);
     out->tools = chat.tools.is_array();
     return true;
@@ -7010,9 +7044,11 @@ static void usage(FILE* f) {
         "       ninfer-serve MODEL.ninfer [server options]   (ninfer-serve --help lists them)\n"
         "\n"
         "input:\n"
-        "  --prompt TEXT          one user message, rendered with the model's chat template\n"
+        "  --prompt TEXT          one user message, rendered with the model's chat template (its text\n"
+        "                         is literal: \"<|im_end|>\" in it is text, never the control token)\n"
         "  --messages FILE        a json array of messages, or {\"messages\": [...], \"tools\": [...]}\n"
-        "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
+        "  --raw-prompt TEXT      text completion: the text is tokenized as is (special tokens too), no\n"
+        "                         chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
         "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable\n"
@@ -7050,8 +7086,9 @@ static void usage(FILE* f) {
         "execution:\n"
         "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"
         "  --device N             cuda device (0)\n"
-        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16)\n"
-        "  --kv-capacity N|auto   kv rows to allocate (default: --max-context)\n"
+        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16; the cpu path refuses int8 / fp8)\n"
+        "  --kv-capacity N|auto   kv rows to allocate on the gpu (default: --max-context; the cpu path\n"
+        "                         holds exactly --max-context rows and refuses other values)\n"
         "  --no-cuda-graph        run decode eagerly instead of replaying a cuda graph\n"
         "\n"
         "diagnostics:\n"
@@ -7097,8 +7134,10 @@ static uint64_t parse_u64(const char* flag, const char* s) {
 }
 
 static std::string read_file(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) die("%s: is a directory, not a file", path);
     FILE* f = fopen(path, "rb");
-    if (!f) die("%s: cannot open: %s", path, strerror(errno));
+    if (!f) die("%s: cannot open: %s%s", path, strerror(errno), path_case_hint(path).c_str());
     std::string s;
     char buf[1 << 16];
     size_t n;
@@ -7211,6 +7250,21 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
     c->inputs = !!c->prompt_text + !!c->messages_path + !!c->raw_prompt + !!c->prompt_ids + !!c->ppl_path + c->tokenize;
     if (c->inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
     if (c->render && !c->prompt_text && !c->messages_path) die("--render needs --prompt or --messages");
+    if (c->info && (c->inputs || c->render || c->logits_path || c->print_ids))
+        die("--info prints the artifact and exits: it takes no --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize, --render or --logits-out");
+    // text arguments are utf-8, as request strings are for the server (an invalid byte is an
+    // error there too, not a silent U+FFFD)
+    for (auto [flag, v] : {std::pair<const char*, const char*>{"--prompt", c->prompt_text}, {"--raw-prompt", c->raw_prompt}})
+        if (v && !utf8_valid(v, strlen(v))) {
+            size_t at = 0, n = strlen(v);
+            while (at < n) {  // the first ill-formed sequence
+                unsigned char b = (unsigned char)v[at];
+                size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+                if (at + len > n || !utf8_valid(v + at, len)) break;
+                at += len;
+            }
+            die("%s: the text is not valid utf-8 (byte %zu)", flag, at);
+        }
     if (c->logits_path && (!(c->prompt_text || c->messages_path || c->raw_prompt || c->prompt_ids) || c->render))
         die("--logits-out needs a prompt (--prompt, --messages, --raw-prompt or --prompt-ids)");
     c->gopt.max_context = c->max_context;
@@ -7305,15 +7359,16 @@ static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq) {
         Json messages, tools;
         if (c.prompt_text) messages = chat_messages_from_prompt(c.prompt_text);
         else if (!chat_parse_request(read_file(c.messages_path), &messages, &tools, &err)) die("%s: %s", c.messages_path, err.c_str());
-        chat_from_openai(&messages);
+        if (!chat_from_openai(&messages, &err)) die("%s: %s", c.messages_path, err.c_str());
         ChatOptions co;
         co.enable_thinking = c.no_thinking ? 0 : -1;
         co.developer_as_system = true;
         std::string rendered;
-        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err))
+        TextSpans literal;
+        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &literal))
             die("%s: %s", c.messages_path ? c.messages_path : "--prompt", err.c_str());
         if (c.render) { fwrite(rendered.data(), 1, rendered.size(), stdout); return false; }
-        tokenizer_encode(&t->tok, rendered, &rq->prompt);
+        tokenizer_encode(&t->tok, rendered, &rq->prompt, true, &literal);  // conversation text is literal
         rq->thinking_open = chat_thinking_open(rendered);
         rq->tools = tools.is_array();
     } else if (c.raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
