@@ -135,6 +135,16 @@ struct ServeSink {
     void* ctx;
 };
 
+// speculative decoding of one generation: NInfer's field names (reference-engine.md 12);
+// backend "" = none ran. usage.speculative and the request log carry it.
+struct ServeSpecStats {
+    std::string backend;           // "mtp"
+    int draft_window = 0;          // --draft-tokens
+    long rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
+    long fallback_steps = 0;       // one-token steps (no room for a round near the context end)
+    std::vector<long> accepted_per_position;  // [draft_window]: rounds whose draft k was accepted
+};
+
 struct ServeResult {
     std::string finish = "stop";   // "stop" (eos, stop string, cancel) | "length" (max_tokens or
                                    // context full) | "tool_calls"
@@ -142,8 +152,24 @@ struct ServeResult {
     int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
     double prefill_s = 0, decode_s = 0;
+    ServeSpecStats speculative;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
 };
+
+// the speculative object of usage (and, with fallback_steps, of the request log)
+static Json serve_spec_json(const ServeSpecStats& s, bool log) {
+    Json o = Json::object();
+    o.set("backend", Json::string(s.backend));
+    o.set("draft_window", Json::integer(s.draft_window));
+    o.set("rounds", Json::integer(s.rounds));
+    o.set("drafted_tokens", Json::integer(s.drafted_tokens));
+    o.set("accepted_tokens", Json::integer(s.accepted_tokens));
+    if (log) o.set("fallback_steps", Json::integer(s.fallback_steps));
+    Json a = Json::array();
+    for (long v : s.accepted_per_position) a.push(Json::integer(v));
+    o.set("accepted_per_position", a);
+    return o;
+}
 
 // a request the engine or the parser refuses: status, openai-style code, a fixed message
 // (never user bytes), the offending field
@@ -1708,6 +1734,7 @@ struct ServeReqLog {
     bool stream = false;
     int prompt = -1, completion = -1;
     double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
+    ServeSpecStats spec;
     double prepare_mib = -1;       // the most memory the request's preparation held (request memory section)
 };
 
@@ -1750,6 +1777,9 @@ static void serve_log_request(const ServeReqLog& l) {
     if (l.prefill_s >= 0) add(" prefill_ms=%.1f", l.prefill_s * 1e3);
     if (l.decode_s >= 0) add(" decode_ms=%.1f", l.decode_s * 1e3);
     if (l.decode_s > 0 && l.completion > 1) add(" decode_tok_s=%.1f", (l.completion - 1) / l.decode_s);
+    if (!l.spec.backend.empty())
+        add(" spec=%s/%d rounds=%ld drafted=%ld accepted=%ld", l.spec.backend.c_str(), l.spec.draft_window, l.spec.rounds,
+            l.spec.drafted_tokens, l.spec.accepted_tokens);
     if (l.prepare_mib >= 0) add(" prepare_mib=%.1f", l.prepare_mib);
     add(" total_ms=%.1f", total * 1e3);
     fprintf(stderr, "%s\n", buf);
@@ -1771,6 +1801,7 @@ static void serve_log_request(const ServeReqLog& l) {
         if (l.decode_s >= 0) t.set("decode", Json::number(l.decode_s));
         t.set("total", Json::number(total));
         e.set("timings_seconds", t);
+        if (!l.spec.backend.empty()) e.set("speculative", serve_spec_json(l.spec, true));
         serve_jsonl(e);
     }
 }
@@ -2236,6 +2267,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(completion));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
+        if (!r.speculative.backend.empty()) usage.set("speculative", serve_spec_json(r.speculative, false));
         if (g->stream) {
             sse_write(c, sse_data(json_dump(openai_chunk(g, Json::object(), finish.c_str()))));
             if (g->include_usage) {
@@ -2281,6 +2313,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         Json u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         u.set("output_tokens", Json::integer(completion));
+        if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
         Json o = Json::object();
         o.set("delta", d);
         o.set("usage", u);
@@ -2316,6 +2349,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
     u.set("output_tokens", Json::integer(completion));
     u.set("cache_creation_input_tokens", Json::integer(0));
     u.set("cache_read_input_tokens", Json::integer(0));
+    if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
     Json o = Json::object();
     o.set("id", Json::string(g->id));
     o.set("type", Json::string("message"));
@@ -2552,6 +2586,7 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     lg->completion = r.completion_tokens;
     lg->finish = r.finish;
     lg->prefill_s = r.prefill_s; lg->decode_s = r.decode_s;
+    lg->spec = r.speculative;
     if (job->t_first > 0) lg->ttft_s = job->t_first - job->t_enqueue;
     if (c->broken) { lg->status = 499; lg->code = "client_closed"; return false; }
     if (!r.error.empty() || (serve_cancel_all() && job->cancel)) {
