@@ -64,6 +64,12 @@ static bool fake_prepare(void*, const ServeChat& chat, ServePrompt* out, ServeEr
         err->param = "reasoning_effort";
         return false;
     }
+    if (chat.preserve_thinking) {  // as the real engine: the qwen3.5 template has no such option
+        err->code = "preserve_thinking_not_supported";
+        err->message = "this model's template always drops closed-turn reasoning";
+        err->param = "preserve_thinking";
+        return false;
+    }
     const auto& msgs = chat.messages.arr;
     std::string r;
     size_t first = 0;
@@ -308,6 +314,7 @@ static ServeEngine* fake_load(const char* path, const ServeOptions& o, std::stri
     f->eng.prepare = fake_prepare;
     f->eng.prepare_text = fake_prepare_text;
     f->eng.token_bytes = fake_token_bytes;
+    f->eng.logprobs = true;
     f->eng.generate = fake_generate;
     return &f->eng;
 }

@@ -601,3 +601,19 @@ def test_fake_client_leaves_mid_stream(fake, path, body):
     assert st == 200 and time.time() - t0 < 2
     line = fake.wait_log(r" 499 POST " + path + r" .*completion=(\d+)", since=mark)
     assert int(re.search(r"completion=(\d+)", line).group(1)) < 100
+
+
+def test_logprobs_refused_with_speculative_decoding():
+    """the mtp round emits ids without a row each: logprobs are refused by name, not faked"""
+    need(SERVE_BIN)
+    s = Server("--max-context", "512", "--default-max-tokens", "8", "--spec", "mtp", "--draft-tokens", "2", cmd=[SERVE_BIN, KJV])
+    try:
+        m = model_of(s)
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
+                           ("/v1/completions", {"prompt": "And God said", "logprobs": 1})):
+            st, _, b = request(s.port, "POST", path, dict(body, model=m))
+            assert st == 400 and json.loads(b)["error"]["param"] == "logprobs", b
+        st, _, b = request(s.port, "POST", "/v1/completions", {"model": m, "prompt": "And God said", "max_tokens": 4})
+        assert st == 200 and json.loads(b)["usage"]["completion_tokens"] == 4, b
+    finally:
+        assert s.stop() == 0
