@@ -1747,11 +1747,8 @@ static bool apix_ids(const Json& v, std::vector<int>* out) {
     return true;
 }
 
-// POST /v1/completions body -> ApiRequest (raw prompt, no chat)
-static bool completions_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
-    static const char* const keys[] = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-        "presence_penalty", "frequency_penalty", "seed", "stop", "echo", "logprobs", "stream", "stream_options", "n",
-        "best_of", "logit_bias", "suffix", nullptr};
+// the start of an openai body: an object of known keys naming this server's model
+static bool apix_head(const Json& body, const ApiContext& ctx, const char* const* keys, ApiRequest* r, ServeError* e) {
     *r = ApiRequest();
     if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
     for (const auto& kv : body.obj)
@@ -1760,6 +1757,15 @@ static bool completions_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
     if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
     r->model = model->str;
+    return true;
+}
+
+// POST /v1/completions body -> ApiRequest (raw prompt, no chat)
+static bool completions_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+        "presence_penalty", "frequency_penalty", "seed", "stop", "echo", "logprobs", "stream", "stream_options", "n",
+        "best_of", "logit_bias", "suffix", nullptr};
+    if (!apix_head(body, ctx, keys, r, e)) return false;
     const Json* p = body.get("prompt");
     if (!p || p->is_null()) return api_fail(e, "prompt", "'prompt' is required");
     if (p->is_array() && p->arr.size() == 1 && (p->arr[0].is_string() || p->arr[0].is_array())) {
@@ -2051,15 +2057,7 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
         "include", nullptr};
     static const char* const count_keys[] = {"model", "input", "instructions", "previous_response_id", "reasoning",
         "preserve_thinking", "chat_template_kwargs", "text", "tools", "tool_choice", "parallel_tool_calls", "truncation", nullptr};
-    *r = ApiRequest();
-    if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
-    for (const auto& kv : body.obj)
-        if (!api_known_key(kv.first, counting ? count_keys : keys))
-            return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
-    const Json* model = body.get("model");
-    if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
-    if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
-    r->model = model->str;
+    if (!apix_head(body, ctx, counting ? count_keys : keys, r, e)) return false;
     Json& rs = r->resp = Json::object();
     // input: a string (one user message) or a non-empty item array
     const Json* in = body.get("input");
