@@ -159,7 +159,9 @@ fuzz-vision: $(BUILD)/test/fuzz_vision
 # make test-serve runs just these. build/test/ninfer-serve is the real server for
 # NINFER_SERVE_CMD="build/test/ninfer-serve build/models/tiny.ninfer" pytest test/test_serve.py
 # and for test/test_serve_robust.py (memory budget, isolation, cancel, the hostile battery:
-# with models/kjv on the cpu path; its real-engine tests skip while it is not built)
+# with models/kjv on the cpu path; its real-engine tests skip while it is not built), and for
+# test/test_serve_api.py (responses, completions, logprobs: the fake, and the real server on
+# models/kjv, its logprobs against --logits-out)
 SERVE_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -pthread
 $(BUILD)/test/serve_fake: test/serve_fake.cc serve.h format.h Makefile
 	@mkdir -p $(@D)
@@ -174,7 +176,7 @@ test: $(BUILD)/test/serve_fake
 .PHONY: test-serve
 test-serve: deps $(BUILD)/test/serve_fake $(BUILD)/test/test_serve
 	$(BUILD)/test/test_serve
-	$(PYTHON) -m pytest -q test/test_serve.py test/test_serve_robust.py
+	$(PYTHON) -m pytest -q test/test_serve.py test/test_serve_robust.py test/test_serve_api.py
 
 # what the tests need: python packages pinned in test/requirements.txt (installed when missing)
 deps:

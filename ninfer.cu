@@ -24,7 +24,8 @@
 //                            counter-based rng, the arithmetic shared with the gpu sampler,
 //                            speculative sampling of one verification column (sample_spec)
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop, mtp speculative decoding (the round: generate_spec_cpu),
+//                            loop with its tap (prompt logits, sampled rows), logprobs,
+//                            mtp speculative decoding (the round: generate_spec_cpu),
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
@@ -43,7 +44,8 @@
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
-//                            calls with stop strings; serve.h's engine interface
+//                            calls with stop strings; serve.h's engine interface (chat and
+//                            completion prompts, per-token logprobs, prompt scoring)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, main (left out when NINFER_TESTING)
 //
@@ -1992,7 +1994,8 @@ static int sample_spec(Sampler* s, const float* logits, int d, uint64_t position
 // === 6. generation (cpu) =====================================================
 //
 // what the cli runs on the reference path: the token domain and stop ids from the artifact's
-// frontend resources, a generation loop, --logits-out and --perplexity.
+// frontend resources, a generation loop (whose tap gives --logits-out and the server's
+// logprobs), and --perplexity.
 
 // what generation needs from the artifact's frontend resources (never hard-coded ids):
 //   domain  the ids the tokenizer can produce: 1 + the largest id of tokenizer.json (model.vocab
@@ -2115,23 +2118,38 @@ static bool emit_more(Emit& emit, int id) {
     else return emit(id);
 }
 
+// what a generation reports besides the ids, for --logits-out and the server's logprobs.
+// prompt_rows gets the prompt's logits, every row, piece by piece in order ([T, vocab] fp32);
+// sampled gets the logits each sampled id was drawn from ([vocab]: the model's raw output,
+// before temperature, penalties and bias), just before the id is emitted; a stop id too
+// (then nothing is emitted after it).
+// null callbacks are not called. asking for prompt rows prefills in pieces of at most
+// logits_piece rows; on the gpu, asking for sampled rows copies one row to the host per token
+// and turns the step-ahead pipelining off.
+struct GenTap {
+    void (*prompt_rows)(void* ctx, const float* logits, int T, int vocab) = nullptr;
+    void (*sampled)(void* ctx, const float* logits, int vocab, int id) = nullptr;
+    void* ctx = nullptr;
+};
+
 // generate up to max_new tokens after the prompt. each id is passed to emit as it is
 // sampled (emit may return false to end generation there); a stop id ends generation and is
-// not emitted. generation also ends when the
-// sequence reaches its capacity. with logits_out, the prompt's logits [n, vocab] are written there.
+// not emitted. generation also ends when the sequence reaches its capacity. tap (may be
+// null): the prompt's logits and the sampled rows, as GenTap says.
 // cancel is polled before each prefill piece: when it says stop, nothing is sampled and the
 // sequence holds the pieces prefilled so far (s.cancelled).
 // mm (nullable): the prompt is the rest of this multimodal prompt (mm_check_prompt); its vision
 // rows and m-rope positions are prefilled, and decoding goes on at its rope_delta.
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
-                             int max_new, const std::vector<int>& stop_ids, FILE* logits_out, Emit emit,
+                             int max_new, const std::vector<int>& stop_ids, const GenTap* tap, Emit emit,
                              const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
-    const int piece = logits_out ? logits_piece(r, g.vocab) : r->T_max;
-    std::vector<float> logits((size_t)g.vocab * (logits_out ? piece : 1));
+    const bool all_rows = tap && tap->prompt_rows;
+    const int piece = all_rows ? logits_piece(r, g.vocab) : r->T_max;
+    std::vector<float> logits((size_t)g.vocab * (all_rows ? piece : 1));
     double t0 = now_s();
     const int base = st->pos;
     if (mm) mm_check_prompt(mm, base, prompt);
@@ -2141,9 +2159,9 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
         int T = std::min(piece, s.prompt - i);
         const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
         if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
-        forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), logits_out != nullptr, nullptr);
-        if (!logits_out) continue;
-        CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
+        forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), all_rows, nullptr);
+        if (!all_rows) continue;
+        tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
         if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
     }
     if (mm) st->rope_delta = mm->rope_delta;
@@ -2151,6 +2169,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     t0 = now_s();
     for (int n = 0; n < max_new; n++) {
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+        if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
         s.generated++;
@@ -2160,6 +2179,30 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     }
     s.decode_s = now_s() - t0;
     return s;
+}
+
+// the log-probability of `id` under one row of logits, log softmax over all `vocab` rows in
+// double (token_nll's normalisation), and the `top_n` most likely ids below `domain` (the ids
+// the tokenizer can produce) with theirs, best first, ties to the lower id. for the server's
+// logprobs; no allocation beyond *top.
+static float token_logprobs(const float* lg, int vocab, int domain, int id, int top_n, std::vector<std::pair<int, float>>* top) {
+    float mx = lg[argmax(lg, vocab)];
+    double sum = 0.0;
+    for (int v = 0; v < vocab; v++) sum += exp((double)(lg[v] - mx));
+    const double lse = log(sum) + mx;
+    top->clear();
+    if (top_n > 0) {  // insertion into a short sorted list, one pass over the domain
+        top->reserve(top_n + 1);
+        for (int v = 0; v < domain; v++) {
+            if ((int)top->size() == top_n && !(lg[v] > top->back().second)) continue;
+            auto at = top->end();
+            while (at != top->begin() && lg[v] > (at - 1)->second) --at;
+            top->insert(at, {v, lg[v]});
+            if ((int)top->size() > top_n) top->pop_back();
+        }
+        for (auto& t : *top) t.second = (float)((double)t.second - lse);
+    }
+    return (float)((double)lg[id] - lse);
 }
 
 // ---- mtp speculative decoding -------------------------------------------------------------
@@ -6429,18 +6472,19 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
 // rows per forward call when every row's logits are kept (--logits-out, perplexity)
 static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->logit_rows); }
 
-// generate_cpu's contract on the gpu: prefill the prompt in pieces (all logits to logits_out
-// when given), then sample, emit and decode until max_new, a stop id or a full context.
-// with a cancel poll each piece is waited for before the poll, so a cancel ends the prefill
-// within one piece (the host would otherwise queue them all at once).
+// generate_cpu's contract on the gpu: prefill the prompt in pieces (every row's logits to
+// the tap when it asks), then sample, emit and decode until max_new, a stop id or a full
+// context. with a cancel poll each piece is waited for before the poll, so a cancel ends the
+// prefill within one piece (the host would otherwise queue them all at once).
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                             const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
-    const int piece = logits_out ? gpu_logits_piece(e) : e->T_max;
-    std::vector<float> logits(logits_out ? (size_t)piece * g.vocab : 0);
+    const bool all_rows = tap && tap->prompt_rows, per_token = tap && tap->sampled;
+    const int piece = all_rows ? gpu_logits_piece(e) : e->T_max;
+    std::vector<float> logits(all_rows ? (size_t)piece * g.vocab : per_token ? g.vocab : 0);
     double t0 = now_s();
     const int base = e->pos;
     if (mm) mm_check_prompt(mm, base, prompt);
@@ -6453,8 +6497,8 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         int T = std::min(piece, s.prompt - i);
         const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
         if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
-        gpu_forward(e, ids, rows, pos3, T, logits_out ? logits.data() : nullptr, logits_out != nullptr);
-        if (logits_out) CHECK(fwrite(logits.data(), sizeof(float) * g.vocab, T, logits_out) == (size_t)T, "writing logits");
+        gpu_forward(e, ids, rows, pos3, T, all_rows ? logits.data() : nullptr, all_rows);
+        if (all_rows) tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
     }
     if (mm) e->rope_delta = mm->rope_delta;
     cudaCheck(cudaStreamSynchronize(e->stream));
@@ -6469,8 +6513,12 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     // stop id, a cancel or max_new leaves it uncommitted: the live slot and e->pos stay, its
     // kv row is overwritten by the next forward, and its logits are dropped.
     for (int n = 0; n < max_new; n++) {
+        // the row this id is drawn from, for the tap: queued before the pick (stream order;
+        // the pick's wait covers it). the step ahead would overwrite it, so it is off then.
+        const bool tapped = per_token && e->last_logits;
+        if (tapped) cudaCheck(cudaMemcpyAsync(logits.data(), e->last_logits, (size_t)g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
         const int* did = gpu_pick_device(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
-        const bool ahead = did && n + 1 < max_new && e->pos < e->capacity;
+        const bool ahead = did && !per_token && n + 1 < max_new && e->pos < e->capacity;
         const int spare = e->slot == 0 ? 1 : 0;
         int id;
         if (did) {
@@ -6485,6 +6533,7 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         } else {
             id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         }
+        if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
         const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
         if (stop) { s.stopped = true; s.stop_id = id; }
         else {
@@ -6714,15 +6763,17 @@ static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity 
 // mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
+                                const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm);
     if (en->spec.K) {
         // the mtp rows of a multimodal prompt (vision rows, m-rope positions) are not built:
-        // no caller passes one with --spec (media are refused before generation)
-        CHECK(!logits_out && !mm, "--logits-out or a multimodal prompt with --spec");
+        // no caller passes one with --spec (media are refused before generation); nor a tap:
+        // the round has no per-id rows (the server refuses logprobs with --spec, the cli
+        // --logits-out)
+        CHECK(!tap && !mm, "--logits-out, logprobs or a multimodal prompt with --spec");
         return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
     }
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -6843,11 +6894,17 @@ struct TextRequest {
     bool thinking_open = false;       // the prompt ends inside <think>: output starts as reasoning
     bool raw = false;                 // no reasoning/content split, special tokens kept (--raw-output)
     bool tools = false;               // parse <tool_call> blocks
+    bool plain = false;               // a completion: content only, stop strings only (OutputParser::plain)
     std::vector<std::string> stop, reasoning_stop;  // stop strings per channel
     std::vector<int> stop_ids;        // model defaults + caller's
     int max_new = 128;
     SamplerParams sp;
     GenCancel cancel;                 // polled between prefill pieces
+    const GenTap* tap = nullptr;      // the prompt's logits and the sampled rows (GenTap)
+    // called for every emitted id before its text is parsed, with the channel the parser is
+    // in (OUT_REASONING, OUT_CONTENT, OUT_TOOL_CALL): the channel the token's text starts in
+    void (*on_token)(void* ctx, int id, int channel) = nullptr;
+    void* token_ctx = nullptr;
 };
 
 struct TextResult {
@@ -6870,9 +6927,11 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     to.parser.stop = rq.stop;
     to.parser.reasoning_stop = rq.reasoning_stop;
     to.parser.parse_tools = rq.tools;
+    to.parser.plain = rq.plain;
     std::vector<OutEvent> evs;
     bool alive = true;
-    res.gen = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, nullptr, [&](int id) -> bool {
+    res.gen = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, rq.tap, [&](int id) -> bool {
+        if (rq.on_token) rq.on_token(rq.token_ctx, id, to.parser.mode);
         bool go = text_out_push(&to, &t->tok, id, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, id)) alive = false;
         evs.clear();
@@ -6924,12 +6983,70 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
 // served_generate passes tokenizer.h's event kinds to serve.h as they are
 static_assert((int)SERVE_REASONING == (int)OUT_REASONING && (int)SERVE_CONTENT == (int)OUT_CONTENT &&
               (int)SERVE_TOOL_CALL == (int)OUT_TOOL_CALL, "serve.h's event kinds are tokenizer.h's output kinds");
+
+// a completion prompt (/v1/completions): the text is the model's whole input, tokenized as
+// --raw-prompt does (added tokens in the text are matched: the client writes any template)
+static bool served_prepare_text(void* self, const std::string& text, ServePrompt* out, ServeError* err) {
+    ServedModel* s = (ServedModel*)self;
+    tokenizer_encode(&s->t.tok, text, &out->tokens);
+    out->thinking = false; out->tools = false; out->raw = true;
+    if (out->tokens.empty()) { err->param = "prompt"; err->message = "the prompt has no tokens"; return false; }
+    return true;
+}
+
+static std::string served_token_bytes(void* self, int id) { return tokenizer_token_bytes(&((ServedModel*)self)->t.tok, id); }
+
+// one request's logprobs: the tap's rows become ServeLogprob entries. sampled (before the
+// emit) computes the id's entry; on_token (in the emit, with the parser's channel) sends it
+// and counts reasoning tokens. prompt rows: row k predicts prompt token k + 1.
+struct ServedTokens {
+    const ServedModel* s;
+    const ServeSink* sink;
+    const std::vector<int>* prompt;
+    int top_n = -1;            // -1: no logprobs
+    int row = 0;               // prompt rows seen
+    int reasoning = 0;         // tokens that started on the reasoning channel
+    ServeLogprob pending;      // the entry of the id about to be emitted
+};
+static void served_tap_sampled(void* ctx, const float* lg, int vocab, int id) {
+    ServedTokens* t = (ServedTokens*)ctx;
+    t->pending.id = id;
+    t->pending.logprob = token_logprobs(lg, vocab, t->s->t.fr.domain, id, t->top_n, &t->pending.top);
+}
+static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
+    ServedTokens* t = (ServedTokens*)ctx;
+    ServeEvent ev;
+    ev.kind = SERVE_PROMPT_LOGPROBS;
+    const int n = std::max(0, std::min(T, (int)t->prompt->size() - 1 - t->row));  // the last row predicts the first output token
+    ev.logprobs.resize(n);
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < n; k++) {  // rows are independent: one softmax over the vocabulary each
+        ServeLogprob& e = ev.logprobs[k];
+        e.id = (*t->prompt)[t->row + 1 + k];
+        e.logprob = token_logprobs(lg + (size_t)k * vocab, vocab, t->s->t.fr.domain, e.id, t->top_n, &e.top);
+    }
+    t->row += T;
+    if (n > 0) t->sink->emit(t->sink->ctx, ev);  // a client gone is seen at the next token
+}
+static void served_on_token(void* ctx, int id, int channel) {
+    ServedTokens* t = (ServedTokens*)ctx;
+    if (channel == OUT_REASONING) t->reasoning++;
+    if (t->top_n < 0 || t->pending.id != id) return;
+    ServeEvent ev;
+    ev.kind = SERVE_LOGPROB;
+    t->pending.channel = (ServeEventKind)channel;
+    ev.logprobs.push_back(std::move(t->pending));
+    t->pending = ServeLogprob();
+    t->sink->emit(t->sink->ctx, ev);
+}
+
 static void served_generate(void* self, const ServePrompt& p, const ServeSampling& smp, const ServeSink& sink, ServeResult* res) {
     ServedModel* s = (ServedModel*)self;
     TextRequest rq;
     rq.prompt = p.tokens;
-    rq.thinking_open = p.thinking;
-    rq.tools = p.tools;
+    rq.thinking_open = p.thinking && !p.raw;
+    rq.tools = p.tools && !p.raw;
+    rq.plain = p.raw;
     rq.stop = smp.stop;
     rq.stop_ids = s->t.fr.stops;
     rq.max_new = smp.max_tokens;
@@ -6937,6 +7054,17 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
     rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
+    ServedTokens tk{s, &sink, &p.tokens};
+    tk.top_n = smp.logprobs;
+    GenTap tap;
+    if (smp.logprobs >= 0) {
+        tap.sampled = served_tap_sampled;
+        if (smp.prompt_logprobs) tap.prompt_rows = served_tap_rows;
+        tap.ctx = &tk;
+        rq.tap = &tap;
+    }
+    rq.on_token = served_on_token;
+    rq.token_ctx = &tk;
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -6944,8 +7072,17 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!sink.emit(sink.ctx, ev) || sink.cancelled(sink.ctx)) { cancelled = true; return false; }
         return true;
     });
+    if (p.raw && r.gen.stopped && tk.pending.id == r.gen.stop_id) {
+        // a completion lists its stop id too (one entry per counted token: lm-evaluation-harness
+        // drops the last entry of echo + max_tokens 1 as the generated one); chat does not
+        ServeEvent ev;
+        ev.kind = SERVE_LOGPROB;
+        ev.logprobs.push_back(std::move(tk.pending));
+        sink.emit(sink.ctx, ev);
+    }
     res->prompt_tokens = r.gen.prompt;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
+    res->reasoning_tokens = tk.reasoning;
     res->prefill_s = r.gen.prefill_s;
     res->decode_s = r.gen.decode_s;
     if (const SpecStats& sp = r.gen.spec; sp.K) {
@@ -6994,6 +7131,9 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     s->api.n_vocab = s->t.fr.domain;
     s->api.vision = false;
     s->api.prepare = served_prepare;
+    s->api.prepare_text = served_prepare_text;
+    s->api.token_bytes = served_token_bytes;
+    s->api.logprobs = s->t.spec.K == 0;  // the speculative round has no per-id rows for the tap
     s->api.generate = served_generate;
     s->api.close = served_close;
     return &s->api;
@@ -7410,7 +7550,12 @@ static GenStats cli_generate_ids(const CliArgs& c, TextModel* t, const TextReque
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
     std::vector<int> out;
-    GenStats s = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf, [&](int id) {
+    GenTap tap;  // --logits-out: the prompt's rows to the file
+    tap.prompt_rows = [](void* f, const float* lg, int T, int vocab) {
+        CHECK(fwrite(lg, sizeof(float) * vocab, T, (FILE*)f) == (size_t)T, "writing logits");
+    };
+    tap.ctx = lf;
+    GenStats s = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf ? &tap : nullptr, [&](int id) {
         if (ids_out) { printf(out.empty() ? "%d" : " %d", id); fflush(stdout); }
         out.push_back(id);
     });

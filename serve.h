@@ -1,10 +1,10 @@
-// serve.h: ninfer-serve, an http/1.1 server speaking openai chat completions and anthropic
-// messages over plain posix sockets. it parses and validates requests, queues them for one
+// serve.h: ninfer-serve, an http/1.1 server speaking openai chat completions, responses and
+// legacy completions, and anthropic messages over plain posix sockets. it parses and validates requests, queues them for one
 // engine thread, and streams what the engine produces back as json or server-sent events.
 //
 // defines:
-//   engine interface: ServeChat, ServePrompt, ServeSampling, ServeEvent, ServeSink,
-//                     ServeResult, ServeError, ServeEngine, ServeBackend
+//   engine interface: ServeChat, ServePrompt, ServeSampling, ServeLogprob, ServeEvent,
+//                     ServeSink, ServeResult, ServeError, ServeEngine, ServeBackend
 //   options:          ServeOptions, serve_parse_args, serve_check_features, serve_usage
 //   http:             HttpLimits, HttpRequest, http_line_plausible, http_parse_head, ChunkedDecoder,
 //                     chunked_feed, http_status_text
@@ -12,7 +12,8 @@
 //   memory:           the global operator new / delete, ServeOverBudget, ServeMemScope (a
 //                     thread's allocation budget for one request), serve_request_budget
 //   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat; every
-//                     field used or refused by name), api_check_schema
+//                     field used or refused by name), api_check_schema, completions_parse,
+//                     responses_parse, the responses store (RespStore)
 //   server:           serve_main
 //
 // depends only on the c/c++ standard library, posix sockets / pthreads and format.h (Json).
@@ -21,8 +22,8 @@
 //
 // the shape of the server (see shared/docs/server.md for the checklist it follows):
 //   - the main thread accepts; one detached thread per connection reads requests, answers
-//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare,
-//     concurrently, each under a memory budget: the request memory section);
+//     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare, or
+//     prepare_text for completion prompts; concurrently, each under a memory budget: the request memory section);
 //   - before any of that, serve_origin_refused turns away what a browser page could send a
 //     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
 //     Origin without --cors; POST bodies must be application/json;
@@ -69,6 +70,9 @@
 #include <mutex>
 #include <atomic>
 #include <condition_variable>
+#include <algorithm>
+#include <list>
+#include <unordered_map>
 #include <chrono>
 #include <new>
 #include <cstddef>
@@ -101,12 +105,14 @@ struct ServePrompt {
     std::vector<int> tokens;       // the rendered, tokenized prompt
     bool thinking = true;          // the prompt opens a <think> block: output starts on the reasoning channel
     bool tools = false;            // tools were declared: parse tool calls
+    bool raw = false;              // a completion (/v1/completions): no template; the output is
+                                   // plain content text (no reasoning, no tool calls, only the stop strings)
 };
 
 // sampler and limits for one request, already resolved (engine preset < flags < request <
 // --greedy) and range-checked
 struct ServeSampling {
-    int max_tokens = 0;            // output limit, > 0, already clamped to the context left
+    int max_tokens = 0;            // output limit, > 0 (0 only with prompt_logprobs), already clamped to the context left
     float temperature = 0.6f;      // <= 0: argmax
     float top_p = 0.95f;
     int top_k = 20;                // <= 0: no limit
@@ -117,15 +123,32 @@ struct ServeSampling {
     std::vector<std::pair<int, float>> logit_bias;  // (token id, bias in [-100, 100])
     std::vector<std::string> stop; // content-channel stop strings: generation ends at the
                                    // earliest match, the match is not emitted
+    int logprobs = -1;             // >= 0: a SERVE_LOGPROB event for every generated token with
+                                   // this many alternatives (<= 20); -1: none
+    bool prompt_logprobs = false;  // (with logprobs >= 0) also score the prompt: SERVE_PROMPT_LOGPROBS
+                                   // events for prompt tokens 1.. before any output. max_tokens may
+                                   // be 0 then (score only)
 };
 
-// the kinds have the values of tokenizer.h's OUT_REASONING / OUT_CONTENT / OUT_TOOL_CALL
-enum ServeEventKind { SERVE_REASONING = 0, SERVE_CONTENT = 1, SERVE_TOOL_CALL = 2 };
+// the kinds 0-2 have the values of tokenizer.h's OUT_REASONING / OUT_CONTENT / OUT_TOOL_CALL
+enum ServeEventKind { SERVE_REASONING = 0, SERVE_CONTENT = 1, SERVE_TOOL_CALL = 2, SERVE_LOGPROB = 3, SERVE_PROMPT_LOGPROBS = 4 };
+// one token's log-probability: log softmax of the model's raw logits (before temperature,
+// penalties and bias) over every vocabulary row, and the most likely alternatives among the
+// ids the tokenizer can produce, best first (ties: the lower id)
+struct ServeLogprob {
+    int id = -1;
+    float logprob = 0;
+    ServeEventKind channel = SERVE_CONTENT;  // generated tokens: the channel the token's text starts in
+    std::vector<std::pair<int, float>> top;  // (id, logprob), ServeSampling.logprobs of them
+};
 struct ServeEvent {
     ServeEventKind kind = SERVE_CONTENT;
     std::string text;              // REASONING / CONTENT: the next bytes of that channel
     std::string tool_name;         // TOOL_CALL: one complete call
     std::string tool_args;         // TOOL_CALL: its arguments, a json object as text
+    std::vector<ServeLogprob> logprobs;  // LOGPROB: the token about to be emitted (before its
+                                   // text's events; for a raw prompt also a stop id that ended it);
+                                   // PROMPT_LOGPROBS: the next prompt tokens in order
 };
 
 // how generate talks back. both functions are called on the engine thread only.
@@ -151,6 +174,7 @@ struct ServeResult {
     std::string stop_string;       // the stop string that ended generation; "" if none
     int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
+    int reasoning_tokens = 0;      // of them, the ids whose text started on the reasoning channel
     double prefill_s = 0, decode_s = 0;
     ServeSpecStats speculative;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
@@ -184,7 +208,7 @@ struct ServeEngine {
     void* self = nullptr;
     std::string model_id;          // the artifact's identity model id: the default --model-id
     int max_context = 0;           // tokens; prompt + output must fit
-    int n_vocab = 0;               // logit_bias ids must be below it (0: not checked)
+    int n_vocab = 0;               // logit_bias and prompt ids must be below it (0: not checked)
     bool vision = false;           // image / video parts accepted (else 400 vision_disabled)
     ServeSampling defaults;        // the model's sampler preset (max_tokens and stop unused)
     // render and tokenize a chat. runs on the connection threads (requests and count_tokens),
@@ -193,6 +217,11 @@ struct ServeEngine {
     // bad input: false and *err (status 400, a code such as unsupported_role,
     // reasoning_effort_not_supported, a one-line message).
     bool (*prepare)(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) = nullptr;
+    // tokenize a completion prompt as it is (no template; out->raw = true), prepare's rules
+    bool (*prepare_text)(void* self, const std::string& text, ServePrompt* out, ServeError* err) = nullptr;
+    // the raw bytes of one token (possibly part of a utf-8 sequence), for logprobs and echo
+    std::string (*token_bytes)(void* self, int id) = nullptr;
+    bool logprobs = false;         // generate honours ServeSampling.logprobs (else 400)
     // generate on the engine thread: emit reasoning / content / tool calls through the sink,
     // stop at eos, a stop string, max_tokens, the context end, or when the sink says so, and
     // fill *out.
@@ -313,8 +342,10 @@ static void serve_usage(FILE* f) {
         "  --max-long-anchors-per-continuation N (2), --max-cache-markers-per-request N (4)\n"
         "                                prefix-cache capacities\n"
         "  --context-cost-presets FILE, --media-cache-mib N (1024), --media-live-mib N (2048),\n"
-        "  --media-preprocess-threads N (0 = auto), --response-store-max-records N (1024),\n"
-        "  --response-store-max-mib N (256)\n"
+        "  --media-preprocess-threads N (0 = auto)\n"
+        "  --response-store-max-records N  /v1/responses kept for previous_response_id and GET, least\n"
+        "                                recently used out first; 0 = none (1024)\n"
+        "  --response-store-max-mib N    the memory they may take (256)\n"
         "generation defaults (request fields override them unless --greedy):\n"
         "  --default-max-tokens N        output limit when a request gives none (8192)\n"
         "  --no-thinking                 render the non-thinking prompt by default (thinking on)\n"
@@ -324,7 +355,12 @@ static void serve_usage(FILE* f) {
         "  --temperature F (0..2), --top-p F (0..1), --top-k N, --min-p F (0..1),\n"
         "  --presence-penalty F (-2..2), --frequency-penalty F (-2..2), --seed N\n"
         "                                sampler defaults (the model's preset; seed: random per request)\n"
-        "  -h, --help                    this text\n");
+        "  -h, --help                    this text\n"
+        "\n"
+        "endpoints: POST /v1/chat/completions (logprobs, top_logprobs), /v1/responses,\n"
+        "/v1/responses/input_tokens, /v1/completions (text or token-id prompt, echo, logprobs),\n"
+        "/v1/messages, /v1/messages/count_tokens; GET/DELETE /v1/responses/{id}, GET\n"
+        "/v1/responses/{id}/input_items, GET /health, /v1/models, /v1/models/{id}\n");
 }
 
 // strict number parsing: the whole string, inside [lo, hi]
@@ -500,8 +536,6 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
 // first one that is not built.
 static bool serve_check_features(const ServeOptions& o, bool (*supports)(const char*), std::string* err) {
     if (o.max_concurrency > 1) { *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " is not supported yet (one request decodes at a time)"; return false; }
-    for (const char* f : {"--response-store-max-records", "--response-store-max-mib"})
-        if (o.has(f)) { *err = std::string(f) + " is not supported yet (no /v1/responses)"; return false; }
     std::vector<std::string> feats;
     if (!o.spec.empty()) feats.push_back("--spec " + o.spec);
     if (o.lm_head_draft) feats.push_back("--lm-head-draft");
@@ -921,6 +955,15 @@ struct ApiRequest {
     uint64_t seed = 0;
     std::vector<std::pair<int, float>> logit_bias;
     std::vector<std::string> stop;
+    // completions, responses and chat logprobs (see their section)
+    int logprobs = -1;             // alternatives per token; -1: no logprobs
+    bool max_zero = false;         // max_tokens 0 (completions with echo: score the prompt only)
+    bool echo = false;             // completions: the prompt comes back (scored, with logprobs)
+    bool raw = false;              // completions: the prompt is raw_text or raw_ids, no template
+    bool raw_is_ids = false;
+    std::string raw_text;
+    std::vector<int> raw_ids;
+    Json resp;                     // responses: what the response object echoes, and the input items
 };
 
 // what the parsers need to know about the server
@@ -1312,10 +1355,13 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
         if (!rf->is_object() || !t || !t->is_string() || t->str != "text" || rf->obj.size() != 1)
             return api_fail(e, "response_format", "only response_format {\"type\":\"text\"} is supported", "response_format_not_supported");
     }
-    if (const Json* lp = body.get("logprobs"); lp && !lp->is_null() && !(lp->is_bool() && !lp->b))
-        return api_fail(e, "logprobs", "logprobs are not supported");
-    if (const Json* tl = body.get("top_logprobs"); tl && !tl->is_null() && !(tl->is_number() && tl->num == 0))
-        return api_fail(e, "top_logprobs", "logprobs are not supported");
+    // logprobs: true lists each token's logprob; top_logprobs (0..20, needs logprobs) its alternatives
+    bool lp = false;
+    if (api_bool(body, "logprobs", &lp, e) < 0) return false;
+    k = api_int(body, "top_logprobs", 0, 20, &x, e);
+    if (k < 0) return false;
+    if (k > 0 && !lp) return api_fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (lp) r->logprobs = k > 0 ? (int)x : 0;
     // labels for the caller's own bookkeeping: checked, they change nothing here (nor at openai)
     if (const Json* u = body.get("user"); u && !u->is_null() && !u->is_string()) return api_fail(e, "user", "'user' must be a string");
     if (!api_metadata(body.get("metadata"), e)) return false;
@@ -1658,6 +1704,533 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
 }
 
 // ----------------------------------------------------------------------------
+// /v1/completions and /v1/responses: request parsing, and the responses store
+//
+// completions (openai's legacy api, what evaluation harnesses score with): one prompt, a
+// string (tokenized as it is: ServeEngine.prepare_text) or token ids, or a list holding one
+// of them; several prompts in one request are refused by name. logprobs N gives each token's
+// logprob and its N most likely alternatives; with echo the prompt comes back, scored too
+// (its first token has no logprob), and max_tokens may be 0 (score only).
+//
+// responses (reference-engine.md 7): input items become a chat (messages, reasoning,
+// function calls and their outputs) that the engine renders as for chat completions; the
+// output is reasoning / message / function_call items. stored responses (store, default
+// true) live in a process-local lru bounded by --response-store-max-records and
+// --response-store-max-mib; previous_response_id walks the chain of stored responses and puts
+// their inputs and outputs first (instructions belong to one request and are not carried).
+
+static std::string serve_rand_hex(int n);  // the runtime's, below
+
+// the sampler fields completions and responses share with chat completions
+static bool apix_sampler(const Json& body, ApiRequest* r, ServeError* e) {
+    if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
+    if (api_number(body, "top_p", 0, 1, &r->top_p, e) < 0) return false;
+    if (!body.get("top_k") && !body.get("seed")) return true;
+    int64_t x;
+    int k = api_int(body, "top_k", -1, 1 << 20, &x, e);
+    if (k < 0) return false;
+    if (k > 0) r->top_k = (int)x;
+    k = api_int(body, "seed", 0, INT64_MAX, &x, e);
+    if (k < 0) return false;
+    if (k > 0) { r->has_seed = true; r->seed = (uint64_t)x; }
+    return true;
+}
+
+// a list of token ids: non-empty, every entry an integer id >= 0
+static bool apix_ids(const Json& v, std::vector<int>* out) {
+    if (!v.is_array() || v.arr.empty()) return false;
+    out->clear();
+    for (const auto& x : v.arr) {
+        if (!x.is_number() || !x.is_int || x.i < 0 || x.i > INT_MAX) return false;
+        out->push_back((int)x.i);
+    }
+    return true;
+}
+
+// the start of an openai body: an object of known keys naming this server's model
+static bool apix_head(const Json& body, const ApiContext& ctx, const char* const* keys, ApiRequest* r, ServeError* e) {
+    *r = ApiRequest();
+    if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
+    for (const auto& kv : body.obj)
+        if (!api_known_key(kv.first, keys)) return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
+    const Json* model = body.get("model");
+    if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
+    if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
+    r->model = model->str;
+    return true;
+}
+
+// POST /v1/completions body -> ApiRequest (raw prompt, no chat)
+static bool completions_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+        "presence_penalty", "frequency_penalty", "seed", "stop", "echo", "logprobs", "stream", "stream_options", "n",
+        "best_of", "logit_bias", "suffix", nullptr};
+    if (!apix_head(body, ctx, keys, r, e)) return false;
+    const Json* p = body.get("prompt");
+    if (!p || p->is_null()) return api_fail(e, "prompt", "'prompt' is required");
+    if (p->is_array() && p->arr.size() == 1 && (p->arr[0].is_string() || p->arr[0].is_array())) {
+        p = &p->arr[0];  // a batch of one
+    } else if (p->is_array() && !p->arr.empty() && (p->arr[0].is_string() || p->arr[0].is_array())) {
+        return api_fail(e, "prompt", "one prompt per request: several prompts in one request are not supported");
+    }
+    r->raw = true;
+    if (p->is_string()) r->raw_text = p->str;
+    else if (apix_ids(*p, &r->raw_ids)) r->raw_is_ids = true;
+    else return api_fail(e, "prompt", "'prompt' must be a string, a non-empty array of token ids, or an array holding one of them");
+    if (api_bool(body, "echo", &r->echo, e) < 0) return false;
+    int64_t x;
+    int k = api_int(body, "max_tokens", 0, INT_MAX, &x, e);
+    if (k < 0) return false;
+    if (k > 0) { r->max_tokens = (int)x; r->max_zero = x == 0; }
+    if (r->max_zero && !r->echo) return api_fail(e, "max_tokens", "'max_tokens' 0 needs 'echo' (the prompt alone is scored)");
+    k = api_int(body, "logprobs", 0, 20, &x, e);
+    if (k < 0) return false;
+    if (k > 0) r->logprobs = (int)x;
+    if (!apix_sampler(body, r, e)) return false;
+    if (api_number(body, "min_p", 0, 1, &r->min_p, e) < 0) return false;
+    if (api_number(body, "presence_penalty", -2, 2, &r->presence, e) < 0) return false;
+    if (api_number(body, "frequency_penalty", -2, 2, &r->frequency, e) < 0) return false;
+    if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
+    if (const Json* lb = body.get("logit_bias"); lb && !lb->is_null()) {
+        if (!lb->is_object()) return api_fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+        for (const auto& kv : lb->obj) {
+            long long id;
+            if (!serve_parse_long(kv.first.c_str(), 0, INT_MAX, &id) || !kv.second.is_number() || !(fabs(kv.second.num) <= 100))
+                return api_fail(e, "logit_bias", "'logit_bias' maps token ids to numbers in [-100, 100]");
+            r->logit_bias.emplace_back((int)id, (float)kv.second.num);
+        }
+    }
+    for (const char* f : {"n", "best_of"}) {
+        k = api_int(body, f, 1, INT_MAX, &x, e);
+        if (k < 0) { e->code = "n_not_supported"; return false; }
+        if (k > 0 && x != 1) return api_fail(e, f, std::string("only ") + f + " = 1 is supported", "n_not_supported");
+    }
+    if (const Json* sf = body.get("suffix"); sf && !sf->is_null() && !(sf->is_string() && sf->str.empty()))
+        return api_fail(e, "suffix", "'suffix' (insertion) is not supported");
+    if (api_bool(body, "stream", &r->stream, e) < 0) return false;
+    if (const Json* so = body.get("stream_options"); so && !so->is_null()) {
+        if (!r->stream) return api_fail(e, "stream_options", "'stream_options' needs 'stream': true");
+        if (!so->is_object()) return api_fail(e, "stream_options", "'stream_options' must be an object");
+        for (const auto& kv : so->obj)
+            if (kv.first != "include_usage") return api_fail(e, "stream_options", "only stream_options.include_usage is supported", "unknown_parameter");
+        if (api_bool(*so, "include_usage", &r->include_usage, e) < 0) { e->param = "stream_options.include_usage"; return false; }
+    }
+    return true;
+}
+
+// ---- the responses store
+
+struct RespRecord {
+    std::string id, prev;          // prev: its previous_response_id ("" = none)
+    Json response;                 // the response object as returned
+    Json input;                    // this request's input items (with ids), without instructions
+    size_t bytes = 0;              // what the record counts against --response-store-max-mib
+};
+struct RespStore {
+    std::mutex mu;
+    std::list<RespRecord> lru;     // most recently used first
+    std::unordered_map<std::string, std::list<RespRecord>::iterator> by_id;
+    size_t bytes = 0, max_bytes = 0;
+    size_t max_records = 0;
+};
+static RespStore& g_resp = *new RespStore;  // never destroyed, as g_serve
+
+// keep a record, evicting the least recently used ones; false when it alone exceeds the
+// budget (it is not kept then)
+static bool resp_store_put(RespRecord rec) {
+    rec.bytes = json_dump(rec.response).size() + json_dump(rec.input).size() + rec.id.size() + rec.prev.size();
+    std::lock_guard<std::mutex> lk(g_resp.mu);
+    if (g_resp.max_records == 0 || rec.bytes > g_resp.max_bytes) return false;
+    while (!g_resp.lru.empty() && (g_resp.lru.size() + 1 > g_resp.max_records || g_resp.bytes + rec.bytes > g_resp.max_bytes)) {
+        g_resp.bytes -= g_resp.lru.back().bytes;
+        g_resp.by_id.erase(g_resp.lru.back().id);
+        g_resp.lru.pop_back();
+    }
+    g_resp.bytes += rec.bytes;
+    g_resp.lru.push_front(std::move(rec));
+    g_resp.by_id[g_resp.lru.front().id] = g_resp.lru.begin();
+    return true;
+}
+// a copy of the record (marked recently used); false when there is none
+static bool resp_store_get(const std::string& id, RespRecord* out) {
+    std::lock_guard<std::mutex> lk(g_resp.mu);
+    auto it = g_resp.by_id.find(id);
+    if (it == g_resp.by_id.end()) return false;
+    g_resp.lru.splice(g_resp.lru.begin(), g_resp.lru, it->second);
+    *out = *it->second;
+    return true;
+}
+static bool resp_store_delete(const std::string& id) {
+    std::lock_guard<std::mutex> lk(g_resp.mu);
+    auto it = g_resp.by_id.find(id);
+    if (it == g_resp.by_id.end()) return false;
+    g_resp.bytes -= it->second->bytes;
+    g_resp.lru.erase(it->second);
+    g_resp.by_id.erase(it);
+    return true;
+}
+
+// the item history behind previous_response_id: every stored response of the chain, oldest
+// first, its input items then its output items
+static bool resp_history(const std::string& prev, Json* items, ServeError* e) {
+    std::vector<RespRecord> chain;
+    for (std::string id = prev; !id.empty();) {
+        RespRecord rec;
+        if (!resp_store_get(id, &rec))
+            return api_fail(e, "previous_response_id", id == prev ? "no stored response has this id (responses are kept in memory, up to --response-store-max-records)"
+                                                                  : "a response earlier in this chain is no longer stored", "response_not_found", 404);
+        id = rec.prev;
+        chain.push_back(std::move(rec));
+        if (chain.size() > g_resp.max_records) return api_fail(e, "previous_response_id", "the response chain is longer than the store", "response_not_found", 404);
+    }
+    *items = Json::array();
+    for (size_t k = chain.size(); k-- > 0;) {
+        for (const auto& it : chain[k].input.arr) items->push(it);
+        if (const Json* out = chain[k].response.get("output")) for (const auto& it : out->arr) items->push(it);
+    }
+    return true;
+}
+
+// ---- responses input items -> chat messages
+
+// the text of a content part list: input_text / output_text parts joined; media become
+// image_url parts (with vision) in *parts
+static bool resp_content(const Json& c, bool vision, bool assistant, std::string* text, Json* parts, const std::string& where, ServeError* e) {
+    text->clear();
+    *parts = Json::array();
+    bool media = false;
+    if (c.is_string()) { *text = c.str; *parts = Json(); return true; }
+    if (!c.is_array()) return api_fail(e, (where + ".content").c_str(), "content must be a string or an array of content parts");
+    for (const auto& p : c.arr) {
+        const Json* t = p.is_object() ? p.get("type") : nullptr;
+        if (!t || !t->is_string()) return api_fail(e, (where + ".content").c_str(), "each content part must be an object with a 'type'");
+        const Json* tx = p.get("text");
+        if (t->str == "input_text" || t->str == "output_text") {
+            if (!tx || !tx->is_string()) return api_fail(e, (where + ".content").c_str(), "a text part needs a string 'text'");
+            *text += tx->str;
+            Json q = Json::object();
+            q.set("type", Json::string("text"));
+            q.set("text", *tx);
+            parts->push(q);
+        } else if (t->str == "input_image" && !assistant) {
+            if (!vision) return api_fail(e, (where + ".content").c_str(), "images need a server started with --vision", "vision_disabled");
+            const Json* url = p.get("image_url");
+            if (!url || !url->is_string()) return api_fail(e, (where + ".content").c_str(), "an input_image part needs an 'image_url' (file_id is not supported)");
+            Json iu = Json::object();
+            iu.set("url", *url);
+            Json q = Json::object();
+            q.set("type", Json::string("image_url"));
+            q.set("image_url", iu);
+            parts->push(q);
+            media = true;
+        } else {
+            return api_fail(e, (where + ".content").c_str(), "unsupported content part type (input_text, output_text and input_image are)");
+        }
+    }
+    if (!media) *parts = Json();
+    return true;
+}
+
+// items (history then this request's input) -> chat messages. reasoning items open an
+// assistant turn that the following assistant message and function calls join; a function
+// call joins the open assistant turn; anything else closes it. `first` is the index of the
+// request's own first item, for error messages.
+static bool resp_items_to_chat(const Json& items, size_t first, bool vision, Json* msgs, ServeError* e) {
+    static const char* const item_keys[] = {"type", "id", "status", "role", "content", "call_id", "name", "arguments",
+        "output", "summary", "encrypted_content", nullptr};
+    bool open = false;  // msgs' last message is an assistant turn others may join
+    for (size_t i = 0; i < items.arr.size(); i++) {
+        const Json& it = items.arr[i];
+        std::string where = i >= first ? "input[" + std::to_string(i - first) + "]" : "previous_response_id";
+        if (!it.is_object()) return api_fail(e, where.c_str(), "each input item must be an object");
+        for (const auto& kv : it.obj)
+            if (!api_known_key(kv.first, item_keys)) return api_fail(e, (where + "." + (kv.first.size() <= 64 ? kv.first : "?")).c_str(), "unknown item field", "unknown_parameter");
+        const Json* ty = it.get("type");
+        std::string type = ty && ty->is_string() ? ty->str : ty ? "?" : "message";
+        auto str = [&](const char* k, std::string* out) {
+            const Json* v = it.get(k);
+            if (!v || !v->is_string() || v->str.empty()) return api_fail(e, (where + "." + k).c_str(), std::string("'") + k + "' must be a non-empty string");
+            *out = v->str; return true;
+        };
+        if (type == "message") {
+            const Json* role = it.get("role");
+            if (!role || !role->is_string()) return api_fail(e, (where + ".role").c_str(), "a message needs a 'role'");
+            const std::string& r = role->str;
+            if (r != "user" && r != "assistant" && r != "system" && r != "developer")
+                return api_fail(e, (where + ".role").c_str(), "role must be user, assistant, system or developer", "unsupported_role");
+            const Json* c = it.get("content");
+            if (!c) return api_fail(e, (where + ".content").c_str(), "a message needs 'content'");
+            std::string text; Json parts;
+            if (!resp_content(*c, vision, r == "assistant", &text, &parts, where, e)) return false;
+            if (r == "assistant") {
+                Json* last = open ? &msgs->arr.back() : nullptr;
+                if (last && last->get("content")->str.empty() && !last->get("tool_calls")) { last->set("content", Json::string(text)); continue; }
+                Json m = Json::object();
+                m.set("role", Json::string("assistant"));
+                m.set("content", Json::string(text));
+                msgs->push(m);
+                open = true;
+                continue;
+            }
+            Json m = Json::object();
+            m.set("role", Json::string(r));
+            m.set("content", parts.is_array() ? parts : Json::string(text));
+            msgs->push(m);
+            open = false;
+        } else if (type == "reasoning") {
+            const Json* ec = it.get("encrypted_content");
+            if (ec && !ec->is_null()) return api_fail(e, (where + ".encrypted_content").c_str(), "encrypted reasoning is not supported");
+            const Json* sm = it.get("summary");
+            if (sm && !sm->is_null() && !(sm->is_array() && sm->arr.empty()))
+                return api_fail(e, (where + ".summary").c_str(), "reasoning summaries are not supported (the raw text is in 'content')");
+            std::string text;
+            if (const Json* c = it.get("content"); c && !c->is_null()) {
+                if (!c->is_array()) return api_fail(e, (where + ".content").c_str(), "reasoning content must be an array of reasoning_text parts");
+                for (const auto& p : c->arr) {
+                    const Json* t = p.get("type");
+                    const Json* tx = p.get("text");
+                    if (!t || !t->is_string() || t->str != "reasoning_text" || !tx || !tx->is_string())
+                        return api_fail(e, (where + ".content").c_str(), "reasoning content parts are {\"type\":\"reasoning_text\",\"text\":...}");
+                    text += tx->str;
+                }
+            }
+            Json m = Json::object();
+            m.set("role", Json::string("assistant"));
+            m.set("content", Json::string(""));
+            m.set("reasoning_content", Json::string(text));
+            msgs->push(m);
+            open = true;
+        } else if (type == "function_call") {
+            std::string call_id, name, args;
+            if (!str("call_id", &call_id) || !str("name", &name)) return false;
+            const Json* a = it.get("arguments");
+            if (!a || !a->is_string()) return api_fail(e, (where + ".arguments").c_str(), "'arguments' must be a string (a json object's text)");
+            Json obj; std::string jerr;
+            if (!json_parse(a->str, &obj, &jerr, 32) || !obj.is_object())
+                return api_fail(e, (where + ".arguments").c_str(), "'arguments' is not the text of a json object");
+            Json fn = Json::object();
+            fn.set("name", Json::string(name));
+            fn.set("arguments", obj);
+            Json tc = Json::object();
+            tc.set("id", Json::string(call_id));
+            tc.set("type", Json::string("function"));
+            tc.set("function", fn);
+            if (!open) {
+                Json m = Json::object();
+                m.set("role", Json::string("assistant"));
+                m.set("content", Json::string(""));
+                msgs->push(m);
+                open = true;
+            }
+            Json& last = msgs->arr.back();
+            if (!last.get("tool_calls")) last.set("tool_calls", Json::array());
+            last.get("tool_calls")->push(tc);
+        } else if (type == "function_call_output") {
+            std::string call_id;
+            if (!str("call_id", &call_id)) return false;
+            const Json* o = it.get("output");
+            std::string text; Json parts;
+            if (!o) return api_fail(e, (where + ".output").c_str(), "a function_call_output needs 'output'");
+            if (o->is_string()) text = o->str;
+            else if (!resp_content(*o, false, true, &text, &parts, where + ".output", e)) return false;
+            Json m = Json::object();
+            m.set("role", Json::string("tool"));
+            m.set("tool_call_id", Json::string(call_id));
+            m.set("content", Json::string(text));
+            msgs->push(m);
+            open = false;
+        } else {
+            return api_fail(e, (where + ".type").c_str(), "unsupported input item type (message, reasoning, function_call and function_call_output are)");
+        }
+    }
+    return true;
+}
+
+// POST /v1/responses (and /v1/responses/input_tokens, counting) body -> ApiRequest. r->resp
+// keeps what the response object echoes and the store keeps: instructions, metadata, store,
+// previous_response_id, tools, tool_choice, reasoning, sampler fields, and this request's
+// input items.
+static bool responses_parse(const Json& body, const ApiContext& ctx, bool counting, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "input", "instructions", "previous_response_id", "max_output_tokens",
+        "stream", "store", "temperature", "top_p", "metadata", "reasoning", "preserve_thinking", "chat_template_kwargs",
+        "text", "tools", "tool_choice", "parallel_tool_calls", "truncation", "top_logprobs", "service_tier", "background",
+        "include", nullptr};
+    static const char* const count_keys[] = {"model", "input", "instructions", "previous_response_id", "reasoning",
+        "preserve_thinking", "chat_template_kwargs", "text", "tools", "tool_choice", "parallel_tool_calls", "truncation", nullptr};
+    if (!apix_head(body, ctx, counting ? count_keys : keys, r, e)) return false;
+    Json& rs = r->resp = Json::object();
+    // input: a string (one user message) or a non-empty item array
+    const Json* in = body.get("input");
+    Json input = Json::array();
+    if (!in || in->is_null()) return api_fail(e, "input", "'input' is required");
+    if (in->is_string()) {
+        Json m = Json::object();
+        m.set("type", Json::string("message"));
+        m.set("role", Json::string("user"));
+        Json part = Json::object();
+        part.set("type", Json::string("input_text"));
+        part.set("text", *in);
+        Json content = Json::array();
+        content.push(part);
+        m.set("content", content);
+        input.push(m);
+    } else if (in->is_array() && !in->arr.empty()) {
+        input = *in;
+    } else {
+        return api_fail(e, "input", "'input' must be a string or a non-empty array of items");
+    }
+    for (auto& it : input.arr)  // ids for input_items listings, as openai gives them
+        if (it.is_object() && !it.get("id")) it.set("id", Json::string("item_" + serve_rand_hex(24)));
+    // instructions: a leading developer turn for this request only
+    Json msgs = Json::array();
+    if (const Json* ins = body.get("instructions"); ins && !ins->is_null()) {
+        if (!ins->is_string()) return api_fail(e, "instructions", "'instructions' must be a string");
+        Json m = Json::object();
+        m.set("role", Json::string("developer"));
+        m.set("content", *ins);
+        msgs.push(m);
+        rs.set("instructions", *ins);
+    } else {
+        rs.set("instructions", Json());
+    }
+    Json items = Json::array();
+    rs.set("previous_response_id", Json());
+    if (const Json* pid = body.get("previous_response_id"); pid && !pid->is_null()) {
+        if (!pid->is_string() || pid->str.empty()) return api_fail(e, "previous_response_id", "'previous_response_id' must be a response id");
+        if (!resp_history(pid->str, &items, e)) return false;
+        rs.set("previous_response_id", *pid);
+    }
+    size_t first = items.arr.size();
+    for (const auto& it : input.arr) items.push(it);
+    if (!resp_items_to_chat(items, first, ctx.vision, &msgs, e)) return false;
+    bool any = false;
+    for (const auto& m : msgs.arr) any = any || m.get("role")->str != "developer";
+    if (!any) return api_fail(e, "input", "the input has no turns");
+    r->chat.messages = msgs;
+    rs.set("input", input);
+    // tools: flat function definitions
+    Json tools_out = Json::array();
+    if (const Json* tl = body.get("tools"); tl && !tl->is_null()) {
+        if (!tl->is_array()) return api_fail(e, "tools", "'tools' must be an array");
+        Json chat_tools = Json::array();
+        for (size_t i = 0; i < tl->arr.size(); i++) {
+            const Json& t = tl->arr[i];
+            std::string where = "tools[" + std::to_string(i) + "]";
+            const Json* ty = t.is_object() ? t.get("type") : nullptr;
+            if (!ty || !ty->is_string()) return api_fail(e, where.c_str(), "each tool must be an object with a 'type'");
+            if (ty->str != "function") return api_fail(e, (where + ".type").c_str(), "only function tools are supported (no hosted, mcp or custom tools)", "tool_type_not_supported");
+            for (const auto& kv : t.obj)
+                if (kv.first != "type" && kv.first != "name" && kv.first != "description" && kv.first != "parameters" && kv.first != "strict")
+                    return api_fail(e, (where + "." + (kv.first.size() <= 64 ? kv.first : "?")).c_str(), "unknown tool field", "unknown_parameter");
+            const Json* st = t.get("strict");
+            if (st && !st->is_null() && !st->is_bool()) return api_fail(e, (where + ".strict").c_str(), "'strict' must be a boolean");
+            if (st && st->is_bool() && st->b) return api_fail(e, (where + ".strict").c_str(), "strict schemas need constrained decoding, which is not supported; send strict: false");
+            Json fn = Json::object();
+            for (const char* k : {"name", "description", "parameters"}) if (const Json* v = t.get(k)) fn.set(k, *v);
+            Json ct = Json::object();
+            ct.set("type", Json::string("function"));
+            ct.set("function", fn);
+            chat_tools.push(ct);
+            Json echo = t;
+            if (!echo.get("strict")) echo.set("strict", Json::boolean(false));
+            if (!echo.get("parameters") || echo.get("parameters")->is_null()) echo.set("parameters", Json());
+            if (!echo.get("description")) echo.set("description", Json());
+            tools_out.push(echo);
+        }
+        if (!openai_check_tools(&chat_tools, &r->chat.tools, e)) return false;
+    }
+    rs.set("tools", tools_out);
+    rs.set("tool_choice", Json::string("auto"));
+    if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
+        if (!tc->is_string() || (tc->str != "auto" && tc->str != "none"))
+            return api_fail(e, "tool_choice", "only tool_choice 'auto' and 'none' are supported", "tool_choice_not_supported");
+        if (tc->str == "none") r->chat.tools = Json();
+        rs.set("tool_choice", *tc);
+    }
+    if (const Json* v = body.get("parallel_tool_calls"); v && !v->is_null() && !(v->is_bool() && v->b))
+        return api_fail(e, "parallel_tool_calls", "only parallel_tool_calls true is supported (the model may call several tools)");
+    if (const Json* v = body.get("truncation"); v && !v->is_null() && !(v->is_string() && v->str == "disabled"))
+        return api_fail(e, "truncation", "only truncation 'disabled' is supported (a prompt that does not fit is an error)");
+    if (const Json* tx = body.get("text"); tx && !tx->is_null()) {
+        const Json* f = tx->is_object() ? tx->get("format") : nullptr;
+        bool ok = tx->is_object() && tx->size() == (f ? 1u : 0u) && (!f || (f->is_object() && f->size() == 1 && f->get("type") && f->get("type")->is_string() && f->get("type")->str == "text"));
+        if (!ok) return api_fail(e, "text", "only text {\"format\":{\"type\":\"text\"}} is supported", "response_format_not_supported");
+    }
+    // thinking: reasoning.effort, preserve_thinking, chat_template_kwargs (as chat completions)
+    int think = -1, preserve = -1, k;
+    bool b;
+    Json reasoning = Json::object();
+    reasoning.set("effort", Json());
+    reasoning.set("summary", Json());
+    if (const Json* re = body.get("reasoning"); re && !re->is_null()) {
+        if (!re->is_object()) return api_fail(e, "reasoning", "'reasoning' must be an object");
+        for (const auto& kv : re->obj) {
+            if (kv.first == "effort") continue;
+            if (kv.first == "summary" && kv.second.is_null()) continue;
+            return api_fail(e, ("reasoning." + (kv.first.size() <= 64 ? kv.first : "?")).c_str(),
+                            kv.first == "summary" ? "reasoning summaries are not supported" : "unknown parameter",
+                            kv.first == "summary" ? "invalid_request_error" : "unknown_parameter");
+        }
+        if (const Json* ef = re->get("effort"); ef && !ef->is_null()) {
+            static const char* const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", nullptr};
+            if (!ef->is_string() || !api_known_key(ef->str, efforts)) return api_fail(e, "reasoning.effort", "'reasoning.effort' must be none, minimal, low, medium, high, xhigh or max");
+            if (ef->str == "minimal" || ef->str == "high" || ef->str == "max")
+                return api_fail(e, "reasoning.effort", "this reasoning effort is not supported", "reasoning_effort_not_supported");
+            if (ef->str == "none") think = 0;
+            else { think = 1; r->chat.reasoning_effort = ef->str; }
+            reasoning.set("effort", *ef);
+        }
+    }
+    rs.set("reasoning", reasoning);
+    if ((k = api_bool(body, "preserve_thinking", &b, e)) < 0) return false;
+    if (k > 0) preserve = b;
+    if (const Json* kw = body.get("chat_template_kwargs"); kw && !kw->is_null()) {
+        if (!kw->is_object()) return api_fail(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        for (const auto& kv : kw->obj)
+            if (kv.first != "enable_thinking" && kv.first != "preserve_thinking")
+                return api_fail(e, "chat_template_kwargs", "only enable_thinking and preserve_thinking are supported", "unknown_parameter");
+        if ((k = api_bool(*kw, "enable_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.enable_thinking"; return false; }
+        if (k > 0 && !api_merge_switch(&think, b, "chat_template_kwargs.enable_thinking", e)) return false;
+        if ((k = api_bool(*kw, "preserve_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.preserve_thinking"; return false; }
+        if (k > 0 && !api_merge_switch(&preserve, b, "chat_template_kwargs.preserve_thinking", e)) return false;
+    }
+    r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
+    r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
+    if (r->chat.preserve_thinking)  // the engine's renderer has no such option yet: refused, not ignored
+        return api_fail(e, body.get("preserve_thinking") ? "preserve_thinking" : "chat_template_kwargs.preserve_thinking",
+                        "preserve_thinking is not supported yet (closed-turn reasoning is dropped, as the template does)");
+    if (counting) return true;
+    int64_t x;
+    if ((k = api_int(body, "max_output_tokens", 16, INT_MAX, &x, e)) < 0) return false;
+    if (k > 0) r->max_tokens = (int)x;
+    rs.set("max_output_tokens", k > 0 ? Json::integer(x) : Json());
+    if (!apix_sampler(body, r, e)) return false;
+    rs.set("temperature", isnan(r->temperature) ? Json() : Json::number(r->temperature));
+    rs.set("top_p", isnan(r->top_p) ? Json() : Json::number(r->top_p));
+    if (api_bool(body, "stream", &r->stream, e) < 0) return false;
+    bool store = true;
+    if (api_bool(body, "store", &store, e) < 0) return false;
+    rs.set("store", Json::boolean(store));
+    Json md = Json::object();
+    if (const Json* m = body.get("metadata"); m && !m->is_null()) {
+        if (!m->is_object() || m->size() > 16) return api_fail(e, "metadata", "'metadata' must be an object of at most 16 string pairs");
+        for (const auto& kv : m->obj)
+            if (kv.first.size() > 64 || !kv.second.is_string() || kv.second.str.size() > 512)
+                return api_fail(e, "metadata", "'metadata' keys are at most 64 characters, values strings of at most 512");
+        md = *m;
+    }
+    rs.set("metadata", md);
+    if ((k = api_int(body, "top_logprobs", 0, 0, &x, e)) < 0) return api_fail(e, "top_logprobs", "only top_logprobs 0 is supported here (chat and legacy completions give logprobs)");
+    if (const Json* v = body.get("service_tier"); v && !v->is_null() && !(v->is_string() && (v->str == "auto" || v->str == "default")))
+        return api_fail(e, "service_tier", "only service_tier 'auto' or 'default' is supported");
+    if (const Json* v = body.get("background"); v && !v->is_null() && !(v->is_bool() && !v->b))
+        return api_fail(e, "background", "background responses are not supported");
+    if (const Json* v = body.get("include"); v && !v->is_null() && !(v->is_array() && v->arr.empty()))
+        return api_fail(e, "include", "'include' must be empty (nothing extra can be included)");
+    return true;
+}
+
+// ----------------------------------------------------------------------------
 // the server runtime: connections, the queue, the engine thread
 
 static double serve_now() {
@@ -1963,7 +2536,7 @@ static std::string http_response_head(int status, const char* ctype, long long c
     if (g_serve.opt.cors)
         h += "Access-Control-Allow-Origin: *\r\n"
              "Access-Control-Allow-Headers: Authorization, Content-Type, x-api-key, anthropic-version\r\n"
-             "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n";
+             "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\n";
     h += extra;
     h += "\r\n";
     return h;
@@ -2101,6 +2674,18 @@ struct ServeGen {
     struct Call { std::string id, name, args; };
     std::vector<Call> calls;
     int block = -1, block_kind = -1;  // anthropic: the open content block (0 thinking, 1 text, 2 tool)
+    // completions, responses and logprobs (their section below)
+    int kind = 0;                  // GEN_CHAT (chat completions or anthropic), GEN_COMPLETIONS, GEN_RESPONSES
+    int logprobs = -1;             // alternatives per token; -1: no logprobs
+    std::vector<Json> lp[2];       // chat: token entries not sent yet (reasoning, content)
+    Json c_tokens = Json::array(), c_lps = Json::array(), c_tops = Json::array(), c_offsets = Json::array();
+    size_t c_chars = 0;            // completions: code points of the tokens listed so far
+    std::string echo_text;         // completions: the prompt, when echoed
+    bool echo_pending = false;     // streaming: the echo chunk is not sent yet
+    Json resp;                     // responses: ApiRequest.resp
+    int seq = 0;                   // responses: the next sse sequence number
+    struct RItem { int kind = 0; std::string id, text, call_id, name; bool done = false; };  // kind 0 reasoning, 1 message, 2 call
+    std::vector<RItem> items;
 };
 
 // the openai response envelope, streamed (object "chat.completion.chunk", choice field
@@ -2127,6 +2712,373 @@ static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
     if (g->include_usage) o.set("usage", Json());
     return o;
 }
+
+// ----------------------------------------------------------------------------
+// completions, responses and logprobs: the output side. serve_gen_* hand these requests
+// (and chat completions' logprobs) to the functions here.
+
+enum { GEN_CHAT = 0, GEN_COMPLETIONS = 1, GEN_RESPONSES = 2 };
+
+static std::string apix_bytes(int id) {
+    ServeEngine* en = g_serve.eng;
+    return en->token_bytes ? en->token_bytes(en->self, id) : std::string();
+}
+// code points in a byte string (its lead bytes), for text offsets
+static size_t apix_chars(const std::string& b) {
+    size_t n = 0;
+    for (unsigned char ch : b) n += (ch & 0xC0) != 0x80;
+    return n;
+}
+
+// ---- chat completions: {token, logprob, bytes, top_logprobs} per token, per channel
+
+static Json chat_token_json(int id, float lp) {
+    std::string bytes = apix_bytes(id);
+    Json o = Json::object();
+    o.set("token", Json::string(utf8_fix(bytes)));
+    o.set("logprob", Json::number(lp));
+    Json b = Json::array();
+    for (unsigned char ch : bytes) b.push(Json::integer(ch));
+    o.set("bytes", b);
+    return o;
+}
+static void chat_logprob_add(ServeGen* g, const ServeLogprob& l) {
+    if (l.channel != SERVE_REASONING && l.channel != SERVE_CONTENT) return;  // tool-call tokens are not listed
+    Json o = chat_token_json(l.id, l.logprob);
+    Json top = Json::array();
+    for (const auto& t : l.top) top.push(chat_token_json(t.first, t.second));
+    o.set("top_logprobs", top);
+    g->lp[l.channel == SERVE_REASONING ? 0 : 1].push_back(std::move(o));
+}
+// the entries not sent yet, as a choice's logprobs: content tokens in "content" (openai's
+// field), reasoning tokens in "reasoning_content" (ours, beside the message field of that name)
+static Json chat_logprobs_take(ServeGen* g) {
+    Json o = Json::object();
+    Json a[2] = {Json::array(), Json::array()};
+    for (int ch = 0; ch < 2; ch++) { for (auto& x : g->lp[ch]) a[ch].push(std::move(x)); g->lp[ch].clear(); }
+    o.set("content", a[1]);
+    o.set("refusal", Json());
+    if (!a[0].arr.empty()) o.set("reasoning_content", a[0]);
+    return o;
+}
+static void chat_chunk_logprobs(ServeGen* g, Json* chunk) {
+    if (g->logprobs < 0) return;
+    Json* ch = &chunk->get("choices")->arr[0];
+    ch->set("logprobs", chat_logprobs_take(g));
+}
+
+// ---- completions: {tokens, token_logprobs, top_logprobs, text_offset}
+
+static void compl_entry(ServeGen* g, int id, const ServeLogprob* l) {
+    std::string bytes = apix_bytes(id);
+    g->c_tokens.push(Json::string(utf8_fix(bytes)));
+    g->c_lps.push(l ? Json::number(l->logprob) : Json());
+    Json top = Json();
+    if (l) {
+        top = Json::object();
+        for (const auto& t : l->top) {
+            std::string k = utf8_fix(apix_bytes(t.first));
+            if (!top.get(k.c_str())) top.set(k, Json::number(t.second));  // two ids, one text: the likelier
+        }
+    }
+    g->c_tops.push(top);
+    g->c_offsets.push(Json::integer((int64_t)g->c_chars));
+    g->c_chars += apix_chars(bytes);
+}
+static Json compl_logprobs_take(ServeGen* g) {
+    if (g->logprobs < 0) return Json();
+    Json o = Json::object();
+    o.set("tokens", g->c_tokens);
+    o.set("token_logprobs", g->c_lps);
+    o.set("top_logprobs", g->c_tops);
+    o.set("text_offset", g->c_offsets);
+    if (g->stream) g->c_tokens = g->c_lps = g->c_tops = g->c_offsets = Json::array();
+    return o;
+}
+static Json compl_chunk(ServeGen* g, const std::string& text, const char* finish) {
+    Json o = openai_chunk(g, Json(), finish);  // a chat chunk's envelope, a completion's choice
+    o.set("object", Json::string("text_completion"));
+    Json ch = Json::object();
+    ch.set("index", Json::integer(0));
+    ch.set("text", Json::string(text));
+    ch.set("logprobs", compl_logprobs_take(g));
+    ch.set("finish_reason", finish ? Json::string(finish) : Json());
+    o.get("choices")->arr[0] = ch;
+    return o;
+}
+// streaming with echo: the prompt goes out first, once it is scored (before any output)
+static void compl_flush_echo(ServeConn* c, ServeGen* g) {
+    if (!g->stream || !g->echo_pending) return;
+    g->echo_pending = false;
+    sse_write(c, sse_data(json_dump(compl_chunk(g, g->echo_text, nullptr))));
+}
+
+// ---- responses: output items and their events
+
+static Json resp_item_json(const ServeGen::RItem& it, bool done) {
+    Json o = Json::object();
+    const char* status = done ? "completed" : "in_progress";
+    if (it.kind == 0) {
+        o.set("type", Json::string("reasoning"));
+        o.set("id", Json::string(it.id));
+        o.set("summary", Json::array());
+        Json content = Json::array();
+        if (done) {
+            Json p = Json::object();
+            p.set("type", Json::string("reasoning_text"));
+            p.set("text", Json::string(it.text));
+            content.push(p);
+        }
+        o.set("content", content);
+        o.set("status", Json::string(status));
+    } else if (it.kind == 1) {
+        o.set("type", Json::string("message"));
+        o.set("id", Json::string(it.id));
+        o.set("status", Json::string(status));
+        o.set("role", Json::string("assistant"));
+        Json content = Json::array();
+        if (done) {
+            Json p = Json::object();
+            p.set("type", Json::string("output_text"));
+            p.set("text", Json::string(it.text));
+            p.set("annotations", Json::array());
+            p.set("logprobs", Json::array());
+            content.push(p);
+        }
+        o.set("content", content);
+    } else {
+        o.set("type", Json::string("function_call"));
+        o.set("id", Json::string(it.id));
+        o.set("call_id", Json::string(it.call_id));
+        o.set("name", Json::string(it.name));
+        o.set("arguments", Json::string(done ? it.text : ""));
+        o.set("status", Json::string(status));
+    }
+    return o;
+}
+static Json resp_part(int kind, const std::string& text) {
+    Json p = Json::object();
+    p.set("type", Json::string(kind == 0 ? "reasoning_text" : "output_text"));
+    p.set("text", Json::string(text));
+    if (kind == 1) { p.set("annotations", Json::array()); p.set("logprobs", Json::array()); }
+    return p;
+}
+// one sse event: event: TYPE, data {type, sequence_number, ...}
+static void resp_event(ServeConn* c, ServeGen* g, const char* type, Json fields) {
+    Json o = Json::object();
+    o.set("type", Json::string(type));
+    o.set("sequence_number", Json::integer(g->seq++));
+    for (auto& kv : fields.obj) o.set(kv.first, std::move(kv.second));
+    sse_write(c, sse_event(type, json_dump(o)));
+}
+static Json resp_ref(ServeGen* g, bool content) {  // item_id, output_index (, content_index)
+    Json o = Json::object();
+    o.set("item_id", Json::string(g->items.back().id));
+    o.set("output_index", Json::integer((int64_t)g->items.size() - 1));
+    if (content) o.set("content_index", Json::integer(0));
+    return o;
+}
+static void resp_close_item(ServeConn* c, ServeGen* g) {
+    if (g->items.empty() || g->items.back().done) return;
+    ServeGen::RItem& it = g->items.back();
+    it.done = true;
+    if (!g->stream) return;
+    if (it.kind < 2) {
+        Json o = resp_ref(g, true);
+        o.set("text", Json::string(it.text));
+        if (it.kind == 1) o.set("logprobs", Json::array());
+        resp_event(c, g, it.kind == 0 ? "response.reasoning_text.done" : "response.output_text.done", o);
+        o = resp_ref(g, true);
+        o.set("part", resp_part(it.kind, it.text));
+        resp_event(c, g, "response.content_part.done", o);
+    }
+    Json o = Json::object();
+    o.set("output_index", Json::integer((int64_t)g->items.size() - 1));
+    o.set("item", resp_item_json(it, true));
+    resp_event(c, g, "response.output_item.done", o);
+}
+static void resp_open_item(ServeConn* c, ServeGen* g, int kind, const std::string& call_id = "", const std::string& name = "") {
+    resp_close_item(c, g);
+    ServeGen::RItem it;
+    it.kind = kind;
+    it.id = (kind == 0 ? "rs_" : kind == 1 ? "msg_" : "fc_") + serve_rand_hex(24);
+    it.call_id = call_id; it.name = name;
+    g->items.push_back(it);
+    if (!g->stream) return;
+    Json o = Json::object();
+    o.set("output_index", Json::integer((int64_t)g->items.size() - 1));
+    o.set("item", resp_item_json(g->items.back(), false));
+    resp_event(c, g, "response.output_item.added", o);
+    if (kind < 2) {
+        o = resp_ref(g, true);
+        o.set("part", resp_part(kind, ""));
+        resp_event(c, g, "response.content_part.added", o);
+    }
+}
+static void resp_text(ServeConn* c, ServeGen* g, int ch, const std::string& t) {
+    if (g->items.empty() || g->items.back().done || g->items.back().kind != ch) resp_open_item(c, g, ch);
+    g->items.back().text += t;
+    if (!g->stream) return;
+    Json o = resp_ref(g, true);
+    o.set("delta", Json::string(t));
+    if (ch == 1) o.set("logprobs", Json::array());
+    resp_event(c, g, ch == 0 ? "response.reasoning_text.delta" : "response.output_text.delta", o);
+}
+static void resp_call(ServeConn* c, ServeGen* g, const std::string& call_id, const std::string& name, const std::string& args) {
+    resp_open_item(c, g, 2, call_id, name);
+    g->items.back().text = args;
+    if (g->stream) {
+        Json o = resp_ref(g, false);
+        o.set("delta", Json::string(args));
+        resp_event(c, g, "response.function_call_arguments.delta", o);
+        o = resp_ref(g, false);
+        o.set("name", Json::string(name));
+        o.set("arguments", Json::string(args));
+        resp_event(c, g, "response.function_call_arguments.done", o);
+    }
+    resp_close_item(c, g);
+}
+
+// the response object; r: the finished generation (null while in progress)
+static Json resp_object(ServeGen* g, const char* status, const ServeResult* r) {
+    Json o = Json::object();
+    o.set("id", Json::string(g->id));
+    o.set("object", Json::string("response"));
+    o.set("created_at", Json::integer(g->created));
+    o.set("status", Json::string(status));
+    o.set("background", Json::boolean(false));
+    o.set("error", Json());
+    Json inc = Json();
+    if (!strcmp(status, "incomplete")) { inc = Json::object(); inc.set("reason", Json::string("max_output_tokens")); }
+    o.set("incomplete_details", inc);
+    for (const char* k : {"instructions", "max_output_tokens", "metadata"}) o.set(k, *g->resp.get(k));
+    o.set("model", Json::string(g->model));
+    Json out = Json::array();
+    if (r) for (const auto& it : g->items) out.push(resp_item_json(it, true));
+    o.set("output", out);
+    o.set("parallel_tool_calls", Json::boolean(true));
+    for (const char* k : {"previous_response_id", "reasoning"}) o.set(k, *g->resp.get(k));
+    o.set("service_tier", Json::string("default"));
+    o.set("store", *g->resp.get("store"));
+    o.set("temperature", *g->resp.get("temperature"));
+    Json fmt = Json::object();
+    fmt.set("type", Json::string("text"));
+    Json text = Json::object();
+    text.set("format", fmt);
+    o.set("text", text);
+    for (const char* k : {"tool_choice", "tools"}) o.set(k, *g->resp.get(k));
+    o.set("top_logprobs", Json::integer(0));
+    o.set("top_p", *g->resp.get("top_p"));
+    o.set("truncation", Json::string("disabled"));
+    Json u = Json();
+    if (r) {
+        u = Json::object();
+        u.set("input_tokens", Json::integer(g->prompt_tokens));
+        Json in = Json::object();
+        in.set("cached_tokens", Json::integer(0));
+        in.set("cache_write_tokens", Json::integer(0));
+        u.set("input_tokens_details", in);
+        u.set("output_tokens", Json::integer(r->completion_tokens));
+        Json od = Json::object();
+        od.set("reasoning_tokens", Json::integer(r->reasoning_tokens));
+        u.set("output_tokens_details", od);
+        u.set("total_tokens", Json::integer(g->prompt_tokens + r->completion_tokens));
+    }
+    o.set("usage", u);
+    return o;
+}
+
+// ---- the serve_gen_* hooks
+
+static void apix_begin(ServeConn* c, ServeGen* g) {
+    if (g->kind == GEN_RESPONSES) {
+        Json o = Json::object();
+        o.set("response", resp_object(g, "in_progress", nullptr));
+        resp_event(c, g, "response.created", o);
+        o = Json::object();
+        o.set("response", resp_object(g, "in_progress", nullptr));
+        resp_event(c, g, "response.in_progress", o);
+    }  // completions: the first chunk carries text (the echo, or the first output)
+}
+
+// a logprob event, or text on a channel (complete code points) for completions / responses
+static void apix_logprobs(ServeConn* c, ServeGen* g, const ServeEvent& ev) {
+    for (const auto& l : ev.logprobs) {
+        if (g->kind == GEN_CHAT) { if (ev.kind == SERVE_LOGPROB) chat_logprob_add(g, l); continue; }
+        if (g->kind != GEN_COMPLETIONS) continue;
+        if (ev.kind == SERVE_LOGPROB) compl_flush_echo(c, g);
+        compl_entry(g, l.id, &l);
+    }
+}
+static void apix_text(ServeConn* c, ServeGen* g, int ch, const std::string& t) {
+    if (g->kind == GEN_RESPONSES) { resp_text(c, g, ch, t); return; }
+    g->text[1] += t;  // a completion has one channel
+    if (!g->stream) return;
+    compl_flush_echo(c, g);
+    sse_write(c, sse_data(json_dump(compl_chunk(g, t, nullptr))));
+}
+
+static void apix_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bool keep) {
+    std::string finish = r.finish == "length" ? "length" : "stop";
+    if (g->kind == GEN_COMPLETIONS) {
+        Json usage = Json::object();
+        usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
+        usage.set("completion_tokens", Json::integer(r.completion_tokens));
+        usage.set("total_tokens", Json::integer(g->prompt_tokens + r.completion_tokens));
+        if (g->stream) {
+            compl_flush_echo(c, g);
+            sse_write(c, sse_data(json_dump(compl_chunk(g, "", finish.c_str()))));
+            if (g->include_usage) {
+                Json o = compl_chunk(g, "", nullptr);
+                o.set("choices", Json::array());
+                o.set("usage", usage);
+                sse_write(c, sse_data(json_dump(o)));
+            }
+            sse_write(c, "data: [DONE]\n\n");
+            sse_end(c);
+            return;
+        }
+        Json o = compl_chunk(g, g->echo_text + g->text[1], finish.c_str());
+        o.set("usage", usage);
+        serve_conn_send(c, 200, "application/json", json_dump(o), keep);
+        return;
+    }
+    resp_close_item(c, g);
+    const char* status = r.finish == "length" ? "incomplete" : "completed";
+    Json resp = resp_object(g, status, &r);
+    if (g->resp.get("store")->b) {
+        RespRecord rec;
+        rec.id = g->id;
+        rec.prev = g->resp.get("previous_response_id")->is_string() ? g->resp.get("previous_response_id")->str : "";
+        rec.response = resp;
+        rec.input = *g->resp.get("input");
+        if (!resp_store_put(std::move(rec))) resp.set("store", Json::boolean(false));  // larger than the whole store
+    }
+    if (g->stream) {
+        Json o = Json::object();
+        o.set("response", resp);
+        resp_event(c, g, !strcmp(status, "incomplete") ? "response.incomplete" : "response.completed", o);
+        sse_end(c);
+        return;
+    }
+    serve_conn_send(c, 200, "application/json", json_dump(resp), keep);
+}
+
+// an error after the stream started: response.failed (responses); completions as chat
+static bool apix_stream_error(ServeConn* c, ServeGen* g, const ServeError& e) {
+    if (g->kind != GEN_RESPONSES) return false;
+    Json resp = resp_object(g, "failed", nullptr);
+    Json err = Json::object();
+    err.set("code", Json::string(e.status >= 500 ? "server_error" : e.code));
+    err.set("message", Json::string(e.message));
+    resp.set("error", err);
+    Json o = Json::object();
+    o.set("response", resp);
+    resp_event(c, g, "response.failed", o);
+    sse_end(c);
+    return true;
+}
+
 
 static std::string anthropic_event(const char* type, Json o) {
     Json e = Json::object();
@@ -2163,12 +3115,15 @@ static void anthropic_open_block(ServeConn* c, ServeGen* g, int kind, Json block
 // text on a channel, already complete code points: stream it or keep it
 static void serve_gen_text(ServeConn* c, ServeGen* g, int ch, const std::string& t) {
     if (t.empty()) return;
+    if (g->kind != GEN_CHAT) { apix_text(c, g, ch, t); return; }
     g->text[ch] += t;
     if (!g->stream) return;
     if (!g->anthropic) {
         Json d = Json::object();
         d.set(ch == 0 ? "reasoning_content" : "content", Json::string(t));
-        sse_write(c, sse_data(json_dump(openai_chunk(g, d, nullptr))));
+        Json chunk = openai_chunk(g, d, nullptr);
+        chat_chunk_logprobs(g, &chunk);
+        sse_write(c, sse_data(json_dump(chunk)));
         return;
     }
     if (g->block_kind != ch) {
@@ -2194,6 +3149,7 @@ static Json serve_args_object(const std::string& args) {
 }
 
 static void serve_gen_event(ServeConn* c, ServeGen* g, const ServeEvent& ev) {
+    if (ev.kind == SERVE_LOGPROB || ev.kind == SERVE_PROMPT_LOGPROBS) { apix_logprobs(c, g, ev); return; }
     if (ev.kind == SERVE_TOOL_CALL) {
         for (int ch = 0; ch < 2; ch++) {  // text before the call is complete
             std::string t;
@@ -2205,6 +3161,7 @@ static void serve_gen_event(ServeConn* c, ServeGen* g, const ServeEvent& ev) {
         call.name = utf8_fix(ev.tool_name);
         call.args = utf8_fix(ev.tool_args.empty() ? std::string("{}") : ev.tool_args);
         g->calls.push_back(call);
+        if (g->kind == GEN_RESPONSES) { resp_call(c, g, call.id, call.name, call.args); return; }
         if (!g->stream) return;
         if (!g->anthropic) {
             Json fn = Json::object();
@@ -2258,6 +3215,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         utf8_take(&g->carry[ch], "", 0, &t, true);
         serve_gen_text(c, g, ch, t);
     }
+    if (g->kind != GEN_CHAT) { apix_finish(c, g, r, keep); return; }
     std::string finish = r.finish;
     if (!g->calls.empty() && finish == "stop") finish = "tool_calls";
     if (finish != "stop" && finish != "length" && finish != "tool_calls") finish = "stop";
@@ -2269,7 +3227,9 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
         if (!r.speculative.backend.empty()) usage.set("speculative", serve_spec_json(r.speculative, false));
         if (g->stream) {
-            sse_write(c, sse_data(json_dump(openai_chunk(g, Json::object(), finish.c_str()))));
+            Json last = openai_chunk(g, Json::object(), finish.c_str());
+            chat_chunk_logprobs(g, &last);  // tokens whose text was held back
+            sse_write(c, sse_data(json_dump(last)));
             if (g->include_usage) {
                 Json o = openai_chunk(g, Json::object(), nullptr);
                 o.set("choices", Json::array());
@@ -2299,6 +3259,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
             msg.set("tool_calls", arr);
         }
         Json o = openai_envelope(g, false, msg, finish.c_str());
+        if (g->logprobs >= 0) o.get("choices")->arr[0].set("logprobs", chat_logprobs_take(g));
         o.set("usage", usage);
         serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         return;
@@ -2363,6 +3324,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
 }
 
 static void serve_gen_begin(ServeConn* c, ServeGen* g) {
+    if (g->kind != GEN_CHAT) { apix_begin(c, g); return; }
     if (!g->anthropic) {
         Json d = Json::object();
         d.set("role", Json::string("assistant"));
@@ -2390,6 +3352,7 @@ static void serve_gen_begin(ServeConn* c, ServeGen* g) {
 
 // an error after the stream started: the status is sent already, so it travels as an event
 static void serve_gen_stream_error(ServeConn* c, ServeGen* g, const ServeError& e) {
+    if (apix_stream_error(c, g, e)) return;
     if (g->anthropic) {
         std::string b = serve_error_body(true, e);
         sse_write(c, sse_event("error", b));
@@ -2420,7 +3383,8 @@ static ServeSampling serve_resolve_sampling(const ApiRequest& ar, int max_tokens
     return s;
 }
 
-enum { SERVE_ROUTE_NONE, SERVE_ROUTE_HEALTH, SERVE_ROUTE_MODELS, SERVE_ROUTE_MODEL, SERVE_ROUTE_CHAT, SERVE_ROUTE_MESSAGES, SERVE_ROUTE_COUNT };
+enum { SERVE_ROUTE_NONE, SERVE_ROUTE_HEALTH, SERVE_ROUTE_MODELS, SERVE_ROUTE_MODEL, SERVE_ROUTE_CHAT, SERVE_ROUTE_MESSAGES, SERVE_ROUTE_COUNT,
+       SERVE_ROUTE_COMPLETIONS, SERVE_ROUTE_RESPONSES, SERVE_ROUTE_RESPONSES_COUNT, SERVE_ROUTE_RESPONSE };
 
 // parse, validate, render and tokenize one request body on the calling connection thread,
 // under the request's memory budget (the request memory section): past it 413, an
@@ -2442,11 +3406,23 @@ static bool serve_prepare(std::string* body, int route, ApiRequest* ar, ServePro
                 return false;
             }
             std::string().swap(*body);  // the json holds it now
-            bool ok = route != SERVE_ROUTE_CHAT ? anthropic_parse(j, s.api, route == SERVE_ROUTE_COUNT, ar, e)
-                                                : openai_chat_parse(j, s.api, ar, e);
+            bool responses = route == SERVE_ROUTE_RESPONSES || route == SERVE_ROUTE_RESPONSES_COUNT;
+            bool ok = route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT ? anthropic_parse(j, s.api, route == SERVE_ROUTE_COUNT, ar, e)
+                    : route == SERVE_ROUTE_COMPLETIONS ? completions_parse(j, s.api, ar, e)
+                    : responses ? responses_parse(j, s.api, route == SERVE_ROUTE_RESPONSES_COUNT, ar, e)
+                    : openai_chat_parse(j, s.api, ar, e);
             if (!ok) return false;
         }  // the json is gone: the chat holds what the prompt needs
-        if (!s.eng->prepare(s.eng->self, ar->chat, pr, e)) {
+        bool ok;
+        if (!ar->raw) ok = s.eng->prepare(s.eng->self, ar->chat, pr, e);
+        else if (!ar->raw_is_ids) ok = s.eng->prepare_text ? s.eng->prepare_text(s.eng->self, ar->raw_text, pr, e)
+                                                           : api_fail(e, "prompt", "this engine takes token id prompts only");
+        else { pr->tokens = ar->raw_ids; pr->thinking = pr->tools = false; pr->raw = true; ok = true; }
+        if (!ok) {
+            if (route == SERVE_ROUTE_RESPONSES || route == SERVE_ROUTE_RESPONSES_COUNT) {  // the engine names chat fields
+                if (e->param == "reasoning_effort") e->param = "reasoning.effort";
+                if (e->param == "messages") e->param = "input";
+            }
             if (e->status < 400) e->status = 400;
             if (e->message.empty()) e->message = "the request could not be rendered";
             return false;
@@ -2469,16 +3445,19 @@ static bool serve_prepare(std::string* body, int route, ApiRequest* ar, ServePro
 // chat completions, messages and count_tokens. returns whether the connection may be reused.
 static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route, std::string* body, bool keep, ServeReqLog* lg) {
     ServeState& s = g_serve;
-    bool anth = route != SERVE_ROUTE_CHAT;
-    lg->api = anth ? "anthropic" : "openai";
+    bool anth = route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT;
+    lg->api = anth ? "anthropic" : route == SERVE_ROUTE_COMPLETIONS ? "completions"
+            : route == SERVE_ROUTE_RESPONSES || route == SERVE_ROUTE_RESPONSES_COUNT ? "responses" : "openai";
+    bool counting = route == SERVE_ROUTE_COUNT || route == SERVE_ROUTE_RESPONSES_COUNT;
     ApiRequest ar; ServeError e; ServePrompt pr;
     bool ok = serve_prepare(body, route, &ar, &pr, &e, &lg->prepare_mib);
     if (!ok) { serve_conn_send_error(c, anth, e, keep, lg); return keep; }
     lg->stream = ar.stream;
     int n = (int)pr.tokens.size();
     lg->prompt = n;
-    if (route == SERVE_ROUTE_COUNT) {
+    if (counting) {
         Json o = Json::object();
+        if (route == SERVE_ROUTE_RESPONSES_COUNT) o.set("object", Json::string("response.input_tokens"));
         o.set("input_tokens", Json::integer(n));
         serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         lg->status = 200;
@@ -2486,7 +3465,24 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     }
     int max_ctx = s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context;
     if (n >= max_ctx) {
-        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)", "messages"), keep, lg);
+        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)",
+                                                        ar.raw ? "prompt" : route == SERVE_ROUTE_RESPONSES ? "input" : "messages"), keep, lg);
+        return keep;
+    }
+    if (ar.raw_is_ids)
+        for (int id : pr.tokens)
+            if (s.eng->n_vocab > 0 && id >= s.eng->n_vocab) {
+                serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "the prompt has a token id outside the vocabulary", "prompt"), keep, lg);
+                return keep;
+            }
+    if (ar.logprobs >= 0 && !s.eng->logprobs) {
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "logprobs are not supported by this engine setup (not with --spec)",
+                                                        "logprobs"), keep, lg);
+        return keep;
+    }
+    if ((ar.logprobs >= 0 || (ar.echo && ar.raw_is_ids)) && !s.eng->token_bytes) {
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "this engine gives no token texts (logprobs, echo of ids)",
+                                                        ar.logprobs >= 0 ? "logprobs" : "echo"), keep, lg);
         return keep;
     }
     for (const auto& lb : ar.logit_bias)
@@ -2494,7 +3490,7 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
             serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "logit_bias names a token id outside the vocabulary", "logit_bias"), keep, lg);
             return keep;
         }
-    int want = ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
+    int want = ar.max_zero ? 0 : ar.max_tokens > 0 ? ar.max_tokens : s.opt.default_max_tokens;
     auto job = std::make_shared<ServeJob>();
     // however this function is left (an exception included), the engine drops the job
     struct Abandon {
@@ -2507,10 +3503,26 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
         }
     } abandon{job.get()};
     job->sampling = serve_resolve_sampling(ar, std::min(want, max_ctx - n));
-    job->prompt = std::move(pr);
+    job->sampling.logprobs = ar.logprobs;
+    job->sampling.prompt_logprobs = ar.echo && ar.logprobs >= 0;
     ServeGen g;
+    g.kind = ar.raw ? GEN_COMPLETIONS : route == SERVE_ROUTE_RESPONSES ? GEN_RESPONSES : GEN_CHAT;
+    g.logprobs = ar.logprobs;
+    if (ar.echo) {  // the prompt as sent (a text prompt), or its tokens' text
+        if (!ar.raw_is_ids) g.echo_text = ar.raw_text;
+        else { std::string b; for (int id : pr.tokens) b += apix_bytes(id); g.echo_text = utf8_fix(b); }
+        g.echo_pending = true;
+        if (ar.logprobs >= 0) compl_entry(&g, pr.tokens[0], nullptr);  // the first token has no logprob
+    }
+    if (g.kind == GEN_RESPONSES) {
+        g.resp = std::move(ar.resp);
+        g.resp.set("temperature", Json::number(job->sampling.temperature));
+        g.resp.set("top_p", Json::number(job->sampling.top_p));
+    }
+    job->prompt = std::move(pr);
     g.anthropic = anth; g.stream = ar.stream; g.include_usage = ar.include_usage;
-    g.id = anth ? "msg_" + serve_rand_hex(24) : "chatcmpl-" + serve_rand_hex(16);
+    g.id = anth ? "msg_" + serve_rand_hex(24) : g.kind == GEN_COMPLETIONS ? "cmpl-" + serve_rand_hex(16)
+         : g.kind == GEN_RESPONSES ? "resp_" + serve_rand_hex(32) : "chatcmpl-" + serve_rand_hex(16);
     g.model = anth ? ar.model : s.model_id;
     g.created = (long)time(nullptr);
     g.prompt_tokens = n;
@@ -2612,6 +3624,79 @@ static std::string http_url_decode(const std::string& s) {
     return o;
 }
 
+// GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, and the endpoints
+// that explicitly fail (POST .../cancel, POST /v1/responses/compact)
+static void resp_handle_stored(ServeConn* c, const HttpRequest& rq, bool keep, ServeReqLog* lg) {
+    std::string rest = rq.path.substr(14), query = rq.query;  // after "/v1/responses/"
+    size_t slash = rest.find('/');
+    std::string id = http_url_decode(rest.substr(0, slash)), sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    bool get = rq.method == "GET" || rq.method == "HEAD";
+    auto fail = [&](int st, const char* code, const char* msg, const char* allow = nullptr) {
+        serve_conn_send_error(c, false, serve_make_error(st, code, msg), keep, lg, allow ? std::string("Allow: ") + allow + "\r\n" : "");
+    };
+    if (id == "compact" && sub.empty()) {
+        if (rq.method != "POST") return fail(405, "method_not_allowed", "method not allowed for this endpoint", "POST, OPTIONS");
+        return fail(400, "compaction_not_supported", "response compaction is not supported");
+    }
+    if (sub == "cancel") {
+        if (rq.method != "POST") return fail(405, "method_not_allowed", "method not allowed for this endpoint", "POST, OPTIONS");
+        return fail(400, "invalid_request_error", "only background responses can be cancelled, and background responses are not supported");
+    }
+    if (!sub.empty() && sub != "input_items") return fail(404, "not_found", "no such endpoint");
+    if (sub.empty() ? !(get || rq.method == "DELETE") : !get)
+        return fail(405, "method_not_allowed", "method not allowed for this endpoint", sub.empty() ? "GET, HEAD, DELETE, OPTIONS" : "GET, HEAD, OPTIONS");
+    if (rq.method == "DELETE") {
+        if (!resp_store_delete(id)) return fail(404, "response_not_found", "no stored response has this id");
+        Json o = Json::object();
+        o.set("id", Json::string(id));
+        o.set("object", Json::string("response.deleted"));
+        o.set("deleted", Json::boolean(true));
+        serve_conn_send(c, 200, "application/json", json_dump(o), keep);
+        lg->status = 200;
+        return;
+    }
+    RespRecord rec;
+    if (!resp_store_get(id, &rec)) return fail(404, "response_not_found", "no stored response has this id");
+    if (sub.empty()) {
+        serve_conn_send(c, 200, "application/json", json_dump(rec.response), keep, rq.method == "HEAD");
+        lg->status = 200;
+        return;
+    }
+    // input_items: after, limit 1..100 (20), order asc | desc (desc)
+    std::string after, order = "desc";
+    long long limit = 20;
+    for (size_t p = 0; p < query.size();) {
+        size_t amp = query.find('&', p);
+        std::string kv = query.substr(p, amp == std::string::npos ? std::string::npos : amp - p);
+        p = amp == std::string::npos ? query.size() : amp + 1;
+        size_t eq = kv.find('=');
+        std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : http_url_decode(kv.substr(eq + 1));
+        if (k == "after") after = v;
+        else if (k == "order" && (v == "asc" || v == "desc")) order = v;
+        else if (k == "limit" && serve_parse_long(v.c_str(), 1, 100, &limit)) {}
+        else if (!k.empty()) return fail(400, "invalid_request_error", "input_items takes after, limit (1..100) and order (asc or desc)");
+    }
+    std::vector<const Json*> items;
+    for (const auto& it : rec.input.arr) items.push_back(&it);
+    if (order == "desc") std::reverse(items.begin(), items.end());
+    size_t start = 0;
+    if (!after.empty()) {
+        while (start < items.size() && !(items[start]->get("id") && items[start]->get("id")->str == after)) start++;
+        if (start == items.size()) return fail(400, "invalid_request_error", "'after' names no item of this response");
+        start++;
+    }
+    Json data = Json::array();
+    for (size_t k = start; k < items.size() && (long long)data.arr.size() < limit; k++) data.push(*items[k]);
+    Json o = Json::object();
+    o.set("object", Json::string("list"));
+    o.set("data", data);
+    o.set("first_id", data.arr.empty() ? Json() : *data.arr.front().get("id"));
+    o.set("last_id", data.arr.empty() ? Json() : *data.arr.back().get("id"));
+    o.set("has_more", Json::boolean(start + data.arr.size() < items.size()));
+    serve_conn_send(c, 200, "application/json", json_dump(o), keep, rq.method == "HEAD");
+    lg->status = 200;
+}
+
 static Json serve_model_object() {
     ServeState& s = g_serve;
     char iso[32];
@@ -2700,10 +3785,13 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
     int route = p == "/health" ? SERVE_ROUTE_HEALTH : p == "/v1/models" ? SERVE_ROUTE_MODELS
               : !p.compare(0, 11, "/v1/models/") && p.size() > 11 ? SERVE_ROUTE_MODEL
               : p == "/v1/chat/completions" ? SERVE_ROUTE_CHAT : p == "/v1/messages" ? SERVE_ROUTE_MESSAGES
-              : p == "/v1/messages/count_tokens" ? SERVE_ROUTE_COUNT : SERVE_ROUTE_NONE;
+              : p == "/v1/messages/count_tokens" ? SERVE_ROUTE_COUNT : p == "/v1/completions" ? SERVE_ROUTE_COMPLETIONS
+              : p == "/v1/responses" ? SERVE_ROUTE_RESPONSES : p == "/v1/responses/input_tokens" ? SERVE_ROUTE_RESPONSES_COUNT
+              : !p.compare(0, 14, "/v1/responses/") && p.size() > 14 ? SERVE_ROUTE_RESPONSE : SERVE_ROUTE_NONE;
     bool anth = route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT;
     bool is_get = rq.method == "GET" || rq.method == "HEAD";
-    bool post_route = route == SERVE_ROUTE_CHAT || route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT;
+    bool post_route = route == SERVE_ROUTE_CHAT || route == SERVE_ROUTE_MESSAGES || route == SERVE_ROUTE_COUNT
+                   || route == SERVE_ROUTE_COMPLETIONS || route == SERVE_ROUTE_RESPONSES || route == SERVE_ROUTE_RESPONSES_COUNT;
     // answered from the head alone: a body already received is skipped; one still on its
     // way is not waited for, and the connection closes
     auto early = [&](const ServeError& e, const std::string& extra = "") {
@@ -2717,12 +3805,12 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         return early(serve_make_error(why[0] == 'h' ? 400 : 403, why[0] == 'h' ? "invalid_request_error" : why[0] == 'f' ? "host_not_allowed" : "cross_origin_refused",
                                       why + 2));
     if (rq.method == "OPTIONS") {
-        serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
+        serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, DELETE, OPTIONS\r\n");
         lg.status = 204; serve_log_request(lg);
         return keep && !has_body;
     }
     if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint: " + serve_log_path(p)));
-    if (post_route ? rq.method != "POST" : !is_get)
+    if (route != SERVE_ROUTE_RESPONSE && (post_route ? rq.method != "POST" : !is_get))
         return early(serve_make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
                      post_route ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
     if (route != SERVE_ROUTE_HEALTH && !serve_authorized(rq))
@@ -2764,6 +3852,8 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         std::string id = http_url_decode(p.substr(11));
         if (id != s.model_id) serve_conn_send_error(c, false, serve_make_error(404, "model_not_found", "model not found"), keep, &lg);
         else { serve_conn_send(c, 200, "application/json", json_dump(serve_model_object()), keep, head_only); lg.status = 200; }
+    } else if (route == SERVE_ROUTE_RESPONSE) {
+        resp_handle_stored(c, rq, keep, &lg);
     } else {
         keep = serve_handle_generate(c, rq, route, &body, keep, &lg);
     }
@@ -2899,6 +3989,8 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     s.api.thinking = !o.no_thinking;
     s.api.preserve_thinking = o.preserve_thinking;
     s.api.vision = eng->vision;
+    g_resp.max_records = (size_t)o.response_store_max_records;
+    g_resp.max_bytes = (size_t)o.response_store_max_mib << 20;
     s.lim.max_body = (uint64_t)o.max_request_mib << 20;
     s.body_budget = 4 * (int64_t)s.lim.max_body;
     s.created = (long)time(nullptr);

@@ -1371,6 +1371,8 @@ struct OutEvent {
 struct OutputParser {
     // settings (set after output_parser_init)
     bool parse_tools = true;
+    bool plain = false;       // a completion's text: no reasoning channel, no tool calls, no
+                              // newline dropping; only the content stop strings apply
     std::vector<std::string> stop;            // content-channel stop strings
     std::vector<std::string> reasoning_stop;  // reasoning-channel stop strings
     // state
@@ -1474,7 +1476,7 @@ static inline size_t out_find(const std::string& s, const std::vector<const std:
 
 // send text of the current channel, dropping leading newlines at the start of a section
 static inline void out_send(OutputParser* p, std::vector<OutEvent>* ev, int kind, std::string text) {
-    if (p->at_start) {
+    if (p->at_start && !p->plain) {
         size_t k = text.find_first_not_of('\n');
         text.erase(0, k == std::string::npos ? text.size() : k);
         if (text.empty()) return;
@@ -1505,7 +1507,7 @@ static inline void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev,
         }
         const bool reasoning = p->mode == OUT_REASONING;
         // a <think> at the very start of the content opens the reasoning
-        if (!reasoning && p->initial) {
+        if (!reasoning && p->initial && !p->plain) {
             size_t k = p->buf.find_first_not_of('\n');
             if (k != std::string::npos) {
                 if (p->buf.compare(k, THINK_OPEN.size(), THINK_OPEN) == 0) {
@@ -1519,7 +1521,7 @@ static inline void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev,
         }
         std::vector<const std::string*> markers;
         if (reasoning) markers.push_back(&THINK_CLOSE);
-        else if (p->parse_tools) markers.push_back(&TOOL_OPEN);
+        else if (p->parse_tools && !p->plain) markers.push_back(&TOOL_OPEN);
         size_t nfixed = markers.size();
         for (const std::string& s : reasoning ? p->reasoning_stop : p->stop) markers.push_back(&s);
         size_t which = 0;
@@ -1560,7 +1562,7 @@ static inline void output_parser_run(OutputParser* p, std::vector<OutEvent>* ev,
         size_t hold = 0;
         for (const std::string* m : markers) hold = std::max(hold, stop_holdback(p->buf, *m));
         size_t cut = p->buf.size() - hold;
-        if (!reasoning && p->parse_tools) {
+        if (!reasoning && p->parse_tools && !p->plain) {
             // hold trailing whitespace too: it is dropped if a <tool_call> follows
             size_t k = cut;
             while (k > 0 && (p->buf[k - 1] == ' ' || p->buf[k - 1] == '\n' || p->buf[k - 1] == '\r' || p->buf[k - 1] == '\t')) k--;

@@ -27,6 +27,10 @@
 //   [[params]]     content = the resolved sampler as json (precedence tests)
 //   [[prepare_ms=MS]] anywhere in the prompt: prepare sleeps MS milliseconds (requests
 //                  prepared concurrently, test_serve_robust.py)
+// a completion prompt (prepare_text, or token ids) is bytes too, and its whole text is read
+// for the directives. logprobs: every scripted step is one token whose id is its first byte
+// (a tool call: '<'), logprob -0.5, alternatives id, id+1, ... (mod 256) at -0.5, -1.5, ...;
+// a prompt token k gets logprob -1/k.
 // stop strings are applied to the content channel the way reference-engine.md 10 says: the
 // longest suffix that could start a stop string is held back, the earliest match ends
 // generation and is not emitted. max_tokens counts every token, silent ones included.
@@ -125,6 +129,7 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
         size_t b = at + 17, e = text.find("<|im_end|>", b);
         user = text.substr(b, e == std::string::npos ? std::string::npos : e - b);
     }
+    if (prompt.raw) user = text;
     bool tool_result = !user.compare(0, 16, "<tool_response>\n");
     auto directive = [&](const char* name, std::string* val) {
         std::string key = std::string("[[") + name;
@@ -201,6 +206,15 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
     bool fail = directive("fail", nullptr);
     out->prompt_tokens = (int)prompt.tokens.size();
     out->finish = "stop";
+    if (s.logprobs >= 0 && s.prompt_logprobs && prompt.tokens.size() > 1) {
+        ServeEvent ev; ev.kind = SERVE_PROMPT_LOGPROBS;
+        for (size_t k = 1; k < prompt.tokens.size(); k++) {
+            ServeLogprob l; l.id = prompt.tokens[k]; l.logprob = -1.0f / k;
+            for (int a = 0; a < s.logprobs; a++) l.top.push_back({(l.id + a) & 255, -1.0f / k - a});
+            ev.logprobs.push_back(l);
+        }
+        sink.emit(sink.ctx, ev);
+    }
     out->prefill_s = fake_now() - t0;
     double t1 = fake_now();
     int count = 0;
@@ -217,6 +231,18 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
         if (fail && count >= 2) { out->error = "fake engine failure"; ended = true; break; }
         if (delay_ms > 0) usleep(delay_ms * 1000);
         count += st.cost;
+        if (st.ch == 0) out->reasoning_tokens += st.cost;
+        if (s.logprobs >= 0) {
+            ServeEvent ev; ev.kind = SERVE_LOGPROB;
+            ServeLogprob l;
+            l.id = st.ch == 2 ? '<' : st.text.empty() ? 0 : (unsigned char)st.text[0];
+            l.logprob = -0.5f;
+            l.channel = st.ch == 0 ? SERVE_REASONING : st.ch == 2 ? SERVE_TOOL_CALL : SERVE_CONTENT;
+            if (st.ch == -1) l.channel = SERVE_REASONING;  // </think>: read on the reasoning channel
+            for (int a = 0; a < s.logprobs; a++) l.top.push_back({(l.id + a) & 255, -0.5f - a});
+            ev.logprobs.push_back(l);
+            sink.emit(sink.ctx, ev);
+        }
         bool alive = true;
         if (st.ch == 0) alive = emit(SERVE_REASONING, st.text);
         else if (st.ch == 3) alive = emit(SERVE_CONTENT, st.text);
@@ -257,6 +283,16 @@ static void fake_generate(void*, const ServePrompt& prompt, const ServeSampling&
     out->decode_s = fake_now() - t1;
 }
 
+static bool fake_prepare_text(void*, const std::string& text, ServePrompt* out, ServeError* err) {
+    if (text.empty()) { err->param = "prompt"; err->message = "the prompt has no tokens"; return false; }
+    out->tokens.assign(text.begin(), text.end());
+    for (auto& t : out->tokens) t &= 0xFF;
+    out->thinking = out->tools = false;
+    out->raw = true;
+    return true;
+}
+static std::string fake_token_bytes(void*, int id) { return id >= 0 && id < 256 ? std::string(1, (char)id) : std::string(); }
+
 static bool fake_supports(const char* feature) {
     const char* env = getenv("SERVE_FAKE_FEATURES");
     if (!env) return false;
@@ -276,6 +312,9 @@ static ServeEngine* fake_load(const char* path, const ServeOptions& o, std::stri
     const char* vis = getenv("SERVE_FAKE_VISION");
     f->eng.vision = vis && !strcmp(vis, "1");
     f->eng.prepare = fake_prepare;
+    f->eng.prepare_text = fake_prepare_text;
+    f->eng.token_bytes = fake_token_bytes;
+    f->eng.logprobs = true;
     f->eng.generate = fake_generate;
     return &f->eng;
 }

@@ -901,3 +901,89 @@ static void sampled_case(const char* path) {
 }
 TEST(GpuGeneration, SampledMatchesHostSamplingTiny) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); sampled_case("build/models/tiny.ninfer"); }
 TEST(GpuGeneration, SampledMatchesHostSamplingKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); sampled_case("models/kjv/kjv.ninfer"); }
+
+// the generation tap (GenTap: the server's logprobs and prompt scoring) on the gpu: the prompt's
+// rows in pieces of at most logit_rows (a prompt over several pieces), and the row each
+// sampled id was drawn from (the step-ahead pipelining is off then). both against the cpu
+// path, as log-probabilities (token_logprobs, the server's function). bound: the logits agree
+// within 5e-3 of max|logit| on kjv (GreedyMatchesCpuKjv), and a log-probability moves by at
+// most twice a logit's error (|d(l_i - lse)| <= |dl_i| + max_j |dl_j|). the device logits are
+// poisoned (nan) first, so a row the tap reads before it is written fails. and the ids with
+// the tap equal the ids without it (greedy).
+TEST(GpuEngineInterface, TapMatchesCpu) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    FrontendIds fr;
+    ASSERT_TRUE(frontend_ids(&m, &fr, &err));
+    const std::vector<int> prompt = random_ids(150, fr.domain, 77);
+    struct Tap {
+        const std::vector<int>* prompt; int domain; int row = 0;
+        std::vector<float> prompt_lp, sampled_lp;   // logprob of prompt token k+1 / of each sampled id
+        std::vector<int> sampled_ids;
+        float max_logit = 0;
+        std::vector<std::pair<int, float>> top;
+    };
+    GenTap tap;
+    tap.prompt_rows = [](void* ctx, const float* lg, int T, int vocab) {
+        Tap* t = (Tap*)ctx;
+        for (int k = 0; k < T; k++, t->row++) {
+            const float* r = lg + (size_t)k * vocab;
+            for (int v = 0; v < vocab; v++) t->max_logit = std::max(t->max_logit, fabsf(r[v]));
+            if (t->row + 1 < (int)t->prompt->size()) t->prompt_lp.push_back(token_logprobs(r, vocab, t->domain, (*t->prompt)[t->row + 1], 0, &t->top));
+        }
+    };
+    tap.sampled = [](void* ctx, const float* lg, int vocab, int id) {
+        Tap* t = (Tap*)ctx;
+        t->sampled_ids.push_back(id);
+        t->sampled_lp.push_back(token_logprobs(lg, vocab, t->domain, id, 5, &t->top));
+        EXPECT_EQ(t->top[0].first, id);  // greedy: the best alternative is the id itself
+    };
+    Tap got[2];
+    std::vector<int> out[2], plain;
+    for (int gpu = 0; gpu < 2; gpu++) {
+        Engine en;
+        GpuOpts o; o.max_context = 256; o.prefill_chunk = 64; o.quiet = true;
+        ASSERT_TRUE(engine_build(&en, &m, gpu == 1, o, &err)) << err;
+        if (gpu) {
+            ASSERT_LT(en.g->logit_rows, (int)prompt.size());  // the prompt spans several pieces
+            cudaCheck(cudaMemset(en.g->logits, 0xff, (size_t)en.g->logit_rows * m.geo.vocab * 4));
+        }
+        Sampler smp; SamplerParams sp; sp.temperature = 0;
+        sampler_build(&smp, sp, fr.domain);
+        got[gpu].prompt = &prompt; got[gpu].domain = fr.domain;
+        tap.ctx = &got[gpu];
+        GenStats s = engine_generate(&en, &smp, prompt, 24, {}, &tap, [&](int id) { out[gpu].push_back(id); });
+        EXPECT_EQ(got[gpu].sampled_ids, out[gpu]);  // one row per emitted id, before it
+        EXPECT_EQ((int)got[gpu].prompt_lp.size(), (int)prompt.size() - 1);
+        EXPECT_EQ(s.generated, (int)out[gpu].size());
+        if (gpu) {  // without the tap (the step-ahead path): the same ids
+            engine_reset(&en);
+            sampler_build(&smp, sp, fr.domain);
+            engine_generate(&en, &smp, prompt, 24, {}, nullptr, [&](int id) { plain.push_back(id); });
+            EXPECT_EQ(plain, out[1]);
+        }
+        engine_free(&en);
+    }
+    const double bound = 2 * 5e-3 * got[0].max_logit;
+    double worst = 0;
+    for (size_t k = 0; k < got[0].prompt_lp.size(); k++) {
+        ASSERT_TRUE(std::isfinite(got[1].prompt_lp[k])) << "prompt row " << k;
+        worst = std::max(worst, (double)fabsf(got[1].prompt_lp[k] - got[0].prompt_lp[k]));
+    }
+    size_t same = 0;  // sampled rows: compared while the ids agree (a near tie may split them)
+    while (same < out[0].size() && same < out[1].size() && out[0][same] == out[1][same]) same++;
+    double worst_s = 0;
+    for (size_t k = 0; k < same; k++) {
+        ASSERT_TRUE(std::isfinite(got[1].sampled_lp[k])) << "sampled row " << k;
+        worst_s = std::max(worst_s, (double)fabsf(got[1].sampled_lp[k] - got[0].sampled_lp[k]));
+    }
+    fprintf(stderr, "  tap: prompt logprobs max |gpu - cpu| %.3e, sampled %.3e over %zu ids (bound %.3e, max|logit| %.2f)\n",
+            worst, worst_s, same, bound, got[0].max_logit);
+    EXPECT_LT(worst, bound);
+    EXPECT_LT(worst_s, bound);
+    EXPECT_GE(same, 4u);
+    model_close(&m);
+}

@@ -311,7 +311,8 @@ TEST(OpenAI, Errors) {
         {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400, "vision_disabled"},
         {R"({"model":"m","messages":[{"role":"system","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400, "invalid_request_error"},
         {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})", 400, "invalid_request_error"},
-        {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", 400, "invalid_request_error"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3})", 400, "invalid_request_error"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", 400, "invalid_request_error"},
     };
     for (const auto& c : cases) {
         ApiRequest r; ServeError e;
@@ -320,6 +321,79 @@ TEST(OpenAI, Errors) {
         EXPECT_EQ(e.code, c.code) << c.body;
         EXPECT_FALSE(e.message.empty());
     }
+}
+
+TEST(OpenAI, ChatLogprobs) {
+    ApiContext ctx; ctx.model_id = "m";
+    ApiRequest r; ServeError e;
+    ASSERT_TRUE(openai_chat_parse(J(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":4})"), ctx, &r, &e));
+    EXPECT_EQ(r.logprobs, 4);
+    ASSERT_TRUE(openai_chat_parse(J(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})"), ctx, &r, &e));
+    EXPECT_EQ(r.logprobs, 0);
+    ASSERT_TRUE(openai_chat_parse(J(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false})"), ctx, &r, &e));
+    EXPECT_EQ(r.logprobs, -1);
+}
+
+TEST(Completions, Prompts) {
+    ApiContext ctx; ctx.model_id = "m";
+    ApiRequest r; ServeError e;
+    ASSERT_TRUE(completions_parse(J(R"({"model":"m","prompt":[[5,6,7]],"echo":true,"max_tokens":0,"logprobs":1})"), ctx, &r, &e));
+    EXPECT_TRUE(r.raw && r.raw_is_ids && r.echo && r.max_zero);
+    EXPECT_EQ(r.raw_ids, (std::vector<int>{5, 6, 7}));
+    EXPECT_EQ(r.logprobs, 1);
+    ASSERT_TRUE(completions_parse(J(R"({"model":"m","prompt":["abc"],"stop":"x"})"), ctx, &r, &e));
+    EXPECT_TRUE(r.raw && !r.raw_is_ids);
+    EXPECT_EQ(r.raw_text, "abc");
+    EXPECT_EQ(r.stop, (std::vector<std::string>{"x"}));
+    EXPECT_FALSE(completions_parse(J(R"({"model":"m","prompt":["a","b"]})"), ctx, &r, &e));
+    EXPECT_EQ(e.param, "prompt");
+    EXPECT_FALSE(completions_parse(J(R"({"model":"m","prompt":[1,2.5]})"), ctx, &r, &e));
+    EXPECT_EQ(e.param, "prompt");
+}
+
+TEST(Responses, ItemsBecomeAChat) {
+    ApiContext ctx; ctx.model_id = "m";
+    ApiRequest r; ServeError e;
+    ASSERT_TRUE(responses_parse(J(R"({"model":"m","instructions":"be brief","input":[
+        {"role":"user","content":"q"},
+        {"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"hm"}]},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"looking"}]},
+        {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},
+        {"type":"function_call","call_id":"c2","name":"g","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c1","output":"R1"},
+        {"type":"function_call_output","call_id":"c2","output":[{"type":"input_text","text":"R2"}]}],
+      "tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{}}}]})"), ctx, false, &r, &e)) << e.message;
+    EXPECT_EQ(json_dump(r.chat.messages),
+        R"([{"role":"developer","content":"be brief"},{"role":"user","content":"q"},)"
+        R"({"role":"assistant","content":"looking","reasoning_content":"hm","tool_calls":[)"
+        R"({"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}},)"
+        R"({"id":"c2","type":"function","function":{"name":"g","arguments":{}}}]},)"
+        R"({"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}])");
+    EXPECT_EQ(json_dump(r.chat.tools), R"([{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}])");
+    EXPECT_EQ(r.resp.get("input")->size(), 7u);  // every input item kept, with an id, for the store
+    for (const auto& it : r.resp.get("input")->arr) EXPECT_TRUE(it.get("id") && it.get("id")->is_string());
+}
+
+TEST(Responses, StoreEvictsLeastRecentlyUsed) {
+    g_resp.max_records = 2; g_resp.max_bytes = 1 << 20;
+    auto put = [](const char* id, size_t pad) {
+        RespRecord r; r.id = id; r.response = Json::object(); r.response.set("x", Json::string(std::string(pad, 'x')));
+        r.input = Json::array();
+        return resp_store_put(r);
+    };
+    RespRecord got;
+    EXPECT_TRUE(put("a", 10)); EXPECT_TRUE(put("b", 10));
+    EXPECT_TRUE(resp_store_get("a", &got));       // a is now the most recent
+    EXPECT_TRUE(put("c", 10));                    // b goes
+    EXPECT_FALSE(resp_store_get("b", &got));
+    EXPECT_TRUE(resp_store_get("a", &got) && resp_store_get("c", &got));
+    EXPECT_FALSE(put("d", 2 << 20));              // larger than the whole budget: not kept, nothing evicted
+    EXPECT_TRUE(resp_store_get("a", &got) && resp_store_get("c", &got));
+    g_resp.max_bytes = 520;                       // a record of 10 pad bytes counts 21, of 500 511
+    EXPECT_TRUE(put("e", 500));                   // by bytes: both others go
+    EXPECT_FALSE(resp_store_get("a", &got) || resp_store_get("c", &got));
+    EXPECT_TRUE(resp_store_delete("e") && !resp_store_delete("e"));
+    EXPECT_EQ(g_resp.bytes, 0u);
 }
 
 TEST(Anthropic, ConvertsToOpenAIShape) {

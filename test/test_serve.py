@@ -1417,7 +1417,7 @@ def test_flags_errors():
         (["--allowed-hosts", ","], "missing or bad value for --allowed-hosts"),
         (["--no-prefix-reuse", "--host-kv-mib", "1"], "--no-prefix-reuse cannot be combined with --host-kv-mib"),
         (["--max-concurrency", "4"], "--max-concurrency 4 is not supported yet"),
-        (["--response-store-max-records", "5"], "not supported yet"),
+        (["--response-store-max-records", "-1"], "--response-store-max-records"),
         (["--vision"], "--vision is not supported yet" if FAKE else None),
         (["--kv-dtype", "fp8"], "--kv-dtype fp8 is not supported yet" if FAKE else None),
         (["--host-kv-mib", "64"], "--host-kv-mib is not supported yet" if FAKE else None),

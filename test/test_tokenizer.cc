@@ -650,9 +650,10 @@ struct Parsed { std::string reasoning, content; std::vector<std::pair<std::strin
 
 // feed text in chunks of the given sizes (cycled); collect the events
 static Parsed parse_chunks(const std::string& text, bool think_open, std::vector<size_t> sizes,
-                           std::vector<std::string> stop = {}, std::vector<std::string> rstop = {}) {
+                           std::vector<std::string> stop = {}, std::vector<std::string> rstop = {}, bool plain = false) {
     OutputParser p;
     output_parser_init(&p, think_open);
+    p.plain = plain;
     p.stop = stop;
     p.reasoning_stop = rstop;
     std::vector<OutEvent> ev;
@@ -774,6 +775,19 @@ TEST(OutputParser, StopStrings) {
     EXPECT_EQ(stop_holdback("abcab", "abd"), 2u);
     EXPECT_EQ(stop_holdback("abc", "xyz"), 0u);
     EXPECT_EQ(stop_holdback("a", "abc"), 1u);
+}
+
+// a completion's text (plain): markers are text, leading newlines stay; stop strings apply
+TEST(OutputParser, PlainCompletion) {
+    const std::string t = "\n\n<think>x</think> <tool_call>\n<function=f>\n</function>\n</tool_call>  tail STOP after";
+    for (std::vector<size_t> sz : std::vector<std::vector<size_t>>{{t.size()}, {1}, {3}, {1, 4, 2}}) {
+        Parsed r = parse_chunks(t, false, sz, {"STOP"}, {}, true);
+        EXPECT_EQ(r.content, t.substr(0, t.find("STOP")));
+        EXPECT_TRUE(r.reasoning.empty() && r.calls.empty() && r.stopped);
+        r = parse_chunks(t, false, sz, {}, {}, true);
+        EXPECT_EQ(r.content, t);
+        EXPECT_FALSE(r.stopped);
+    }
 }
 
 // nothing is lost: text without markers comes out whole, whatever the chunking
