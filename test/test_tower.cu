@@ -398,37 +398,40 @@ TEST_P(VisionGolden, MismatchedPromptsAreRefused) {
 // mm_layout accepts, with one vision row per pad
 TEST_P(VisionGolden, ExpandTextFollowsTheProcessor) {
     const Geometry& g = m.geo;
-    std::vector<float> px((size_t)2 * 4 * 6 * vision_patch_len(g), 0.5f);
-    const double secs[2] = {0.25, 1.75};
-    VisionInput img, vid;
-    img.t = 1; img.h = 4; img.w = 6; img.pixels = px.data();
-    vid.video = true; vid.t = 2; vid.h = 4; vid.w = 6; vid.pixels = px.data(); vid.seconds = secs;
+    std::vector<VisionItem> items(2);
+    items[0].t = 1; items[0].h = 4; items[0].w = 6;
+    items[1].video = true; items[1].t = 2; items[1].h = 4; items[1].w = 6; items[1].timestamps = {0.25, 1.75};
+    for (VisionItem& it : items) { it.row_len = vision_patch_len(g); it.pixels.assign((size_t)it.rows() * it.row_len, 0.5f); }
+    const VisionItem *img = &items[0], *vid = &items[1];
+    const int mg = g.v_merge;
     const std::string S = "<|vision_start|>", E = "<|vision_end|>", I = "<|image_pad|>", P = "<|video_pad|>";
     std::string text = "a " + S + I + E + " b: " + S + P + E + "c", out, err;
-    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err)) << err;
     auto rep = [](const std::string& x, int n) { std::string r; while (n--) r += x; return r; };
     std::string want = "a " + S + rep(I, 6) + E + " b: " + "<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "c";
     EXPECT_EQ(out, want);
     // a bare video pad is replaced the same way; an image pad is never a video's
-    ASSERT_TRUE(mm_expand_text(g, "x" + P + "y", {vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt("x" + P + "y", {}, {vid}, mg, &out, &err)) << err;
     EXPECT_EQ(out, "x<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "y");
-    EXPECT_FALSE(mm_expand_text(g, text, {img}, &out, &err));
+    EXPECT_FALSE(vision_expand_prompt(text, {img}, {}, mg, &out, &err));
     EXPECT_NE(err.find("more video placeholders"), std::string::npos) << err;
-    EXPECT_FALSE(mm_expand_text(g, text, {img, vid, img}, &out, &err));
+    EXPECT_FALSE(vision_expand_prompt(text, {img, img}, {vid}, mg, &out, &err));
     EXPECT_NE(err.find("placeholders for 1 of 2 images"), std::string::npos) << err;
-    vid.seconds = nullptr;
-    EXPECT_FALSE(mm_expand_text(g, text, {img, vid}, &out, &err));
+    items[1].timestamps.pop_back();
+    EXPECT_FALSE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err));
     EXPECT_NE(err.find("without frame times"), std::string::npos) << err;
-    vid.seconds = secs;
+    items[1].timestamps = {0.25, 1.75};
+    std::vector<VisionInput> media;
+    ASSERT_TRUE(vision_inputs_of(g, items, &media, &err)) << err;
     // tokenized with the artifact's tokenizer: a layout with 6 + 2 * 6 vision rows
     Tokenizer tok;
     std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
     ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
-    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err)) << err;
     std::vector<int> ids;
     tokenizer_encode(&tok, out, &ids);
     MmPrompt mp;
-    ASSERT_TRUE(mm_layout(g, fid.vision, ids, {img, vid}, &mp, &err)) << err;
+    ASSERT_TRUE(mm_layout(g, fid.vision, ids, media, &mp, &err)) << err;
     EXPECT_EQ(std::count(mp.ids.begin(), mp.ids.end(), -1), 18);
 }
 
@@ -501,7 +504,7 @@ TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
     std::vector<float> last[2];
     for (int k = 0; k < 2; k++) {
         std::string expanded;
-        ASSERT_TRUE(mm_expand_text(g, text, {media[k]}, &expanded, &err)) << err;
+        ASSERT_TRUE(vision_expand_prompt(text, {&items[k]}, {}, g.v_merge, &expanded, &err)) << err;
         std::vector<int> ids;
         tokenizer_encode(&tok, expanded, &ids);
         MmPrompt mp;
