@@ -95,6 +95,7 @@ struct ServePrompt {
     std::vector<int> tokens;       // the rendered, tokenized prompt
     bool thinking = true;          // the prompt opens a <think> block: output starts on the reasoning channel
     bool tools = false;            // tools were declared: parse tool calls
+    std::shared_ptr<void> media;   // the engine's own: the request's preprocessed media (never read here)
 };
 
 // sampler and limits for one request, already resolved (engine preset < flags < request <
