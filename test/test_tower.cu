@@ -532,6 +532,73 @@ TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
     EXPECT_NE(err.find("media item 0"), std::string::npos) << err;
 }
 
+// the cli end to end (build/test/ninfer --cpu --image --prompt --greedy) gives the greedy ids of
+// the in-process chain: the corpus image preprocessed, the template's user turn (image first)
+// expanded, tokenized, the cpu tower and the cpu engine with the model's stop ids. the ids are
+// read from --print-token-ids ("[id 'piece']" per generated token on stderr).
+TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) {
+    const char* bin = "build/test/ninfer";
+    ASSERT_TRUE(file_exists(bin)) << bin << " missing (make build/test/ninfer)";
+    const std::string image = "test/media/png_c2_d8.png", question = "What is in the picture?";
+    ASSERT_TRUE(file_exists(image));
+    const int n_new = 12;
+    // in process
+    std::string err;
+    VisionConfig cfg;
+    ASSERT_TRUE(vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                                    artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err)) << err;
+    Image im;
+    ASSERT_TRUE(media_image(image, MediaLimits(), &im, &err)) << err;
+    std::vector<VisionItem> items(1);
+    ASSERT_TRUE(vision_image(im, cfg, &items[0], &err)) << err;
+    const std::string text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>" + question +
+                             "<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    std::string expanded;
+    ASSERT_TRUE(vision_expand_prompt(text, {&items[0]}, {}, cfg.merge, &expanded, &err)) << err;
+    Tokenizer tok;
+    std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
+    ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
+    std::vector<int> ids;
+    tokenizer_encode(&tok, expanded, &ids);
+    std::vector<VisionInput> media;
+    ASSERT_TRUE(vision_inputs_of(m.geo, items, &media, &err)) << err;
+    MmPrompt mp;
+    ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ids, media, &mp, &err)) << err;
+    Engine en;
+    GpuOpts o; o.max_context = 2048; o.prefill_chunk = 1024; o.quiet = true;
+    ASSERT_TRUE(engine_build(&en, &m, false, o, &err)) << err;
+    Sampler smp; SamplerParams sp; sp.temperature = 0;
+    sampler_build(&smp, sp, fid.domain);
+    std::vector<int> stops;
+    for (int id : fid.stops) if (id >= 0 && id < fid.domain) stops.push_back(id);
+    std::vector<int> want;
+    engine_generate(&en, &smp, mp.tokens, n_new, stops, nullptr, [&](int id) { want.push_back(id); }, GenCancel(), &mp);
+    engine_free(&en);
+    ASSERT_FALSE(want.empty());
+    // through the cli
+    const std::string errf = testing::TempDir() + "cli_image_ids.txt";
+    const std::string cmd = std::string(bin) + " " + m.art.path + " --cpu --greedy --raw-output --print-token-ids --max-new " +
+                            std::to_string(n_new) + " --image " + image + " --prompt '" + question + "' > /dev/null 2> " + errf;
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::ifstream f(errf);
+    std::stringstream ss; ss << f.rdbuf();
+    const std::string log = ss.str();
+    std::vector<int> got;
+    for (size_t a = log.find("\n["); a != std::string::npos && a < log.size(); ) {  // after the prompt ids line
+        a = log.find('[', a);
+        if (a == std::string::npos) break;
+        got.push_back(atoi(log.c_str() + a + 1));
+        a = log.find("'][", a);
+        if (a == std::string::npos) break;
+        a += 2;
+    }
+    EXPECT_EQ(got, want) << log;
+    // the prompt the cli reports is the in-process one, pads included
+    std::string pl = "prompt ids:";
+    for (int id : ids) pl += " " + std::to_string(id);
+    EXPECT_EQ(log.rfind(pl + "\n", 0), 0u) << log.substr(0, 400);
+}
+
 // ---- the gpu tower (skipped without a gpu) ------------------------------------------------------
 //
 // every kernel against its cpu twin (the steps of vision_forward_cpu) on fresh random inputs,
