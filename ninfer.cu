@@ -6546,7 +6546,7 @@ static bool chat_media(Json* messages, bool local_files, std::vector<MediaJob>* 
             if (!video && type != "image" && type != "image_url") continue;
             const std::string where = "message " + std::to_string(mi) + ", part " + std::to_string(pi);
             const Json* ref = chat_media_ref(part, type.c_str());
-            if (!ref) { *err = where + ": a " + type + " part needs '" + type + "', a string" + (type.size() > 5 && type.back() == 'l' ? " or {\"url\": string}" : ""); return false; }
+            if (!ref) { *err = where + ": the " + type + " part needs '" + type + "', a string" + (type.size() > 5 && type.back() == 'l' ? " or {\"url\": string}" : ""); return false; }
             const std::string& r = ref->str;
             if (r.rfind("http://", 0) == 0 || r.rfind("https://", 0) == 0) {
                 *err = where + ": http(s) media urls are not fetched (ninfer fetches nothing); send the " + (video ? "video" : "image") + " as a base64 data: uri";
