@@ -88,6 +88,12 @@ $(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 
+# mtp speculative decoding on the cpu reference path: lossless greedy, forced drafts, stops inside
+# a round, speculative sampling's distribution, kjv acceptance
+$(BUILD)/test/test_spec: test/test_spec.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_spec.cu $(LDLIBS) $(GTEST)
+
 # the vision tower and the multimodal prompt on the cpu path against the hf goldens
 # (test/reference/make_vision_goldens.py)
 $(BUILD)/test/test_tower: test/test_tower.cu ninfer.cu $(HEADERS) Makefile
@@ -100,7 +106,7 @@ $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) $(TEST_HEA
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_kernels.cu $(LDLIBS) $(GTEST)
 
-TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_tower $(BUILD)/test/test_kernels
+TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_tower $(BUILD)/test/test_kernels $(BUILD)/test/test_spec
 
 # the whole-model gpu forward against the cpu reference (skips without a gpu), and the
 # pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128
@@ -112,6 +118,11 @@ $(BUILD)/test/bench_gpu: test/bench_gpu.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) 
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_gpu.cu $(LDLIBS)
 TEST_BINS += $(BUILD)/test/test_gpu
 test: $(BUILD)/test/bench_gpu
+# what an mtp round would cost on the gpu, from its pieces: build/test/bench_spec MODEL [--draft-tokens K]
+$(BUILD)/test/bench_spec: test/bench_spec.cu ninfer.cu $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/bench_spec.cu $(LDLIBS)
+test: $(BUILD)/test/bench_spec
 
 # openmp threads sleep at barriers instead of spinning: test machines are shared, and a thread
 # spinning for a descheduled teammate costs far more than a wake-up (the cpu tests run 3x faster)

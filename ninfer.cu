@@ -13,16 +13,19 @@
 //   4. reference path (cpu)  the model math in fp32, the oracle for every kernel (and, for
 //                            the tests, a bf16 mode that rounds where the gpu path does):
 //                            4.1 row decode + matmul, 4.2 norms, 4.3 SeqState (kv, conv and
-//                            recurrent state; snapshot/restore) and RunState, 4.4 attention
+//                            recurrent state slots, mtp kv; snapshot/restore) and RunState, 4.4 attention
 //                            with m-rope, 4.5 gated deltanet (conv, chunked + recurrent delta
-//                            rule), 4.6 mlp, layer, forward_cpu, mtp_forward_cpu, prefill_cpu,
+//                            rule; per-column state slots), 4.6 mlp, layer, forward_cpu (and its
+//                            verification mode), mtp_forward_cpu, prefill_cpu,
 //                            4.7 the vision tower (vision_forward_cpu), 4.8 the multimodal
 //                            prompt (placeholder expansion, vision rows, m-rope positions,
 //                            rope_delta, prefill_mm_cpu)
 //   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
-//                            counter-based rng, the arithmetic shared with the gpu sampler
+//                            counter-based rng, the arithmetic shared with the gpu sampler,
+//                            speculative sampling of one verification column (sample_spec)
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop, perplexity
+//                            loop, mtp speculative decoding (the round: generate_spec_cpu),
+//                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
 //                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope),
@@ -59,6 +62,9 @@
 #include <time.h>      // defines: clock_gettime
 #include <ctype.h>     // defines: isspace
 #include <errno.h>     // defines: errno
+#include <dirent.h>    // defines: opendir, readdir (the "did you mean" of a mistyped model path)
+#include <strings.h>   // defines: strcasecmp
+#include <sys/stat.h>  // defines: stat, S_ISDIR
 #include <string>      // defines: std::string
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
@@ -502,8 +508,26 @@ struct Model {
     Weights w;
 };
 
+// a path that does not exist but names a file beside it in another case (the 4b card downloads
+// qwen3_5_4B.ninfer and runs models/qwen3_5_4b.ninfer): " (did you mean 'models/qwen3_5_4B.ninfer'?)"
+static std::string path_case_hint(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 || errno != ENOENT) return "";
+    std::string p = path;
+    size_t sl = p.rfind('/');
+    std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : p.substr(0, sl);
+    std::string base = sl == std::string::npos ? p : p.substr(sl + 1);
+    DIR* d = opendir(dir.c_str());
+    if (!d) return "";
+    std::string hint;
+    while (struct dirent* e = readdir(d))
+        if (!strcasecmp(e->d_name, base.c_str())) { hint = " (did you mean '" + (sl == std::string::npos ? "" : p.substr(0, sl + 1)) + e->d_name + "'?)"; break; }
+    closedir(d);
+    return hint;
+}
+
 static bool model_open(Model* m, const char* path, std::string* err) {
-    if (!artifact_open(&m->art, path, err)) return false;
+    if (!artifact_open(&m->art, path, err)) { *err += path_case_hint(path); return false; }
     if (!geometry_from_artifact(&m->art, &m->geo, err)) return false;
     if (!bind_weights(&m->art, m->geo, &m->w, err)) return false;
     return true;
@@ -676,42 +700,62 @@ static void l2norm(float* x, int n, float eps) {
 // SeqState is everything a sequence carries between forward calls, in one float block:
 //   per full-attention layer: key and value cache rows [capacity, Hkv, head_dim] (k after
 //     norm and rope, v as projected; model.md 2.4)
-//   per deltanet layer: conv window [conv_dim, 3] (the last three raw in_proj_qkv outputs,
-//     oldest first; 3.7) and the recurrent state [Hv, dk, dv] (3.5)
-//   the mtp layer's own key/value cache (model.md 5.1), when the model has one
-// a copy of the block plus the scalars is a complete snapshot (speculative decoding, prefix
-// reuse). kv rows are position-addressed: restoring an older snapshot and writing again
-// simply overwrites the rows past its position.
+//   per deltanet layer: gdn_slots slots of conv window [conv_dim, 3] (the last three raw
+//     in_proj_qkv outputs, oldest first; 3.7) and recurrent state [Hv, dk, dv] (3.5); `slot`
+//     is the live one (conv[l], rec[l] point at it). one slot without speculation; with mtp
+//     K+1, one per verification column (model.md 5.3: column t writes its state to slot t, the
+//     accepted count picks the slot the sequence continues from: no copy, no recomputation)
+//   the mtp layer's own key/value cache (model.md 5.1), only when speculation is on
+// a copy of the block plus the scalars is a complete snapshot (prefix reuse). kv rows are
+// position-addressed: restoring an older snapshot and writing again simply overwrites the
+// rows past its position (and so do the rows a rejected draft left).
 
 struct SeqState {
     int capacity = 0;     // kv rows, = --max-context
     int pos = 0;          // tokens processed: the next kv row
     int rope_delta = 0;   // m-rope: a text token at kv row p rotates by position p + rope_delta (model.md 6.7)
     int mtp_pos = 0;      // rows in the mtp kv cache
+    int gdn_slots = 1, slot = 0;             // deltanet state slots, the live one
+    size_t conv_n = 0, rec_n = 0;            // floats per slot of one layer
     size_t n_floats = 0;
     float* block = nullptr;                  // the one allocation; the views below point into it
     float* key[MAX_LAYERS] = {};             // full layers: [capacity, Hkv, hd]
     float* value[MAX_LAYERS] = {};
-    float* conv[MAX_LAYERS] = {};            // gdn layers: [conv_dim, 3]
-    float* rec[MAX_LAYERS] = {};             // gdn layers: [Hv, dk, dv]
+    float* conv0[MAX_LAYERS] = {};           // gdn layers: [gdn_slots, conv_dim, 3]
+    float* rec0[MAX_LAYERS] = {};            // gdn layers: [gdn_slots, Hv, dk, dv]
+    float* conv[MAX_LAYERS] = {};            // the live slot's views
+    float* rec[MAX_LAYERS] = {};
     float* mtp_key = nullptr, *mtp_value = nullptr;  // [capacity, Hkv, hd]
 };
 
-static void seq_build(SeqState* s, const Geometry& g, int capacity) {
-    CHECK(capacity > 0, "capacity %d", capacity);
+// make slot k the live one
+static void seq_set_slot(SeqState* s, int k) {
+    CHECK(k >= 0 && k < s->gdn_slots, "gdn slot %d of %d", k, s->gdn_slots);
+    s->slot = k;
+    for (int l = 0; l < MAX_LAYERS; l++)
+        if (s->conv0[l]) { s->conv[l] = s->conv0[l] + k * s->conv_n; s->rec[l] = s->rec0[l] + k * s->rec_n; }
+}
+
+// mtp: the mtp layer's kv cache (no --spec: not allocated, as NInfer keeps nothing of the mtp
+// part resident then)
+static void seq_build(SeqState* s, const Geometry& g, int capacity, int gdn_slots = 1, bool mtp = true) {
+    CHECK(capacity > 0 && gdn_slots >= 1, "capacity %d, %d gdn slots", capacity, gdn_slots);
     *s = SeqState();
     s->capacity = capacity;
+    s->gdn_slots = gdn_slots;
     size_t kv = (size_t)capacity * g.Hkv * g.head_dim;
-    size_t conv = (size_t)g.conv_dim * 3, rec = (size_t)g.Hv * g.dk * g.dv;
-    s->n_floats = (size_t)g.n_full * 2 * kv + (size_t)g.n_gdn * (conv + rec) + (g.has_mtp ? 2 * kv : 0);
+    s->conv_n = (size_t)g.conv_dim * 3; s->rec_n = (size_t)g.Hv * g.dk * g.dv;
+    const bool with_mtp = mtp && g.has_mtp;
+    s->n_floats = (size_t)g.n_full * 2 * kv + (size_t)g.n_gdn * gdn_slots * (s->conv_n + s->rec_n) + (with_mtp ? 2 * kv : 0);
     s->block = (float*)calloc(s->n_floats, sizeof(float));
     CHECK(s->block, "out of memory for the sequence state (%zu MiB)", s->n_floats * 4 >> 20);
     float* p = s->block;
     for (int l = 0; l < g.L; l++) {
         if (g.full[l]) { s->key[l] = p; p += kv; s->value[l] = p; p += kv; }
-        else { s->conv[l] = p; p += conv; s->rec[l] = p; p += rec; }
+        else { s->conv0[l] = p; p += gdn_slots * s->conv_n; s->rec0[l] = p; p += gdn_slots * s->rec_n; }
     }
-    if (g.has_mtp) { s->mtp_key = p; p += kv; s->mtp_value = p; p += kv; }
+    if (with_mtp) { s->mtp_key = p; p += kv; s->mtp_value = p; p += kv; }
+    seq_set_slot(s, 0);
 }
 
 static void seq_free(SeqState* s) { free(s->block); *s = SeqState(); }
@@ -720,15 +764,18 @@ static void seq_free(SeqState* s) { free(s->block); *s = SeqState(); }
 static void seq_reset(SeqState* s) {
     memset(s->block, 0, s->n_floats * sizeof(float));
     s->pos = s->rope_delta = s->mtp_pos = 0;
+    seq_set_slot(s, 0);
 }
 
-// dst := src. both were built for the same model and capacity (dst keeps its own block).
+// dst := src. both were built for the same model, capacity and slots (dst keeps its own block).
 static void seq_copy(SeqState* dst, const SeqState* src) {
-    CHECK(dst->n_floats == src->n_floats && dst->capacity == src->capacity, "seq_copy between different shapes");
+    CHECK(dst->n_floats == src->n_floats && dst->capacity == src->capacity && dst->gdn_slots == src->gdn_slots,
+          "seq_copy between different shapes");
     memcpy(dst->block, src->block, src->n_floats * sizeof(float));
     dst->pos = src->pos; dst->rope_delta = src->rope_delta; dst->mtp_pos = src->mtp_pos;
+    seq_set_slot(dst, src->slot);
 }
-// ([[maybe_unused]]: callers so far are the tests; speculative decoding and prefix reuse come later)
+// ([[maybe_unused]]: callers so far are the tests; prefix reuse comes later)
 [[maybe_unused]] static void seq_snapshot(const SeqState* s, SeqState* snap) { seq_copy(snap, s); }
 [[maybe_unused]] static void seq_restore(SeqState* s, const SeqState* snap) { seq_copy(s, snap); }
 
@@ -933,17 +980,39 @@ static void gdn_conv(float* y, const float* u, float* state, const Vec& w, int T
     }
 }
 
-// one token of the gated delta rule for one value head (3.5), state S [dk, dv]:
+// gdn_conv for verification columns: the window before column 0 from state_in, and the window
+// after column t written to slot t (slots of `stride` floats from slot0). y is what gdn_conv
+// gives, bit for bit (the same sum per token).
+static void gdn_conv_snap(float* y, const float* u, const float* state_in, float* slot0, size_t stride, const Vec& w, int T, int C) {
+    #pragma omp parallel for schedule(static) if ((int64_t)T * C * 4 >= PARALLEL_MIN)
+    for (int c = 0; c < C; c++) {
+        const float* st = state_in + (size_t)c * 3;
+        auto in = [&](int s) { return s >= 0 ? u[(size_t)s * C + c] : st[3 + s]; };  // s >= -3
+        float win[3] = {in(-3), in(-2), in(-1)};  // state_in may be one of the slots written below
+        auto in2 = [&](int s) { return s >= 0 ? u[(size_t)s * C + c] : win[3 + s]; };
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f;
+            for (int tau = 0; tau < 4; tau++) acc += w.at((int64_t)tau * C + c) * in2(t - 3 + tau);
+            y[(size_t)t * C + c] = silu(acc);
+        }
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < 3; i++) slot0[t * stride + (size_t)c * 3 + i] = in2(t - 2 + i);
+    }
+}
+
+// one token of the gated delta rule for one value head (3.5), state [dk, dv] from S_in to S
+// (the same buffer for an update in place; a verification column writes its own slot):
 //   S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
-static void gdn_recurrent_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
+static void gdn_recurrent_step(const float* S_in, float* S, const float* q, const float* k, const float* v, float g, float beta,
                                float* o, int dk, int dv) {
     float decay = expf(g);
     float m[128];
     CHECK(dv <= 128, "dv %d", dv);
     for (int j = 0; j < dv; j++) m[j] = 0.0f;
     for (int i = 0; i < dk; i++) {
+        const float* Ii = S_in + (size_t)i * dv;
         float* Si = S + (size_t)i * dv;
-        for (int j = 0; j < dv; j++) { Si[j] *= decay; m[j] += Si[j] * k[i]; }
+        for (int j = 0; j < dv; j++) { Si[j] = Ii[j] * decay; m[j] += Si[j] * k[i]; }
     }
     for (int j = 0; j < dv; j++) m[j] = beta * (v[j] - m[j]);  // m becomes delta
     for (int j = 0; j < dv; j++) o[j] = 0.0f;
@@ -951,6 +1020,9 @@ static void gdn_recurrent_step(float* S, const float* q, const float* k, const f
         float* Si = S + (size_t)i * dv;
         for (int j = 0; j < dv; j++) { Si[j] += k[i] * m[j]; o[j] += Si[j] * q[i]; }
     }
+}
+static void gdn_recurrent_step(float* S, const float* q, const float* k, const float* v, float g, float beta, float* o, int dk, int dv) {
+    gdn_recurrent_step(S, S, q, k, v, g, beta, o, dk, dv);
 }
 
 // the same recurrence over T tokens in chunks of 64 (3.6, the wy/ut form hf's torch path
@@ -1033,9 +1105,17 @@ static void gdn_chunked(float* S, const float* q, const float* k, const float* v
     }
 }
 
+// the state slots of one deltanet layer, for verification columns: column t writes slot t
+struct GdnSnap {
+    float* conv0; size_t conv_n;  // [slots][conv_dim, 3]
+    float* rec0; size_t rec_n;    // [slots][Hv, dk, dv]
+};
+
 // a deltanet layer over T tokens (3.9). reads r->xb, writes r->out; conv_state [conv_dim, 3]
-// and S [Hv, dk, dv] carry over between calls.
-static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* conv_state, float* S, int T) {
+// and S [Hv, dk, dv] carry over between calls. snap (verification): the states are read from
+// conv_state / S and the state after column t goes to slot t; the delta rule then runs its
+// recurrent form column by column, so each column is bit for bit a one-token call.
+static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* conv_state, float* S, int T, const GdnSnap* snap = nullptr) {
     const int C = g.conv_dim, kd = g.Hk * g.dk, vd = g.Hv * g.dv;
     // 1. projections: u = [q | k | v] (the conv input), z, a, b
     matmul(r->qkv, C, r->xb, g.H, w.query_key, T);
@@ -1048,7 +1128,8 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
         bf16_round(r->ga, (size_t)T * g.Hv); bf16_round(r->gb, (size_t)T * g.Hv);
     }
     // 2. causal conv + silu, carrying the conv window
-    gdn_conv(r->conv, r->qkv, conv_state, w.convolution, T, C);
+    if (snap) gdn_conv_snap(r->conv, r->qkv, conv_state, snap->conv0, snap->conv_n, w.convolution, T, C);
+    else gdn_conv(r->conv, r->qkv, conv_state, w.convolution, T, C);
     if (r->bf16) bf16_round(r->conv, (size_t)T * C);
     // 3-4. l2-normalise q and k per head, scale q; gates beta = sigmoid(b) and
     //      g = -exp(A_log) softplus(a + dt_bias)
@@ -1072,7 +1153,13 @@ static void gdn_cpu(const Geometry& g, RunState* r, const GdnWeights& w, float* 
         const float* v = r->conv + 2 * kd + h * g.dv;
         float* Sh = S + (size_t)h * g.dk * g.dv;
         float* o = r->core + h * g.dv;
-        if (T == 1) gdn_recurrent_step(Sh, q, k, v, r->ga[h], r->gb[h], o, g.dk, g.dv);
+        if (snap) {
+            const size_t hs = (size_t)h * g.dk * g.dv;
+            for (int t = 0; t < T; t++)
+                gdn_recurrent_step(t ? snap->rec0 + (t - 1) * snap->rec_n + hs : Sh, snap->rec0 + t * snap->rec_n + hs,
+                                   q + (size_t)t * C, k + (size_t)t * C, v + (size_t)t * C, r->ga[(size_t)t * g.Hv + h],
+                                   r->gb[(size_t)t * g.Hv + h], o + (size_t)t * vd, g.dk, g.dv);
+        } else if (T == 1) gdn_recurrent_step(Sh, q, k, v, r->ga[h], r->gb[h], o, g.dk, g.dv);
         else gdn_chunked(Sh, q, k, v, C, r->ga + h, r->gb + h, g.Hv, o, vd, T, g.dk, g.dv, r->chunk + h * gdn_chunk_scratch(g));
     }
     if (r->bf16) bf16_round(r->core, (size_t)T * vd);
@@ -1120,10 +1207,10 @@ static void norm_rows(const Geometry& g, RunState* r, const Vec& w, int T) {
 // one decoder layer (4.3) on r->x [T, H]. full layers use kcache/vcache from kv row row0 on;
 // deltanet layers use conv_state and S.
 static void layer_cpu(const Geometry& g, RunState* r, const LayerWeights& w, float* kcache, float* vcache,
-                      float* conv_state, float* S, int row0, int T) {
+                      float* conv_state, float* S, int row0, int T, const GdnSnap* snap = nullptr) {
     norm_rows(g, r, w.input_norm, T);
     if (w.full) attention_cpu(g, r, w.attn, kcache, vcache, row0, T);
-    else gdn_cpu(g, r, w.gdn, conv_state, S, T);
+    else gdn_cpu(g, r, w.gdn, conv_state, S, T, snap);
     residual_add(r, r->x, r->out, (size_t)T * g.H);
     norm_rows(g, r, w.post_norm, T);
     mlp_cpu(g, r, w, T);
@@ -1161,8 +1248,11 @@ static void head_cpu(const Model* m, RunState* r, const Vec& norm, int T, float*
 //   logits          [T, vocab] when all_logits, else [vocab] for the last token; may be null
 //   hidden_out      [T, H] final-normed hidden (what the head and the mtp read), or null
 // T > 1 runs the chunked deltanet, T == 1 the recurrent one. st->pos advances by T.
+// snap (mtp verification, T <= st->gdn_slots): the deltanet runs column by column from the
+// live slot and leaves the state after column t in slot t (the caller picks the live slot
+// after accepting), so every column's logits equal a one-token call's bit for bit.
 static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
-                        const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
+                        const int* pos3, int T, float* logits, bool all_logits, float* hidden_out, bool snap = false) {
     const Geometry& g = m->geo;
     CHECK(T >= 1 && T <= r->T_max, "forward of %d tokens (at most %d per call)", T, r->T_max);
     CHECK(r->capacity >= st->capacity, "run state for %d rows, sequence of %d", r->capacity, st->capacity);
@@ -1170,8 +1260,11 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
     embed_cpu(m, r->x, ids, embed_override, T);
     if (r->bf16) bf16_round(r->x, (size_t)T * g.H);
     rope_tables(r, g, pos3, st->pos + st->rope_delta, T);
-    for (int l = 0; l < g.L; l++)
-        layer_cpu(g, r, m->w.layers[l], st->key[l], st->value[l], st->conv[l], st->rec[l], st->pos, T);
+    CHECK(!snap || T <= st->gdn_slots, "verification of %d columns with %d state slots", T, st->gdn_slots);
+    for (int l = 0; l < g.L; l++) {
+        GdnSnap sn{st->conv0[l], st->conv_n, st->rec0[l], st->rec_n};
+        layer_cpu(g, r, m->w.layers[l], st->key[l], st->value[l], st->conv[l], st->rec[l], st->pos, T, snap && !g.full[l] ? &sn : nullptr);
+    }
     head_cpu(m, r, m->w.final_norm, T, logits, all_logits, hidden_out);
     st->pos += T;
 }
@@ -1183,11 +1276,11 @@ static void forward_cpu(const Model* m, RunState* r, SeqState* st, const int* id
 //   c = decoder layer (full attention with the mtp's own kv cache, mlp)
 //   hidden_out = rmsnorm(c; 1 + mtp final_norm), logits = head(hidden_out) (draft for x_{p+2})
 // st->mtp_pos advances by T.
-[[maybe_unused]] static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
+static void mtp_forward_cpu(const Model* m, RunState* r, SeqState* st, const int* ids, const float* embed_override,
                             const float* hidden, const int* pos3, int T, float* logits, bool all_logits, float* hidden_out) {
     const Geometry& g = m->geo;
     const MtpWeights& w = m->w.mtp;
-    CHECK(g.has_mtp, "the model has no mtp module");
+    CHECK(g.has_mtp && st->mtp_key, "the model has no mtp module, or the sequence no mtp kv cache");
     CHECK(T >= 1 && T <= r->T_max, "mtp forward of %d rows (at most %d per call)", T, r->T_max);
     CHECK(st->mtp_pos + T <= st->capacity, "mtp context overflow: %d + %d > %d", st->mtp_pos, T, st->capacity);
     embed_cpu(m, r->x, ids, embed_override, T);
@@ -1646,7 +1739,9 @@ struct SamplerParams {
     std::vector<std::pair<int, float>> logit_bias;  // (id, added to its logit) before anything else, greedy too
 };
 
-enum { RNG_PREFILL = 0, RNG_DECODE = 1 };  // the purpose key: first token after a prefill, later tokens
+// the purpose key: the first token after a prefill, later tokens; speculative decoding's
+// acceptance test, its draw from the residual on a rejection, its bonus token (16.5)
+enum { RNG_PREFILL = 0, RNG_DECODE = 1, RNG_SPEC_ACCEPT = 2, RNG_SPEC_CORRECTION = 3, RNG_SPEC_BONUS = 4 };
 
 struct Sampler {
     SamplerParams p;
@@ -1654,6 +1749,7 @@ struct Sampler {
     std::vector<int> counts;                // [domain] times each id was generated
     std::vector<std::pair<float, int>> cand;  // scratch: (adjusted logit, id)
     std::vector<float> biased;              // scratch: logits + logit_bias
+    std::vector<float> w;                   // scratch: the kept candidates' weights (sampler_dist)
 };
 
 static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
@@ -1746,15 +1842,17 @@ static int argmax(const float* x, int n) {
     return best;
 }
 
-// pick the next token from logits [>= domain] for sequence position `position`
-static int sample(Sampler* s, const float* logits, uint64_t position, int purpose) {
+// the distribution sample() draws from: the kept candidates s->cand[0..keep) with weights
+// s->w[0..keep) (relative to the best) and their total `mass`, the draw walking them in that
+// order. returns keep; 0 for greedy (temperature <= 0), where *greedy_id is the argmax.
+static size_t sampler_dist(Sampler* s, const float* logits, float* mass_out, int* greedy_id) {
     const SamplerParams& p = s->p;
     if (!p.logit_bias.empty()) {
         s->biased.assign(logits, logits + s->domain);
         for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] = SMP_FADD(s->biased[b.first], b.second);
         logits = s->biased.data();
     }
-    if (p.temperature <= 0.0f) return argmax(logits, s->domain);
+    if (p.temperature <= 0.0f) { *greedy_id = argmax(logits, s->domain); return 0; }
     auto& c = s->cand;
     c.clear();
     for (int i = 0; i < s->domain; i++) {
@@ -1792,14 +1890,55 @@ static int sample(Sampler* s, const float* logits, uint64_t position, int purpos
         keep = std::min(keep, k);
     }
     if (keep < n) sort_upto(keep);  // the kept set is the best `keep` (the draw walks them in array order)
+    s->w.resize(keep);
     float mass = 0.0f;
-    for (size_t i = 0; i < keep; i++) mass = SMP_FADD(mass, weight(i));
-    float u = SMP_FMUL(rng_uniform(p.seed, position, purpose), mass);
+    for (size_t i = 0; i < keep; i++) { s->w[i] = weight(i); mass = SMP_FADD(mass, s->w[i]); }
+    *mass_out = mass;
+    return keep;
+}
+
+// the draw: u in [0, mass) walks the kept candidates, skipping id `skip` (-1: none)
+static int sampler_draw(const Sampler* s, size_t keep, float mass, uint64_t position, int purpose, int skip) {
+    float u = SMP_FMUL(rng_uniform(s->p.seed, position, purpose), mass);
+    int last = -1;
     for (size_t i = 0; i < keep; i++) {
-        u = SMP_FSUB(u, weight(i));
-        if (u < 0.0f) return c[i].second;
+        if (s->cand[i].second == skip) continue;
+        last = s->cand[i].second;
+        u = SMP_FSUB(u, s->w[i]);
+        if (u < 0.0f) return last;
     }
-    return c[keep - 1].second;  // u landed on the rounding edge
+    return last;  // u landed on the rounding edge
+}
+
+// pick the next token from logits [>= domain] for sequence position `position`
+static int sample(Sampler* s, const float* logits, uint64_t position, int purpose) {
+    float mass = 0.0f;
+    int greedy = -1;
+    const size_t keep = sampler_dist(s, logits, &mass, &greedy);
+    if (!keep) return greedy;
+    return sampler_draw(s, keep, mass, position, purpose, -1);
+}
+
+// speculative sampling of one verification column (reference-engine.md 16.4) with a one-hot
+// draft d: accept d with probability p(d) (the target's probability under sample()'s
+// distribution), else draw from the residual p - onehot(d), i.e. p without d renormalised.
+// the output is then distributed exactly as sample()'s (p(d) + (1 - p(d)) * 0 for d, and
+// (1 - p(d)) p(x) / (1 - p(d)) for x != d). greedy: accepted iff d is the argmax, else the
+// argmax. returns the token; *accepted says whether it is the draft.
+static int sample_spec(Sampler* s, const float* logits, int d, uint64_t position, bool* accepted) {
+    float mass = 0.0f;
+    int greedy = -1;
+    const size_t keep = sampler_dist(s, logits, &mass, &greedy);
+    if (!keep) { *accepted = greedy == d; return greedy; }
+    float wd = 0.0f, rest = 0.0f;  // the draft's weight, and the others' in draw order
+    for (size_t i = 0; i < keep; i++) {
+        if (s->cand[i].second == d) wd = s->w[i];
+        else rest = SMP_FADD(rest, s->w[i]);
+    }
+    // u < wd / mass, without the division
+    *accepted = wd > 0.0f && (rest == 0.0f || SMP_FMUL(rng_uniform(s->p.seed, position, RNG_SPEC_ACCEPT), mass) < wd);
+    if (*accepted) return d;
+    return sampler_draw(s, keep, rest, position, RNG_SPEC_CORRECTION, d);
 }
 
 // === 6. generation (cpu) =====================================================
@@ -1892,11 +2031,25 @@ static int logits_piece(const RunState* r, int vocab) {
     return (int)std::max<int64_t>(1, std::min<int64_t>(r->T_max, (256ll << 20) / ((int64_t)vocab * 4)));
 }
 
+// mtp speculative decoding (generate_spec_cpu below; the server's usage.speculative)
+enum { SPEC_MAX_K = 5 };             // --draft-tokens for mtp: 1..5 (NInfer's range)
+struct SpecOpts {
+    int K = 0;                       // --draft-tokens; 0: no speculation
+    bool lm_head_draft = false;      // drafts scored by the artifact's proposal head (its id remap)
+};
+struct SpecStats {
+    int K = 0;                       // the draft window; 0: no speculation ran
+    long rounds = 0, drafted = 0, accepted = 0;
+    long fallback_steps = 0;         // one-token steps near the context end (no room for a round)
+    long per_position[SPEC_MAX_K] = {};  // rounds whose draft k was accepted
+};
+
 struct GenStats {
     int prompt = 0, generated = 0;   // generated counts emitted ids (a stop id is not emitted)
     double prefill_s = 0, decode_s = 0;
     bool stopped = false; int stop_id = -1;  // ended on a stop id
     bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
+    SpecStats spec;
 };
 
 // a cancel poll for the prefill: called before each prefill piece, true ends generation
@@ -1956,6 +2109,185 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
         if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
+    }
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
+// ---- mtp speculative decoding -------------------------------------------------------------
+//
+// one round (model.md 5.2, reference-engine.md 16.4), at a boundary where the sequence holds
+// n0 tokens, the token x at index n0 is sampled but not yet fed, and the mtp has proposed
+// d1..dK for indices n0+1..n0+K:
+//   1. verify: the target runs [x, d1..dK] as K+1 columns at kv rows n0..n0+K; column t leaves
+//      its deltanet state in slot t (forward_cpu's snap)
+//   2. accept, column by column: column i < K tests d_{i+1} against the target's column-i
+//      distribution (greedy: equal to the argmax; sampling: sample_spec), the first rejection
+//      ends the round with the corrected token, and if all K pass column K gives a bonus token.
+//      every token goes through the stop ids, the emitter and the limits as it is produced; a
+//      stop, limit or cancel at column c commits exactly columns 0..c
+//   3. commit: A accepted drafts -> len = n0 + A + 1, live slot A (no copy, no recomputation);
+//      the kv rows past it are overwritten by the next round
+//   4. realign: the mtp runs the A+1 true rows [d1..dA, t*] x hidden of columns 0..A (its kv
+//      rows from n0 on; the draft rows of the previous round are overwritten), draft 1 is the
+//      argmax of the proposal head on the last row, drafts 2..K are autoregressive mtp steps
+//      (input: the previous draft and the mtp's own hidden, one position on), whose kv rows are
+//      again overwritten by the next realignment
+// greedy, every emitted token is the target's argmax given exactly the tokens before it, and
+// every verification column computes bit for bit what a one-token forward computes (products
+// sum each column in the same order whatever T is, attention per column, the deltanet
+// recurrent per column): the output is token for token plain decoding's. sampling draws each
+// token from the target distribution (sample_spec), with the rng keyed by purpose.
+// where no round fits before the context end (len + K + 1 > capacity) it decodes one token at
+// a time, as NInfer does.
+
+// test hook: replaces the mtp's draft k (1..K) for sequence index idx (tests force right and
+// wrong drafts through it); null in the product
+typedef int (*DraftHook)(void* ctx, int idx, int k, int proposed);
+
+struct SpecState {
+    SpecOpts o;
+    int rows = 0;               // max(T_max, K+1)
+    std::vector<float> hid;     // [rows, H] main hidden: the last prefill piece, then the verify columns
+    std::vector<float> mh;      // [rows, H] mtp hidden rows
+    std::vector<float> lg;      // [K+1, vocab] verify logits
+    std::vector<float> dl;      // [vocab or draft rows] proposal logits
+    std::vector<int> ids;       // [rows]
+    int drafts[SPEC_MAX_K] = {};
+    int rid[SPEC_MAX_K + 1] = {};  // the realignment's ids
+    DraftHook hook = nullptr; void* hook_ctx = nullptr;
+};
+
+static void spec_build(SpecState* sp, const Geometry& g, const SpecOpts& o, int T_max) {
+    CHECK(o.K >= 1 && o.K <= SPEC_MAX_K, "draft window %d", o.K);
+    *sp = SpecState();
+    sp->o = o;
+    sp->rows = std::max(T_max, o.K + 1);
+    sp->hid.assign((size_t)sp->rows * g.H, 0.0f);
+    sp->mh.assign((size_t)sp->rows * g.H, 0.0f);
+    sp->lg.assign((size_t)(o.K + 1) * g.vocab, 0.0f);
+    sp->dl.assign(o.lm_head_draft ? g.draft_rows : g.vocab, 0.0f);
+    sp->ids.assign(sp->rows, 0);
+}
+
+// what --spec mtp (and --lm-head-draft) need from the artifact; false with a one-line *err
+static bool spec_check(const Model* m, const SpecOpts& o, std::string* err) {
+    if (!o.K) return true;
+    if (!m->geo.has_mtp) { *err = m->art.path + ": --spec mtp needs the mtp module (mtp/* tensors), which this artifact does not have"; return false; }
+    if (o.lm_head_draft && !m->geo.draft_rows) {
+        *err = m->art.path + ": --lm-head-draft needs a draft head (text/draft_head, text/draft_head_token_ids), which this artifact does not have";
+        return false;
+    }
+    return true;
+}
+
+// the draft from one mtp hidden row: the argmax of the proposal head, the full head over the
+// token domain or the draft head's rows mapped through its ids (lowest row on ties)
+static int spec_propose(const Model* m, SpecState* sp, const float* h, int domain) {
+    const Geometry& g = m->geo;
+    if (sp->o.lm_head_draft) {
+        matmul(sp->dl.data(), g.draft_rows, h, g.H, m->w.draft_head, 1);
+        return m->w.draft_ids[argmax(sp->dl.data(), g.draft_rows)];
+    }
+    matmul(sp->dl.data(), g.vocab, h, g.H, m->w.output_head, 1);
+    return argmax(sp->dl.data(), domain);
+}
+
+// the mtp's T true rows from st->mtp_pos on (row p: ids[t] = token p+1, hid[t] = main hidden p),
+// ending at st->pos; then the K drafts for indices pos+1..pos+K into sp->drafts
+static void spec_draft(const Model* m, RunState* r, SeqState* st, SpecState* sp, const int* ids, const float* hid, int T, int domain) {
+    const int H = m->geo.H, K = sp->o.K;
+    CHECK(st->mtp_pos + T == st->pos, "mtp rows %d + %d, sequence %d", st->mtp_pos, T, st->pos);
+    mtp_forward_cpu(m, r, st, ids, nullptr, hid, nullptr, T, nullptr, false, sp->mh.data());
+    float* h = sp->mh.data() + (size_t)(T - 1) * H;
+    for (int k = 1; k <= K; k++) {
+        int d = spec_propose(m, sp, h, domain);
+        if (sp->hook) d = sp->hook(sp->hook_ctx, st->pos + k, k, d);
+        sp->drafts[k - 1] = d;
+        if (k < K) mtp_forward_cpu(m, r, st, &d, nullptr, h, nullptr, 1, nullptr, false, h);
+    }
+    st->mtp_pos = st->pos;  // the draft rows are overwritten by the next realignment
+}
+
+// generate_cpu's contract with mtp speculation (the section's header; cancel is polled between
+// prefill pieces, the emitter's false ends a round as a stop does); st was built with K+1
+// gdn slots and an mtp kv cache, r with T_max >= K+1, and st's mtp rows match its tokens
+template <typename Emit>
+static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, SpecState* sp, Sampler* smp, const std::vector<int>& prompt,
+                                  int max_new, const std::vector<int>& stop_ids, Emit emit, const GenCancel& cancel = GenCancel()) {
+    const Geometry& g = m->geo;
+    const int K = sp->o.K, n = (int)prompt.size();
+    CHECK(st->gdn_slots >= K + 1 && r->T_max >= K + 1 && sp->rows >= r->T_max, "speculation state for K=%d", K);
+    CHECK(st->mtp_pos == st->pos, "mtp rows %d, sequence %d", st->mtp_pos, st->pos);
+    GenStats s;
+    s.prompt = n;
+    s.spec.K = K;
+    float* lg0 = sp->lg.data();
+    double t0 = now_s();
+    // prefill: each piece's hidden rows feed the mtp rows of the same positions (row p pairs
+    // token p+1 with hidden p: NInfer fills the mtp kv during prefill); the last piece's rows
+    // wait for the first sampled token
+    int last0 = 0, lastT = 0;
+    for (int i = 0; i < n; i += r->T_max) {
+        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
+        const int T = std::min(r->T_max, n - i);
+        forward_cpu(m, r, st, prompt.data() + i, nullptr, nullptr, T, lg0, false, sp->hid.data());
+        if (i + T < n) { mtp_forward_cpu(m, r, st, prompt.data() + i + 1, nullptr, sp->hid.data(), nullptr, T, nullptr, false, nullptr); continue; }
+        last0 = i; lastT = T;
+    }
+    s.prefill_s = now_s() - t0;
+    t0 = now_s();
+    auto take = [&](int id) -> bool {  // a produced token; false: generation ends with it
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
+        sampler_accept(smp, id);
+        s.generated++;
+        if (!emit_more(emit, id)) { s.cancelled = true; return false; }  // a stop string, or the client left
+        return s.generated < max_new;
+    };
+    if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
+    int x = sample(smp, lg0, st->pos, RNG_PREFILL);
+    bool go = take(x) && st->pos < st->capacity;
+    bool rounds = go && st->pos + K + 1 <= st->capacity;
+    if (rounds) {
+        for (int t = 0; t + 1 < lastT; t++) sp->ids[t] = prompt[last0 + t + 1];
+        sp->ids[lastT - 1] = x;
+        spec_draft(m, r, st, sp, sp->ids.data(), sp->hid.data(), lastT, smp->domain);
+    }
+    while (go) {
+        if (!rounds) {  // no room for a round: one token at a time
+            forward_cpu(m, r, st, &x, nullptr, nullptr, 1, lg0, false, nullptr);
+            s.spec.fallback_steps++;
+            x = sample(smp, lg0, st->pos, RNG_DECODE);
+            go = take(x) && st->pos < st->capacity;
+            continue;
+        }
+        // 1. verify
+        const int n0 = st->pos;
+        sp->ids[0] = x;
+        for (int k = 0; k < K; k++) sp->ids[k + 1] = sp->drafts[k];
+        forward_cpu(m, r, st, sp->ids.data(), nullptr, nullptr, K + 1, sp->lg.data(), true, sp->hid.data(), true);
+        s.spec.rounds++;
+        s.spec.drafted += K;
+        // 2. accept; the token of column c is at sequence index n0 + c + 1
+        int c = 0;
+        for (;; c++) {
+            const float* lg = sp->lg.data() + (size_t)c * g.vocab;
+            bool acc = false;
+            x = c < K ? sample_spec(smp, lg, sp->drafts[c], n0 + c + 1, &acc) : sample(smp, lg, n0 + c + 1, RNG_SPEC_BONUS);
+            if (acc) { s.spec.accepted++; s.spec.per_position[c]++; }
+            if (!take(x)) { go = false; break; }
+            if (!acc) break;  // the correction, or the bonus (c == K)
+        }
+        // 3. commit columns 0..c: A = c accepted drafts were fed
+        st->pos = n0 + c + 1;
+        seq_set_slot(st, c);
+        if (!go || st->pos == st->capacity) break;
+        // 4. realign the mtp on the true rows and draft the next round
+        rounds = st->pos + K + 1 <= st->capacity;
+        if (!rounds) continue;
+        for (int t = 0; t < c; t++) sp->rid[t] = sp->drafts[t];
+        sp->rid[c] = x;
+        spec_draft(m, r, st, sp, sp->rid, sp->hid.data(), c + 1, smp->domain);
     }
     s.decode_s = now_s() - t0;
     return s;
@@ -6296,22 +6628,31 @@ static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out,
 struct Engine {
     const Model* m = nullptr;
     bool gpu = false;
+    SpecOpts spec;         // --spec mtp --draft-tokens K [--lm-head-draft]
     RunState rs;           // cpu path
     SeqState st;
+    SpecState sp;          // cpu path with spec
     GpuEngine* g = nullptr;  // gpu path
 };
 
-// cpu: max_context rows, prefill pieces of prefill_chunk; gpu: everything in o. false with *err
-// when the gpu path cannot start (the caller decides whether to fall back)
-static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o, std::string* err) {
+// cpu: max_context rows, prefill pieces of prefill_chunk; gpu: everything in o. with spec: the
+// artifact must have what it needs (spec_check); the cpu sequence gets K+1 deltanet slots and
+// the mtp kv cache (without spec, none of the mtp part). false with *err when it cannot start
+// (the caller decides whether to fall back)
+static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o, std::string* err, const SpecOpts& spec = SpecOpts()) {
     *en = Engine();
-    en->m = m; en->gpu = gpu;
+    en->m = m; en->gpu = gpu; en->spec = spec;
+    if (!spec_check(m, spec, err)) return false;
     if (gpu) {
+        // the gpu round is not built: its verification columns are not bit for bit one-token
+        // steps yet (test/bench-notes.md), so it could not be lossless
+        if (spec.K) { *err = "--spec mtp is not supported on the gpu yet (the cpu reference path runs it: ninfer --cpu)"; return false; }
         en->g = gpu_build(m, o, err);
         return en->g != nullptr;
     }
-    seq_build(&en->st, m->geo, o.max_context);
-    run_build(&en->rs, m->geo, std::min(o.prefill_chunk, o.max_context), o.max_context);
+    seq_build(&en->st, m->geo, o.max_context, spec.K + 1, spec.K > 0);
+    run_build(&en->rs, m->geo, std::max(std::min(o.prefill_chunk, o.max_context), spec.K + 1), o.max_context);
+    if (spec.K) spec_build(&en->sp, m->geo, spec, en->rs.T_max);
     return true;
 }
 static void engine_free(Engine* en) {
@@ -6327,6 +6668,12 @@ template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
                                 FILE* logits_out, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
     if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
+    if (en->spec.K) {
+        // the mtp rows of a multimodal prompt (vision rows, m-rope positions) are not built:
+        // no caller passes one with --spec (media are refused before generation)
+        CHECK(!logits_out && !mm, "--logits-out or a multimodal prompt with --spec");
+        return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
+    }
     return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, logits_out, emit, cancel, mm);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
@@ -6420,6 +6767,7 @@ struct TextModel {
     Model m;
     Tokenizer tok;
     FrontendIds fr;
+    SpecOpts spec;   // set before text_model_start
     Engine en;
     TextVision vis;
 };
@@ -6442,8 +6790,15 @@ static bool text_model_open(TextModel* t, const char* path, std::string* err) {
 // build the engine: on the gpu unless `cpu` or there is none (then a notice on stderr)
 static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const char* who, std::string* err) {
     bool gpu = !cpu && gpu_count() > 0;
+    // the cpu reference keeps one fp32 kv of exactly --max-context rows: kv formats and pool
+    // sizes are the gpu's, refused rather than ignored
+    if (!gpu && (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity != o.max_context))) {
+        *err = "--kv-capacity is a gpu setting; the cpu reference path holds --max-context rows (give --max-context instead)";
+        return false;
+    }
+    if (!gpu && o.kv != KV_BF16) { *err = "--kv-dtype int8 / fp8 are gpu kv formats; the cpu reference path keeps fp32 kv"; return false; }
     if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
-    return engine_build(&t->en, &t->m, gpu, o, err);
+    return engine_build(&t->en, &t->m, gpu, o, err, t->spec);
 }
 
 static void text_model_close(TextModel* t) {
@@ -6589,9 +6944,10 @@ static bool text_prompt(TextModel* t, Json messages, const Json* tools, const Ch
         if (bytes > budget->max_bytes)
             return over("about " + std::to_string(bytes) + " media bytes, over the request budget of " + std::to_string(budget->max_bytes));
     }
-    chat_from_openai(&messages);
+    if (!chat_from_openai(&messages, err)) return false;
     std::string rendered;
-    if (!chat_render(messages, tools, co, &rendered, err)) { *why = PROMPT_RENDER; return false; }
+    TextSpans literal, expanded_literal;  // the conversation's own text: tokenized literally, never a placeholder
+    if (!chat_render(messages, tools, co, &rendered, err, &literal)) { *why = PROMPT_RENDER; return false; }
     mp->items.clear();
     std::string text = rendered;
     if (!jobs.empty()) {
@@ -6608,9 +6964,10 @@ static bool text_prompt(TextModel* t, Json messages, const Json* tools, const Ch
         if (budget && tokens > budget->max_tokens)
             return over(std::to_string(tokens) + " vision tokens, over the request budget of " + std::to_string(budget->max_tokens));
         for (const VisionItem& it : mp->items) (it.video ? videos : images).push_back(&it);
-        if (!vision_expand_prompt(rendered, images, videos, t->vis.cfg.merge, &text, err)) return false;
+        if (!vision_expand_prompt(rendered, images, videos, t->vis.cfg.merge, &text, err, &literal, &expanded_literal)) return false;
+        literal.swap(expanded_literal);
     }
-    tokenizer_encode(&t->tok, text, &rq->prompt);
+    tokenizer_encode(&t->tok, text, &rq->prompt, true, &literal);
     rq->thinking_open = chat_thinking_open(rendered);
     rq->tools = tools != nullptr;
     return true;
@@ -6669,6 +7026,11 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
         err->message = "this model's chat template has no reasoning effort levels";
         return false;
     }
+    if (chat.preserve_thinking) {  // the qwen3.5 template always drops closed-turn reasoning
+        err->code = "preserve_thinking_not_supported"; err->param = "preserve_thinking";
+        err->message = "this model's chat template has no option to keep closed-turn reasoning";
+        return false;
+    }
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
@@ -6722,6 +7084,12 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
     res->prefill_s = r.gen.prefill_s;
     res->decode_s = r.gen.decode_s;
+    if (const SpecStats& sp = r.gen.spec; sp.K) {
+        ServeSpecStats& o = res->speculative;
+        o.backend = "mtp"; o.draft_window = sp.K;
+        o.rounds = sp.rounds; o.drafted_tokens = sp.drafted; o.accepted_tokens = sp.accepted; o.fallback_steps = sp.fallback_steps;
+        o.accepted_per_position.assign(sp.per_position, sp.per_position + sp.K);
+    }
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
@@ -6741,6 +7109,7 @@ static bool served_supports(const char* feature) {
     if (!strcmp(feature, "--vision") || !strcmp(feature, "--media-preprocess-threads")) return true;  // both paths run the tower
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
+    if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
     return false;
 }
 
@@ -6754,7 +7123,9 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
     g.tune = gpu_tuning_from_env();
+    if (o.spec == "mtp") { s->t.spec.K = o.draft_tokens; s->t.spec.lm_head_draft = o.lm_head_draft; }
     if (!text_model_open(&s->t, path, err)) { delete s; return nullptr; }
+    if (o.vision && o.spec == "mtp") { *err = "--spec mtp cannot be combined with --vision yet (the mtp head's multimodal rows are not built)"; delete s; return nullptr; }
     if (o.vision) {  // startup residency: the tower (and its device workspace) only with --vision
         TextVision v;
         v.local_files = false;  // the server reads data: uris only
@@ -6819,9 +7190,11 @@ static void usage(FILE* f) {
         "       ninfer-serve MODEL.ninfer [server options]   (ninfer-serve --help lists them)\n"
         "\n"
         "input:\n"
-        "  --prompt TEXT          one user message, rendered with the model's chat template\n"
+        "  --prompt TEXT          one user message, rendered with the model's chat template (its text\n"
+        "                         is literal: \"<|im_end|>\" in it is text, never the control token)\n"
         "  --messages FILE        a json array of messages, or {\"messages\": [...], \"tools\": [...]}\n"
-        "  --raw-prompt TEXT      text completion: the text is tokenized as is, no chat template (ninfer)\n"
+        "  --raw-prompt TEXT      text completion: the text is tokenized as is (special tokens too), no\n"
+        "                         chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
         "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable;\n"
@@ -6852,11 +7225,19 @@ static void usage(FILE* f) {
         "  --reasoning-stop TEXT  stop string on the reasoning channel, repeatable\n"
         "  --raw-output           no reasoning/content split, special tokens printed\n"
         "\n"
+        "speculative decoding (lossless: greedy output is plain decoding's, token for token):\n"
+        "  --spec mtp             draft with the artifact's mtp module, verify K+1 tokens per pass\n"
+        "  --draft-tokens N       the draft window K, 1..5 (required with --spec)\n"
+        "  --lm-head-draft        score drafts with the artifact's reduced proposal head (needs --spec)\n"
+        "                         (the cpu reference path only so far: with a gpu, add --cpu;\n"
+        "                         drafted / accepted / per position / tokens per round on stderr)\n"
+        "\n"
         "execution:\n"
         "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"
         "  --device N             cuda device (0)\n"
-        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16)\n"
-        "  --kv-capacity N|auto   kv rows to allocate (default: --max-context)\n"
+        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16; the cpu path refuses int8 / fp8)\n"
+        "  --kv-capacity N|auto   kv rows to allocate on the gpu (default: --max-context; the cpu path\n"
+        "                         holds exactly --max-context rows and refuses other values)\n"
         "  --no-cuda-graph        run decode eagerly instead of replaying a cuda graph\n"
         "\n"
         "diagnostics:\n"
@@ -6902,8 +7283,10 @@ static uint64_t parse_u64(const char* flag, const char* s) {
 }
 
 static std::string read_file(const char* path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) die("%s: is a directory, not a file", path);
     FILE* f = fopen(path, "rb");
-    if (!f) die("%s: cannot open: %s", path, strerror(errno));
+    if (!f) die("%s: cannot open: %s%s", path, strerror(errno), path_case_hint(path).c_str());
     std::string s;
     char buf[1 << 16];
     size_t n;
@@ -6944,6 +7327,9 @@ struct CliArgs {
     std::vector<int> user_stops;
     std::vector<std::string> stop_strings, reasoning_stops;
     GpuOpts gopt;                      // --device, --kv-dtype, --kv-capacity, --no-cuda-graph; tune from the environment
+    const char* spec_name = nullptr;   // --spec mtp
+    int draft_tokens = 0;              // --draft-tokens (required with --spec)
+    bool lm_head_draft = false;
     std::vector<MediaArg> media;       // --image, --video
     bool vision = false;               // --vision: the tower is resident only with media either way
     double video_fps = 24;             // a frame list has no rate; transformers assumes 24
@@ -6987,6 +7373,13 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--no-thinking")) c->no_thinking = true;
         else if (!strcmp(a, "--raw-output")) c->raw_output = true;
         else if (!strcmp(a, "--print-token-ids")) c->print_ids = true;
+        else if (!strcmp(a, "--spec")) {
+            c->spec_name = value();
+            if (strcmp(c->spec_name, "mtp") && strcmp(c->spec_name, "dflash")) die("--spec: '%s' is not one of mtp, dflash", c->spec_name);
+            if (!strcmp(c->spec_name, "dflash")) die("--spec dflash is not supported yet (qwen3.5 dense has no dflash drafter)");
+        }
+        else if (!strcmp(a, "--draft-tokens")) c->draft_tokens = (int)parse_int(a, value(), 1, 15);
+        else if (!strcmp(a, "--lm-head-draft")) c->lm_head_draft = true;
         else if (!strcmp(a, "--image")) c->media.push_back({false, value()});
         else if (!strcmp(a, "--video")) c->media.push_back({true, value()});
         else if (!strcmp(a, "--video-fps")) c->video_fps = parse_float(a, value(), 0.001, 1000);
@@ -6996,8 +7389,7 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--decode-out")) c->decode_out = value();
         else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
         else if (!strcmp(a, "--vision")) c->vision = true;
-        else if (!strcmp(a, "--spec") || !strcmp(a, "--draft-tokens") || !strcmp(a, "--lm-head-draft") ||
-                 !strcmp(a, "--reasoning-effort"))
+        else if (!strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
         else if (gpu_parse_flag(argc, argv, &i, &c->gopt)) {}
         else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); exit(1); }
@@ -7009,11 +7401,33 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
     c->inputs = !!c->prompt_text + !!c->messages_path + !!c->raw_prompt + !!c->prompt_ids + !!c->ppl_path + c->tokenize;
     if (c->inputs > 1) die("give one of --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize");
     if (c->render && !c->prompt_text && !c->messages_path) die("--render needs --prompt or --messages");
+    if (c->info && (c->inputs || c->render || c->logits_path || c->print_ids))
+        die("--info prints the artifact and exits: it takes no --prompt, --messages, --raw-prompt, --prompt-ids, --perplexity, --tokenize, --render or --logits-out");
+    // text arguments are utf-8, as request strings are for the server (an invalid byte is an
+    // error there too, not a silent U+FFFD)
+    for (auto [flag, v] : {std::pair<const char*, const char*>{"--prompt", c->prompt_text}, {"--raw-prompt", c->raw_prompt}})
+        if (v && !utf8_valid(v, strlen(v))) {
+            size_t at = 0, n = strlen(v);
+            while (at < n) {  // the first ill-formed sequence
+                unsigned char b = (unsigned char)v[at];
+                size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+                if (at + len > n || !utf8_valid(v + at, len)) break;
+                at += len;
+            }
+            die("%s: the text is not valid utf-8 (byte %zu)", flag, at);
+        }
     if (c->logits_path && (!(c->prompt_text || c->messages_path || c->raw_prompt || c->prompt_ids) || c->render))
         die("--logits-out needs a prompt (--prompt, --messages, --raw-prompt or --prompt-ids)");
     c->gopt.max_context = c->max_context;
     c->gopt.prefill_chunk = std::min(c->prefill_chunk, c->max_context);
     c->gopt.tune = gpu_tuning_from_env();
+    // NInfer's rules (and messages: serve.h's serve_parse_args)
+    if (c->spec_name && !c->draft_tokens) die("--spec %s needs --draft-tokens", c->spec_name);
+    if (!c->spec_name && c->draft_tokens) die("--draft-tokens needs --spec");
+    if (c->spec_name && c->draft_tokens > SPEC_MAX_K) die("--draft-tokens for --spec mtp is 1..%d", SPEC_MAX_K);
+    if (!c->spec_name && c->lm_head_draft) die("--lm-head-draft needs --spec");
+    if (c->ppl_path && c->spec_name) die("--perplexity cannot be combined with --spec (it scores, it does not generate)");
+    if (c->spec_name && c->logits_path) die("--logits-out cannot be combined with --spec (it writes the prompt's logits of a plain run)");
 }
 
 // --info
@@ -7120,7 +7534,7 @@ static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq, MediaPro
         if (c.render) {
             std::vector<MediaJob> jobs;
             if (!chat_media(&messages, true, &jobs, &err)) die("%s: %s", where, err.c_str());
-            chat_from_openai(&messages);
+            if (!chat_from_openai(&messages, &err)) die("%s: %s", where, err.c_str());
             std::string rendered;
             if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err)) die("%s: %s", where, err.c_str());
             fwrite(rendered.data(), 1, rendered.size(), stdout);
@@ -7238,6 +7652,17 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
             s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
             s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
             : engine_pos(&t->en) == engine_capacity(&t->en) ? ", context full" : "");
+    if (const SpecStats& sp = s.spec; sp.K) {
+        std::string per;
+        for (int k = 0; k < sp.K; k++) {
+            char b[32]; snprintf(b, sizeof b, "%s%.3f", k ? " " : "", sp.rounds ? (double)sp.per_position[k] / sp.rounds : 0.0);
+            per += b;
+        }
+        fprintf(stderr, "ninfer: mtp K=%d%s: %ld rounds, %ld drafted, %ld accepted (%.1f%%), acceptance per position [%s], %.2f tokens/round, "
+                "%ld one-token steps\n", sp.K, t->spec.lm_head_draft ? " (draft head)" : "", sp.rounds, sp.drafted, sp.accepted,
+                sp.drafted ? 100.0 * sp.accepted / sp.drafted : 0.0, per.c_str(), sp.rounds ? 1.0 + (double)sp.accepted / sp.rounds : 0.0,
+                sp.fallback_steps);
+    }
     text_model_close(t);
     return 0;
 }
@@ -7261,9 +7686,11 @@ int main(int argc, char** argv) {
     TextRequest rq;
     MediaPrompt mp;
     if (!cli_prompt(c, &t, &rq, &mp)) { model_close(&t.m); return 0; }  // --render
+    if (c.spec_name) { t.spec.K = c.draft_tokens; t.spec.lm_head_draft = c.lm_head_draft; }
     if (!text_model_start(&t, c.cpu, c.gopt, "ninfer", &err)) die("%s", err.c_str());
     MmPrompt mm;
     if (!mp.items.empty()) {  // the tower is resident only now (startup residency: media asked for it)
+        if (c.spec_name) die("--spec mtp with images or video is not supported yet (the mtp head's multimodal rows are not built)");
         if ((int)rq.prompt.size() >= engine_capacity(&t.en))
             die("the prompt has %zu tokens with its media, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t.en));
         if (!text_vision_start(&t, &err) || !text_media_tower(&t, rq.prompt, mp, &mm, &err)) die("%s", err.c_str());

@@ -6,12 +6,13 @@
 //   engine interface: ServeChat, ServePrompt, ServeSampling, ServeEvent, ServeSink,
 //                     ServeResult, ServeError, ServeEngine, ServeBackend
 //   options:          ServeOptions, serve_parse_args, serve_check_features, serve_usage
-//   http:             HttpLimits, HttpRequest, http_parse_head, ChunkedDecoder, chunked_feed,
-//                     http_status_text
+//   http:             HttpLimits, HttpRequest, http_line_plausible, http_parse_head, ChunkedDecoder,
+//                     chunked_feed, http_status_text
 //   output:           utf8_take (hold back a split code point), sse_data, sse_event
 //   memory:           the global operator new / delete, ServeOverBudget, ServeMemScope (a
 //                     thread's allocation budget for one request), serve_request_budget
-//   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat)
+//   apis:             ApiRequest, openai_chat_parse, anthropic_parse (json -> ServeChat; every
+//                     field used or refused by name), api_check_schema
 //   server:           serve_main
 //
 // depends only on the c/c++ standard library, posix sockets / pthreads and format.h (Json).
@@ -22,6 +23,9 @@
 //   - the main thread accepts; one detached thread per connection reads requests, answers
 //     /health and /v1/models itself, and tokenizes chat requests (ServeEngine.prepare,
 //     concurrently, each under a memory budget: the request memory section);
+//   - before any of that, serve_origin_refused turns away what a browser page could send a
+//     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
+//     Origin without --cors; POST bodies must be application/json;
 //   - one engine thread owns the model and runs queued requests one at a time in fifo order
 //     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
 //     and a request that waits longer than --pending-timeout-ms gets 503;
@@ -78,8 +82,10 @@
 //   messages: [{role: system|developer|user|assistant|tool,
 //               content: string | [{type:"text",text} | {type:"image_url",image_url:{url}} | ...] | null,
 //               reasoning_content?: string (assistant), tool_calls?: [{id, type:"function",
-//               function:{name, arguments: "<json object text>"}}] (assistant),
-//               tool_call_id?: string (tool)}]
+//               function:{name, arguments?: {...}}}] (assistant; arguments is the json object
+//               itself, as the template iterates it: the openai parser decodes the text openai
+//               clients send, anthropic's tool_use.input is one already),
+//               tool_call_id: string (tool)}]
 //   tools:    null, or [{type:"function", function:{name, description?, parameters}}]
 struct ServeChat {
     Json messages;
@@ -130,6 +136,16 @@ struct ServeSink {
     void* ctx;
 };
 
+// speculative decoding of one generation: NInfer's field names (reference-engine.md 12);
+// backend "" = none ran. usage.speculative and the request log carry it.
+struct ServeSpecStats {
+    std::string backend;           // "mtp"
+    int draft_window = 0;          // --draft-tokens
+    long rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
+    long fallback_steps = 0;       // one-token steps (no room for a round near the context end)
+    std::vector<long> accepted_per_position;  // [draft_window]: rounds whose draft k was accepted
+};
+
 struct ServeResult {
     std::string finish = "stop";   // "stop" (eos, stop string, cancel) | "length" (max_tokens or
                                    // context full) | "tool_calls"
@@ -137,8 +153,24 @@ struct ServeResult {
     int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
     double prefill_s = 0, decode_s = 0;
+    ServeSpecStats speculative;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
 };
+
+// the speculative object of usage (and, with fallback_steps, of the request log)
+static Json serve_spec_json(const ServeSpecStats& s, bool log) {
+    Json o = Json::object();
+    o.set("backend", Json::string(s.backend));
+    o.set("draft_window", Json::integer(s.draft_window));
+    o.set("rounds", Json::integer(s.rounds));
+    o.set("drafted_tokens", Json::integer(s.drafted_tokens));
+    o.set("accepted_tokens", Json::integer(s.accepted_tokens));
+    if (log) o.set("fallback_steps", Json::integer(s.fallback_steps));
+    Json a = Json::array();
+    for (long v : s.accepted_per_position) a.push(Json::integer(v));
+    o.set("accepted_per_position", a);
+    return o;
+}
 
 // a request the engine or the parser refuses: status, openai-style code, a fixed message
 // (never user bytes), the offending field
@@ -232,6 +264,7 @@ struct ServeOptions {
     int write_timeout_ms = 30000;    // a blocked write (slow reader) longer than this drops the client
     int drain_timeout_ms = 10000;    // on SIGINT/SIGTERM: time given to running requests
     int max_connections = 256;       // more are answered 503 and closed
+    std::vector<std::string> allowed_hosts;  // Host names accepted besides the loopback ones (--allowed-hosts)
     std::vector<std::string> given;  // every flag given, as typed (without values)
     bool has(const char* flag) const {
         for (const auto& g : given) if (g == flag) return true;
@@ -248,7 +281,8 @@ static void serve_usage(FILE* f) {
         "  --port N                      port, 1..65535 (8080; 0 = any free port, printed at start)\n"
         "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (off)\n"
         "  --model-id ID                 public model id; openai requests must name it (the artifact's)\n"
-        "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off)\n"
+        "  --cors                        allow browsers: Access-Control-Allow-* headers, OPTIONS 204 (off:\n"
+        "                                requests with a foreign Origin get 403)\n"
         "  --max-request-mib N           request body limit, 413 above it (384); preparing a request may\n"
         "                                hold 6x its body + 16 MiB more, 413 past that\n"
         "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
@@ -261,6 +295,8 @@ static void serve_usage(FILE* f) {
         "  --write-timeout-ms N          ninfer: a write blocked this long drops the client (30000)\n"
         "  --drain-timeout-ms N          ninfer: on SIGINT/SIGTERM, time for running requests (10000)\n"
         "  --max-connections N           ninfer: open connections; more get 503 (256)\n"
+        "  --allowed-hosts H1,H2         ninfer: Host names accepted besides localhost / 127.0.0.1 / [::1] when\n"
+        "                                the server is keyless on loopback (there other Hosts get 403: dns rebinding)\n"
         "model and memory:\n"
         "  --max-context N               context capacity in tokens (8192)\n"
         "  --prefill-chunk N             prefill chunk, a positive multiple of 128 (1024)\n"
@@ -353,7 +389,10 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
         const char* range = "";
         if (a == "--host") s_(&o->host);
         else if (a == "--port") { i_(&o->port, 0, 65535); range = " (0..65535)"; }
-        else if (a == "--api-key") s_(&o->api_key);
+        else if (a == "--api-key") {
+            s_(&o->api_key);
+            if (!bad_value && o->api_key.empty()) return fail("--api-key: the key is empty (that would turn authentication off; leave the flag out for no key)");
+        }
         else if (a == "--model-id") s_(&o->model_id);
         else if (a == "--max-context") { i_(&o->max_context, 1, 1 << 20); range = " (1..1048576)"; }
         else if (a == "--prefill-chunk") {
@@ -421,6 +460,19 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
         else if (a == "--write-timeout-ms") { i_(&o->write_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
         else if (a == "--drain-timeout-ms") { i_(&o->drain_timeout_ms, 0, INT_MAX); range = " (>= 0)"; }
         else if (a == "--max-connections") { i_(&o->max_connections, 1, 1 << 16); range = " (>= 1)"; }
+        else if (a == "--allowed-hosts") {
+            std::string v; range = " (a comma-separated list of host names)";
+            if (!value(&v)) bad_value = true;
+            else
+                for (size_t a0 = 0; a0 <= v.size();) {
+                    size_t c = std::min(v.find(',', a0), v.size());
+                    std::string h;
+                    for (char ch : v.substr(a0, c - a0)) if (ch != ' ' && ch != '\t') h.push_back(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+                    if (!h.empty()) o->allowed_hosts.push_back(h);
+                    a0 = c + 1;
+                }
+            if (!bad_value && o->allowed_hosts.empty()) bad_value = true;
+        }
         else return fail("unknown option '" + a + "' (ninfer-serve --help lists them)");
         if (bad_value) return fail((a == "--lm-head-draft" || a == "--vision" || a == "--no-cuda-graph" ||
                                     a == "--no-prefix-reuse" || a == "--no-thinking" || a == "--cors" ||
@@ -521,8 +573,34 @@ static std::vector<std::string> http_list(const std::string& v) {
     return out;
 }
 
+// can buf[0..n), the start of a request line (complete or not), still become "METHOD SP
+// target SP HTTP/d.d"? a tls handshake or other binary fails at its first byte, so it is
+// answered at once instead of after the read timeout.
+static bool http_line_plausible(const char* buf, size_t n) {
+    size_t i = 0;
+    while (i < n && i <= 20 && http_tchar((unsigned char)buf[i])) i++;  // the method
+    if (i == n) return i <= 20;
+    if (i == 0 || buf[i] != ' ') return false;
+    i++;
+    size_t t = i;
+    while (i < n && (unsigned char)buf[i] > 0x20 && (unsigned char)buf[i] < 0x7f) i++;  // the target
+    if (i == n) return true;
+    if (i == t || buf[i] != ' ') return false;
+    static const char ver[] = "HTTP/d.d";
+    i++;  // past the space
+    for (size_t k = 0; k < 8; k++, i++) {
+        if (i == n) return true;
+        char c = buf[i];
+        if (ver[k] == 'd' ? !(c >= '0' && c <= '9') : c != ver[k]) return false;
+    }
+    if (i == n) return true;
+    if (buf[i] == '\r' && ++i == n) return true;
+    return buf[i] == '\n';
+}
+
 // parse the head of one request in buf[0..n). returns its length (> 0) once complete, 0 when
-// more bytes are needed, or -status: 400 (malformed, conflicting framing), 413 (head too
+// more bytes are needed, or -status: 400 (malformed, conflicting framing, a first line that
+// cannot be a request line even unfinished), 413 (head too
 // large, too many headers, body over the limit), 417 (unknown expectation), 501 (a
 // transfer coding other than chunked), 505 (not http/1.x). empty lines before the request
 // line are skipped (and counted in the length).
@@ -534,6 +612,11 @@ static long http_parse_head(const char* buf, size_t n, const HttpLimits& lim, Ht
         if (p > lim.max_head) return -413;
     }
     size_t start = p;
+    {
+        const void* nl = memchr(buf + start, '\n', n - start);
+        size_t le = nl ? (const char*)nl - buf + 1 : n;
+        if (!http_line_plausible(buf + start, le - start)) return -400;
+    }
     // find the end of the head: an empty line
     size_t end = 0;
     {
@@ -714,9 +797,9 @@ static int chunked_feed(ChunkedDecoder* d, const char* p, size_t n, std::string*
 static const char* http_status_text(int s) {
     switch (s) {
         case 100: return "Continue"; case 200: return "OK"; case 204: return "No Content";
-        case 400: return "Bad Request"; case 401: return "Unauthorized"; case 404: return "Not Found";
+        case 400: return "Bad Request"; case 401: return "Unauthorized"; case 403: return "Forbidden"; case 404: return "Not Found";
         case 405: return "Method Not Allowed"; case 408: return "Request Timeout";
-        case 413: return "Content Too Large"; case 417: return "Expectation Failed";
+        case 413: return "Content Too Large"; case 415: return "Unsupported Media Type"; case 417: return "Expectation Failed";
         case 429: return "Too Many Requests"; case 500: return "Internal Server Error";
         case 501: return "Not Implemented"; case 503: return "Service Unavailable";
         case 505: return "HTTP Version Not Supported";
@@ -854,6 +937,12 @@ static bool api_fail(ServeError* e, const char* param, const std::string& msg,
     e->status = status; e->code = code; e->message = msg; e->param = param ? param : "";
     return false;
 }
+static bool api_fail(ServeError* e, const std::string& param, const std::string& msg,
+                     const char* code = "invalid_request_error", int status = 400) {
+    return api_fail(e, param.c_str(), msg, code, status);
+}
+// "messages[3]": the path of an array element, for error params
+static std::string api_at(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
 
 // an optional number field: 0 absent (or null), 1 set, -1 wrong type or range
 static int api_number(const Json& o, const char* key, double lo, double hi, double* out, ServeError* e) {
@@ -881,9 +970,63 @@ static int api_bool(const Json& o, const char* key, bool* out, ServeError* e) {
     *out = v->b; return 1;
 }
 
+static bool api_known_key(const std::string& k, const char* const* keys) {
+    for (; *keys; keys++) if (k == *keys) return true;
+    return false;
+}
+// an object nested in a request takes only the listed keys; others are refused by name
+// unless null (sdks serialize unset optional fields as null)
+static bool api_only_keys(const Json& o, const char* const* keys, const std::string& where, ServeError* e) {
+    for (const auto& kv : o.obj)
+        if (!kv.second.is_null() && !api_known_key(kv.first, keys))
+            return api_fail(e, where + "." + (kv.first.size() <= 64 ? kv.first : kv.first.substr(0, 64)),
+                            "unknown parameter", "unknown_parameter");
+    return true;
+}
+
 static bool api_tool_name_ok(const std::string& s) {
     if (s.empty() || s.size() > 64) return false;
     for (char c : s) if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+    return true;
+}
+
+// a tool's json schema, as far as the renderer and the model depend on it: objects all the
+// way down, "type" a json schema type name (or a list of them), "properties" schemas,
+// "required" names. the top level describes an object.
+static bool api_check_schema(const Json& s, const std::string& where, int depth, ServeError* e) {
+    if (depth > 32) return api_fail(e, where, "the schema is nested too deeply");
+    if (s.is_bool() && depth > 0) return true;  // true / false schemas
+    if (!s.is_object()) return api_fail(e, where, "a json schema must be an object");
+    static const char* const types[] = {"object", "array", "string", "number", "integer", "boolean", "null", nullptr};
+    if (const Json* t = s.get("type")) {
+        bool ok = t->is_string() && api_known_key(t->str, types);
+        if (t->is_array() && !t->arr.empty()) {
+            ok = true;
+            for (const auto& x : t->arr) ok = ok && x.is_string() && api_known_key(x.str, types);
+        }
+        if (!ok) return api_fail(e, where + ".type", "'type' must be a json schema type name or a list of them");
+        if (depth == 0 && !(t->is_string() && t->str == "object")) return api_fail(e, where + ".type", "a tool's parameters must be an object schema");
+    }
+    if (const Json* p = s.get("properties")) {
+        if (!p->is_object()) return api_fail(e, where + ".properties", "'properties' must be an object of schemas");
+        for (const auto& kv : p->obj)
+            if (!api_check_schema(kv.second, where + ".properties." + kv.first.substr(0, 64), depth + 1, e)) return false;
+    }
+    if (const Json* r = s.get("required")) {
+        if (!r->is_array()) return api_fail(e, where + ".required", "'required' must be an array of property names");
+        for (const auto& x : r->arr) if (!x.is_string()) return api_fail(e, where + ".required", "'required' must be an array of property names");
+    }
+    if (const Json* d = s.get("description"); d && !d->is_string()) return api_fail(e, where + ".description", "'description' must be a string");
+    if (const Json* en = s.get("enum"); en && !en->is_array()) return api_fail(e, where + ".enum", "'enum' must be an array");
+    if (const Json* it = s.get("items")) {
+        if (it->is_array()) { for (size_t i = 0; i < it->arr.size(); i++) if (!api_check_schema(it->arr[i], api_at(where + ".items", i), depth + 1, e)) return false; }
+        else if (!api_check_schema(*it, where + ".items", depth + 1, e)) return false;
+    }
+    for (const char* k : {"anyOf", "oneOf", "allOf"})
+        if (const Json* x = s.get(k)) {
+            if (!x->is_array()) return api_fail(e, where + "." + k, std::string("'") + k + "' must be an array of schemas");
+            for (size_t i = 0; i < x->arr.size(); i++) if (!api_check_schema(x->arr[i], api_at(where + "." + k, i), depth + 1, e)) return false;
+        }
     return true;
 }
 
@@ -900,83 +1043,142 @@ static bool api_stop(const Json* v, const char* key, std::vector<std::string>* o
 }
 
 // a content part list: text parts always, media only with vision
-static bool api_check_parts(const Json& parts, bool vision, bool text_only, ServeError* e) {
-    for (const auto& p : parts.arr) {
+static bool api_check_parts(const Json& parts, bool vision, bool text_only, const std::string& where, ServeError* e) {
+    for (size_t i = 0; i < parts.arr.size(); i++) {
+        const Json& p = parts.arr[i];
+        std::string at = api_at(where, i);
         const Json* t = p.get("type");
-        if (!p.is_object() || !t || !t->is_string()) return api_fail(e, "messages", "a content part must be an object with a 'type'");
+        if (!p.is_object() || !t || !t->is_string()) return api_fail(e, at, "a content part must be an object with a 'type'");
         const std::string& ty = t->str;
         if (ty == "text") {
             const Json* tx = p.get("text");
-            if (!tx || !tx->is_string()) return api_fail(e, "messages", "a text part needs a string 'text'");
+            if (!tx || !tx->is_string()) return api_fail(e, at + ".text", "a text part needs a string 'text'");
+            static const char* const keys[] = {"type", "text", nullptr};
+            if (!api_only_keys(p, keys, at, e)) return false;
         } else if (ty == "image_url" || ty == "video_url" || ty == "image" || ty == "video") {
-            if (text_only) return api_fail(e, "messages", "only text parts are allowed here");
-            if (!vision) return api_fail(e, "messages", "images and video need a server started with --vision", "vision_disabled");
+            if (text_only) return api_fail(e, at, "only text parts are allowed here");
+            if (!vision) return api_fail(e, at, "images and video need a server started with --vision", "vision_disabled");
         } else {
-            return api_fail(e, "messages", "unsupported content part type");
+            return api_fail(e, at + ".type", "unsupported content part type");
         }
     }
     return true;
 }
 
-static bool openai_check_messages(const Json* msgs, bool vision, ServeError* e) {
-    if (!msgs || !msgs->is_array() || msgs->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
-    for (const auto& m : msgs->arr) {
+// openai messages, checked and brought into ServeChat's shape in place: tool-call arguments
+// sent as json text (the openai spec) become the object they encode.
+static bool openai_check_messages(Json* msgs, bool vision, ServeError* e) {
+    if (!msgs->is_array() || msgs->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < msgs->arr.size(); i++) {
+        Json& m = msgs->arr[i];
+        std::string at = api_at("messages", i);
         const Json* role = m.get("role");
-        if (!m.is_object() || !role || !role->is_string()) return api_fail(e, "messages", "each message must be an object with a string 'role'");
-        const std::string& r = role->str;
-        if (r == "function") return api_fail(e, "messages", "role 'function' is not supported; use tools", "unsupported_role");
+        if (!m.is_object() || !role || !role->is_string()) return api_fail(e, at + ".role", "each message must be an object with a string 'role'");
+        const std::string r = role->str;
+        if (r == "function") return api_fail(e, at + ".role", "role 'function' is not supported; use tools", "unsupported_role");
         if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
-            return api_fail(e, "messages", "role must be system, developer, user, assistant or tool", "unsupported_role");
-        const Json* c = m.get("content");
+            return api_fail(e, at + ".role", "role must be system, developer, user, assistant or tool", "unsupported_role");
+        // what the template renders; the sdks' unset fields (null, or an empty annotation list) pass
+        static const char* const common[] = {"role", "content", nullptr};
+        static const char* const assistant[] = {"role", "content", "reasoning_content", "tool_calls", nullptr};
+        static const char* const tool[] = {"role", "content", "tool_call_id", nullptr};
+        for (const auto& kv : m.obj) {
+            const Json& v = kv.second;
+            if (v.is_null() || (kv.first == "annotations" && v.is_array() && v.arr.empty())) continue;
+            if (!api_known_key(kv.first, r == "assistant" ? assistant : r == "tool" ? tool : common))
+                return api_fail(e, at + "." + (kv.first.size() <= 64 ? kv.first : kv.first.substr(0, 64)),
+                                kv.first == "name" ? "message names are not supported (the chat template has no place for them)"
+                                                   : "unknown parameter in a message", "unknown_parameter");
+        }
+        if (r == "tool") {
+            const Json* id = m.get("tool_call_id");
+            if (!id || !id->is_string() || id->str.empty()) return api_fail(e, at + ".tool_call_id", "a tool message needs the 'tool_call_id' it answers");
+        }
         if (r == "assistant") {
             const Json* rc = m.get("reasoning_content");
-            if (rc && !rc->is_null() && !rc->is_string()) return api_fail(e, "messages", "'reasoning_content' must be a string");
-            const Json* tc = m.get("tool_calls");
+            if (rc && !rc->is_null() && !rc->is_string()) return api_fail(e, at + ".reasoning_content", "'reasoning_content' must be a string");
+            Json* tc = m.get("tool_calls");
             if (tc && !tc->is_null()) {
-                if (!tc->is_array()) return api_fail(e, "messages", "'tool_calls' must be an array");
-                for (const auto& call : tc->arr) {
-                    const Json* f = call.get("function");
-                    const Json* nm = f ? f->get("name") : nullptr;
-                    const Json* ar = f ? f->get("arguments") : nullptr;
-                    if (!f || !f->is_object() || !nm || !nm->is_string()) return api_fail(e, "messages", "a tool call needs function.name");
-                    if (ar && !ar->is_string() && !ar->is_object()) return api_fail(e, "messages", "function.arguments must be a json object or its text");
+                if (!tc->is_array()) return api_fail(e, at + ".tool_calls", "'tool_calls' must be an array");
+                for (size_t k = 0; k < tc->arr.size(); k++) {
+                    Json& call = tc->arr[k];
+                    std::string cat = api_at(at + ".tool_calls", k);
+                    if (!call.is_object()) return api_fail(e, cat, "a tool call must be an object");
+                    static const char* const call_keys[] = {"id", "type", "function", nullptr};
+                    if (!api_only_keys(call, call_keys, cat, e)) return false;
+                    const Json* ty = call.get("type");
+                    if (ty && !ty->is_null() && !(ty->is_string() && ty->str == "function"))
+                        return api_fail(e, cat + ".type", "only function tool calls are supported", "tool_type_not_supported");
+                    const Json* id = call.get("id");
+                    if (id && !id->is_null() && !id->is_string()) return api_fail(e, cat + ".id", "a tool call id must be a string");
+                    Json* f = call.get("function");
+                    if (!f || !f->is_object()) return api_fail(e, cat + ".function", "a tool call needs a 'function'");
+                    static const char* const fn_keys[] = {"name", "arguments", nullptr};
+                    if (!api_only_keys(*f, fn_keys, cat + ".function", e)) return false;
+                    const Json* nm = f->get("name");
+                    if (!nm || !nm->is_string() || nm->str.empty()) return api_fail(e, cat + ".function.name", "a tool call needs function.name");
+                    Json* ar = f->get("arguments");
+                    if (ar && ar->is_string()) {
+                        Json parsed; std::string perr;
+                        if (!json_parse(ar->str, &parsed, &perr, 64))
+                            return api_fail(e, cat + ".function.arguments", "message " + std::to_string(i) +
+                                            ": function.arguments is not valid json (" + perr + ")");
+                        if (!parsed.is_object())
+                            return api_fail(e, cat + ".function.arguments", "message " + std::to_string(i) +
+                                            ": function.arguments must encode a json object");
+                        *ar = std::move(parsed);
+                    } else if (ar && !ar->is_null() && !ar->is_object()) {
+                        return api_fail(e, cat + ".function.arguments", "function.arguments must be a json object or its text");
+                    }
                 }
             }
         }
+        const Json* c = m.get("content");
         if (!c || c->is_null()) {
             if (r == "assistant") continue;  // tool calls or an empty turn
-            return api_fail(e, "messages", "'content' is required for this role");
+            return api_fail(e, at + ".content", "'content' is required for this role");
         }
         if (c->is_string()) continue;
-        if (!c->is_array()) return api_fail(e, "messages", "'content' must be a string or an array of parts");
-        if (!api_check_parts(*c, vision, r != "user", e)) return false;
+        if (!c->is_array()) return api_fail(e, at + ".content", "'content' must be a string or an array of parts");
+        if (!api_check_parts(*c, vision, r != "user", at + ".content", e)) return false;
     }
     return true;
 }
 
-// tools: [{type:"function", function:{name, description?, parameters?, strict?}}] -> the
-// same with parameters always present; an empty array means none
+// tools: [{type:"function", function:{name, description?, parameters?}}] -> the same with
+// parameters always present; an empty array means none. names are unique.
 static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
     *out = Json();
     if (!tools || tools->is_null()) return true;
     if (!tools->is_array()) return api_fail(e, "tools", "'tools' must be an array");
     if (tools->arr.empty()) return true;
     *out = Json::array();
-    for (const auto& t : tools->arr) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < tools->arr.size(); i++) {
+        const Json& t = tools->arr[i];
+        std::string at = api_at("tools", i);
         const Json* ty = t.get("type");
-        if (!t.is_object() || !ty || !ty->is_string()) return api_fail(e, "tools", "each tool must be an object with a 'type'");
-        if (ty->str != "function") return api_fail(e, "tools", "only function tools are supported", "tool_type_not_supported");
+        if (!t.is_object() || !ty || !ty->is_string()) return api_fail(e, at + ".type", "each tool must be an object with a 'type'");
+        if (ty->str != "function") return api_fail(e, at + ".type", "only function tools are supported", "tool_type_not_supported");
+        static const char* const keys[] = {"type", "function", nullptr};
+        if (!api_only_keys(t, keys, at, e)) return false;
         const Json* f = t.get("function");
         const Json* nm = f ? f->get("name") : nullptr;
         if (!f || !f->is_object() || !nm || !nm->is_string() || !api_tool_name_ok(nm->str))
-            return api_fail(e, "tools", "function.name must match [A-Za-z0-9_-]{1,64}");
+            return api_fail(e, at + ".function.name", "function.name must match [A-Za-z0-9_-]{1,64}");
+        for (const auto& n : names) if (n == nm->str) return api_fail(e, at + ".function.name", "duplicate tool name");
+        names.push_back(nm->str);
+        static const char* const fn_keys[] = {"name", "description", "parameters", "strict", nullptr};
+        if (!api_only_keys(*f, fn_keys, at + ".function", e)) return false;
         const Json* d = f->get("description");
-        if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "function.description must be a string");
+        if (d && !d->is_null() && !d->is_string()) return api_fail(e, at + ".function.description", "function.description must be a string");
         const Json* p = f->get("parameters");
-        if (p && !p->is_null() && !p->is_object()) return api_fail(e, "tools", "function.parameters must be a json schema object");
+        if (p && !p->is_null() && !api_check_schema(*p, at + ".function.parameters", 0, e)) return false;
         const Json* st = f->get("strict");
-        if (st && !st->is_null() && !st->is_bool()) return api_fail(e, "tools", "function.strict must be a boolean");
-        Json fn = *f;
+        if (st && !st->is_null() && !st->is_bool()) return api_fail(e, at + ".function.strict", "function.strict must be a boolean");
+        if (st && st->is_bool() && st->b)  // a promise that the arguments match the schema: that needs constrained decoding
+            return api_fail(e, at + ".function.strict", "strict tool schemas are not supported (no constrained decoding)", "strict_not_supported");
+        Json fn = *f;  // rendered as the client sent it, as transformers renders a tool list
         if (!p || p->is_null()) {
             Json schema = Json::object();
             schema.set("type", Json::string("object"));
@@ -991,18 +1193,23 @@ static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
     return true;
 }
 
-static bool api_known_key(const std::string& k, const char* const* keys) {
-    for (; *keys; keys++) if (k == *keys) return true;
-    return false;
-}
-
 // thinking switches from several fields: they must agree
 static bool api_merge_switch(int* have, bool v, const char* param, ServeError* e) {
     if (*have >= 0 && *have != (int)v) return api_fail(e, param, "conflicting thinking options", "conflicting_template_option");
     *have = v; return true;
 }
 
-// POST /v1/chat/completions body -> ApiRequest
+// openai's metadata: at most 16 string pairs, keys <= 64 and values <= 512 characters
+static bool api_metadata(const Json* md, ServeError* e) {
+    if (!md || md->is_null()) return true;
+    if (!md->is_object() || md->obj.size() > 16) return api_fail(e, "metadata", "'metadata' must be an object of at most 16 string values");
+    for (const auto& kv : md->obj)
+        if (kv.first.size() > 64 || !kv.second.is_string() || kv.second.str.size() > 512)
+            return api_fail(e, "metadata", "'metadata' keys are at most 64 characters, values strings of at most 512");
+    return true;
+}
+
+// POST /v1/chat/completions body -> ApiRequest. every field is used or refused by name.
 static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
     static const char* const keys[] = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
         "stop", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
@@ -1019,18 +1226,22 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     r->model = model->str;
     if (body.get("functions") || body.get("function_call")) return api_fail(e, "functions", "functions / function_call are not supported; use tools", "tools_not_supported");
     const Json* msgs = body.get("messages");
-    if (!openai_check_messages(msgs, ctx.vision, e)) return false;
+    if (!msgs) return api_fail(e, "messages", "'messages' must be a non-empty array");
     r->chat.messages = *msgs;
+    if (!openai_check_messages(&r->chat.messages, ctx.vision, e)) return false;
     if (!openai_check_tools(body.get("tools"), &r->chat.tools, e)) return false;
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
+        if (!r->chat.tools.is_array()) return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
         if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
         else if (tc->is_string() && tc->str == "auto") {}
         else if ((tc->is_string() && tc->str == "required") || tc->is_object())
             return api_fail(e, "tool_choice", "only tool_choice 'auto' and 'none' are supported", "tool_choice_not_supported");
         else return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
     }
-    if (const Json* ptc = body.get("parallel_tool_calls"); ptc && !ptc->is_null() && !ptc->is_bool())
-        return api_fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    if (const Json* ptc = body.get("parallel_tool_calls"); ptc && !ptc->is_null()) {
+        if (!ptc->is_bool()) return api_fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        if (!ptc->b) return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is not supported (the model may call several tools at once)");
+    }
     if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
     if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
     if (api_number(body, "top_p", 0, 1, &r->top_p, e) < 0) return false;
@@ -1058,13 +1269,20 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (k > 0 && x != 1) return api_fail(e, "n", "only n = 1 is supported", "n_not_supported");
     if (api_bool(body, "stream", &r->stream, e) < 0) return false;
     if (const Json* so = body.get("stream_options"); so && !so->is_null()) {
+        if (!r->stream) return api_fail(e, "stream_options", "'stream_options' is only allowed with 'stream': true");
         if (!so->is_object()) return api_fail(e, "stream_options", "'stream_options' must be an object");
+        static const char* const so_keys[] = {"include_usage", "include_obfuscation", nullptr};
+        if (!api_only_keys(*so, so_keys, "stream_options", e)) return false;
         if (api_bool(*so, "include_usage", &r->include_usage, e) < 0) { e->param = "stream_options.include_usage"; return false; }
+        bool ob = false;
+        if (api_bool(*so, "include_obfuscation", &ob, e) < 0) { e->param = "stream_options.include_obfuscation"; return false; }
+        if (ob) return api_fail(e, "stream_options.include_obfuscation", "stream obfuscation is not supported");
     }
     int64_t mt = 0;
     k = api_int(body, "max_completion_tokens", 1, INT_MAX, &mt, e);
     if (k < 0) return false;
     if (k == 0) { k = api_int(body, "max_tokens", 1, INT_MAX, &mt, e); if (k < 0) return false; }
+    else if (api_int(body, "max_tokens", 1, INT_MAX, &x, e) < 0) return false;
     if (k > 0) r->max_tokens = (int)mt;
     // thinking: enable_thinking, chat_template_kwargs.enable_thinking, reasoning_effort none
     int think = -1, preserve = -1;
@@ -1075,6 +1293,8 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (k > 0 && !api_merge_switch(&preserve, b, "preserve_thinking", e)) return false;
     if (const Json* kw = body.get("chat_template_kwargs"); kw && !kw->is_null()) {
         if (!kw->is_object()) return api_fail(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        static const char* const kw_keys[] = {"enable_thinking", "preserve_thinking", nullptr};
+        if (!api_only_keys(*kw, kw_keys, "chat_template_kwargs", e)) return false;
         if ((k = api_bool(*kw, "enable_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.enable_thinking"; return false; }
         if (k > 0 && !api_merge_switch(&think, b, "chat_template_kwargs.enable_thinking", e)) return false;
         if ((k = api_bool(*kw, "preserve_thinking", &b, e)) < 0) { e->param = "chat_template_kwargs.preserve_thinking"; return false; }
@@ -1090,49 +1310,91 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
     if (const Json* rf = body.get("response_format"); rf && !rf->is_null()) {
         const Json* t = rf->get("type");
-        if (!rf->is_object() || !t || !t->is_string() || t->str != "text")
+        if (!rf->is_object() || !t || !t->is_string() || t->str != "text" || rf->obj.size() != 1)
             return api_fail(e, "response_format", "only response_format {\"type\":\"text\"} is supported", "response_format_not_supported");
     }
     if (const Json* lp = body.get("logprobs"); lp && !lp->is_null() && !(lp->is_bool() && !lp->b))
         return api_fail(e, "logprobs", "logprobs are not supported");
     if (const Json* tl = body.get("top_logprobs"); tl && !tl->is_null() && !(tl->is_number() && tl->num == 0))
         return api_fail(e, "top_logprobs", "logprobs are not supported");
+    // labels for the caller's own bookkeeping: checked, they change nothing here (nor at openai)
+    if (const Json* u = body.get("user"); u && !u->is_null() && !u->is_string()) return api_fail(e, "user", "'user' must be a string");
+    if (!api_metadata(body.get("metadata"), e)) return false;
+    if (const Json* st = body.get("store"); st && !st->is_null()) {
+        if (!st->is_bool()) return api_fail(e, "store", "'store' must be a boolean");
+        if (st->b) return api_fail(e, "store", "stored completions are not supported");
+    }
+    if (const Json* sv = body.get("service_tier"); sv && !sv->is_null() && !(sv->is_string() && (sv->str == "auto" || sv->str == "default")))
+        return api_fail(e, "service_tier", "only service_tier 'auto' and 'default' are supported");
     return true;
 }
 
-// anthropic text: a string or [{type:"text", text}] joined
-static bool anthropic_text_of(const Json* v, const char* param, std::string* out, ServeError* e) {
-    out->clear();
+// ---- anthropic messages, in parts: system, messages, tools
+
+// anthropic cache_control {type:"ephemeral", ttl?}: a caching hint. the output is the same
+// with or without a cache, so it is checked and needs nothing more
+static bool anthropic_cache_control(const Json& o, const std::string& where, ServeError* e) {
+    const Json* cc = o.get("cache_control");
+    if (!cc || cc->is_null()) return true;
+    const Json* t = cc->get("type");
+    if (!cc->is_object() || !t || !t->is_string() || t->str != "ephemeral") return api_fail(e, where + ".cache_control", "cache_control must be {\"type\": \"ephemeral\"}");
+    static const char* const keys[] = {"type", "ttl", nullptr};
+    if (!api_only_keys(*cc, keys, where + ".cache_control", e)) return false;
+    const Json* ttl = cc->get("ttl");
+    if (ttl && !ttl->is_null() && !(ttl->is_string() && (ttl->str == "5m" || ttl->str == "1h"))) return api_fail(e, where + ".cache_control.ttl", "ttl must be 5m or 1h");
+    return true;
+}
+
+// a text block {type:"text", text, cache_control?, citations?}
+static bool anthropic_text_block(const Json& b, const std::string& where, std::string* out, ServeError* e) {
+    const Json* t = b.get("type");
+    const Json* tx = b.get("text");
+    if (!b.is_object() || !t || !t->is_string() || t->str != "text") return api_fail(e, where, "expected a text block");
+    if (!tx || !tx->is_string()) return api_fail(e, where + ".text", "a text block needs 'text'");
+    static const char* const keys[] = {"type", "text", "cache_control", "citations", nullptr};
+    if (!api_only_keys(b, keys, where, e) || !anthropic_cache_control(b, where, e)) return false;
+    if (const Json* ci = b.get("citations"); ci && !ci->is_null() && !(ci->is_array() && ci->arr.empty()))
+        return api_fail(e, where + ".citations", "citations are not supported");
+    *out = tx->str;
+    return true;
+}
+
+// system: a string or text blocks (joined as paragraphs) -> a leading system message
+static bool anthropic_system(const Json* v, Json* msgs, ServeError* e) {
     if (!v || v->is_null()) return true;
-    if (v->is_string()) { *out = v->str; return true; }
-    if (!v->is_array()) return api_fail(e, param, "expected a string or an array of text blocks");
-    for (const auto& b : v->arr) {
-        const Json* t = b.get("type");
-        const Json* tx = b.get("text");
-        if (!b.is_object() || !t || !t->is_string() || t->str != "text" || !tx || !tx->is_string())
-            return api_fail(e, param, "expected text blocks");
-        if (!out->empty()) out->append("\n");  // blocks are separate paragraphs
-        out->append(tx->str);
-    }
+    std::string sys;
+    if (v->is_string()) sys = v->str;
+    else if (!v->is_array()) return api_fail(e, "system", "'system' must be a string or an array of text blocks");
+    else
+        for (size_t i = 0; i < v->arr.size(); i++) {
+            std::string t;
+            if (!anthropic_text_block(v->arr[i], api_at("system", i), &t, e)) return false;
+            if (i) sys += "\n";  // blocks are separate paragraphs
+            sys += t;
+        }
+    Json m = Json::object();
+    m.set("role", Json::string("system"));
+    m.set("content", Json::string(sys));
+    msgs->push(m);
     return true;
 }
 
 // an anthropic image block -> an openai image_url part (data uri or url)
-static bool anthropic_image_part(const Json& b, Json* part, ServeError* e) {
+static bool anthropic_image_part(const Json& b, const std::string& where, Json* part, ServeError* e) {
     const Json* src = b.get("source");
     const Json* ty = src ? src->get("type") : nullptr;
     std::string url;
-    if (!src || !ty || !ty->is_string()) return api_fail(e, "messages", "an image block needs a source");
+    if (!src || !ty || !ty->is_string()) return api_fail(e, where + ".source", "an image block needs a source");
     if (ty->str == "base64") {
         const Json* mt = src->get("media_type");
         const Json* data = src->get("data");
-        if (!mt || !mt->is_string() || !data || !data->is_string()) return api_fail(e, "messages", "a base64 image needs media_type and data");
+        if (!mt || !mt->is_string() || !data || !data->is_string()) return api_fail(e, where + ".source", "a base64 image needs media_type and data");
         url = "data:" + mt->str + ";base64," + data->str;
     } else if (ty->str == "url") {
         const Json* u = src->get("url");
-        if (!u || !u->is_string()) return api_fail(e, "messages", "a url image needs a url");
+        if (!u || !u->is_string()) return api_fail(e, where + ".source.url", "a url image needs a url");
         url = u->str;
-    } else return api_fail(e, "messages", "unsupported image source");
+    } else return api_fail(e, where + ".source.type", "unsupported image source");
     *part = Json::object();
     part->set("type", Json::string("image_url"));
     Json iu = Json::object();
@@ -1141,9 +1403,173 @@ static bool anthropic_image_part(const Json& b, Json* part, ServeError* e) {
     return true;
 }
 
-// POST /v1/messages (and count_tokens, with counting = true) body -> ApiRequest. the chat is
-// converted: system -> a system message, thinking blocks -> reasoning_content, tool_use ->
-// tool_calls, tool_result -> tool messages (before the user text of the same turn).
+// a tool_result block -> an openai tool message. content: a string or text blocks; is_error
+// marks the text as an error report (the template has no field for it)
+static bool anthropic_tool_result(const Json& b, const std::string& where, Json* out, ServeError* e) {
+    static const char* const keys[] = {"type", "tool_use_id", "content", "is_error", "cache_control", nullptr};
+    if (!api_only_keys(b, keys, where, e) || !anthropic_cache_control(b, where, e)) return false;
+    const Json* id = b.get("tool_use_id");
+    if (!id || !id->is_string() || id->str.empty()) return api_fail(e, where + ".tool_use_id", "a tool_result needs 'tool_use_id'");
+    std::string text;
+    const Json* rc = b.get("content");
+    if (rc && rc->is_array()) {
+        for (size_t k = 0; k < rc->arr.size(); k++) {
+            const Json* rt = rc->arr[k].get("type");
+            if (rt && rt->is_string() && rt->str == "image")
+                return api_fail(e, api_at(where + ".content", k), "images in tool results are not supported");
+            std::string t;
+            if (!anthropic_text_block(rc->arr[k], api_at(where + ".content", k), &t, e)) return false;
+            if (k) text += "\n";
+            text += t;
+        }
+    } else if (rc && rc->is_string()) text = rc->str;
+    else if (rc && !rc->is_null()) return api_fail(e, where + ".content", "tool_result content must be a string or text blocks");
+    const Json* err = b.get("is_error");
+    if (err && !err->is_null() && !err->is_bool()) return api_fail(e, where + ".is_error", "'is_error' must be a boolean");
+    if (err && err->is_bool() && err->b) text = "Error: " + text;
+    *out = Json::object();
+    out->set("role", Json::string("tool"));
+    out->set("tool_call_id", Json::string(id->str));
+    out->set("content", Json::string(text));
+    return true;
+}
+
+// messages -> openai-shaped messages appended to *msgs: thinking blocks -> reasoning_content,
+// tool_use -> tool_calls (input stays the object it is), tool_result -> tool messages
+// (before the user text of the same turn)
+static bool anthropic_messages(const Json* in, bool vision, Json* msgs, ServeError* e) {
+    if (!in || !in->is_array() || in->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < in->arr.size(); i++) {
+        const Json& m = in->arr[i];
+        std::string at = api_at("messages", i);
+        const Json* role = m.get("role");
+        if (!m.is_object() || !role || !role->is_string() || (role->str != "user" && role->str != "assistant"))
+            return api_fail(e, at + ".role", "each message needs role 'user' or 'assistant'");
+        static const char* const keys[] = {"role", "content", nullptr};
+        if (!api_only_keys(m, keys, at, e)) return false;
+        const Json* c = m.get("content");
+        if (!c || (!c->is_string() && !c->is_array())) return api_fail(e, at + ".content", "'content' must be a string or an array of blocks");
+        bool user = role->str == "user";
+        if (c->is_string()) {
+            Json o = Json::object();
+            o.set("role", Json::string(role->str));
+            o.set("content", Json::string(c->str));
+            msgs->push(o);
+            continue;
+        }
+        Json parts = Json::array(), calls = Json::array();
+        std::string text, reasoning;
+        std::vector<Json> tool_msgs;
+        for (size_t k = 0; k < c->arr.size(); k++) {
+            const Json& b = c->arr[k];
+            std::string bat = api_at(at + ".content", k);
+            const Json* t = b.get("type");
+            if (!b.is_object() || !t || !t->is_string()) return api_fail(e, bat + ".type", "each content block needs a 'type'");
+            const std::string& ty = t->str;
+            if (ty == "text") {
+                std::string tx;
+                if (!anthropic_text_block(b, bat, &tx, e)) return false;
+                if (user) {
+                    Json p = Json::object();
+                    p.set("type", Json::string("text"));
+                    p.set("text", Json::string(tx));
+                    parts.push(p);
+                } else text += tx;
+            } else if (ty == "image" && user) {
+                if (!vision) return api_fail(e, bat, "images need a server started with --vision", "vision_disabled");
+                static const char* const ikeys[] = {"type", "source", "cache_control", nullptr};
+                if (!api_only_keys(b, ikeys, bat, e) || !anthropic_cache_control(b, bat, e)) return false;
+                Json p;
+                if (!anthropic_image_part(b, bat, &p, e)) return false;
+                parts.push(p);
+            } else if (ty == "tool_result" && user) {
+                Json tm;
+                if (!anthropic_tool_result(b, bat, &tm, e)) return false;
+                tool_msgs.push_back(tm);
+            } else if (ty == "tool_use" && !user) {
+                static const char* const ukeys[] = {"type", "id", "name", "input", "cache_control", nullptr};
+                if (!api_only_keys(b, ukeys, bat, e) || !anthropic_cache_control(b, bat, e)) return false;
+                const Json* id = b.get("id");
+                const Json* nm = b.get("name");
+                const Json* input = b.get("input");
+                if (!id || !id->is_string() || id->str.empty()) return api_fail(e, bat + ".id", "a tool_use needs an 'id'");
+                if (!nm || !nm->is_string() || nm->str.empty()) return api_fail(e, bat + ".name", "a tool_use needs 'name'");
+                if (input && !input->is_null() && !input->is_object()) return api_fail(e, bat + ".input", "tool_use input must be an object");
+                Json call = Json::object();
+                call.set("id", Json::string(id->str));
+                call.set("type", Json::string("function"));
+                Json fn = Json::object();
+                fn.set("name", Json::string(nm->str));
+                fn.set("arguments", input && input->is_object() ? *input : Json::object());
+                call.set("function", fn);
+                calls.push(call);
+            } else if (ty == "thinking" && !user) {
+                static const char* const tkeys[] = {"type", "thinking", "signature", nullptr};
+                if (!api_only_keys(b, tkeys, bat, e)) return false;
+                const Json* th = b.get("thinking");
+                if (!th || !th->is_string()) return api_fail(e, bat + ".thinking", "a thinking block needs 'thinking'");
+                reasoning += th->str;
+            } else if (ty == "redacted_thinking" && !user) {
+                // opaque to us (another model's encrypted reasoning): closed-turn reasoning is
+                // dropped from history anyway (reference-engine.md 8)
+            } else {
+                return api_fail(e, bat + ".type", "unsupported content block type");
+            }
+        }
+        for (auto& tm : tool_msgs) msgs->push(tm);
+        Json o = Json::object();
+        o.set("role", Json::string(role->str));
+        if (user) {
+            if (parts.arr.empty()) continue;  // only tool results
+            if (parts.arr.size() == 1 && parts.arr[0].get("text")) o.set("content", *parts.arr[0].get("text"));
+            else o.set("content", parts);
+        } else {
+            o.set("content", Json::string(text));
+            if (!reasoning.empty()) o.set("reasoning_content", Json::string(reasoning));
+            if (!calls.arr.empty()) o.set("tool_calls", calls);
+        }
+        msgs->push(o);
+    }
+    return true;
+}
+
+// client tools [{name, description?, input_schema, type?:"custom", cache_control?}] -> openai tools
+static bool anthropic_tools(const Json* tl, Json* out, ServeError* e) {
+    *out = Json();
+    if (!tl || tl->is_null()) return true;
+    if (!tl->is_array()) return api_fail(e, "tools", "'tools' must be an array");
+    if (!tl->arr.empty()) *out = Json::array();
+    for (size_t i = 0; i < tl->arr.size(); i++) {
+        const Json& t = tl->arr[i];
+        std::string at = api_at("tools", i);
+        const Json* ty = t.get("type");
+        if (!t.is_object()) return api_fail(e, at, "each tool must be an object");
+        if (ty && !ty->is_null() && !(ty->is_string() && ty->str == "custom"))
+            return api_fail(e, at + ".type", "only client tools are supported", "tool_type_not_supported");
+        static const char* const keys[] = {"type", "name", "description", "input_schema", "cache_control", nullptr};
+        if (!api_only_keys(t, keys, at, e) || !anthropic_cache_control(t, at, e)) return false;
+        const Json* nm = t.get("name");
+        if (!nm || !nm->is_string() || !api_tool_name_ok(nm->str)) return api_fail(e, at + ".name", "tool name must match [A-Za-z0-9_-]{1,64}");
+        for (const auto& o : out->arr) if (o.get("function")->get("name")->str == nm->str) return api_fail(e, at + ".name", "duplicate tool name");
+        const Json* d = t.get("description");
+        const Json* sc = t.get("input_schema");
+        if (d && !d->is_null() && !d->is_string()) return api_fail(e, at + ".description", "tool description must be a string");
+        if (!sc || !sc->is_object()) return api_fail(e, at + ".input_schema", "a tool needs an input_schema object");
+        if (!api_check_schema(*sc, at + ".input_schema", 0, e)) return false;
+        Json fn = Json::object();
+        fn.set("name", Json::string(nm->str));
+        if (d && d->is_string()) fn.set("description", *d);
+        fn.set("parameters", *sc);
+        Json tool = Json::object();
+        tool.set("type", Json::string("function"));
+        tool.set("function", fn);
+        out->push(tool);
+    }
+    return true;
+}
+
+// POST /v1/messages (and count_tokens, with counting = true) body -> ApiRequest in openai
+// shape. every field is used or refused by name.
 static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counting, ApiRequest* r, ServeError* e) {
     static const char* const keys[] = {"model", "messages", "system", "max_tokens", "metadata", "stop_sequences",
         "stream", "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
@@ -1157,162 +1583,51 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
     for (const auto& kv : body.obj)
         if (!api_known_key(kv.first, counting ? count_keys : keys))
             return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
+    // platform features this server does not have: refused by name when set
+    for (const char* k : {"container", "context_management", "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id"})
+        if (const Json* v = body.get(k); v && !v->is_null()) return api_fail(e, k, std::string("'") + k + "' is not supported by this server");
     const Json* model = body.get("model");
     if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
     r->model = model->str;  // a label only
+    if (!anthropic_cache_control(body, "", e)) { e->param = e->param.substr(1); return false; }
     Json msgs = Json::array();
-    std::string sys;
-    if (!anthropic_text_of(body.get("system"), "system", &sys, e)) return false;
-    if (body.get("system") && !body.get("system")->is_null()) {
-        Json m = Json::object();
-        m.set("role", Json::string("system"));
-        m.set("content", Json::string(sys));
-        msgs.push(m);
-    }
-    const Json* in = body.get("messages");
-    if (!in || !in->is_array() || in->arr.empty()) return api_fail(e, "messages", "'messages' must be a non-empty array");
-    for (const auto& m : in->arr) {
-        const Json* role = m.get("role");
-        if (!m.is_object() || !role || !role->is_string() || (role->str != "user" && role->str != "assistant"))
-            return api_fail(e, "messages", "each message needs role 'user' or 'assistant'");
-        const Json* c = m.get("content");
-        if (!c || (!c->is_string() && !c->is_array())) return api_fail(e, "messages", "'content' must be a string or an array of blocks");
-        bool user = role->str == "user";
-        if (c->is_string()) {
-            Json o = Json::object();
-            o.set("role", Json::string(role->str));
-            o.set("content", Json::string(c->str));
-            msgs.push(o);
-            continue;
-        }
-        Json parts = Json::array(), calls = Json::array();
-        std::string text, reasoning;
-        std::vector<Json> tool_msgs;
-        for (const auto& b : c->arr) {
-            const Json* t = b.get("type");
-            if (!b.is_object() || !t || !t->is_string()) return api_fail(e, "messages", "each content block needs a 'type'");
-            const std::string& ty = t->str;
-            if (ty == "text") {
-                const Json* tx = b.get("text");
-                if (!tx || !tx->is_string()) return api_fail(e, "messages", "a text block needs 'text'");
-                if (user) {
-                    Json p = Json::object();
-                    p.set("type", Json::string("text"));
-                    p.set("text", Json::string(tx->str));
-                    parts.push(p);
-                } else text += tx->str;
-            } else if (ty == "image" && user) {
-                if (!ctx.vision) return api_fail(e, "messages", "images need a server started with --vision", "vision_disabled");
-                Json p;
-                if (!anthropic_image_part(b, &p, e)) return false;
-                parts.push(p);
-            } else if (ty == "tool_result" && user) {
-                const Json* id = b.get("tool_use_id");
-                if (!id || !id->is_string()) return api_fail(e, "messages", "a tool_result needs 'tool_use_id'");
-                std::string out;
-                const Json* rc = b.get("content");
-                if (rc && rc->is_array()) {  // text blocks (images in results are not supported)
-                    for (const auto& rb : rc->arr) {
-                        const Json* rt = rb.get("type");
-                        const Json* tx = rb.get("text");
-                        if (!rt || !rt->is_string() || rt->str != "text" || !tx || !tx->is_string())
-                            return api_fail(e, "messages", "tool_result content must be text");
-                        if (!out.empty()) out += "\n";
-                        out += tx->str;
-                    }
-                } else if (rc && rc->is_string()) out = rc->str;
-                else if (rc && !rc->is_null()) return api_fail(e, "messages", "tool_result content must be text");
-                const Json* err = b.get("is_error");
-                if (err && err->is_bool() && err->b) out = "Error: " + out;
-                Json tm = Json::object();
-                tm.set("role", Json::string("tool"));
-                tm.set("tool_call_id", Json::string(id->str));
-                tm.set("content", Json::string(out));
-                tool_msgs.push_back(tm);
-            } else if (ty == "tool_use" && !user) {
-                const Json* id = b.get("id");
-                const Json* nm = b.get("name");
-                const Json* input = b.get("input");
-                if (!nm || !nm->is_string()) return api_fail(e, "messages", "a tool_use needs 'name'");
-                if (input && !input->is_object()) return api_fail(e, "messages", "tool_use input must be an object");
-                Json call = Json::object();
-                call.set("id", Json::string(id && id->is_string() ? id->str : ""));
-                call.set("type", Json::string("function"));
-                Json fn = Json::object();
-                fn.set("name", Json::string(nm->str));
-                fn.set("arguments", Json::string(input ? json_dump(*input) : "{}"));
-                call.set("function", fn);
-                calls.push(call);
-            } else if (ty == "thinking" && !user) {
-                const Json* th = b.get("thinking");
-                if (!th || !th->is_string()) return api_fail(e, "messages", "a thinking block needs 'thinking'");
-                reasoning += th->str;
-            } else if (ty == "redacted_thinking" && !user) {
-                // opaque to us: dropped
-            } else {
-                return api_fail(e, "messages", "unsupported content block type");
-            }
-        }
-        for (auto& tm : tool_msgs) msgs.push(tm);
-        Json o = Json::object();
-        o.set("role", Json::string(role->str));
-        if (user) {
-            if (parts.arr.empty()) continue;  // only tool results
-            if (parts.arr.size() == 1 && parts.arr[0].get("text")) o.set("content", *parts.arr[0].get("text"));
-            else o.set("content", parts);
-        } else {
-            o.set("content", Json::string(text));
-            if (!reasoning.empty()) o.set("reasoning_content", Json::string(reasoning));
-            if (!calls.arr.empty()) o.set("tool_calls", calls);
-        }
-        msgs.push(o);
-    }
+    if (!anthropic_system(body.get("system"), &msgs, e)) return false;
+    if (!anthropic_messages(body.get("messages"), ctx.vision, &msgs, e)) return false;
     r->chat.messages = msgs;
-    // tools
-    if (const Json* tl = body.get("tools"); tl && !tl->is_null()) {
-        if (!tl->is_array()) return api_fail(e, "tools", "'tools' must be an array");
-        if (!tl->arr.empty()) r->chat.tools = Json::array();
-        for (const auto& t : tl->arr) {
-            const Json* ty = t.get("type");
-            if (!t.is_object()) return api_fail(e, "tools", "each tool must be an object");
-            if (ty && !ty->is_null() && !(ty->is_string() && ty->str == "custom"))
-                return api_fail(e, "tools", "only client tools are supported", "tool_type_not_supported");
-            const Json* nm = t.get("name");
-            if (!nm || !nm->is_string() || !api_tool_name_ok(nm->str)) return api_fail(e, "tools", "tool name must match [A-Za-z0-9_-]{1,64}");
-            const Json* d = t.get("description");
-            const Json* sc = t.get("input_schema");
-            if (d && !d->is_null() && !d->is_string()) return api_fail(e, "tools", "tool description must be a string");
-            if (!sc || !sc->is_object()) return api_fail(e, "tools", "a tool needs an input_schema object");
-            Json fn = Json::object();
-            fn.set("name", Json::string(nm->str));
-            if (d && d->is_string()) fn.set("description", *d);
-            fn.set("parameters", *sc);
-            Json tool = Json::object();
-            tool.set("type", Json::string("function"));
-            tool.set("function", fn);
-            r->chat.tools.push(tool);
-        }
-    }
+    if (!anthropic_tools(body.get("tools"), &r->chat.tools, e)) return false;
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
         const Json* ty = tc->get("type");
         if (!tc->is_object() || !ty || !ty->is_string()) return api_fail(e, "tool_choice", "'tool_choice' must be an object with a 'type'");
+        if (!r->chat.tools.is_array()) return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
+        static const char* const tc_keys[] = {"type", "name", "disable_parallel_tool_use", nullptr};
+        if (!api_only_keys(*tc, tc_keys, "tool_choice", e)) return false;
+        const Json* dp = tc->get("disable_parallel_tool_use");
+        if (dp && !dp->is_null() && !dp->is_bool()) return api_fail(e, "tool_choice.disable_parallel_tool_use", "'disable_parallel_tool_use' must be a boolean");
+        if (dp && dp->is_bool() && dp->b) return api_fail(e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use is not supported (the model may call several tools at once)");
         if (ty->str == "none") r->chat.tools = Json();
         else if (ty->str == "any" || ty->str == "tool") return api_fail(e, "tool_choice", "only tool_choice auto and none are supported", "tool_choice_not_supported");
-        else if (ty->str != "auto") return api_fail(e, "tool_choice", "unknown tool_choice type");
+        else if (ty->str != "auto") return api_fail(e, "tool_choice.type", "unknown tool_choice type");
     }
-    // thinking: {type: "disabled"} turns it off, other types turn it on
+    // thinking: {type: "disabled"} turns it off, "enabled" / "adaptive" on
     r->chat.enable_thinking = ctx.thinking;
     r->chat.preserve_thinking = ctx.preserve_thinking;
     if (const Json* th = body.get("thinking"); th && !th->is_null()) {
         const Json* ty = th->get("type");
         if (!th->is_object() || !ty || !ty->is_string()) return api_fail(e, "thinking", "'thinking' must be an object with a 'type'");
+        if (ty->str != "enabled" && ty->str != "disabled" && ty->str != "adaptive") return api_fail(e, "thinking.type", "thinking.type must be enabled, disabled or adaptive");
+        static const char* const th_keys[] = {"type", "budget_tokens", nullptr};
+        if (!api_only_keys(*th, th_keys, "thinking", e)) return false;
         r->chat.enable_thinking = ty->str != "disabled";
         if (const Json* bt = th->get("budget_tokens"); bt && !bt->is_null() && !(bt->is_number() && bt->is_int && bt->i >= 0))
             return api_fail(e, "thinking.budget_tokens", "'budget_tokens' must be a non-negative integer");
     }
     if (const Json* oc = body.get("output_config"); oc && !oc->is_null()) {
-        const Json* ef = oc->is_object() ? oc->get("effort") : nullptr;
         if (!oc->is_object()) return api_fail(e, "output_config", "'output_config' must be an object");
+        static const char* const oc_keys[] = {"effort", "format", nullptr};
+        if (!api_only_keys(*oc, oc_keys, "output_config", e)) return false;
+        if (const Json* f = oc->get("format"); f && !f->is_null())
+            return api_fail(e, "output_config.format", "structured output (output_config.format) is not supported", "output_format_not_supported");
+        const Json* ef = oc->get("effort");
         if (ef && !ef->is_null()) {
             if (!ef->is_string()) return api_fail(e, "output_config.effort", "'effort' must be a string");
             r->chat.reasoning_effort = ef->str;
@@ -1322,7 +1637,17 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
     int64_t x;
     int k = api_int(body, "max_tokens", 1, INT_MAX, &x, e);
     if (k < 0) return false;
-    if (k > 0) r->max_tokens = (int)x;
+    if (k == 0) return api_fail(e, "max_tokens", "'max_tokens' is required");
+    r->max_tokens = (int)x;
+    if (const Json* md = body.get("metadata"); md && !md->is_null()) {
+        if (!md->is_object()) return api_fail(e, "metadata", "'metadata' must be an object");
+        static const char* const md_keys[] = {"user_id", nullptr};
+        if (!api_only_keys(*md, md_keys, "metadata", e)) return false;
+        const Json* uid = md->get("user_id");
+        if (uid && !uid->is_null() && (!uid->is_string() || uid->str.size() > 256)) return api_fail(e, "metadata.user_id", "'user_id' must be a string of at most 256 characters");
+    }
+    if (const Json* sv = body.get("service_tier"); sv && !sv->is_null() && !(sv->is_string() && (sv->str == "auto" || sv->str == "standard_only")))
+        return api_fail(e, "service_tier", "service_tier must be auto or standard_only");
     if (!api_stop(body.get("stop_sequences"), "stop_sequences", &r->stop, e)) return false;
     if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
     if (api_number(body, "top_p", 0, 1, &r->top_p, e) < 0) return false;
@@ -1410,6 +1735,7 @@ struct ServeReqLog {
     bool stream = false;
     int prompt = -1, completion = -1;
     double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
+    ServeSpecStats spec;
     double prepare_mib = -1;       // the most memory the request's preparation held (request memory section)
 };
 
@@ -1452,6 +1778,9 @@ static void serve_log_request(const ServeReqLog& l) {
     if (l.prefill_s >= 0) add(" prefill_ms=%.1f", l.prefill_s * 1e3);
     if (l.decode_s >= 0) add(" decode_ms=%.1f", l.decode_s * 1e3);
     if (l.decode_s > 0 && l.completion > 1) add(" decode_tok_s=%.1f", (l.completion - 1) / l.decode_s);
+    if (!l.spec.backend.empty())
+        add(" spec=%s/%d rounds=%ld drafted=%ld accepted=%ld", l.spec.backend.c_str(), l.spec.draft_window, l.spec.rounds,
+            l.spec.drafted_tokens, l.spec.accepted_tokens);
     if (l.prepare_mib >= 0) add(" prepare_mib=%.1f", l.prepare_mib);
     add(" total_ms=%.1f", total * 1e3);
     fprintf(stderr, "%s\n", buf);
@@ -1473,6 +1802,7 @@ static void serve_log_request(const ServeReqLog& l) {
         if (l.decode_s >= 0) t.set("decode", Json::number(l.decode_s));
         t.set("total", Json::number(total));
         e.set("timings_seconds", t);
+        if (!l.spec.backend.empty()) e.set("speculative", serve_spec_json(l.spec, true));
         serve_jsonl(e);
     }
 }
@@ -1545,11 +1875,12 @@ struct ServeConn {
     std::string in;                // received bytes not consumed yet
     bool broken = false;           // a write failed or the peer left: no more writes
     bool chunked_out = false;      // the streaming response in progress is chunk-framed
+    bool head = false;             // the request is a HEAD: responses carry no body (content-length stays)
     uint64_t written = 0;          // bytes sent on this connection
 };
 
-// read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof,
-// -1 on timeout or error, -2 when idle and the server stops.
+// read what is there into c->in, waiting until the deadline. returns bytes read, 0 at eof or
+// a reset, -1 on timeout or a poll error, -2 when idle and the server stops.
 static int serve_conn_read(ServeConn* c, double deadline, bool idle) {
     for (;;) {
         double left = deadline - serve_now();
@@ -1564,7 +1895,7 @@ static int serve_conn_read(ServeConn* c, double deadline, bool idle) {
         if (k > 0) { c->in.append(buf, k); return (int)k; }
         if (k == 0) return 0;
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-        return -1;
+        return 0;  // a reset: the peer is gone, as at eof (not a timeout)
     }
 }
 
@@ -1642,7 +1973,7 @@ static std::string http_response_head(int status, const char* ctype, long long c
 static void serve_conn_send(ServeConn* c, int status, const char* ctype, const std::string& body, bool keep,
                       bool head_only = false, const std::string& extra = "") {
     std::string r = http_response_head(status, ctype, (long long)body.size(), keep, extra);
-    if (!head_only) r += body;
+    if (!head_only && !c->head) r += body;
     serve_conn_write(c, r);  // one write: with TCP_NODELAY, head and body leave in one segment
 }
 
@@ -1654,7 +1985,8 @@ static std::string serve_error_body(bool anthropic, const ServeError& e) {
                       : e.status == 413 ? "request_too_large" : e.status == 429 ? "rate_limit_error"
                       : e.status == 503 ? "overloaded_error" : e.status >= 500 ? "api_error" : "invalid_request_error";
         err.set("type", Json::string(t));
-        err.set("message", Json::string(e.message + " (" + e.code + ")"));
+        // anthropic's own errors name the field first ("max_tokens: Field required")
+        err.set("message", Json::string((e.param.empty() ? "" : e.param + ": ") + e.message + " (" + e.code + ")"));
         Json o = Json::object();
         o.set("type", Json::string("error"));
         o.set("error", err);
@@ -1672,10 +2004,12 @@ static std::string serve_error_body(bool anthropic, const ServeError& e) {
 }
 static void serve_conn_send_error(ServeConn* c, bool anthropic, const ServeError& e, bool keep, ServeReqLog* lg,
                             const std::string& extra = "") {
-    serve_conn_send(c, e.status, "application/json", serve_error_body(anthropic, e), keep, false, extra);
+    // 429 and 503 are worth a retry: say when (a queue slot frees within about a request)
+    std::string ex = extra + ((e.status == 429 || e.status == 503) ? "Retry-After: 1\r\n" : "");
+    serve_conn_send(c, e.status, "application/json", serve_error_body(anthropic, e), keep, false, ex);
     if (lg) { lg->status = e.status; lg->code = e.code; }
 }
-static ServeError serve_make_error(int status, const char* code, const char* msg, const char* param = "") {
+static ServeError serve_make_error(int status, const char* code, const std::string& msg, const char* param = "") {
     ServeError e; e.status = status; e.code = code; e.message = msg; e.param = param; return e;
 }
 // the error for a framing / limit status found while reading a request
@@ -1770,20 +2104,27 @@ struct ServeGen {
     int block = -1, block_kind = -1;  // anthropic: the open content block (0 thinking, 1 text, 2 tool)
 };
 
-static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
+// the openai response envelope, streamed (object "chat.completion.chunk", choice field
+// "delta") or whole ("chat.completion", "message"): {id, object, created, model, choices:
+// [{index: 0, <field>: body, logprobs: null, finish_reason}]}
+static Json openai_envelope(ServeGen* g, bool chunk, Json body, const char* finish) {
     Json ch = Json::object();
     ch.set("index", Json::integer(0));
-    ch.set("delta", delta);
+    ch.set(chunk ? "delta" : "message", body);
     ch.set("logprobs", Json());
     ch.set("finish_reason", finish ? Json::string(finish) : Json());
     Json choices = Json::array();
     choices.push(ch);
     Json o = Json::object();
     o.set("id", Json::string(g->id));
-    o.set("object", Json::string("chat.completion.chunk"));
+    o.set("object", Json::string(chunk ? "chat.completion.chunk" : "chat.completion"));
     o.set("created", Json::integer(g->created));
     o.set("model", Json::string(g->model));
     o.set("choices", choices);
+    return o;
+}
+static Json openai_chunk(ServeGen* g, Json delta, const char* finish) {
+    Json o = openai_envelope(g, true, delta, finish);
     if (g->include_usage) o.set("usage", Json());
     return o;
 }
@@ -1927,6 +2268,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(completion));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
+        if (!r.speculative.backend.empty()) usage.set("speculative", serve_spec_json(r.speculative, false));
         if (g->stream) {
             sse_write(c, sse_data(json_dump(openai_chunk(g, Json::object(), finish.c_str()))));
             if (g->include_usage) {
@@ -1957,19 +2299,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
             }
             msg.set("tool_calls", arr);
         }
-        Json ch = Json::object();
-        ch.set("index", Json::integer(0));
-        ch.set("message", msg);
-        ch.set("logprobs", Json());
-        ch.set("finish_reason", Json::string(finish));
-        Json choices = Json::array();
-        choices.push(ch);
-        Json o = Json::object();
-        o.set("id", Json::string(g->id));
-        o.set("object", Json::string("chat.completion"));
-        o.set("created", Json::integer(g->created));
-        o.set("model", Json::string(g->model));
-        o.set("choices", choices);
+        Json o = openai_envelope(g, false, msg, finish.c_str());
         o.set("usage", usage);
         serve_conn_send(c, 200, "application/json", json_dump(o), keep);
         return;
@@ -1984,6 +2314,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         Json u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         u.set("output_tokens", Json::integer(completion));
+        if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
         Json o = Json::object();
         o.set("delta", d);
         o.set("usage", u);
@@ -2019,6 +2350,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
     u.set("output_tokens", Json::integer(completion));
     u.set("cache_creation_input_tokens", Json::integer(0));
     u.set("cache_read_input_tokens", Json::integer(0));
+    if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
     Json o = Json::object();
     o.set("id", Json::string(g->id));
     o.set("type", Json::string("message"));
@@ -2255,6 +2587,7 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     lg->completion = r.completion_tokens;
     lg->finish = r.finish;
     lg->prefill_s = r.prefill_s; lg->decode_s = r.decode_s;
+    lg->spec = r.speculative;
     if (job->t_first > 0) lg->ttft_s = job->t_first - job->t_enqueue;
     if (c->broken) { lg->status = 499; lg->code = "client_closed"; return false; }
     if (!r.error.empty() || (serve_cancel_all() && job->cancel)) {
@@ -2314,6 +2647,48 @@ static bool serve_authorized(const HttpRequest& rq) {
     return false;
 }
 
+// the host part of a Host header or an origin's authority: "[::1]:8080" -> "[::1]", "a:1" -> "a"
+static std::string serve_host_name(std::string h) {
+    h = http_lower(h);
+    size_t c = h.rfind(':');
+    if (c != std::string::npos && h.find(']', c) == std::string::npos) h.resize(c);
+    return h;
+}
+static bool serve_is_loopback(const std::string& h) {
+    if (h == "localhost" || h == "::1" || h == "[::1]") return true;
+    struct in_addr a;  // 127.0.0.0/8, written as a dotted quad
+    return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+// browser attacks on a local server (issue 11, defect 6). null when the request may go on,
+// else "<kind> <message>": h = a malformed Host (400), f = a foreign Host (403), o = a
+// foreign Origin (403).
+//   - http/1.1 needs exactly one Host (rfc 9112 3.2);
+//   - dns rebinding: a page on evil.example whose name now resolves to 127.0.0.1 reaches a
+//     keyless loopback server with Host: evil.example. so when the server is keyless and bound
+//     to loopback, only loopback names (and --allowed-hosts) are served; --host with another
+//     address or --api-key lifts the check (the operator exposed or protected the server);
+//   - a cross-origin page could post to the api and read nothing, but still run generations:
+//     a request with an Origin other than the server's own needs --cors.
+static const char* serve_origin_refused(const HttpRequest& rq) {
+    const ServeOptions& o = g_serve.opt;
+    int hosts = 0;
+    const std::string* host = nullptr;
+    for (const auto& h : rq.headers) if (h.first == "host") { hosts++; host = &h.second; }
+    if (hosts > 1 || (rq.minor >= 1 && hosts == 0) || (host && host->empty())) return "h HTTP/1.1 requests need exactly one Host header";
+    if (host && o.api_key.empty() && serve_is_loopback(serve_host_name(o.host))) {
+        std::string name = serve_host_name(*host);
+        bool ok = serve_is_loopback(name) || name == http_lower(o.host);
+        for (const auto& a : o.allowed_hosts) ok = ok || name == a;
+        if (!ok) return "f this server answers loopback host names only (see --allowed-hosts, --host)";
+    }
+    if (!o.cors) {
+        const std::string* origin = rq.header("origin");
+        if (origin && !(host && http_lower(*origin) == "http://" + http_lower(*host)))
+            return "o cross-origin requests need a server started with --cors";
+    }
+    return nullptr;
+}
+
 // one request whose head is parsed (and consumed from c->in). returns whether to keep the
 // connection for another request.
 static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0) {
@@ -2339,18 +2714,27 @@ static bool serve_handle_request(ServeConn* c, const HttpRequest& rq, double t0)
         serve_log_request(lg);
         return k;
     };
+    if (const char* why = serve_origin_refused(rq))
+        return early(serve_make_error(why[0] == 'h' ? 400 : 403, why[0] == 'h' ? "invalid_request_error" : why[0] == 'f' ? "host_not_allowed" : "cross_origin_refused",
+                                      why + 2));
     if (rq.method == "OPTIONS") {
         serve_conn_send(c, 204, nullptr, "", keep && !has_body, true, "Allow: GET, POST, OPTIONS\r\n");
         lg.status = 204; serve_log_request(lg);
         return keep && !has_body;
     }
-    if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint"));
+    if (route == SERVE_ROUTE_NONE) return early(serve_make_error(404, "not_found", "no such endpoint: " + serve_log_path(p)));
     if (post_route ? rq.method != "POST" : !is_get)
         return early(serve_make_error(405, "method_not_allowed", "method not allowed for this endpoint"),
                      post_route ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
     if (route != SERVE_ROUTE_HEALTH && !serve_authorized(rq))
         return early(serve_make_error(401, "invalid_api_key", "missing or invalid api key"), "WWW-Authenticate: Bearer\r\n");
     if (post_route && serve_stopping()) return early(serve_make_error(503, "server_shutting_down", "the server is shutting down"));
+    if (post_route) {  // json only: a browser's "simple" text/plain or form post is no api call
+        const std::string* ct = rq.header("content-type");
+        std::string mt = ct ? http_lower(http_trim(ct->substr(0, ct->find(';')))) : "";
+        if (mt != "application/json")
+            return early(serve_make_error(415, "unsupported_media_type", "request bodies must be Content-Type: application/json"));
+    }
     std::string body;
     if (has_body) {
         int r = serve_conn_read_body(c, rq, t0, &body);
@@ -2433,7 +2817,9 @@ static void serve_conn_serve(ServeConn* c) {
         size_t scanned = 0;  // parse again only when a new line arrived (a head dribbled byte by byte stays linear)
         for (;;) {
             hl = 0;
-            if (memchr(c->in.data() + scanned, '\n', c->in.size() - scanned) || c->in.size() > s.lim.max_head)
+            // a new line, too much, or the first bytes of a request line (binary is refused at once)
+            if (memchr(c->in.data() + scanned, '\n', c->in.size() - scanned) || c->in.size() > s.lim.max_head ||
+                (c->in.size() <= 256 && !memchr(c->in.data(), '\n', c->in.size())))
                 hl = http_parse_head(c->in.data(), c->in.size(), s.lim, &rq);
             if (hl != 0) break;
             scanned = c->in.size();
@@ -2447,6 +2833,7 @@ static void serve_conn_serve(ServeConn* c) {
             if (r <= 0) return;
         }
         if (hl < 0) {
+            c->head = rq.method == "HEAD";
             ServeReqLog lg; lg.t0 = t0; lg.method = rq.method.empty() ? "-" : rq.method; lg.path = rq.path;
             bool anth = !rq.path.compare(0, 12, "/v1/messages");
             serve_conn_send_error(c, anth, http_error((int)-hl), false, &lg);
@@ -2454,6 +2841,7 @@ static void serve_conn_serve(ServeConn* c) {
             return;  // after a parse error the stream is out of sync: close
         }
         c->in.erase(0, (size_t)hl);
+        c->head = rq.method == "HEAD";
         bool keep = serve_handle_request_isolated(c, rq, t0);
         serve_release(c);  // the request's body (and the json made from it) are gone now
         if (!keep) return;
@@ -2583,7 +2971,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
         }
         if (full) {  // one best-effort write, no waiting: the main thread never blocks on a client
             std::string b = serve_error_body(false, serve_make_error(503, "server_overloaded", "too many open connections"));
-            std::string resp = http_response_head(503, "application/json", (long long)b.size(), false) + b;
+            std::string resp = http_response_head(503, "application/json", (long long)b.size(), false, "Retry-After: 1\r\n") + b;
             ssize_t w = send(fd, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)w;
             close(fd);

@@ -685,17 +685,28 @@ static inline void encode_segment(const Tokenizer* t, const char* s, size_t n, s
     }
 }
 
+// byte ranges [first, second) of a text, in order and disjoint: the conversation's own text
+// in a rendered prompt (chat_render), which tokenizer_encode keeps literal
+typedef std::vector<std::pair<size_t, size_t>> TextSpans;
+
 // split text into added-token matches and plain segments (leftmost-longest, as hf's
-// aho-corasick); calls seg(begin, end) for plain text and tok(id) for matches
+// aho-corasick); calls seg(begin, end) for plain text and tok(id) for matches. with `literal`
+// spans, no token matches over any byte of them: conversation text is literal
+// (reference-engine.md 10), so a user who types "<|im_end|>" gets those characters, not the
+// control token
 template <class Seg, class Tok>
-static inline void split_added(const Tokenizer* t, const std::string& text, bool parse_special, Seg seg, Tok tok) {
-    size_t start = 0, i = 0, n = text.size();
+static inline void split_added(const Tokenizer* t, const std::string& text, bool parse_special, Seg seg, Tok tok,
+                               const TextSpans* literal = nullptr) {
+    size_t start = 0, i = 0, n = text.size(), k = 0, nk = literal ? literal->size() : 0;
     if (parse_special && !t->added.empty()) {
         while (i < n) {
+            while (k < nk && (*literal)[k].second <= i) k++;
+            if (k < nk && (*literal)[k].first <= i) { i = (*literal)[k].second; continue; }  // inside literal text
             if (!t->added_first_byte[(unsigned char)text[i]]) { i++; continue; }
+            size_t lim = k < nk ? (*literal)[k].first : n;  // a match must end before the next literal span
             const AddedToken* hit = nullptr;
             for (const AddedToken& a : t->added)  // longest first
-                if (a.content.size() <= n - i && memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) { hit = &a; break; }
+                if (a.content.size() <= lim - i && memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) { hit = &a; break; }
             if (!hit) { i++; continue; }
             if (i > start) seg(start, i);
             tok(hit->id);
@@ -706,13 +717,37 @@ static inline void split_added(const Tokenizer* t, const std::string& text, bool
     if (n > start) seg(start, n);
 }
 
+// invalid utf-8 -> U+FFFD (hf sees text decoded with errors='replace'). with literal spans,
+// each span and each stretch between spans is cleaned alone and the spans follow the bytes.
+static inline bool utf8_clean(const std::string& text, const TextSpans* literal, std::string* out, TextSpans* out_literal) {
+    if (utf8_valid(text.data(), text.size())) return false;
+    out->clear();
+    if (!literal) { utf8_lossy(out, text.data(), text.size()); return true; }
+    out_literal->clear();
+    size_t at = 0;
+    for (const auto& p : *literal) {
+        utf8_lossy(out, text.data() + at, p.first - at);
+        size_t o = out->size();
+        utf8_lossy(out, text.data() + p.first, p.second - p.first);
+        out_literal->emplace_back(o, out->size());
+        at = p.second;
+    }
+    utf8_lossy(out, text.data() + at, text.size() - at);
+    return true;
+}
+
 // text -> ids, appended to *ids. parse_special: match added tokens in the text (hf's default;
-// the chat template's output needs it); false treats every byte as plain text. invalid utf-8
-// is replaced by U+FFFD first, as hf sees text decoded with errors='replace'.
-static inline void tokenizer_encode(const Tokenizer* t, const std::string& text, std::vector<int>* ids, bool parse_special = true) {
+// the chat template's output needs it); false treats every byte as plain text. literal: the
+// spans chat_render makes (added tokens match only in the template's own text; nullptr: none
+// literal). invalid utf-8 is replaced by U+FFFD first, as hf sees text decoded with
+// errors='replace'.
+static inline void tokenizer_encode(const Tokenizer* t, const std::string& text, std::vector<int>* ids, bool parse_special = true,
+                                    const TextSpans* literal = nullptr) {
+    if (literal && !literal->empty() && literal->back().second > text.size()) literal = nullptr;  // a caller bug: never read past the text
     std::string clean;
+    TextSpans clean_literal;
     const std::string* src = &text;
-    if (!utf8_valid(text.data(), text.size())) { utf8_lossy(&clean, text.data(), text.size()); src = &clean; }
+    if (utf8_clean(text, literal, &clean, &clean_literal)) { src = &clean; if (literal) literal = &clean_literal; }
     std::unique_lock<std::mutex> lk(t->cache_mu, std::try_to_lock);
     WordCache* cache = lk.owns_lock() ? &t->cache : nullptr;
     std::vector<uint32_t> cuts;
@@ -727,7 +762,7 @@ static inline void tokenizer_encode(const Tokenizer* t, const std::string& text,
                 encode_segment(t, norm.data(), norm.size(), ids, cache, &cuts);
             } else encode_segment(t, s, n, ids, cache, &cuts);
         },
-        [&](int id) { ids->push_back(id); });
+        [&](int id) { ids->push_back(id); }, literal);
 }
 
 // the pre-tokens hf would produce (after added-token splitting and nfc); added tokens
@@ -962,7 +997,8 @@ static inline bool py_isspace(uint32_t c) {
 }
 // python's s.strip() (chars = nullptr: whitespace) or s.strip(chars) for ascii chars;
 // left/right pick lstrip / rstrip
-static inline std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+// the [*a, *b) that py_strip keeps (no copy)
+static inline void py_strip_bounds(const std::string& s, const char* chars, bool left, bool right, size_t* pa, size_t* pb) {
     size_t a = 0, b = s.size();
     auto strip_at = [&](uint32_t c) { return chars ? (c < 0x80 && strchr(chars, (int)c) && c) : py_isspace(c); };
     if (left)
@@ -981,6 +1017,11 @@ static inline std::string py_strip(const std::string& s, const char* chars = nul
             if (!strip_at(c)) break;
             b = j;
         }
+    *pa = a; *pb = b;
+}
+static inline std::string py_strip(const std::string& s, const char* chars = nullptr, bool left = true, bool right = true) {
+    size_t a, b;
+    py_strip_bounds(s, chars, left, right, &a, &b);
     return s.substr(a, b - a);
 }
 
@@ -1027,10 +1068,44 @@ static inline int py_in(const char* key, const Json& item, std::string* err) {
     }
 }
 
+// rendered text and which of it came from the conversation (message text, reasoning, tool
+// names, arguments, the tool list): `lit`; the rest the template wrote. tokenizer_encode
+// matches added tokens only outside `lit`. spans, not a byte mask: a 64 MiB message costs no
+// second 64 MiB (the request memory budget, serve.h).
+struct ChatText {
+    std::string s;
+    TextSpans lit;
+    void t(const std::string& x) { s += x; }  // the template's text
+    void u(const std::string& x) { if (!x.empty()) { size_t a = s.size(); s += x; mark(a, s.size()); } }  // the conversation's
+    void mark(size_t a, size_t b) {
+        if (!lit.empty() && lit.back().second == a) lit.back().second = b;
+        else lit.emplace_back(a, b);
+    }
+    void add(const ChatText& x) { size_t o = s.size(); s += x.s; for (const auto& p : x.lit) mark(o + p.first, o + p.second); }
+    bool empty() const { return s.empty(); }
+    void keep(size_t pos, size_t n = std::string::npos) {  // in place: this = this[pos, pos + n)
+        n = std::min(n, s.size() - pos);
+        s.erase(pos + n);
+        s.erase(0, pos);
+        TextSpans out;
+        for (const auto& p : lit) {
+            size_t a = std::max(p.first, pos), b = std::min(p.second, pos + n);
+            if (a < b) out.emplace_back(a - pos, b - pos);
+        }
+        lit.swap(out);
+    }
+};
+// python's str.strip / lstrip / rstrip, in place
+static inline void chat_strip(ChatText* x, const char* chars = nullptr, bool left = true, bool right = true) {
+    size_t a, b;
+    py_strip_bounds(x->s, chars, left, right, &a, &b);
+    x->keep(a, b - a);
+}
+
 // the template's render_content macro. content == nullptr is undefined.
-static inline bool chat_render_content(ChatState* st, const Json* content, bool count, bool is_system, std::string* out) {
+static inline bool chat_render_content(ChatState* st, const Json* content, bool count, bool is_system, ChatText* out) {
     if (!content || content->is_null()) return true;
-    if (content->is_string()) { out->append(content->str); return true; }
+    if (content->is_string()) { out->u(content->str); return true; }
     if (!content->is_array()) return chat_error(st->err, "Unexpected content type.");
     for (const Json& item : content->arr) {
         const Json* type = item.is_object() ? item.get("type") : nullptr;
@@ -1041,8 +1116,8 @@ static inline bool chat_render_content(ChatState* st, const Json* content, bool 
         if (img || (type && type->is_string() && type->str == "image")) {
             if (is_system) return chat_error(st->err, "System message cannot contain images.");
             if (count) st->images++;
-            if (st->opt->add_vision_id) out->append("Picture " + std::to_string(st->images) + ": ");
-            out->append("<|vision_start|><|image_pad|><|vision_end|>");
+            if (st->opt->add_vision_id) out->t("Picture " + std::to_string(st->images) + ": ");
+            out->t("<|vision_start|><|image_pad|><|vision_end|>");
             continue;
         }
         int vid = py_in("video", item, st->err);
@@ -1050,14 +1125,14 @@ static inline bool chat_render_content(ChatState* st, const Json* content, bool 
         if (vid || (type && type->is_string() && type->str == "video")) {
             if (is_system) return chat_error(st->err, "System message cannot contain videos.");
             if (count) st->videos++;
-            if (st->opt->add_vision_id) out->append("Video " + std::to_string(st->videos) + ": ");
-            out->append("<|vision_start|><|video_pad|><|vision_end|>");
+            if (st->opt->add_vision_id) out->t("Video " + std::to_string(st->videos) + ": ");
+            out->t("<|vision_start|><|video_pad|><|vision_end|>");
             continue;
         }
         int txt = py_in("text", item, st->err);
         if (txt < 0) return false;
         if (!txt) return chat_error(st->err, "Unexpected item type in content.");
-        if (item.is_object()) py_str(*item.get("text"), out);  // item.text; on a str or list it is undefined: ""
+        if (item.is_object()) { std::string x; py_str(*item.get("text"), &x); out->u(x); }  // item.text; on a str or list it is undefined: ""
     }
     return true;
 }
@@ -1070,9 +1145,12 @@ static inline bool role_is(const Json& m, const char* role, bool developer_as_sy
 }
 
 // render messages (+ tools, nullptr or null for none) into the prompt text. false with a
-// one-line *err when the template (or python under it) would raise.
-static inline bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err) {
+// one-line *err when the template (or python under it) would raise. literal (optional): the
+// spans of the output that came from the conversation (for tokenizer_encode).
+static inline bool chat_render(const Json& messages, const Json* tools, const ChatOptions& opt, std::string* out, std::string* err,
+                               TextSpans* literal = nullptr) {
     out->clear();
+    if (literal) literal->clear();
     if (!messages.is_array()) return chat_error(err, "messages must be a list");
     for (const Json& m : messages.arr)
         if (!m.is_object()) {
@@ -1099,13 +1177,14 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
     ChatState st{&opt, 0, 0, err};
     const bool das = opt.developer_as_system;
     if (n == 0) return chat_error(err, "No messages provided.");
+    ChatText R;
 
     // system block, with the tool list when there are tools
     if (has_tools) {
-        out->append("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
-        for (const Json& t : tools->arr) { out->push_back('\n'); py_tojson(t, out); }
-        out->append("\n</tools>");
-        out->append(
+        R.t("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+        for (const Json& t : tools->arr) { R.t("\n"); std::string j; py_tojson(t, &j); R.u(j); }
+        R.t("\n</tools>");
+        R.t(
             "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
             "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
             "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
@@ -1115,16 +1194,17 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
             "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
             "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>");
         if (role_is(msgs[0], "system", das)) {
-            std::string c;
+            ChatText c;
             if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
-            c = py_strip(c);
-            if (!c.empty()) { out->append("\n\n"); out->append(c); }
+            chat_strip(&c);
+            if (!c.empty()) { R.t("\n\n"); R.add(c); }
         }
-        out->append("<|im_end|>\n");
+        R.t("<|im_end|>\n");
     } else if (role_is(msgs[0], "system", das)) {
-        std::string c;
+        ChatText c;
         if (!chat_render_content(&st, msgs[0].get("content"), false, true, &c)) return false;
-        out->append("<|im_start|>system\n" + py_strip(c) + "<|im_end|>\n");
+        chat_strip(&c);
+        R.t("<|im_start|>system\n"); R.add(c); R.t("<|im_end|>\n");
     }
 
     // the last real user query: scanning backwards, the first user message that is not a
@@ -1132,24 +1212,25 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
     long last_query = -1;
     for (size_t k = n; k-- > 0;) {
         if (!role_is(msgs[k], "user")) continue;
-        std::string c;
-        if (!chat_render_content(&st, msgs[k].get("content"), false, false, &c)) return false;
-        c = py_strip(c);
-        bool wrapped = c.size() >= 16 && c.compare(0, 15, "<tool_response>") == 0 &&
-                       c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        ChatText ct;
+        if (!chat_render_content(&st, msgs[k].get("content"), false, false, &ct)) return false;
+        size_t a, b;
+        py_strip_bounds(ct.s, nullptr, true, true, &a, &b);
+        bool wrapped = b - a >= 16 && ct.s.compare(a, 15, "<tool_response>") == 0 &&
+                       ct.s.compare(b - 16, 16, "</tool_response>") == 0;
         if (!wrapped) { last_query = (long)k; break; }
     }
     if (last_query < 0) return chat_error(err, "No user query found in messages.");
 
     for (size_t i = 0; i < n; i++) {
         const Json& m = msgs[i];
-        std::string content;
+        ChatText content;
         if (!chat_render_content(&st, m.get("content"), true, false, &content)) return false;
-        content = py_strip(content);
+        chat_strip(&content);
         if (role_is(m, "system", das)) {
             if (i != 0) return chat_error(err, "System message must be at the beginning.");
         } else if (role_is(m, "user")) {
-            out->append("<|im_start|>user\n" + content + "<|im_end|>\n");
+            R.t("<|im_start|>user\n"); R.add(content); R.t("<|im_end|>\n");
         } else if (role_is(m, "assistant")) {
             // transformers' alias: reasoning_content <- first non-null of reasoning_content, thinking, reasoning
             const Json* rc = nullptr;
@@ -1157,18 +1238,21 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
                 const Json* v = m.get(k);
                 if (v && !v->is_null()) { rc = v; break; }
             }
-            std::string reasoning;
-            if (rc && rc->is_string()) reasoning = rc->str;
-            else if (content.find("</think>") != std::string::npos) {
-                std::string before = content.substr(0, content.find("</think>"));
-                before = py_strip(before, "\n", false, true);
-                size_t o = before.rfind("<think>");
-                reasoning = py_strip(o == std::string::npos ? before : before.substr(o + 7), "\n", true, false);
-                content = py_strip(content.substr(content.rfind("</think>") + 8), "\n", true, false);
+            ChatText reasoning;
+            if (rc && rc->is_string()) reasoning.u(rc->str);
+            else if (content.s.find("</think>") != std::string::npos) {
+                reasoning = content;
+                reasoning.keep(0, content.s.find("</think>"));
+                chat_strip(&reasoning, "\n", false, true);
+                size_t o = reasoning.s.rfind("<think>");
+                if (o != std::string::npos) reasoning.keep(o + 7);
+                chat_strip(&reasoning, "\n", true, false);
+                content.keep(content.s.rfind("</think>") + 8);
+                chat_strip(&content, "\n", true, false);
             }
-            reasoning = py_strip(reasoning);
-            if ((long)i > last_query) out->append("<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content);
-            else out->append("<|im_start|>assistant\n" + content);
+            chat_strip(&reasoning);
+            if ((long)i > last_query) { R.t("<|im_start|>assistant\n<think>\n"); R.add(reasoning); R.t("\n</think>\n\n"); R.add(content); }
+            else { R.t("<|im_start|>assistant\n"); R.add(content); }
             const Json* calls = m.get("tool_calls");
             if (py_truthy(calls) && (calls->is_array() || calls->is_string())) {
                 // a string iterates as characters, and a character has no .name
@@ -1180,57 +1264,70 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
                     if (!name) return chat_error(err, tc->is_null() ? std::string("'None' has no attribute 'name'")
                                                                     : std::string("'") + py_type_name(*tc) + " object' has no attribute 'name'");
                     if (!name->is_string()) return chat_error(err, std::string("can only concatenate str (not \"") + py_type_name(*name) + "\") to str");
-                    if (k == 0) out->append(py_strip(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
-                    else out->append("\n<tool_call>\n<function=");
-                    out->append(name->str + ">\n");
+                    if (k == 0) R.t(py_strip(content.s).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
+                    else R.t("\n<tool_call>\n<function=");
+                    R.u(name->str); R.t(">\n");
                     if (const Json* args = tc->get("arguments")) {
                         if (!args->is_object()) return chat_error(err, "Can only get item pairs from a mapping.");
                         for (auto& kv : py_items(*args)) {
-                            out->append("<parameter=" + *kv.first + ">\n");
-                            if (kv.second->is_object() || kv.second->is_array()) py_tojson(*kv.second, out);
-                            else py_str(*kv.second, out);
-                            out->append("\n</parameter>\n");
+                            R.t("<parameter="); R.u(*kv.first); R.t(">\n");
+                            std::string v;
+                            if (kv.second->is_object() || kv.second->is_array()) py_tojson(*kv.second, &v);
+                            else py_str(*kv.second, &v);
+                            R.u(v);
+                            R.t("\n</parameter>\n");
                         }
                     }
-                    out->append("</function>\n</tool_call>");
+                    R.t("</function>\n</tool_call>");
                 }
             }
-            out->append("<|im_end|>\n");
+            R.t("<|im_end|>\n");
         } else if (role_is(m, "tool")) {
-            if (i > 0 && !role_is(msgs[i - 1], "tool")) out->append("<|im_start|>user");
-            out->append("\n<tool_response>\n" + content + "\n</tool_response>");
-            if (i + 1 == n || !role_is(msgs[i + 1], "tool")) out->append("<|im_end|>\n");
+            if (i > 0 && !role_is(msgs[i - 1], "tool")) R.t("<|im_start|>user");
+            R.t("\n<tool_response>\n"); R.add(content); R.t("\n</tool_response>");
+            if (i + 1 == n || !role_is(msgs[i + 1], "tool")) R.t("<|im_end|>\n");
         } else {
             return chat_error(err, "Unexpected message role.");
         }
     }
     if (opt.add_generation_prompt) {
-        out->append("<|im_start|>assistant\n");
-        out->append(opt.enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
+        R.t("<|im_start|>assistant\n");
+        R.t(opt.enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
     }
+    *out = std::move(R.s);
+    if (literal) *literal = std::move(R.lit);
     return true;
 }
 
 // openai-shaped messages -> what the template expects: tool_calls[].function.arguments given
 // as json text (openai sends a string) are parsed into the object the template iterates, and
-// role "developer" becomes "system". in place; arguments that do not parse as a json object
-// are left alone (rendering then fails the way the template does).
-static inline void chat_from_openai(Json* messages) {
-    if (!messages->is_array()) return;
-    for (Json& m : messages->arr) {
+// role "developer" becomes "system". in place. arguments text that is not a json object is an
+// error naming the message (the server's parser, serve.h, refuses it the same way with a 400).
+static inline bool chat_from_openai(Json* messages, std::string* err = nullptr) {
+    if (!messages->is_array()) return true;
+    for (size_t i = 0; i < messages->arr.size(); i++) {
+        Json& m = messages->arr[i];
         if (!m.is_object()) continue;
         Json* role = m.get("role");
         if (role && role->is_string() && role->str == "developer") role->str = "system";
         Json* calls = m.get("tool_calls");
         if (!calls || !calls->is_array()) continue;
-        for (Json& c : calls->arr) {
+        for (size_t k = 0; k < calls->arr.size(); k++) {
+            Json& c = calls->arr[k];
             Json* f = c.is_object() && c.get("function") ? c.get("function") : &c;
             Json* a = f->is_object() ? f->get("arguments") : nullptr;
+            if (!a || !a->is_string()) continue;
             Json parsed;
             std::string perr;
-            if (a && a->is_string() && json_parse(a->str, &parsed, &perr) && parsed.is_object()) *a = std::move(parsed);
+            if (!json_parse(a->str, &parsed, &perr) || !parsed.is_object()) {
+                if (err) *err = "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(k) +
+                                "].function.arguments is not a json object" + (perr.empty() ? "" : " (" + perr + ")");
+                return false;
+            }
+            *a = std::move(parsed);
         }
     }
+    return true;
 }
 
 // a --messages file / request body: a json array of messages, or {"messages": [...],

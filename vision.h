@@ -1847,10 +1847,17 @@ static inline void vision_prepare(std::vector<MediaJob>* jobs, const VisionConfi
 // trained with) replace the whole triple; transformers 5.17's base processor replaces the pad
 // only, so the template's own start/end stay around the frames (an hf divergence:
 // test_vision's PromptExpansionMatchesHf accounts for it by name).
+// literal: byte ranges [first, second) of text that are the conversation's own words
+// (tokenizer.h's TextSpans, in order and disjoint): a user who types "<|image_pad|>" is not
+// giving an image, so nothing inside them is a placeholder; out_literal gets them as they lie
+// in *out.
+
+typedef std::vector<std::pair<size_t, size_t>> VisionSpans;
 
 static inline bool vision_expand_prompt(const std::string& text, const std::vector<const VisionItem*>& images,
                                         const std::vector<const VisionItem*>& videos, int merge, std::string* out,
-                                        std::string* err) {
+                                        std::string* err, const VisionSpans* literal = nullptr,
+                                        VisionSpans* out_literal = nullptr) {
     static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>", kStart = "<|vision_start|>", kEnd = "<|vision_end|>";
     static const std::string kTriple = kStart + kVideo + kEnd;
     for (size_t k = 0; k < videos.size(); k++)
@@ -1860,15 +1867,27 @@ static inline bool vision_expand_prompt(const std::string& text, const std::vect
             return false;
         }
     out->clear();
-    size_t ni = 0, nv = 0;
+    if (out_literal) out_literal->clear();
+    size_t ni = 0, nv = 0, k = 0;
+    const size_t nk = literal ? literal->size() : 0;
     for (size_t i = 0; i < text.size();) {
+        while (k < nk && (*literal)[k].second <= i) k++;
+        if (k < nk && (*literal)[k].first <= i) {  // the conversation's text, as it is
+            const size_t b = std::min((*literal)[k].second, text.size()), o = out->size();
+            out->append(text, i, b - i);
+            if (out_literal) out_literal->emplace_back(o, out->size());
+            i = b;
+            continue;
+        }
+        const size_t limit = k < nk ? (*literal)[k].first : text.size();  // a placeholder ends before the next span
+        auto at = [&](const std::string& x) { return i + x.size() <= limit && text.compare(i, x.size(), x) == 0; };
         if (text[i] != '<') { out->push_back(text[i++]); continue; }
-        const bool triple = text.compare(i, kTriple.size(), kTriple) == 0;
-        if (text.compare(i, kImage.size(), kImage) == 0) {
+        const bool triple = at(kTriple);
+        if (at(kImage)) {
             if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
             for (int k = images[ni++]->tokens(merge); k > 0; k--) out->append(kImage);
             i += kImage.size();
-        } else if (triple || text.compare(i, kVideo.size(), kVideo) == 0) {
+        } else if (triple || at(kVideo)) {
             if (nv == videos.size()) { *err = "the prompt has more video placeholders than the " + std::to_string(videos.size()) + " videos given"; return false; }
             const VisionItem& it = *videos[nv++];
             const int per = it.h * it.w / (merge * merge);

@@ -111,3 +111,42 @@ def test_text_perplexity_file_is_tokenized(tmp_path):
     g.write_text(tok.stdout)
     r2 = ninfer(TINY, "--cpu", "--perplexity", str(g))
     assert r2.returncode == 0 and r2.stdout == r.stdout, (r.stdout, r2.stdout)
+
+# issue 11, defect 8: cli inputs the server would refuse, refused the same way; nothing ignored
+def test_invalid_utf8_prompt_refused():
+    for flag in ("--prompt", "--raw-prompt"):
+        r = subprocess.run([BIN, TINY, "--cpu", flag, b"caf\xc3 ok".decode("utf-8", "surrogateescape"), "--max-new", "1"],
+                           capture_output=True, text=True, timeout=120, errors="replace")
+        one_line_error(r, flag, "not valid utf-8", "byte 3")
+
+
+def test_info_with_a_prompt_is_a_usage_error():
+    one_line_error(ninfer(TINY, "--info", "--prompt", "hi"), "--info", "takes no --prompt")
+    one_line_error(ninfer(TINY, "--info", "--tokenize"), "--info")
+
+
+def test_messages_directory_says_so(tmp_path):
+    one_line_error(ninfer(TINY, "--cpu", "--messages", str(tmp_path)), str(tmp_path), "is a directory")
+
+
+def test_messages_bad_arguments_name_the_message(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text('[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{oops"}}]}]')
+    one_line_error(ninfer(TINY, "--cpu", "--messages", str(f)), "messages[1].tool_calls[0].function.arguments")
+
+
+def test_kv_flags_on_the_cpu_path_refused():
+    one_line_error(ninfer(TINY, "--cpu", "--prompt-ids", "1,2", "--kv-capacity", "4096"), "--kv-capacity", "cpu")
+    one_line_error(ninfer(TINY, "--cpu", "--prompt-ids", "1,2", "--kv-capacity", "auto"), "--kv-capacity")
+    one_line_error(ninfer(TINY, "--cpu", "--prompt-ids", "1,2", "--kv-dtype", "int8"), "--kv-dtype")
+    # the one capacity the cpu path has is honoured
+    r = ninfer(TINY, "--cpu", "--prompt-ids", "1,2", "--max-new", "1", "--max-context", "64", "--kv-capacity", "64")
+    assert r.returncode == 0, r.stderr
+
+
+def test_model_path_case_hint(tmp_path):
+    (tmp_path / "qwen3_5_4B.ninfer").write_bytes(open(TINY, "rb").read(4096))
+    r = ninfer(str(tmp_path / "qwen3_5_4b.ninfer"), "--cpu", "--prompt", "hi")
+    one_line_error(r, "cannot open", f"did you mean '{tmp_path}/qwen3_5_4B.ninfer'?")
+    r = ninfer(str(tmp_path / "other.ninfer"), "--info")
+    assert r.returncode == 1 and "did you mean" not in r.stderr

@@ -34,6 +34,23 @@ TEST(HttpHead, EveryPrefixNeedsMore) {
     EXPECT_FALSE(rq.keep_alive);
 }
 
+// issue 11, defect 7: bytes that cannot start a request line are refused before the line
+// ends (a tls hello has no newline for a long while); every prefix of a real one waits
+TEST(HttpHead, ImpossibleFirstLineRefusedAtOnce) {
+    const char* bad[] = {"\x16\x03\x01", "\x00", "GET\t/", "GET  /", "GET /a\x01", "GET / HTTX", "GET / HTTP/a", "GET / HTTP/1.1x",
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "{\"model\":1}", "GET / HTTP/1.1\rX"};
+    for (const char* b : bad) {
+        HttpRequest rq;
+        EXPECT_EQ(http_parse_head(b, strlen(b) + (b[0] ? 0 : 1), limits(), &rq), -400) << b;
+    }
+    for (const char* good : {"POST /v1/chat/completions?x=1 HTTP/1.1\r\n", "OPTIONS * HTTP/1.0\r\n", "GET http://a/b HTTP/1.1\r\n"}) {
+        for (size_t n = 0; n < strlen(good); n++) {
+            HttpRequest rq;
+            EXPECT_EQ(http_parse_head(good, n, limits(), &rq), 0) << good << " at " << n;
+        }
+    }
+}
+
 TEST(HttpHead, LeadingCrlfAndBareLf) {
     HttpRequest rq;
     std::string s = "\r\n\r\nGET /health HTTP/1.1\nHost: a\n\n";
@@ -238,6 +255,12 @@ TEST(Flags, Errors) {
     EXPECT_EQ(args({"m", "--seed", "-1"}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--kv-capacity", "lots"}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--vision=1"}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--api-key", ""}, &o, &err), 1);  // an empty key would turn authentication off
+    EXPECT_NE(err.find("--api-key"), std::string::npos);
+    EXPECT_EQ(args({"m", "--api-key="}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--allowed-hosts", ", ,"}, &o, &err), 1);
+    EXPECT_EQ(args({"m", "--allowed-hosts", "A.example, b"}, &o, &err), 0) << err;
+    EXPECT_EQ(o.allowed_hosts, (std::vector<std::string>{"a.example", "b"}));
     EXPECT_EQ(args({"m", "n"}, &o, &err), 1);
     EXPECT_EQ(args({}, &o, &err), 1);
     EXPECT_EQ(args({"m", "--help"}, &o, &err), 2);
@@ -317,7 +340,7 @@ TEST(Anthropic, ConvertsToOpenAIShape) {
     EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
     EXPECT_EQ(json_dump(r.chat.messages),
         R"([{"role":"system","content":"S"},{"role":"user","content":"q"},)"
-        R"({"role":"assistant","content":"let me look","reasoning_content":"hm","tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"get","arguments":"{\"k\":1}"}}]},)"
+        R"({"role":"assistant","content":"let me look","reasoning_content":"hm","tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"get","arguments":{"k":1}}}]},)"
         R"({"role":"tool","tool_call_id":"toolu_1","content":"R"},{"role":"user","content":"thanks"}])");
     EXPECT_EQ(json_dump(r.chat.tools), R"([{"type":"function","function":{"name":"get","description":"d","parameters":{"type":"object"}}}])");
 }
@@ -343,6 +366,104 @@ TEST(Anthropic, Errors) {
     ApiRequest r; ServeError e;
     EXPECT_TRUE(anthropic_parse(J(R"({"model":"a","messages":[{"role":"user","content":"x"}]})"), ctx, true, &r, &e));
     EXPECT_FALSE(anthropic_parse(J(R"({"model":"a","max_tokens":3,"messages":[{"role":"user","content":"x"}]})"), ctx, true, &r, &e));
+}
+
+// issue 11: nothing accepted and ignored; each refusal names its field
+TEST(OpenAI, RefusedByName) {
+    ApiContext ctx; ctx.model_id = "m";
+    const char* U = R"("model":"m","messages":[{"role":"user","content":"x"}])";
+    const char* T = R"("tools":[{"type":"function","function":{"name":"f"}}])";
+    struct { std::string body; const char* param; const char* code; } cases[] = {
+        {std::string("{") + U + R"(,"user":{"id":1}})", "user", "invalid_request_error"},
+        {std::string("{") + U + R"(,"metadata":"x"})", "metadata", "invalid_request_error"},
+        {std::string("{") + U + R"(,"stream_options":{"include_usage":true}})", "stream_options", "invalid_request_error"},
+        {std::string("{") + U + R"(,"stream":true,"stream_options":{"bogus":1}})", "stream_options.bogus", "unknown_parameter"},
+        {std::string("{") + U + R"(,"tool_choice":"auto"})", "tool_choice", "invalid_request_error"},
+        {std::string("{") + U + R"(,"tool_choice":"none"})", "tool_choice", "invalid_request_error"},
+        {std::string("{") + U + "," + T + R"(,"parallel_tool_calls":false})", "parallel_tool_calls", "invalid_request_error"},
+        {std::string("{") + U + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":12}}}]})", "tools[0].function.parameters.type", "invalid_request_error"},
+        {std::string("{") + U + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":7}}}}]})", "tools[0].function.parameters.properties.a", "invalid_request_error"},
+        {std::string("{") + U + R"(,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})", "tools[1].function.name", "invalid_request_error"},
+        {std::string("{") + U + R"(,"tools":[{"type":"function","function":{"name":"f","strict":true}}]})", "tools[0].function.strict", "strict_not_supported"},
+        {std::string("{") + U + R"(,"tools":[{"type":"function","function":{"name":"f","examples":[]}}]})", "tools[0].function.examples", "unknown_parameter"},
+        {std::string("{") + U + R"(,"chat_template_kwargs":{"add_vision_id":true}})", "chat_template_kwargs.add_vision_id", "unknown_parameter"},
+        {std::string("{") + U + R"(,"store":true})", "store", "invalid_request_error"},
+        {std::string("{") + U + R"(,"service_tier":"flex"})", "service_tier", "invalid_request_error"},
+        {std::string("{") + U + R"(,"response_format":{"type":"text","json_schema":{}}})", "response_format", "response_format_not_supported"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"tool","content":"r"}]})", "messages[1].tool_call_id", "invalid_request_error"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x","name":"bob"}]})", "messages[0].name", "unknown_parameter"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]}]})", "messages[1].tool_calls[0].function.arguments", "invalid_request_error"},
+        {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"[1]"}}]}]})", "messages[1].tool_calls[0].function.arguments", "invalid_request_error"},
+        {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","cache":1}]}]})", "messages[0].content[0].cache", "unknown_parameter"},
+    };
+    for (const auto& c : cases) {
+        ApiRequest r; ServeError e;
+        EXPECT_FALSE(openai_chat_parse(J(c.body.c_str()), ctx, &r, &e)) << c.body;
+        EXPECT_EQ(e.status, 400) << c.body;
+        EXPECT_EQ(e.param, c.param) << c.body;
+        EXPECT_EQ(e.code, c.code) << c.body;
+    }
+    // the message index is in the text too, for clients that show only the message
+    ApiRequest r; ServeError e;
+    EXPECT_FALSE(openai_chat_parse(J(cases[18].body.c_str()), ctx, &r, &e));
+    EXPECT_NE(e.message.find("message 1"), std::string::npos) << e.message;
+    // what the sdks send back as history passes: null fields, arguments as text -> the object
+    ASSERT_TRUE(openai_chat_parse(J(R"({"model":"m","stream":false,"user":"u1","metadata":{"k":"v"},"store":false,
+        "messages":[{"role":"user","content":"x"},
+        {"role":"assistant","content":null,"refusal":null,"audio":null,"function_call":null,"annotations":[],
+         "tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"q\": [1, 2]}"}},
+                       {"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"a","content":"1"},{"role":"tool","tool_call_id":"b","content":"2"}]})"), ctx, &r, &e)) << e.param << ": " << e.message;
+    EXPECT_EQ(json_dump(*r.chat.messages.arr[1].get("tool_calls")->arr[0].get("function")->get("arguments")), R"({"q":[1,2]})");
+}
+
+TEST(Anthropic, RefusedByName) {
+    ApiContext ctx; ctx.model_id = "m";
+    const char* U = R"("model":"a","max_tokens":5,"messages":[{"role":"user","content":"x"}])";
+    const char* T = R"("tools":[{"name":"f","input_schema":{"type":"object"}}])";
+    struct { std::string body; const char* param; } cases[] = {
+        {R"({"model":"a","messages":[{"role":"user","content":"x"}]})", "max_tokens"},
+        {std::string("{") + U + R"(,"output_config":{"format":{"type":"json_schema","schema":{}}}})", "output_config.format"},
+        {std::string("{") + U + R"(,"output_config":{"verbosity":"low"}})", "output_config.verbosity"},
+        {std::string("{") + U + R"(,"metadata":"x"})", "metadata"},
+        {std::string("{") + U + R"(,"metadata":{"tenant":"x"}})", "metadata.tenant"},
+        {std::string("{") + U + R"(,"tool_choice":{"type":"auto"}})", "tool_choice"},
+        {std::string("{") + U + "," + T + R"(,"tool_choice":{"type":"auto","disable_parallel_tool_use":true}})", "tool_choice.disable_parallel_tool_use"},
+        {std::string("{") + U + R"(,"tools":[{"name":"f","input_schema":{"type":12}}]})", "tools[0].input_schema.type"},
+        {std::string("{") + U + R"(,"tools":[{"name":"f","input_schema":{"type":"object"}},{"name":"f","input_schema":{"type":"object"}}]})", "tools[1].name"},
+        {std::string("{") + U + R"(,"tools":[{"name":"f","input_schema":{"type":"object"},"strict":true}]})", "tools[0].strict"},
+        {std::string("{") + U + R"(,"container":"c1"})", "container"},
+        {std::string("{") + U + R"(,"thinking":{"type":"enabled","budget_tokens":10,"display":"x"}})", "thinking.display"},
+        {std::string("{") + U + R"(,"thinking":{"type":"sometimes"}})", "thinking.type"},
+        {std::string("{") + U + R"(,"cache_control":{"type":"forever"}})", "cache_control"},
+        {R"({"model":"a","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"x","citations":[{"a":1}]}]}]})", "messages[0].content[0].citations"},
+        {R"({"model":"a","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","is_error":"yes"}]}]})", "messages[0].content[0].is_error"},
+        {R"({"model":"a","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{}}]}]}]})", "messages[0].content[0].content[0]"},
+        {R"({"model":"a","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{}}]}]})", "messages[1].content[0].id"},
+        {R"({"model":"a","max_tokens":5,"messages":[{"role":"user","content":"x","name":"n"}]})", "messages[0].name"},
+    };
+    for (const auto& c : cases) {
+        ApiRequest r; ServeError e;
+        EXPECT_FALSE(anthropic_parse(J(c.body.c_str()), ctx, false, &r, &e)) << c.body;
+        EXPECT_EQ(e.status, 400) << c.body;
+        EXPECT_EQ(e.param, c.param) << c.body;
+        // the error body names the parameter, as openai's param does
+        Json b = J(serve_error_body(true, e).c_str());
+        EXPECT_EQ(b.get("error")->get("message")->str.compare(0, strlen(c.param) + 2, std::string(c.param) + ": "), 0) << serve_error_body(true, e);
+    }
+    // tool_result blocks (string, text blocks, is_error), parallel tool_use, cache_control: accepted
+    ApiRequest r; ServeError e;
+    ASSERT_TRUE(anthropic_parse(J(R"({"model":"a","max_tokens":5,"cache_control":{"type":"ephemeral"},"metadata":{"user_id":"u"},
+      "tools":[{"name":"f","input_schema":{"type":"object","properties":{"q":{"type":"string"}}},"cache_control":{"type":"ephemeral","ttl":"1h"}}],
+      "messages":[{"role":"user","content":"x"},
+        {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"q":"a"}},{"type":"tool_use","id":"t2","name":"f","input":{"q":"b"}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"A"},
+                                  {"type":"tool_result","tool_use_id":"t2","content":[{"type":"text","text":"B1"},{"type":"text","text":"B2"}],"is_error":true}]}]})"),
+        ctx, false, &r, &e)) << e.param << ": " << e.message;
+    EXPECT_EQ(json_dump(r.chat.messages),
+        R"([{"role":"user","content":"x"},{"role":"assistant","content":"","tool_calls":[)"
+        R"({"id":"t1","type":"function","function":{"name":"f","arguments":{"q":"a"}}},{"id":"t2","type":"function","function":{"name":"f","arguments":{"q":"b"}}}]},)"
+        R"({"role":"tool","tool_call_id":"t1","content":"A"},{"role":"tool","tool_call_id":"t2","content":"Error: B1\nB2"}])");
 }
 
 // ---- fuzz: mutated requests never crash a parser and always get a defined answer

@@ -588,11 +588,13 @@ def test_openai_errors(oai, mid):
         ({"max_completion_tokens": 0}, "invalid_request_error", "max_completion_tokens"),
         ({"extra_body": {"bogus_field": 1}}, "unknown_parameter", "bogus_field"),
         ({"response_format": {"type": "json_object"}}, "response_format_not_supported", "response_format"),
-        ({"tools": [{"type": "web_search"}]}, "tool_type_not_supported", "tools"),
-        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "invalid_request_error", "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tool_type_not_supported", "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "invalid_request_error", "tools[0].function.name"),
         ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice_not_supported", "tool_choice"),
         ({"extra_body": {"reasoning_effort": "bogus"}}, "invalid_request_error", "reasoning_effort"),
         ({"stop": [""]}, "invalid_request_error", "stop"),
+        ({"extra_body": {"preserve_thinking": True}}, "preserve_thinking_not_supported", "preserve_thinking"),
+        ({"extra_body": {"chat_template_kwargs": {"preserve_thinking": True}}}, "preserve_thinking_not_supported", "preserve_thinking"),
     ]
     for kw, code, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
@@ -788,7 +790,7 @@ def test_oversize_body(lim):
     c.close()
     # chunked: the limit applies as the chunks arrive
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunk = b"%x\r\n" % (256 << 10) + b"a" * (256 << 10) + b"\r\n"
     try:
         for _ in range(6):
@@ -832,7 +834,7 @@ def test_body_memory_budget(lim):
 def test_header_limits(lim):
     mid = model_id(lim.port)
     c = Conn(lim.port)
-    c.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (70 << 10) + b"\r\n\r\n")
+    c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (70 << 10) + b"\r\n\r\n")
     st, _, _ = c.response()
     assert st == 413 and c.closed()
     c.close()
@@ -845,20 +847,20 @@ def test_header_limits(lim):
 
 
 @pytest.mark.parametrize("head", [
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\nhello",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\nhello",
-    b"GET /health HTTP/1.1\r\nHost: x\r\n folded: line\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: +5\r\n\r\nhello",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 0x5\r\n\r\nhello",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length : 5\r\n\r\nhello",
+    b"GET /health HTTP/1.1\r\nHost: localhost\r\n folded: line\r\n\r\n",
     b"GET /health HTTP/1.1\r\nHost: x\rX: y\r\n\r\n",
     b"GET /health\r\n\r\n",
     b"GET  /health HTTP/1.1\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # tls to a plain port
-    b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
 ])
 def test_bad_framing_400_and_close(lim, head):
     mid = model_id(lim.port)
@@ -881,7 +883,7 @@ def test_random_garbage(lim):
     seeds = [http("POST", "/v1/chat/completions", chat_body(mid, max_tokens=2)),
              http("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "x"}]}).encode()),
-             b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n"]
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n"]
     for it in range(60):
         b = bytearray(seeds[it % 3])
         for _ in range(rnd.randint(1, 6)):
@@ -907,7 +909,7 @@ def test_random_garbage(lim):
             data = b""
         finally:
             c.close()
-        assert data == b"" or re.match(rb"HTTP/1\.1 (200|400|401|404|405|408|413|417|501|505) ", data), data[:200]
+        assert data == b"" or re.match(rb"HTTP/1\.1 (200|400|401|403|404|405|408|413|415|417|501|505) ", data), data[:200]
     assert_healthy(lim.port, mid)
 
 
@@ -954,7 +956,7 @@ def test_headers_byte_by_byte(lim):
     c = Conn(lim.port)
     t0 = time.time()
     try:
-        for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+        for b in b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 100:
             c.send(bytes([b]))
             time.sleep(0.05)
     except (BrokenPipeError, ConnectionResetError):
@@ -980,7 +982,7 @@ def test_expect_100_continue(lim):
     body = chat_body(mid, max_tokens=4)
     c = Conn(lim.port)
     t0 = time.time()
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body))
     st, _, _ = c.response(head_only=True)
     assert st == 100 and time.time() - t0 < 0.1
@@ -989,7 +991,7 @@ def test_expect_100_continue(lim):
     c.close()
     # an oversize body is refused before it is sent
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n")
     assert c.response()[0] == 413
     c.close()
 
@@ -998,7 +1000,7 @@ def test_chunked_request_body(lim):
     mid = model_id(lim.port)
     body = chat_body(mid, max_tokens=4)
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     c.send(b"%x;ext=1\r\n" % 10 + body[:10] + b"\r\n" + b"%X\r\n" % (len(body) - 10) + body[10:] + b"\r\n")
     c.send(b"0\r\nX-Trailer: t\r\n\r\n")
     st, _, b = c.response()
@@ -1022,7 +1024,7 @@ def test_pipelined_requests(lim):
     c.close()
     # a body on a GET is consumed exactly, so the next request parses (cpp-httplib#2028)
     c = Conn(lim.port)
-    c.send(b"GET /health HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET /nope HTTP/1.1\r\n\r\n" + http("GET", "/v1/models"))
+    c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20\r\n\r\nGET /nope HTTP/1.1\r\n\r\n" + http("GET", "/v1/models"))
     assert [c.response()[0] for _ in range(2)] == [200, 200]
     c.close()
 
@@ -1049,7 +1051,7 @@ def test_http10_stream(lim):
     mid = model_id(lim.port)
     body = chat_body(mid, stream=True, max_tokens=4)
     c = Conn(lim.port)
-    c.send(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.send(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     st, h, b = c.response()  # no chunking: the body ends with the connection
     assert st == 200 and "transfer-encoding" not in h and b.endswith(b"data: [DONE]\n\n")
     c.close()
@@ -1114,6 +1116,7 @@ def test_queue_full_429_and_timeout_503_health_answers(lim):
     t0 = time.time()
     st, _, body = request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=4))
     assert st == 429 and json.loads(body)["error"]["code"] == "server_overloaded" and time.time() - t0 < 0.5
+    assert request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=4))[1]["retry-after"] == "1"
     st, _, body = request(lim.port, "POST", "/v1/messages",
                           json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}).encode())
     assert st == 429 and json.loads(body)["error"]["type"] == "rate_limit_error"
@@ -1123,8 +1126,8 @@ def test_queue_full_429_and_timeout_503_health_answers(lim):
     assert request(lim.port, "GET", "/v1/models")[0] == 200
     assert time.time() - t0 < 0.3
     # the pending one gives up after --pending-timeout-ms 600
-    st, _, body = b.response()
-    assert st == 503 and json.loads(body)["error"]["code"] == "request_queue_timeout"
+    st, h, body = b.response()
+    assert st == 503 and json.loads(body)["error"]["code"] == "request_queue_timeout" and h["retry-after"] == "1"
     b.close()
     assert a.read_until(STREAM_END).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     a.close()
@@ -1190,8 +1193,8 @@ def test_connection_cap():
             c.send(http("GET", "/health"))
             assert c.response()[0] == 200
         c = Conn(s.port)  # a third: told so and closed, the main thread never blocks on it
-        st, _, body = c.response()
-        assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded"
+        st, h, body = c.response()
+        assert st == 503 and json.loads(body)["error"]["code"] == "server_overloaded" and h["retry-after"] == "1"
         c.close()
         a.close()
         b.close()
@@ -1203,6 +1206,144 @@ def test_connection_cap():
         assert request(s.port, "GET", "/health")[0] == 200
     finally:
         assert s.stop() == 0
+
+
+# ---------------------------------------------------------------------------------------
+# issue 11: http framing and browser attacks
+
+def test_unknown_path_404_names_it(lim):
+    st, _, body = request(lim.port, "POST", "/v1/chat/completion", b"{}")
+    e = json.loads(body)["error"]
+    assert st == 404 and e["code"] == "not_found" and "/v1/chat/completion" in e["message"]
+
+
+def test_head_errors_have_no_body(lim):
+    c = Conn(lim.port)
+    c.send(http("HEAD", "/nope") + http("HEAD", "/v1/models/other") + http("GET", "/health"))
+    for want in (404, 404):
+        st, h, _ = c.response(head_only=True)
+        assert st == want and int(h["content-length"]) > 0 and h["connection"] == "keep-alive"
+    st, _, body = c.response()  # nothing of the error bodies was sent: the framing holds
+    assert st == 200 and json.loads(body) == {"status": "ok"}
+    c.close()
+
+
+def test_reset_mid_body_is_499(lim):
+    since = len(lim.log)
+    c = Conn(lim.port)
+    c.send(http("POST", "/v1/chat/completions", b"", {"Content-Length": "1000"}) + b'{"model":')
+    time.sleep(0.2)
+    c.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # close -> rst
+    c.close()
+    line = lim.wait_log(r"ninfer-serve: \d+ POST /v1/chat/completions", since=since)
+    assert line.startswith("ninfer-serve: 499 ") and "code=client_closed" in line, line
+
+
+@pytest.mark.parametrize("first", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"\x00\x00\x00\x00",
+                                   b"GET /health HTTQ", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_binary_first_bytes_400_at_once(lim, first):
+    c = Conn(lim.port)
+    t0 = time.time()
+    c.send(first)  # no newline, no eof: only the bytes themselves say it is not http
+    st, h, _ = c.response()
+    assert st == 400 and time.time() - t0 < 0.5 and h["connection"] == "close"
+    c.close()
+
+
+def test_http11_needs_one_host(lim):
+    for head in (b"GET /health HTTP/1.1\r\n\r\n", b"GET /health HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\n\r\n",
+                 b"GET /health HTTP/1.1\r\nHost:\r\n\r\n"):
+        c = Conn(lim.port)
+        c.send(head)
+        st, _, body = c.response()
+        assert st == 400 and "Host" in json.loads(body)["error"]["message"], head
+        c.close()
+    c = Conn(lim.port)
+    c.send(b"GET /health HTTP/1.0\r\n\r\n")  # http/1.0 has no Host requirement
+    assert c.response()[0] == 200
+    c.close()
+
+
+def test_dns_rebinding_host_refused():
+    # keyless on loopback (the default): only loopback names, and --allowed-hosts
+    s = Server("--allowed-hosts", "my.box,Other.Box")
+    try:
+        for host, want in (("evil.example", 403), ("evil.example:%d" % s.port, 403), ("127.0.0.1.evil.example", 403),
+                           ("localhost", 200), ("localhost:%d" % s.port, 200), ("127.0.0.1:%d" % s.port, 200),
+                           ("[::1]:%d" % s.port, 200), ("MY.BOX", 200), ("other.box:1", 200)):
+            st, _, body = request(s.port, "GET", "/v1/models", headers={"Host": host})
+            assert st == want, (host, body)
+            if st == 403:
+                assert json.loads(body)["error"]["code"] == "host_not_allowed"
+        st, _, _ = request(s.port, "POST", "/v1/chat/completions", b"{}", headers={"Host": "evil.example"})
+        assert st == 403
+    finally:
+        assert s.stop() == 0
+    # an api key protects the server: any Host may ask (and must authenticate)
+    s = Server("--api-key", "k")
+    try:
+        assert request(s.port, "GET", "/health", headers={"Host": "my.server.example"})[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_cross_origin_needs_cors(srv, lim):
+    # srv: no --cors. a page on another origin cannot make the server generate
+    body = chat_body(model_id(srv.port, API_KEY), max_tokens=2)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for origin in ("http://evil.example", "null", "http://localhost:1"):
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", body, headers={**auth, "Origin": origin})
+        assert st == 403 and json.loads(b)["error"]["code"] == "cross_origin_refused", origin
+    st, _, _ = request(srv.port, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.example"})
+    assert st == 403
+    # its own origin is no cross-origin request
+    st, _, _ = request(srv.port, "POST", "/v1/chat/completions", body,
+                       headers={**auth, "Host": f"127.0.0.1:{srv.port}", "Origin": f"http://127.0.0.1:{srv.port}"})
+    assert st == 200
+    # lim runs with --cors
+    st, h, _ = request(lim.port, "POST", "/v1/chat/completions", chat_body(model_id(lim.port), max_tokens=2),
+                       headers={"Origin": "http://evil.example"})
+    assert st == 200 and h["access-control-allow-origin"] == "*"
+
+
+def test_fields_refused_by_name(lim):
+    # issue 11: nonsense that used to pass, over http on either engine; anthropic's message
+    # names the field the way openai's param does
+    mid = model_id(lim.port)
+    u = [{"role": "user", "content": "x"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for extra, param in (({"user": {"id": 1}}, "user"), ({"metadata": "x"}, "metadata"),
+                         ({"stream_options": {"include_usage": True}}, "stream_options"), ({"tool_choice": "auto"}, "tool_choice"),
+                         ({"messages": u + [{"role": "tool", "content": "r"}]}, "messages[1].tool_call_id"),
+                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]},
+                          "tools[0].function.parameters.type"),
+                         ({"tools": tools + tools}, "tools[1].function.name")):
+        st, _, body = request(lim.port, "POST", "/v1/chat/completions", dict({"model": mid, "messages": u}, **extra))
+        assert st == 400 and json.loads(body)["error"]["param"] == param, (extra, body)
+    a = {"model": "m", "max_tokens": 4, "messages": u}
+    for body_, param in (({"model": "m", "messages": u}, "max_tokens"),
+                         (dict(a, output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}), "output_config.format"),
+                         (dict(a, metadata="x"), "metadata"), (dict(a, tool_choice={"type": "auto"}), "tool_choice"),
+                         (dict(a, tools=[{"name": "f", "input_schema": {"type": 12}}]), "tools[0].input_schema.type")):
+        st, _, body = request(lim.port, "POST", "/v1/messages", body_)
+        e = json.loads(body)["error"]
+        assert st == 400 and e["type"] == "invalid_request_error" and e["message"].startswith(param + ": "), (param, body)
+    assert_healthy(lim.port, mid)
+
+
+def test_post_needs_json_content_type(lim):
+    mid = model_id(lim.port)
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        c = Conn(lim.port)
+        raw = http("POST", "/v1/chat/completions", chat_body(mid, max_tokens=2))
+        raw = raw.replace(b"Content-Type: application/json\r\n", b"" if ct is None else b"Content-Type: " + ct.encode() + b"\r\n")
+        c.send(raw)
+        st, _, body = c.response()
+        assert st == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type", ct
+        c.close()
+    st, _, _ = request(lim.port, "POST", "/v1/chat/completions", chat_body(mid, max_tokens=2),
+                       headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    assert st == 200
 
 
 # ---------------------------------------------------------------------------------------
@@ -1272,6 +1413,8 @@ def test_flags_errors():
         (["--draft-tokens", "3"], "--draft-tokens needs --spec"),
         (["--spec", "mtp", "--draft-tokens", "9"], "1..5"),
         (["--cors=yes"], "--cors takes no value"),
+        (["--api-key", ""], "--api-key: the key is empty"),
+        (["--allowed-hosts", ","], "missing or bad value for --allowed-hosts"),
         (["--no-prefix-reuse", "--host-kv-mib", "1"], "--no-prefix-reuse cannot be combined with --host-kv-mib"),
         (["--max-concurrency", "4"], "--max-concurrency 4 is not supported yet"),
         (["--response-store-max-records", "5"], "not supported yet"),

@@ -451,6 +451,20 @@ TEST(Preprocess, PromptExpansionMatchesHf) {
     EXPECT_EQ(out, model_md);
     EXPECT_FALSE(vision_expand_prompt(text, {&im[0]}, {&v}, cfg.merge, &out, &err));
     EXPECT_NE(err.find("more image placeholders"), std::string::npos) << err;
+    // the conversation's own text (literal spans) holds no placeholder: a user typing
+    // "<|image_pad|>" gives no image, and the spans come out where they lie after the expansion
+    const std::string typed = "<|image_pad|><|vision_start|><|video_pad|><|vision_end|>";
+    const std::string lt = "u:" + typed + "|<|image_pad|>|" + typed;
+    VisionSpans lit = {{2, 2 + typed.size()}, {lt.size() - typed.size() + 3, lt.size()}}, lo;  // the second starts inside "<|v..."
+    ASSERT_TRUE(vision_expand_prompt(lt, {&im[0]}, {}, cfg.merge, &out, &err, &lit, &lo)) << err;
+    std::string pads;
+    for (int k = im[0].tokens(cfg.merge); k > 0; k--) pads += "<|image_pad|>";
+    EXPECT_EQ(out, "u:" + typed + "|" + pads + "|" + typed);
+    ASSERT_EQ(lo.size(), 2u);
+    EXPECT_EQ(out.substr(lo[0].first, lo[0].second - lo[0].first), typed);
+    EXPECT_EQ(lo[1].second, out.size());
+    EXPECT_EQ(out.substr(lo[1].first), typed.substr(3));
+    EXPECT_FALSE(vision_expand_prompt(lt, {&im[0]}, {&v}, cfg.merge, &out, &err, &lit, &lo));  // the typed video pad is no video
     EXPECT_FALSE(vision_expand_prompt("x<|image_pad|>", {&im[0], &im[1]}, {}, cfg.merge, &out, &err));
 }
 
