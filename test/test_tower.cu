@@ -532,11 +532,12 @@ TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
     EXPECT_NE(err.find("media item 0"), std::string::npos) << err;
 }
 
-// the cli end to end (build/test/ninfer --cpu --image --prompt --greedy) gives the greedy ids of
-// the in-process chain: the corpus image preprocessed, the template's user turn (image first)
-// expanded, tokenized, the cpu tower and the cpu engine with the model's stop ids. the ids are
-// read from --print-token-ids ("[id 'piece']" per generated token on stderr).
-TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) {
+// the cli end to end (build/test/ninfer --image --prompt --greedy) gives the greedy ids of the
+// in-process chain: the corpus image preprocessed, the template's user turn (image first)
+// expanded, tokenized, the tower and the engine with the model's stop ids; on the cpu path (--cpu,
+// mm_prepare_cpu) and, with a gpu, on the gpu (mm_prepare_gpu: the same kernels, so the same ids).
+// the ids are read from --print-token-ids ("[id 'piece']" per generated token on stderr).
+static void cli_image_prompt_matches(const Model& m, const FrontendIds& fid, bool gpu) {
     const char* bin = "build/test/ninfer";
     ASSERT_TRUE(file_exists(bin)) << bin << " missing (make build/test/ninfer)";
     const std::string image = "test/media/png_c2_d8.png", question = "What is in the picture?";
@@ -563,10 +564,17 @@ TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) {
     std::vector<VisionInput> media;
     ASSERT_TRUE(vision_inputs_of(m.geo, items, &media, &err)) << err;
     MmPrompt mp;
-    ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ids, media, &mp, &err)) << err;
+    if (gpu) {
+        GpuVision gv;
+        ASSERT_TRUE(gpu_vision_build(&gv, &m, 1024, 0, &err)) << err;
+        ASSERT_TRUE(mm_prepare_gpu(&gv, &m, fid.vision, ids, media, &mp, &err)) << err;
+        gpu_vision_free(&gv);
+    } else {
+        ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ids, media, &mp, &err)) << err;
+    }
     Engine en;
     GpuOpts o; o.max_context = 2048; o.prefill_chunk = 1024; o.quiet = true;
-    ASSERT_TRUE(engine_build(&en, &m, false, o, &err)) << err;
+    ASSERT_TRUE(engine_build(&en, &m, gpu, o, &err)) << err;
     Sampler smp; SamplerParams sp; sp.temperature = 0;
     sampler_build(&smp, sp, fid.domain);
     std::vector<int> stops;
@@ -576,8 +584,8 @@ TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) {
     engine_free(&en);
     ASSERT_FALSE(want.empty());
     // through the cli
-    const std::string errf = testing::TempDir() + "cli_image_ids.txt";
-    const std::string cmd = std::string(bin) + " " + m.art.path + " --cpu --greedy --raw-output --print-token-ids --max-new " +
+    const std::string errf = testing::TempDir() + (gpu ? "cli_image_ids_gpu.txt" : "cli_image_ids.txt");
+    const std::string cmd = std::string(bin) + " " + m.art.path + (gpu ? "" : " --cpu") + " --greedy --raw-output --print-token-ids --max-new " +
                             std::to_string(n_new) + " --image " + image + " --prompt '" + question + "' > /dev/null 2> " + errf;
     ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
     std::ifstream f(errf);
@@ -597,6 +605,11 @@ TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) {
     std::string pl = "prompt ids:";
     for (int id : ids) pl += " " + std::to_string(id);
     EXPECT_EQ(log.rfind(pl + "\n", 0), 0u) << log.substr(0, 400);
+}
+TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) { cli_image_prompt_matches(m, fid, false); }
+TEST_P(VisionGolden, GpuCliImagePromptMatchesTheEngine) {
+    NEED_GPU();
+    cli_image_prompt_matches(m, fid, true);
 }
 
 // ---- the gpu tower (skipped without a gpu) ------------------------------------------------------
