@@ -6608,17 +6608,20 @@ static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out,
 
 // mm_prepare_cpu with the gpu tower: each item's rows come back to the host (fp32 from bf16) for
 // the prompt's override rows, which the text forward uploads again with its piece
+// one item's rows on the host: [tokens, v_out] fp32 from the tower's bf16
+static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std::vector<uint16_t>* rows, std::string* err) {
+    if (!gpu_vision_forward(v, in, v->out, err)) return false;
+    rows->resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
+    cudaCheck(cudaMemcpyAsync(rows->data(), v->out, rows->size() * 2, cudaMemcpyDeviceToHost, v->stream));
+    cudaCheck(cudaStreamSynchronize(v->stream));
+    for (size_t i = 0; i < rows->size(); i++) out[i] = bf16_to_f32((*rows)[i]);
+    return true;
+}
 [[maybe_unused]] static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     std::vector<uint16_t> rows;
-    return mm_prepare(m, vt, tokens, media, p, err, [&](const VisionInput& in, float* out, std::string* e) {
-        if (!gpu_vision_forward(v, in, v->out, e)) return false;
-        rows.resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
-        cudaCheck(cudaMemcpyAsync(rows.data(), v->out, rows.size() * 2, cudaMemcpyDeviceToHost, v->stream));
-        cudaCheck(cudaStreamSynchronize(v->stream));
-        for (size_t i = 0; i < rows.size(); i++) out[i] = bf16_to_f32(rows[i]);
-        return true;
-    });
+    return mm_prepare(m, vt, tokens, media, p, err,
+                      [&](const VisionInput& in, float* out, std::string* e) { return gpu_vision_rows(v, in, out, &rows, e); });
 }
 
 // === 9. engine ===============================================================
@@ -6760,6 +6763,16 @@ struct TextVision {
     int threads = 1;             // preprocessing threads (NInfer: at most 16)
     GpuVision gpu;               // the device tower, when the engine is on the gpu
     bool gpu_on = false;
+    // the media cache (--media-cache-mib): tower rows by item, so an image sent again in a later
+    // turn is not encoded again. keyed by the sha-256 of the item's grid and pixel rows (the
+    // preprocessed content: the same picture under another name or encoding that preprocesses
+    // the same hits too). least recently used entries go first. engine thread only.
+    struct CacheEntry { std::string key; std::vector<float> rows; uint64_t used = 0; };
+    int64_t cache_cap = 0;       // bytes of rows kept; 0: no cache
+    int64_t cache_bytes = 0;
+    uint64_t cache_clock = 0;
+    std::vector<CacheEntry> cache;
+    int64_t cache_hits = 0, cache_misses = 0;
 };
 
 // a loaded model with its tokenizer and its engine (one sequence)
@@ -6854,6 +6867,7 @@ static bool text_vision_open(TextModel* t, const TextVision& opts, std::string* 
     if (!t->m.geo.has_vision) { *err = t->m.art.path + ": the model has no vision tower; images and video need a vision model"; return false; }
     t->vis.on = true;
     t->vis.lim = opts.lim; t->vis.frames_fps = opts.frames_fps; t->vis.local_files = opts.local_files; t->vis.threads = opts.threads;
+    t->vis.cache_cap = opts.cache_cap;
     std::string e;
     if (!vision_config_parse(artifact_resource(&t->m.art, "frontend/preprocessor_config.json"),
                              artifact_resource(&t->m.art, "frontend/video_preprocessor_config.json"), &t->vis.cfg, &e)) {
@@ -6973,12 +6987,50 @@ static bool text_prompt(TextModel* t, Json messages, const Json* tools, const Ch
     return true;
 }
 
-// the tower over a prepared prompt's media: the MmPrompt engine_generate takes (cpu or gpu tower)
+// the media cache's key of an item: its kind, grid and pixel rows
+static std::string media_cache_key(const VisionItem& it) {
+    std::string k = std::string(it.video ? "video " : "image ") + std::to_string(it.t) + " " + std::to_string(it.h) + " " +
+                    std::to_string(it.w) + " ";
+    for (double s : it.timestamps) k += std::to_string(s) + " ";
+    return k + sha256_hex((const uint8_t*)it.pixels.data(), it.pixels.size() * sizeof(float));
+}
+
+// the tower over a prepared prompt's media: the MmPrompt engine_generate takes (cpu or gpu
+// tower), each item's rows from the media cache when it holds them
 static bool text_media_tower(TextModel* t, const std::vector<int>& prompt, const MediaPrompt& mp, MmPrompt* mm, std::string* err) {
+    TextVision& v = t->vis;
     std::vector<VisionInput> media;
     if (!vision_inputs_of(t->m.geo, mp.items, &media, err)) return false;
-    if (t->vis.gpu_on) return mm_prepare_gpu(&t->vis.gpu, &t->m, t->fr.vision, prompt, media, mm, err);
-    return mm_prepare_cpu(&t->m, t->fr.vision, prompt, media, mm, err);
+    auto tower = [&](const VisionInput& in, float* out, std::string* e) {
+        const size_t k = (size_t)(&in - media.data()), n = (size_t)vision_tokens(t->m.geo, in) * t->m.geo.H;
+        std::string key;
+        if (v.cache_cap > 0) {
+            key = media_cache_key(mp.items[k]);
+            for (TextVision::CacheEntry& c : v.cache)
+                if (c.key == key && c.rows.size() == n) {
+                    memcpy(out, c.rows.data(), n * sizeof(float));
+                    c.used = ++v.cache_clock;
+                    v.cache_hits++;
+                    return true;
+                }
+        }
+        std::vector<uint16_t> rows;
+        const bool ok = v.gpu_on ? gpu_vision_rows(&v.gpu, in, out, &rows, e) : vision_forward_cpu(&t->m, in, out, e);
+        if (!ok || v.cache_cap <= 0) return ok;
+        v.cache_misses++;
+        const int64_t bytes = (int64_t)(n * sizeof(float));
+        if (bytes > v.cache_cap) return true;  // larger than the whole cache: not kept
+        while (v.cache_bytes + bytes > v.cache_cap) {  // evict the least recently used
+            size_t lru = 0;
+            for (size_t i = 1; i < v.cache.size(); i++) if (v.cache[i].used < v.cache[lru].used) lru = i;
+            v.cache_bytes -= (int64_t)(v.cache[lru].rows.size() * sizeof(float));
+            v.cache.erase(v.cache.begin() + (long)lru);
+        }
+        v.cache.push_back({key, std::vector<float>(out, out + n), ++v.cache_clock});
+        v.cache_bytes += bytes;
+        return true;
+    };
+    return mm_prepare(&t->m, t->fr.vision, prompt, media, mm, err, tower);
 }
 
 // run rq on t's engine from an empty sequence. on_event(const OutEvent&, int id) gets every
@@ -7106,7 +7158,8 @@ static void served_close(void* self) {
 // the features behind server flags that this build has (serve.h asks before loading)
 static bool served_supports(const char* feature) {
     bool gpu = gpu_count() > 0;
-    if (!strcmp(feature, "--vision") || !strcmp(feature, "--media-preprocess-threads")) return true;  // both paths run the tower
+    if (!strcmp(feature, "--vision") || !strcmp(feature, "--media-preprocess-threads") || !strcmp(feature, "--media-cache-mib"))
+        return true;  // both paths run the tower and its cache
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
     if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
@@ -7129,6 +7182,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     if (o.vision) {  // startup residency: the tower (and its device workspace) only with --vision
         TextVision v;
         v.local_files = false;  // the server reads data: uris only
+        v.cache_cap = (int64_t)o.media_cache_mib << 20;
         v.threads = o.media_preprocess_threads > 0 ? o.media_preprocess_threads
                                                    : (int)std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
         if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }

@@ -991,3 +991,61 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
 
 INSTANTIATE_TEST_SUITE_P(Hf, VisionGolden, ::testing::Values("bf16", "groupwise-int"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param) == "bf16" ? "bf16" : "groupwise_int"; });
+
+// the media cache (--media-cache-mib): an item the tower encoded before (same grid and pixel
+// rows) takes its rows from the cache, identical, without the tower; least recently used
+// entries are evicted to stay under the cap; a cap of 0 keeps nothing
+TEST(MediaCache, LaterTurnsSkipTheTower) {
+    const std::string path = artifact_path("bf16");
+    ASSERT_TRUE(file_exists(path)) << path;
+    for (int64_t cap_mib : {64, 0}) {
+        TextModel t;
+        std::string err;
+        ASSERT_TRUE(text_model_open(&t, path.c_str(), &err)) << err;
+        TextVision v;
+        v.cache_cap = cap_mib << 20;
+        ASSERT_TRUE(text_vision_open(&t, v, &err)) << err;
+        GpuOpts o; o.max_context = 2048; o.quiet = true;
+        ASSERT_TRUE(text_model_start(&t, true, o, "test", &err)) << err;
+        auto run = [&](std::vector<std::string> images, MmPrompt* mm) {
+            std::string parts;
+            for (const std::string& im : images) parts += "{\"type\": \"image\", \"image\": \"test/media/" + im + "\"},";
+            Json msgs;
+            ASSERT_TRUE(json_parse("[{\"role\": \"user\", \"content\": [" + parts + "{\"type\": \"text\", \"text\": \"hi\"}]}]", &msgs, &err)) << err;
+            TextRequest rq;
+            MediaPrompt mp;
+            ChatOptions co;
+            ASSERT_TRUE(text_prompt(&t, msgs, nullptr, co, nullptr, &rq, &mp, &err)) << err;
+            ASSERT_TRUE(text_media_tower(&t, rq.prompt, mp, mm, &err)) << err;
+        };
+        MmPrompt a, b, c;
+        run({"jpg_444_53x37.jpg"}, &a);
+        run({"jpg_444_53x37.jpg"}, &b);  // a later turn with the same image
+        if (cap_mib) {
+            EXPECT_EQ(t.vis.cache_misses, 1);
+            EXPECT_EQ(t.vis.cache_hits, 1);
+        } else {
+            EXPECT_EQ(t.vis.cache_misses + t.vis.cache_hits, 0);
+            EXPECT_TRUE(t.vis.cache.empty());
+        }
+        EXPECT_EQ(a.rows, b.rows);
+        run({"png_c2_d8.png", "jpg_444_53x37.jpg"}, &c);  // one new, one cached
+        if (cap_mib) { EXPECT_EQ(t.vis.cache_misses, 2); EXPECT_EQ(t.vis.cache_hits, 2); }
+        // the cached rows are the tower's: the image's rows of c are a's
+        ASSERT_GE(c.rows.size(), a.rows.size());
+        EXPECT_TRUE(std::equal(a.rows.begin(), a.rows.end(), c.rows.end() - (long)a.rows.size()));
+        if (cap_mib) {  // a cap holding one item's rows: the older entry goes
+            t.vis.cache.clear(); t.vis.cache_bytes = 0;
+            t.vis.cache_cap = (int64_t)std::max(a.rows.size(), c.rows.size() - a.rows.size()) * 4;  // either, not both
+            t.vis.cache_hits = t.vis.cache_misses = 0;
+            MmPrompt d;
+            run({"jpg_444_53x37.jpg"}, &d);
+            run({"png_c2_d8.png"}, &d);  // evicts the jpeg
+            run({"jpg_444_53x37.jpg"}, &d);
+            EXPECT_EQ(t.vis.cache_hits, 0);
+            EXPECT_LE(t.vis.cache_bytes, t.vis.cache_cap);
+            EXPECT_EQ(d.rows, a.rows);
+        }
+        text_model_close(&t);
+    }
+}
