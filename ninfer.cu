@@ -2,8 +2,8 @@
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
 // on the cpu reference path); the mtp head is a cpu reference only today (mtp_forward_cpu,
 // no speculative decoding yet); the vision tower and multimodal prompts run on both paths
-// (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt);
-// the cli and server do not feed them media yet.
+// (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt),
+// fed by the cli (--image, --video, --messages parts) and the server (--vision).
 //
 // contents (sections are in dependency order; grep for the banner "// === N.")
 //   1. includes and checks   CHECK macros, cuda error checks, timers
@@ -43,7 +43,9 @@
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
-//                            calls with stop strings; serve.h's engine interface
+//                            calls with stop strings; media in a conversation (chat_media,
+//                            text_prompt, the tower with its media cache); serve.h's engine
+//                            interface
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, main (left out when NINFER_TESTING)
 //
@@ -1336,7 +1338,7 @@ static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_p
 
 // views of vision.h's preprocessed items (their rows and times stay where they are), checked
 // against the tower's patch row; false with *err naming the item
-[[maybe_unused]] static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
+static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
     out->clear();
     for (size_t k = 0; k < items.size(); k++) {
         const VisionItem& it = items[k];
@@ -1555,8 +1557,6 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 // (or one frame's); anything else is refused as hf would fail on it.
 
 struct VisionTokenIds { int image_pad = -1, video_pad = -1; };
-// ([[maybe_unused]] below: the tests call the multimodal entry points so far; the cli and the
-// server will once media reaches them, vision.h's items viewed as VisionInput)
 
 struct MmPrompt {
     std::vector<int> tokens;   // [L] the prompt, pads included
@@ -1656,7 +1656,7 @@ static bool mm_prepare(const Model* m, const VisionTokenIds& vt, const std::vect
     }
     return true;
 }
-[[maybe_unused]] static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     return mm_prepare(m, vt, tokens, media, p, err,
                       [&](const VisionInput& in, float* out, std::string* e) { return vision_forward_cpu(m, in, out, e); });
@@ -1696,7 +1696,7 @@ static void mm_check_prompt(const MmPrompt* mm, int pos, const std::vector<int>&
 // prefill a multimodal prompt from st->pos on (0, or the end of a reused prefix), in pieces of
 // at most r->T_max tokens; then set the sequence's rope_delta for decoding. logits as in
 // forward_cpu: all rows of the prefilled part ([L - st->pos, vocab]) or the last row.
-[[maybe_unused]] static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
+static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
     const int L = (int)p.tokens.size();
     CHECK(st->pos < L, "prefill from %d of a %d-token prompt", st->pos, L);
     const int start = st->pos;
@@ -6516,7 +6516,7 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
 
 // copy the model's vision tensors to the device and make the views; false with *err when the
 // model has none or stores them in formats the kernels do not read
-[[maybe_unused]] static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
+static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
     *v = GpuVision();
     v->stream = stream; v->geo = m->geo; v->w = m->w.vision;
     const Geometry& g = m->geo;
@@ -6562,7 +6562,7 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
     return true;
 }
 
-[[maybe_unused]] static void gpu_vision_free(GpuVision* v) {
+static void gpu_vision_free(GpuVision* v) {
     if (v->arena) cudaCheck(cudaFree(v->arena));
     if (v->ws) cudaCheck(cudaFree(v->ws));
     *v = GpuVision();
@@ -6617,7 +6617,7 @@ static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std
     for (size_t i = 0; i < rows->size(); i++) out[i] = bf16_to_f32((*rows)[i]);
     return true;
 }
-[[maybe_unused]] static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     std::vector<uint16_t> rows;
     return mm_prepare(m, vt, tokens, media, p, err,
