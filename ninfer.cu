@@ -1656,7 +1656,10 @@ static bool mm_prepare(const Model* m, const VisionTokenIds& vt, const std::vect
     }
     return true;
 }
-static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+// mm_prepare_cpu / mm_prepare_gpu / prefill_mm_cpu are the tests' entry points (maybe_unused in
+// the product): the cli and the server go through text_media_tower, the same mm_prepare with the
+// media cache in front of the tower, and engine_generate
+[[maybe_unused]] static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     return mm_prepare(m, vt, tokens, media, p, err,
                       [&](const VisionInput& in, float* out, std::string* e) { return vision_forward_cpu(m, in, out, e); });
@@ -1696,7 +1699,7 @@ static void mm_check_prompt(const MmPrompt* mm, int pos, const std::vector<int>&
 // prefill a multimodal prompt from st->pos on (0, or the end of a reused prefix), in pieces of
 // at most r->T_max tokens; then set the sequence's rope_delta for decoding. logits as in
 // forward_cpu: all rows of the prefilled part ([L - st->pos, vocab]) or the last row.
-static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
+[[maybe_unused]] static void prefill_mm_cpu(const Model* m, RunState* r, SeqState* st, const MmPrompt& p, float* logits, bool all_logits) {
     const int L = (int)p.tokens.size();
     CHECK(st->pos < L, "prefill from %d of a %d-token prompt", st->pos, L);
     const int start = st->pos;
@@ -6617,7 +6620,7 @@ static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std
     for (size_t i = 0; i < rows->size(); i++) out[i] = bf16_to_f32((*rows)[i]);
     return true;
 }
-static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
+[[maybe_unused]] static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     std::vector<uint16_t> rows;
     return mm_prepare(m, vt, tokens, media, p, err,

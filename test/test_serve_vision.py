@@ -1,5 +1,5 @@
 """ninfer-serve --vision against the REAL engine (the synthetic tiny model, which carries a vision
-tower; the cpu path here): openai image_url parts and anthropic base64 image blocks through the
+tower; the cpu path in ci, the gpu where there is one): openai image_url parts and anthropic base64 image blocks through the
 sdks, a video_url data uri (through ffmpeg, when installed), usage and count_tokens counting the
 vision tokens, http(s) urls and local paths refused, the request's media budget, and the
 vision_disabled error without --vision. the cli (build/test/ninfer, test_tower's
@@ -35,8 +35,9 @@ def data_uri(path, mime):
 
 
 def cli(*args):
-    """(stdout, the prompt ids) of the cli on the cpu path, greedy, thinking off"""
-    r = subprocess.run([BIN, MODEL, "--cpu", "--greedy", "--no-thinking", "--print-token-ids", *args],
+    """(stdout, the prompt ids) of the cli, greedy, thinking off, on the path the server takes (the
+    gpu when there is one, else the cpu reference)"""
+    r = subprocess.run([BIN, MODEL, "--greedy", "--no-thinking", "--print-token-ids", *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stderr.split("\n") if x.startswith("prompt ids:"))
