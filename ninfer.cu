@@ -2,8 +2,8 @@
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
 // on the cpu reference path); the mtp head is a cpu reference only today (mtp_forward_cpu,
 // no speculative decoding yet); the vision tower and multimodal prompts run on both paths
-// (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt);
-// the cli and server do not feed them media yet.
+// (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt),
+// fed by the cli (--image, --video, --messages parts) and the server (--vision).
 //
 // contents (sections are in dependency order; grep for the banner "// === N.")
 //   1. includes and checks   CHECK macros, cuda error checks, timers
@@ -44,8 +44,10 @@
 //   9. engine                one sequence on either path (cpu reference or gpu)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
-//                            calls with stop strings; serve.h's engine interface (chat and
-//                            completion prompts, per-token logprobs, prompt scoring)
+//                            calls with stop strings; media in a conversation (chat_media,
+//                            text_prompt, the tower with its media cache); serve.h's engine
+//                            interface (chat and completion prompts, per-token logprobs,
+//                            prompt scoring)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, main (left out when NINFER_TESTING)
 //
@@ -1338,7 +1340,7 @@ static int vision_patch_len(const Geometry& g) { return 3 * g.v_temporal * g.v_p
 
 // views of vision.h's preprocessed items (their rows and times stay where they are), checked
 // against the tower's patch row; false with *err naming the item
-[[maybe_unused]] static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
+static bool vision_inputs_of(const Geometry& g, const std::vector<VisionItem>& items, std::vector<VisionInput>* out, std::string* err) {
     out->clear();
     for (size_t k = 0; k < items.size(); k++) {
         const VisionItem& it = items[k];
@@ -1542,13 +1544,10 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 // ---- 4.8 the multimodal prompt: vision rows and m-rope positions (model.md 6.5-6.7) ----------
 //
 // the rendered chat template holds one <|image_pad|> per image and one
-// <|vision_start|><|video_pad|><|vision_end|> per video. before tokenizing, mm_expand_text
-// repeats each image pad once per merged token and replaces each video's triple by, for every
-// temporal patch f, "<{seconds_f:.1f} seconds>" <|vision_start|> pad x (gh gw) <|vision_end|>
-// (the expansion is textual, as the processor's: the timestamp tokenizes with the text before
-// it). model.md 6.5 and qwen's processor replace the whole triple; transformers 5.17's processor
-// replaces only the pad (by its source), leaving the outer start/end around the frames: we
-// follow model.md. a bare <|video_pad|> (no triple around it) is replaced the same way.
+// <|vision_start|><|video_pad|><|vision_end|> per video. before tokenizing, vision.h's
+// vision_expand_prompt repeats each image pad once per merged token and replaces each video's
+// triple by its timestamped frames (model.md 6.5; the decision about transformers 5.17, which
+// keeps the outer start/end, is recorded there). the expansion is textual, as the processor's.
 // the tokenized, expanded prompt then gets (mm_layout, mm_prepare_cpu):
 //   rows    the tower's outputs replace the pad embeddings, images in order on image pads and
 //           videos in order on video pads (hf's masked_scatter)
@@ -1560,53 +1559,6 @@ static bool vision_forward_cpu(const Model* m, const VisionInput& in, float* out
 // (or one frame's); anything else is refused as hf would fail on it.
 
 struct VisionTokenIds { int image_pad = -1, video_pad = -1; };
-// ([[maybe_unused]] below: the tests call the multimodal entry points so far; the cli and the
-// server will once media reaches them, vision.h's items viewed as VisionInput)
-
-// the placeholder expansion of model.md 6.5 on the rendered prompt text; media in prompt order
-// (images and videos each keep their own order). false with *err when they do not match.
-[[maybe_unused]] static bool mm_expand_text(const Geometry& g, const std::string& text, const std::vector<VisionInput>& media,
-                           std::string* out, std::string* err) {
-    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>", kStart = "<|vision_start|>", kEnd = "<|vision_end|>";
-    std::vector<const VisionInput*> images, videos;
-    for (size_t k = 0; k < media.size(); k++) {
-        if (!vision_input_ok(g, media[k], err)) { *err = "media item " + std::to_string(k) + ": " + *err; return false; }
-        if (media[k].video && !media[k].seconds) { *err = "media item " + std::to_string(k) + ": a video without frame times"; return false; }
-        (media[k].video ? videos : images).push_back(&media[k]);
-    }
-    size_t ni = 0, nv = 0;
-    out->clear();
-    const int per = g.v_merge * g.v_merge;
-    for (size_t i = 0; i < text.size();) {
-        if (text[i] != '<') { out->push_back(text[i++]); continue; }
-        const bool triple = text.compare(i, kStart.size() + kVideo.size() + kEnd.size(), kStart + kVideo + kEnd) == 0;
-        if (text.compare(i, kImage.size(), kImage) == 0) {
-            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
-            const VisionInput* in = images[ni++];
-            for (int k = vision_tokens(g, *in); k > 0; k--) out->append(kImage);
-            i += kImage.size();
-        } else if (triple || text.compare(i, kVideo.size(), kVideo) == 0) {
-            if (nv == videos.size()) { *err = "the prompt has more video placeholders than the " + std::to_string(videos.size()) + " videos given"; return false; }
-            const VisionInput* in = videos[nv++];
-            for (int f = 0; f < in->t; f++) {
-                char ts[64];
-                snprintf(ts, sizeof ts, "<%.1f seconds>", in->seconds[f]);
-                out->append(ts).append(kStart);
-                for (int k = in->h * in->w / per; k > 0; k--) out->append(kVideo);
-                out->append(kEnd);
-            }
-            i += triple ? kStart.size() + kVideo.size() + kEnd.size() : kVideo.size();
-        } else {
-            out->push_back(text[i++]);
-        }
-    }
-    if (ni != images.size() || nv != videos.size()) {
-        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
-               std::to_string(nv) + " of " + std::to_string(videos.size()) + " videos";
-        return false;
-    }
-    return true;
-}
 
 struct MmPrompt {
     std::vector<int> tokens;   // [L] the prompt, pads included
@@ -1706,6 +1658,9 @@ static bool mm_prepare(const Model* m, const VisionTokenIds& vt, const std::vect
     }
     return true;
 }
+// mm_prepare_cpu / mm_prepare_gpu / prefill_mm_cpu are the tests' entry points (maybe_unused in
+// the product): the cli and the server go through text_media_tower, the same mm_prepare with the
+// media cache in front of the tower, and engine_generate
 [[maybe_unused]] static bool mm_prepare_cpu(const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     return mm_prepare(m, vt, tokens, media, p, err,
@@ -6613,7 +6568,7 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
 
 // copy the model's vision tensors to the device and make the views; false with *err when the
 // model has none or stores them in formats the kernels do not read
-[[maybe_unused]] static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
+static bool gpu_vision_build(GpuVision* v, const Model* m, int cap, cudaStream_t stream, std::string* err) {
     *v = GpuVision();
     v->stream = stream; v->geo = m->geo; v->w = m->w.vision;
     const Geometry& g = m->geo;
@@ -6659,7 +6614,7 @@ static void gpu_vision_workspace(GpuVision* v, int cap) {
     return true;
 }
 
-[[maybe_unused]] static void gpu_vision_free(GpuVision* v) {
+static void gpu_vision_free(GpuVision* v) {
     if (v->arena) cudaCheck(cudaFree(v->arena));
     if (v->ws) cudaCheck(cudaFree(v->ws));
     *v = GpuVision();
@@ -6705,17 +6660,20 @@ static bool gpu_vision_forward(GpuVision* v, const VisionInput& in, bf16_t* out,
 
 // mm_prepare_cpu with the gpu tower: each item's rows come back to the host (fp32 from bf16) for
 // the prompt's override rows, which the text forward uploads again with its piece
+// one item's rows on the host: [tokens, v_out] fp32 from the tower's bf16
+static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std::vector<uint16_t>* rows, std::string* err) {
+    if (!gpu_vision_forward(v, in, v->out, err)) return false;
+    rows->resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
+    cudaCheck(cudaMemcpyAsync(rows->data(), v->out, rows->size() * 2, cudaMemcpyDeviceToHost, v->stream));
+    cudaCheck(cudaStreamSynchronize(v->stream));
+    for (size_t i = 0; i < rows->size(); i++) out[i] = bf16_to_f32((*rows)[i]);
+    return true;
+}
 [[maybe_unused]] static bool mm_prepare_gpu(GpuVision* v, const Model* m, const VisionTokenIds& vt, const std::vector<int>& tokens,
                            const std::vector<VisionInput>& media, MmPrompt* p, std::string* err) {
     std::vector<uint16_t> rows;
-    return mm_prepare(m, vt, tokens, media, p, err, [&](const VisionInput& in, float* out, std::string* e) {
-        if (!gpu_vision_forward(v, in, v->out, e)) return false;
-        rows.resize((size_t)vision_tokens(v->geo, in) * v->geo.v_out);
-        cudaCheck(cudaMemcpyAsync(rows.data(), v->out, rows.size() * 2, cudaMemcpyDeviceToHost, v->stream));
-        cudaCheck(cudaStreamSynchronize(v->stream));
-        for (size_t i = 0; i < rows.size(); i++) out[i] = bf16_to_f32(rows[i]);
-        return true;
-    });
+    return mm_prepare(m, vt, tokens, media, p, err,
+                      [&](const VisionInput& in, float* out, std::string* e) { return gpu_vision_rows(v, in, out, &rows, e); });
 }
 
 // === 9. engine ===============================================================
@@ -6848,6 +6806,29 @@ static void print_info(FILE* f, const Model* m) {
 // tokenize, generate on either path (Engine: cpu reference or gpu), and split the output
 // into reasoning, content and tool calls with stop strings (tokenizer.h's TextOut).
 
+// the vision side of a loaded model, only when vision is on (startup residency: without it
+// media is refused and nothing of the tower is on the device)
+struct TextVision {
+    bool on = false;
+    VisionConfig cfg;            // the artifact's preprocessor configs
+    MediaLimits lim;             // per item (vision.h)
+    double frames_fps = 24;      // a frame list's rate (--video-fps)
+    bool local_files = true;     // paths and file:// allowed (the cli); the server takes data: uris only
+    int threads = 1;             // preprocessing threads (NInfer: at most 16)
+    GpuVision gpu;               // the device tower, when the engine is on the gpu
+    bool gpu_on = false;
+    // the media cache (--media-cache-mib): tower rows by item, so an image sent again in a later
+    // turn is not encoded again. keyed by the sha-256 of the item's grid and pixel rows (the
+    // preprocessed content: the same picture under another name or encoding that preprocesses
+    // the same hits too). least recently used entries go first. engine thread only.
+    struct CacheEntry { std::string key; std::vector<float> rows; uint64_t used = 0; };
+    int64_t cache_cap = 0;       // bytes of rows kept; 0: no cache
+    int64_t cache_bytes = 0;
+    uint64_t cache_clock = 0;
+    std::vector<CacheEntry> cache;
+    int64_t cache_hits = 0, cache_misses = 0;
+};
+
 // a loaded model with its tokenizer and its engine (one sequence)
 struct TextModel {
     Model m;
@@ -6855,6 +6836,7 @@ struct TextModel {
     FrontendIds fr;
     SpecOpts spec;   // set before text_model_start
     Engine en;
+    TextVision vis;
 };
 
 // open the artifact and its tokenizer (no engine yet: text_model_start builds it)
@@ -6886,7 +6868,11 @@ static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const cha
     return engine_build(&t->en, &t->m, gpu, o, err, t->spec);
 }
 
-static void text_model_close(TextModel* t) { engine_free(&t->en); model_close(&t->m); }
+static void text_model_close(TextModel* t) {
+    if (t->vis.gpu_on) gpu_vision_free(&t->vis.gpu);
+    engine_free(&t->en);
+    model_close(&t->m);
+}
 
 // one generation request in token space, with its output handling
 struct TextRequest {
@@ -6905,6 +6891,7 @@ struct TextRequest {
     // in (OUT_REASONING, OUT_CONTENT, OUT_TOOL_CALL): the channel the token's text starts in
     void (*on_token)(void* ctx, int id, int channel) = nullptr;
     void* token_ctx = nullptr;
+    const MmPrompt* mm = nullptr;     // the prompt's media rows and positions (text_media_tower), if any
 };
 
 struct TextResult {
@@ -6912,6 +6899,199 @@ struct TextResult {
     std::string stop_hit;  // the stop string that ended generation, if one did
     int tool_calls = 0;
 };
+
+// ---- media in a conversation ----------------------------------------------------------
+//
+// the call chain: the media parts of the messages (chat_media: references in the order the
+// template renders them) -> vision.h's vision_prepare (decode + preprocess on host threads) ->
+// chat_render -> vision_expand_prompt (model.md 6.5) -> tokenizer_encode -> the tower
+// (mm_prepare_cpu | mm_prepare_gpu) -> engine_generate with the MmPrompt. the first four run
+// where the request is prepared (the server: on a connection thread, so usage and count_tokens
+// see the vision tokens); the tower runs where the engine does.
+
+// NInfer's per-request vision budgets (reference-engine.md 17), beside vision.h's per-item limits
+struct MediaBudget {
+    int max_items = 16;
+    int64_t max_bytes = 256ll << 20;   // encoded media bytes, summed over the request
+    int64_t max_patches = 131072;      // raw patches (t*h*w), summed
+    int64_t max_tokens = 32768;        // vision tokens, summed
+};
+
+// the media of a request, preprocessed
+struct MediaPrompt {
+    std::vector<VisionItem> items;     // in prompt order
+};
+
+// vision on for t: the artifact's tower and processor configs (before the engine is built)
+static bool text_vision_open(TextModel* t, const TextVision& opts, std::string* err) {
+    if (!t->m.geo.has_vision) { *err = t->m.art.path + ": the model has no vision tower; images and video need a vision model"; return false; }
+    t->vis.on = true;
+    t->vis.lim = opts.lim; t->vis.frames_fps = opts.frames_fps; t->vis.local_files = opts.local_files; t->vis.threads = opts.threads;
+    t->vis.cache_cap = opts.cache_cap;
+    std::string e;
+    if (!vision_config_parse(artifact_resource(&t->m.art, "frontend/preprocessor_config.json"),
+                             artifact_resource(&t->m.art, "frontend/video_preprocessor_config.json"), &t->vis.cfg, &e)) {
+        *err = t->m.art.path + ": " + e;
+        return false;
+    }
+    return true;
+}
+
+// the device tower beside a gpu engine (after text_model_start); a workspace for the largest
+// item the processor configs allow, at most the request's patch budget
+static bool text_vision_start(TextModel* t, std::string* err) {
+    if (!t->vis.on || !t->en.gpu) return true;
+    const VisionConfig& c = t->vis.cfg;
+    const int64_t per = (int64_t)c.patch * c.patch;
+    int64_t cap = std::max<int64_t>(c.max_pixels / per, c.video_max_pixels / per / std::max(1, c.temporal));  // a video's pixels are all its frames'
+    cap = std::min<int64_t>(cap, MediaBudget().max_patches) / 4 * 4;
+    if (!gpu_vision_build(&t->vis.gpu, &t->m, (int)std::max<int64_t>(cap, 4), 0, err)) return false;
+    t->vis.gpu_on = true;
+    return true;
+}
+
+// a media reference of a part: a string, or {url: string} for the *_url forms
+static const Json* chat_media_ref(const Json& part, const char* key) {
+    const Json* v = part.get(key);
+    if (v && v->is_object()) v = v->get("url");
+    return v && v->is_string() ? v : nullptr;
+}
+
+// the media parts of messages (NInfer's names: image / image_url, video / video_url; a string or
+// {url} each) as preprocessing jobs in the order the template renders them; each part becomes
+// the template's plain {"type": "image" | "video"}. false with *err naming the message and part.
+static bool chat_media(Json* messages, bool local_files, std::vector<MediaJob>* jobs, std::string* err) {
+    jobs->clear();
+    if (!messages->is_array()) return true;
+    for (size_t mi = 0; mi < messages->arr.size(); mi++) {
+        Json* content = messages->arr[mi].is_object() ? messages->arr[mi].get("content") : nullptr;
+        if (!content || !content->is_array()) continue;
+        for (size_t pi = 0; pi < content->arr.size(); pi++) {
+            Json& part = content->arr[pi];
+            const Json* ty = part.is_object() ? part.get("type") : nullptr;
+            if (!ty || !ty->is_string()) continue;
+            const std::string type = ty->str;
+            const bool video = type == "video" || type == "video_url";
+            if (!video && type != "image" && type != "image_url") continue;
+            const std::string where = "message " + std::to_string(mi) + ", part " + std::to_string(pi);
+            const Json* ref = chat_media_ref(part, type.c_str());
+            if (!ref) { *err = where + ": the " + type + " part needs '" + type + "', a string" + (type.size() > 5 && type.back() == 'l' ? " or {\"url\": string}" : ""); return false; }
+            const std::string& r = ref->str;
+            if (r.rfind("http://", 0) == 0 || r.rfind("https://", 0) == 0) {
+                *err = where + ": http(s) media urls are not fetched (ninfer fetches nothing); send the " + (video ? "video" : "image") + " as a base64 data: uri";
+                return false;
+            }
+            if (!local_files && r.rfind("data:", 0) != 0) {
+                *err = where + ": the server reads no local files; send the " + std::string(video ? "video" : "image") + " as a base64 data: uri";
+                return false;
+            }
+            MediaJob j;
+            j.video = video; j.ref = r;
+            jobs->push_back(std::move(j));
+            Json plain = Json::object();
+            plain.set("type", Json::string(video ? "video" : "image"));
+            part = std::move(plain);
+        }
+    }
+    return true;
+}
+
+enum { PROMPT_BAD_INPUT = 0, PROMPT_OVER_BUDGET = 1, PROMPT_RENDER = 2 };  // why text_prompt failed
+
+// messages (openai shape) -> the prompt's tokens in rq and its preprocessed media in *mp: render,
+// expand and tokenize. budget: the request's (the server's; nullptr: none). false with *err and
+// *why (a PROMPT_ value).
+static bool text_prompt(TextModel* t, Json messages, const Json* tools, const ChatOptions& co, const MediaBudget* budget,
+                        TextRequest* rq, MediaPrompt* mp, std::string* err, int* why = nullptr) {
+    int why_ = 0;
+    if (!why) why = &why_;
+    *why = PROMPT_BAD_INPUT;
+    std::vector<MediaJob> jobs;
+    if (!chat_media(&messages, t->vis.local_files, &jobs, err)) return false;
+    if (!jobs.empty() && !t->vis.on) { *err = "images and video need vision (ninfer-serve --vision)"; return false; }
+    auto over = [&](const std::string& what) { *err = what; *why = PROMPT_OVER_BUDGET; return false; };
+    if (budget) {
+        if ((int)jobs.size() > budget->max_items)
+            return over(std::to_string(jobs.size()) + " media items, over the request budget of " + std::to_string(budget->max_items));
+        int64_t bytes = 0;
+        for (const MediaJob& j : jobs) bytes += (int64_t)j.ref.size() / 4 * 3;  // data: uris, base64
+        if (bytes > budget->max_bytes)
+            return over("about " + std::to_string(bytes) + " media bytes, over the request budget of " + std::to_string(budget->max_bytes));
+    }
+    if (!chat_from_openai(&messages, err)) return false;
+    std::string rendered;
+    TextSpans literal, expanded_literal;  // the conversation's own text: tokenized literally, never a placeholder
+    if (!chat_render(messages, tools, co, &rendered, err, &literal)) { *why = PROMPT_RENDER; return false; }
+    mp->items.clear();
+    std::string text = rendered;
+    if (!jobs.empty()) {
+        vision_prepare(&jobs, t->vis.cfg, t->vis.lim, t->vis.frames_fps, t->vis.threads);
+        std::vector<const VisionItem*> images, videos;
+        int64_t patches = 0, tokens = 0;
+        for (MediaJob& j : jobs) {
+            if (!j.ok) { *err = j.err; return false; }
+            patches += j.item.rows(); tokens += j.item.tokens(t->vis.cfg.merge);
+            mp->items.push_back(std::move(j.item));
+        }
+        if (budget && patches > budget->max_patches)
+            return over(std::to_string(patches) + " vision patches, over the request budget of " + std::to_string(budget->max_patches));
+        if (budget && tokens > budget->max_tokens)
+            return over(std::to_string(tokens) + " vision tokens, over the request budget of " + std::to_string(budget->max_tokens));
+        for (const VisionItem& it : mp->items) (it.video ? videos : images).push_back(&it);
+        if (!vision_expand_prompt(rendered, images, videos, t->vis.cfg.merge, &text, err, &literal, &expanded_literal)) return false;
+        literal.swap(expanded_literal);
+    }
+    tokenizer_encode(&t->tok, text, &rq->prompt, true, &literal);
+    rq->thinking_open = chat_thinking_open(rendered);
+    rq->tools = tools != nullptr;
+    return true;
+}
+
+// the media cache's key of an item: its kind, grid and pixel rows
+static std::string media_cache_key(const VisionItem& it) {
+    std::string k = std::string(it.video ? "video " : "image ") + std::to_string(it.t) + " " + std::to_string(it.h) + " " +
+                    std::to_string(it.w) + " ";
+    for (double s : it.timestamps) k += std::to_string(s) + " ";
+    return k + sha256_hex((const uint8_t*)it.pixels.data(), it.pixels.size() * sizeof(float));
+}
+
+// the tower over a prepared prompt's media: the MmPrompt engine_generate takes (cpu or gpu
+// tower), each item's rows from the media cache when it holds them
+static bool text_media_tower(TextModel* t, const std::vector<int>& prompt, const MediaPrompt& mp, MmPrompt* mm, std::string* err) {
+    TextVision& v = t->vis;
+    std::vector<VisionInput> media;
+    if (!vision_inputs_of(t->m.geo, mp.items, &media, err)) return false;
+    auto tower = [&](const VisionInput& in, float* out, std::string* e) {
+        const size_t k = (size_t)(&in - media.data()), n = (size_t)vision_tokens(t->m.geo, in) * t->m.geo.H;
+        std::string key;
+        if (v.cache_cap > 0) {
+            key = media_cache_key(mp.items[k]);
+            for (TextVision::CacheEntry& c : v.cache)
+                if (c.key == key && c.rows.size() == n) {
+                    memcpy(out, c.rows.data(), n * sizeof(float));
+                    c.used = ++v.cache_clock;
+                    v.cache_hits++;
+                    return true;
+                }
+        }
+        std::vector<uint16_t> rows;
+        const bool ok = v.gpu_on ? gpu_vision_rows(&v.gpu, in, out, &rows, e) : vision_forward_cpu(&t->m, in, out, e);
+        if (!ok || v.cache_cap <= 0) return ok;
+        v.cache_misses++;
+        const int64_t bytes = (int64_t)(n * sizeof(float));
+        if (bytes > v.cache_cap) return true;  // larger than the whole cache: not kept
+        while (v.cache_bytes + bytes > v.cache_cap) {  // evict the least recently used
+            size_t lru = 0;
+            for (size_t i = 1; i < v.cache.size(); i++) if (v.cache[i].used < v.cache[lru].used) lru = i;
+            v.cache_bytes -= (int64_t)(v.cache[lru].rows.size() * sizeof(float));
+            v.cache.erase(v.cache.begin() + (long)lru);
+        }
+        v.cache.push_back({key, std::vector<float>(out, out + n), ++v.cache_clock});
+        v.cache_bytes += bytes;
+        return true;
+    };
+    return mm_prepare(&t->m, t->fr.vision, prompt, media, mm, err, tower);
+}
 
 // run rq on t's engine from an empty sequence. on_event(const OutEvent&, int id) gets every
 // piece of output as it is decoded and returns false to stop (e.g. the client left); each
@@ -6937,7 +7117,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    }, rq.cancel);
+    }, rq.cancel, rq.mm);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -6968,15 +7148,20 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
-    std::string text, msg;
-    TextSpans literal;
-    if (!chat_render(chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &text, &msg, &literal)) {
-        err->message = "the conversation cannot be rendered with the chat template: " + msg;
+    TextRequest rq;
+    auto media = std::make_shared<MediaPrompt>();
+    std::string msg;
+    int why = 0;
+    const MediaBudget budget;
+    if (!text_prompt(&s->t, chat.messages, chat.tools.is_array() ? &chat.tools : nullptr, o, &budget, &rq, media.get(), &msg, &why)) {
+        if (why == PROMPT_OVER_BUDGET) { err->code = "media_budget_exceeded"; err->param = "messages"; }
+        err->message = why == PROMPT_RENDER ? "the conversation cannot be rendered with the chat template: " + msg : msg;
         return false;
     }
-    tokenizer_encode(&s->t.tok, text, &out->tokens, true, &literal);  // conversation text is literal
-    out->thinking = chat_thinking_open(text);
-    out->tools = chat.tools.is_array();
+    out->tokens = std::move(rq.prompt);
+    out->thinking = rq.thinking_open;
+    out->tools = rq.tools;
+    if (!media->items.empty()) out->media = media;  // the tower runs in served_generate, on the engine thread
     return true;
 }
 
@@ -7065,6 +7250,12 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     rq.on_token = served_on_token;
     rq.token_ctx = &tk;
+    MmPrompt mm;
+    if (p.media) {
+        std::string err;
+        if (!text_media_tower(&s->t, p.tokens, *(const MediaPrompt*)p.media.get(), &mm, &err)) { res->error = err; return; }
+        rq.mm = &mm;
+    }
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -7107,6 +7298,8 @@ static void served_close(void* self) {
 // the features behind server flags that this build has (serve.h asks before loading)
 static bool served_supports(const char* feature) {
     bool gpu = gpu_count() > 0;
+    if (!strcmp(feature, "--vision") || !strcmp(feature, "--media-preprocess-threads") || !strcmp(feature, "--media-cache-mib"))
+        return true;  // both paths run the tower and its cache
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
     if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
@@ -7124,12 +7317,22 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
     g.tune = gpu_tuning_from_env();
     if (o.spec == "mtp") { s->t.spec.K = o.draft_tokens; s->t.spec.lm_head_draft = o.lm_head_draft; }
-    if (!text_model_open(&s->t, path, err) || !text_model_start(&s->t, false, g, "ninfer-serve", err)) { delete s; return nullptr; }
+    if (!text_model_open(&s->t, path, err)) { delete s; return nullptr; }
+    if (o.vision && o.spec == "mtp") { *err = "--spec mtp cannot be combined with --vision yet (the mtp head's multimodal rows are not built)"; delete s; return nullptr; }
+    if (o.vision) {  // startup residency: the tower (and its device workspace) only with --vision
+        TextVision v;
+        v.local_files = false;  // the server reads data: uris only
+        v.cache_cap = (int64_t)o.media_cache_mib << 20;
+        v.threads = o.media_preprocess_threads > 0 ? o.media_preprocess_threads
+                                                   : (int)std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
+        if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }
+    }
+    if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;
     s->api.max_context = engine_capacity(&s->t.en);
     s->api.n_vocab = s->t.fr.domain;
-    s->api.vision = false;
+    s->api.vision = o.vision;
     s->api.prepare = served_prepare;
     s->api.prepare_text = served_prepare_text;
     s->api.token_bytes = served_token_bytes;
@@ -7191,13 +7394,16 @@ static void usage(FILE* f) {
         "                         chat template (ninfer)\n"
         "  --prompt-ids IDS       the prompt as token ids, e.g. 1,2,3 (output: generated ids)\n"
         "  --no-thinking          render the non-thinking generation prompt (thinking is the default)\n"
-        "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable\n"
+        "  --image PATH           an image (png, jpeg, ppm/pgm; a path, file:// or a base64 data: uri), repeatable;\n"
+        "                         with --prompt the media come first in the user message, in command-line order\n"
         "  --video PATH           a video: a directory of frames, a comma-separated list of images, or a\n"
         "                         video file decoded by an ffmpeg on PATH; repeatable\n"
         "  --video-fps F          frame rate of a directory or list of frames (24, as transformers assumes)\n"
         "  --max-image-pixels N   decoded pixels allowed per image (67108864)\n"
         "  --max-video-pixels N   decoded pixels allowed per video, sampled frames summed (134217728)\n"
         "  --max-media-mib N      bytes allowed per media file, in MiB (256)\n"
+        "  --vision               accepted for NInfer's command lines: a vision model runs its tower\n"
+        "                         whenever the prompt has media (--messages: image/image_url, video/video_url parts)\n"
         "\n"
         "generation:\n"
         "  --max-new N            output token limit (128)\n"
@@ -7322,6 +7528,7 @@ struct CliArgs {
     int draft_tokens = 0;              // --draft-tokens (required with --spec)
     bool lm_head_draft = false;
     std::vector<MediaArg> media;       // --image, --video
+    bool vision = false;               // --vision: the tower is resident only with media either way
     double video_fps = 24;             // a frame list has no rate; transformers assumes 24
     MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
     const char* decode_out = nullptr;  // --decode-out
@@ -7378,7 +7585,8 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--max-media-mib")) c->media_limits.max_bytes = parse_int(a, value(), 1, 1 << 20) << 20;
         else if (!strcmp(a, "--decode-out")) c->decode_out = value();
         else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
-        else if (!strcmp(a, "--vision") || !strcmp(a, "--reasoning-effort"))
+        else if (!strcmp(a, "--vision")) c->vision = true;
+        else if (!strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
         else if (gpu_parse_flag(argc, argv, &i, &c->gopt)) {}
         else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer: error: unknown option '%s'\n", a); usage(stderr); exit(1); }
@@ -7493,24 +7701,49 @@ static int cli_tokenize(TextModel* t) {
 
 // the prompt's tokens into rq: the chat template (--prompt, --messages), the text as is
 // (--raw-prompt) or ids (--prompt-ids). --render prints the rendered prompt and returns false.
-static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq) {
+static bool cli_prompt(const CliArgs& c, TextModel* t, TextRequest* rq, MediaPrompt* mp) {
     std::string err;
+    if (!c.media.empty() && !c.prompt_text) die("--image and --video go with --prompt (in --messages, give image and video parts)");
+    if ((c.vision || !c.media.empty()) && !t->m.geo.has_vision) die("%s: the model has no vision tower; --image, --video and --vision need a vision model", c.model_path);
     if (c.prompt_text || c.messages_path) {
         Json messages, tools;
-        if (c.prompt_text) messages = chat_messages_from_prompt(c.prompt_text);
-        else if (!chat_parse_request(read_file(c.messages_path), &messages, &tools, &err)) die("%s: %s", c.messages_path, err.c_str());
-        if (!chat_from_openai(&messages, &err)) die("%s: %s", c.messages_path, err.c_str());
+        if (c.prompt_text) {
+            messages = chat_messages_from_prompt(c.prompt_text);
+            if (!c.media.empty()) {
+                Json parts = Json::array();
+                for (const MediaArg& a : c.media) {
+                    Json p = Json::object();
+                    p.set("type", Json::string(a.video ? "video" : "image"));
+                    p.set(a.video ? "video" : "image", Json::string(a.ref));
+                    parts.push(std::move(p));
+                }
+                Json tp = Json::object();
+                tp.set("type", Json::string("text"));
+                tp.set("text", Json::string(c.prompt_text));
+                parts.push(std::move(tp));
+                messages.arr[0].set("content", std::move(parts));
+            }
+        } else if (!chat_parse_request(read_file(c.messages_path), &messages, &tools, &err)) die("%s: %s", c.messages_path, err.c_str());
         ChatOptions co;
         co.enable_thinking = c.no_thinking ? 0 : -1;
         co.developer_as_system = true;
-        std::string rendered;
-        TextSpans literal;
-        if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err, &literal))
-            die("%s: %s", c.messages_path ? c.messages_path : "--prompt", err.c_str());
-        if (c.render) { fwrite(rendered.data(), 1, rendered.size(), stdout); return false; }
-        tokenizer_encode(&t->tok, rendered, &rq->prompt, true, &literal);  // conversation text is literal
-        rq->thinking_open = chat_thinking_open(rendered);
-        rq->tools = tools.is_array();
+        const char* where = c.messages_path ? c.messages_path : "--prompt";
+        if (c.render) {
+            std::vector<MediaJob> jobs;
+            if (!chat_media(&messages, true, &jobs, &err)) die("%s: %s", where, err.c_str());
+            if (!chat_from_openai(&messages, &err)) die("%s: %s", where, err.c_str());
+            std::string rendered;
+            if (!chat_render(messages, tools.is_array() ? &tools : nullptr, co, &rendered, &err)) die("%s: %s", where, err.c_str());
+            fwrite(rendered.data(), 1, rendered.size(), stdout);
+            return false;
+        }
+        if (t->m.geo.has_vision) {  // cheap: the processor configs; the tower only runs when there are media
+            TextVision v;
+            v.lim = c.media_limits; v.frames_fps = c.video_fps;
+            v.threads = (int)std::min(16u, std::max(1u, std::thread::hardware_concurrency()));  // NInfer: <= 16 threads
+            if (!text_vision_open(t, v, &err)) die("%s", err.c_str());
+        }
+        if (!text_prompt(t, messages, tools.is_array() ? &tools : nullptr, co, nullptr, rq, mp, &err)) die("%s: %s", where, err.c_str());
     } else if (c.raw_prompt) {  // a completion: no template, no reasoning channel, no tool calls
         tokenizer_encode(&t->tok, c.raw_prompt, &rq->prompt);
         if (rq->prompt.empty()) die("--raw-prompt: the text has no tokens");
@@ -7558,7 +7791,7 @@ static GenStats cli_generate_ids(const CliArgs& c, TextModel* t, const TextReque
     GenStats s = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, lf ? &tap : nullptr, [&](int id) {
         if (ids_out) { printf(out.empty() ? "%d" : " %d", id); fflush(stdout); }
         out.push_back(id);
-    });
+    }, GenCancel(), rq.mm);
     if (ids_out && !out.empty()) printf("\n");
     if (!ids_out) { std::string text = tokenizer_decode(&t->tok, out, !rq.raw); printf("%s\n", text.c_str()); }
     if (lf && fclose(lf) != 0) die("%s: write failed: %s", c.logits_path, strerror(errno));
@@ -7646,8 +7879,6 @@ int main(int argc, char** argv) {
     cli_parse(argc, argv, &c);
     if (c.info) return cli_info(c);
     if (c.decode_out || c.pixels_out) return cli_media(c);
-    if (!c.media.empty())
-        die("--image and --video need the vision tower, which this build does not run yet (--pixels-out and --decode-out work)");
     if (!c.inputs) die("nothing to do: give --prompt TEXT, --messages FILE, --raw-prompt TEXT, --prompt-ids IDS, --perplexity FILE, --tokenize or --info");
 
     TextModel t;
@@ -7655,9 +7886,18 @@ int main(int argc, char** argv) {
     if (!text_model_open(&t, c.model_path, &err)) die("%s", err.c_str());
     if (c.tokenize) return cli_tokenize(&t);
     TextRequest rq;
-    if (!cli_prompt(c, &t, &rq)) { model_close(&t.m); return 0; }  // --render
+    MediaPrompt mp;
+    if (!cli_prompt(c, &t, &rq, &mp)) { model_close(&t.m); return 0; }  // --render
     if (c.spec_name) { t.spec.K = c.draft_tokens; t.spec.lm_head_draft = c.lm_head_draft; }
     if (!text_model_start(&t, c.cpu, c.gopt, "ninfer", &err)) die("%s", err.c_str());
+    MmPrompt mm;
+    if (!mp.items.empty()) {  // the tower is resident only now (startup residency: media asked for it)
+        if (c.spec_name) die("--spec mtp with images or video is not supported yet (the mtp head's multimodal rows are not built)");
+        if ((int)rq.prompt.size() >= engine_capacity(&t.en))
+            die("the prompt has %zu tokens with its media, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t.en));
+        if (!text_vision_start(&t, &err) || !text_media_tower(&t, rq.prompt, mp, &mm, &err)) die("%s", err.c_str());
+        rq.mm = &mm;
+    }
     if (c.ppl_path) return cli_perplexity(c, &t);
     return cli_generate(c, &t, rq);
 }

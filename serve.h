@@ -107,6 +107,7 @@ struct ServePrompt {
     bool tools = false;            // tools were declared: parse tool calls
     bool raw = false;              // a completion (/v1/completions): no template; the output is
                                    // plain content text (no reasoning, no tool calls, only the stop strings)
+    std::shared_ptr<void> media;   // the engine's own: the request's preprocessed media (never read here)
 };
 
 // sampler and limits for one request, already resolved (engine preset < flags < request <

@@ -1838,48 +1838,74 @@ static inline void vision_prepare(std::vector<MediaJob>* jobs, const VisionConfi
 
 // === prompt expansion ===========================================================
 //
-// Qwen3VLProcessor's text expansion, after the chat template: the k-th <|image_pad|> becomes
-// the k-th image's t*h*w/4 pads; the k-th <|video_pad|> becomes, for each temporal patch f,
-// "<%.1f seconds>" (its timestamp) + <|vision_start|> + h*w/4 <|video_pad|> + <|vision_end|>.
-// transformers 5.17 replaces the pad token only, so the template's own <|vision_start|> and
-// <|vision_end|> stay around the whole video (4.x replaced the triple; model.md 6.5 describes
-// that). test_vision checks this against 5.17's processor.
+// the processor's text expansion after the chat template (model.md 6.5), the one copy the cli,
+// the server and the tests use: the k-th <|image_pad|> becomes the k-th image's t*h*w/4 pads;
+// the k-th video's <|vision_start|><|video_pad|><|vision_end|> triple becomes, for each temporal
+// patch f, "<%.1f seconds>" (its timestamp, ordinary text) + <|vision_start|> + h*w/4
+// <|video_pad|> + <|vision_end|>. a bare <|video_pad|> (no triple around it) is replaced the same
+// way. decision: model.md 6.5, transformers 4.x and the qwen team's processor (what the model was
+// trained with) replace the whole triple; transformers 5.17's base processor replaces the pad
+// only, so the template's own start/end stay around the frames (an hf divergence:
+// test_vision's PromptExpansionMatchesHf accounts for it by name).
+// literal: byte ranges [first, second) of text that are the conversation's own words
+// (tokenizer.h's TextSpans, in order and disjoint): a user who types "<|image_pad|>" is not
+// giving an image, so nothing inside them is a placeholder; out_literal gets them as they lie
+// in *out.
+
+typedef std::vector<std::pair<size_t, size_t>> VisionSpans;
 
 static inline bool vision_expand_prompt(const std::string& text, const std::vector<const VisionItem*>& images,
                                         const std::vector<const VisionItem*>& videos, int merge, std::string* out,
-                                        std::string* err) {
-    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>";
+                                        std::string* err, const VisionSpans* literal = nullptr,
+                                        VisionSpans* out_literal = nullptr) {
+    static const std::string kImage = "<|image_pad|>", kVideo = "<|video_pad|>", kStart = "<|vision_start|>", kEnd = "<|vision_end|>";
+    static const std::string kTriple = kStart + kVideo + kEnd;
+    for (size_t k = 0; k < videos.size(); k++)
+        if (videos[k]->timestamps.size() != (size_t)videos[k]->t) {
+            *err = "video " + std::to_string(k) + ": " + std::to_string(videos[k]->timestamps.size()) + " frame times for " +
+                   std::to_string(videos[k]->t) + " temporal patches (a video without frame times)";
+            return false;
+        }
     out->clear();
-    size_t ni = 0, nv = 0, a = 0;
-    for (;;) {
-        size_t pi = text.find(kImage, a), pv = text.find(kVideo, a);
-        size_t p = std::min(pi, pv);
-        if (p == std::string::npos) break;
-        out->append(text, a, p - a);
-        if (p == pi) {
-            if (ni >= images.size()) { *err = "the prompt has more <|image_pad|> placeholders than the " + std::to_string(images.size()) + " images"; return false; }
-            const VisionItem& it = *images[ni++];
-            for (int k = it.tokens(merge); k > 0; k--) out->append(kImage);
-            a = p + kImage.size();
-        } else {
-            if (nv >= videos.size()) { *err = "the prompt has more <|video_pad|> placeholders than the " + std::to_string(videos.size()) + " videos"; return false; }
+    if (out_literal) out_literal->clear();
+    size_t ni = 0, nv = 0, k = 0;
+    const size_t nk = literal ? literal->size() : 0;
+    for (size_t i = 0; i < text.size();) {
+        while (k < nk && (*literal)[k].second <= i) k++;
+        if (k < nk && (*literal)[k].first <= i) {  // the conversation's text, as it is
+            const size_t b = std::min((*literal)[k].second, text.size()), o = out->size();
+            out->append(text, i, b - i);
+            if (out_literal) out_literal->emplace_back(o, out->size());
+            i = b;
+            continue;
+        }
+        const size_t limit = k < nk ? (*literal)[k].first : text.size();  // a placeholder ends before the next span
+        auto at = [&](const std::string& x) { return i + x.size() <= limit && text.compare(i, x.size(), x) == 0; };
+        if (text[i] != '<') { out->push_back(text[i++]); continue; }
+        const bool triple = at(kTriple);
+        if (at(kImage)) {
+            if (ni == images.size()) { *err = "the prompt has more image placeholders than the " + std::to_string(images.size()) + " images given"; return false; }
+            for (int k = images[ni++]->tokens(merge); k > 0; k--) out->append(kImage);
+            i += kImage.size();
+        } else if (triple || at(kVideo)) {
+            if (nv == videos.size()) { *err = "the prompt has more video placeholders than the " + std::to_string(videos.size()) + " videos given"; return false; }
             const VisionItem& it = *videos[nv++];
             const int per = it.h * it.w / (merge * merge);
             for (int f = 0; f < it.t; f++) {
                 char ts[64];
-                snprintf(ts, sizeof ts, "<%.1f seconds>", f < (int)it.timestamps.size() ? it.timestamps[f] : 0.0);
-                out->append(ts);
-                out->append("<|vision_start|>");
+                snprintf(ts, sizeof ts, "<%.1f seconds>", it.timestamps[f]);
+                out->append(ts).append(kStart);
                 for (int k = 0; k < per; k++) out->append(kVideo);
-                out->append("<|vision_end|>");
+                out->append(kEnd);
             }
-            a = p + kVideo.size();
+            i += triple ? kTriple.size() : kVideo.size();
+        } else {
+            out->push_back(text[i++]);
         }
     }
-    out->append(text, a, std::string::npos);
     if (ni != images.size() || nv != videos.size()) {
-        *err = "the prompt has " + std::to_string(ni) + " image and " + std::to_string(nv) + " video placeholders for " +
-               std::to_string(images.size()) + " images and " + std::to_string(videos.size()) + " videos";
+        *err = "the prompt has placeholders for " + std::to_string(ni) + " of " + std::to_string(images.size()) + " images and " +
+               std::to_string(nv) + " of " + std::to_string(videos.size()) + " videos";
         return false;
     }
     return true;

@@ -190,4 +190,48 @@ def test_bad_media_is_one_line(tmp_path):
     assert "exactly one --image" in fail_line(ninfer(MODEL, *two, "--decode-out", out))
     assert "needs an --image or a --video" in fail_line(ninfer(MODEL, "--pixels-out", out))
     assert "no vision tower" in fail_line(ninfer(TEXT_ONLY, "--image", os.path.join(MEDIA, "p6.ppm"), "--pixels-out", out))
-    assert "vision tower" in fail_line(ninfer(MODEL, "--image", os.path.join(MEDIA, "p6.ppm"), "--prompt", "hi"))
+    assert "no vision tower" in fail_line(ninfer(TEXT_ONLY, "--image", os.path.join(MEDIA, "p6.ppm"), "--prompt", "hi"))
+
+
+def test_image_prompt_runs_and_messages_parts_agree(tmp_path):
+    # --image + --prompt on the cpu path; the same conversation as --messages with an image_url data
+    # uri part and with an image path part gives the same prompt and the same greedy text
+    img = os.path.join(MEDIA, "jpg_444_53x37.jpg")
+    common = ["--cpu", "--greedy", "--no-thinking", "--max-new", "6", "--print-token-ids"]
+    a = ninfer(MODEL, *common, "--image", img, "--prompt", "What is this?")
+    assert a.returncode == 0, a.stderr
+    uri = "data:image/jpeg;base64," + base64.b64encode(open(img, "rb").read()).decode()
+    for part in [{"type": "image_url", "image_url": {"url": uri}}, {"type": "image_url", "image_url": "file://" + img},
+                 {"type": "image", "image": img}]:
+        msgs = tmp_path / "m.json"
+        msgs.write_text(json.dumps([{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]))
+        b = ninfer(MODEL, *common, "--messages", str(msgs))
+        assert b.returncode == 0, b.stderr
+        assert b.stdout == a.stdout
+        assert b.stderr.split("\n")[0] == a.stderr.split("\n")[0]  # the prompt ids
+    assert a.stderr.split("\n")[0].count(" 151655") > 4  # image pads
+    # a video (a directory of frames) through --messages: video_url parts work the same as --video
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i in range(4):
+        shutil.copy(os.path.join(MEDIA, "jpg_444_53x37.jpg"), frames / f"{i:03d}.jpg")
+    v = ninfer(MODEL, *common, "--video", str(frames), "--prompt", "And this?")
+    assert v.returncode == 0, v.stderr
+    msgs.write_text(json.dumps([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": str(frames)}},
+                                                             {"type": "text", "text": "And this?"}]}]))
+    w = ninfer(MODEL, *common, "--messages", str(msgs))
+    assert w.returncode == 0, w.stderr
+    assert (w.stdout, w.stderr.split("\n")[0]) == (v.stdout, v.stderr.split("\n")[0])
+
+
+def test_media_prompt_errors_are_one_line(tmp_path):
+    img = os.path.join(MEDIA, "p6.ppm")
+    assert "not fetched" in fail_line(ninfer(MODEL, "--cpu", "--image", "https://example.com/a.png", "--prompt", "x"))
+    assert "go with --prompt" in fail_line(ninfer(MODEL, "--cpu", "--image", img, "--raw-prompt", "x"))
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": [{"type": "image_url"}, {"type": "text", "text": "x"}]}]))
+    assert "part 0: the image_url part needs" in fail_line(ninfer(MODEL, "--cpu", "--messages", str(msgs)))
+    msgs.write_text(json.dumps([{"role": "user", "content": [{"type": "image", "image": str(tmp_path / "none.png")}]}]))
+    assert "none.png" in fail_line(ninfer(MODEL, "--cpu", "--messages", str(msgs)))
+    assert "--max-context" in fail_line(ninfer(MODEL, "--cpu", "--image", os.path.join(MEDIA, "jpg_444_53x37.jpg"),
+                                               "--prompt", "x", "--max-context", "32"))

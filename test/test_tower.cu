@@ -398,37 +398,40 @@ TEST_P(VisionGolden, MismatchedPromptsAreRefused) {
 // mm_layout accepts, with one vision row per pad
 TEST_P(VisionGolden, ExpandTextFollowsTheProcessor) {
     const Geometry& g = m.geo;
-    std::vector<float> px((size_t)2 * 4 * 6 * vision_patch_len(g), 0.5f);
-    const double secs[2] = {0.25, 1.75};
-    VisionInput img, vid;
-    img.t = 1; img.h = 4; img.w = 6; img.pixels = px.data();
-    vid.video = true; vid.t = 2; vid.h = 4; vid.w = 6; vid.pixels = px.data(); vid.seconds = secs;
+    std::vector<VisionItem> items(2);
+    items[0].t = 1; items[0].h = 4; items[0].w = 6;
+    items[1].video = true; items[1].t = 2; items[1].h = 4; items[1].w = 6; items[1].timestamps = {0.25, 1.75};
+    for (VisionItem& it : items) { it.row_len = vision_patch_len(g); it.pixels.assign((size_t)it.rows() * it.row_len, 0.5f); }
+    const VisionItem *img = &items[0], *vid = &items[1];
+    const int mg = g.v_merge;
     const std::string S = "<|vision_start|>", E = "<|vision_end|>", I = "<|image_pad|>", P = "<|video_pad|>";
     std::string text = "a " + S + I + E + " b: " + S + P + E + "c", out, err;
-    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err)) << err;
     auto rep = [](const std::string& x, int n) { std::string r; while (n--) r += x; return r; };
     std::string want = "a " + S + rep(I, 6) + E + " b: " + "<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "c";
     EXPECT_EQ(out, want);
     // a bare video pad is replaced the same way; an image pad is never a video's
-    ASSERT_TRUE(mm_expand_text(g, "x" + P + "y", {vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt("x" + P + "y", {}, {vid}, mg, &out, &err)) << err;
     EXPECT_EQ(out, "x<0.2 seconds>" + S + rep(P, 6) + E + "<1.8 seconds>" + S + rep(P, 6) + E + "y");
-    EXPECT_FALSE(mm_expand_text(g, text, {img}, &out, &err));
+    EXPECT_FALSE(vision_expand_prompt(text, {img}, {}, mg, &out, &err));
     EXPECT_NE(err.find("more video placeholders"), std::string::npos) << err;
-    EXPECT_FALSE(mm_expand_text(g, text, {img, vid, img}, &out, &err));
+    EXPECT_FALSE(vision_expand_prompt(text, {img, img}, {vid}, mg, &out, &err));
     EXPECT_NE(err.find("placeholders for 1 of 2 images"), std::string::npos) << err;
-    vid.seconds = nullptr;
-    EXPECT_FALSE(mm_expand_text(g, text, {img, vid}, &out, &err));
+    items[1].timestamps.pop_back();
+    EXPECT_FALSE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err));
     EXPECT_NE(err.find("without frame times"), std::string::npos) << err;
-    vid.seconds = secs;
+    items[1].timestamps = {0.25, 1.75};
+    std::vector<VisionInput> media;
+    ASSERT_TRUE(vision_inputs_of(g, items, &media, &err)) << err;
     // tokenized with the artifact's tokenizer: a layout with 6 + 2 * 6 vision rows
     Tokenizer tok;
     std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
     ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
-    ASSERT_TRUE(mm_expand_text(g, text, {img, vid}, &out, &err)) << err;
+    ASSERT_TRUE(vision_expand_prompt(text, {img}, {vid}, mg, &out, &err)) << err;
     std::vector<int> ids;
     tokenizer_encode(&tok, out, &ids);
     MmPrompt mp;
-    ASSERT_TRUE(mm_layout(g, fid.vision, ids, {img, vid}, &mp, &err)) << err;
+    ASSERT_TRUE(mm_layout(g, fid.vision, ids, media, &mp, &err)) << err;
     EXPECT_EQ(std::count(mp.ids.begin(), mp.ids.end(), -1), 18);
 }
 
@@ -501,7 +504,7 @@ TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
     std::vector<float> last[2];
     for (int k = 0; k < 2; k++) {
         std::string expanded;
-        ASSERT_TRUE(mm_expand_text(g, text, {media[k]}, &expanded, &err)) << err;
+        ASSERT_TRUE(vision_expand_prompt(text, {&items[k]}, {}, g.v_merge, &expanded, &err)) << err;
         std::vector<int> ids;
         tokenizer_encode(&tok, expanded, &ids);
         MmPrompt mp;
@@ -527,6 +530,86 @@ TEST_P(VisionGolden, PreprocessedImageThroughTheEngine) {
     items[0].row_len = 768;
     EXPECT_FALSE(vision_inputs_of(g, items, &media, &err));
     EXPECT_NE(err.find("media item 0"), std::string::npos) << err;
+}
+
+// the cli end to end (build/test/ninfer --image --prompt --greedy) gives the greedy ids of the
+// in-process chain: the corpus image preprocessed, the template's user turn (image first)
+// expanded, tokenized, the tower and the engine with the model's stop ids; on the cpu path (--cpu,
+// mm_prepare_cpu) and, with a gpu, on the gpu (mm_prepare_gpu: the same kernels, so the same ids).
+// the ids are read from --print-token-ids ("[id 'piece']" per generated token on stderr).
+static void cli_image_prompt_matches(const Model& m, const FrontendIds& fid, bool gpu) {
+    const char* bin = "build/test/ninfer";
+    ASSERT_TRUE(file_exists(bin)) << bin << " missing (make build/test/ninfer)";
+    const std::string image = "test/media/png_c2_d8.png", question = "What is in the picture?";
+    ASSERT_TRUE(file_exists(image));
+    const int n_new = 12;
+    // in process
+    std::string err;
+    VisionConfig cfg;
+    ASSERT_TRUE(vision_config_parse(artifact_resource(&m.art, "frontend/preprocessor_config.json"),
+                                    artifact_resource(&m.art, "frontend/video_preprocessor_config.json"), &cfg, &err)) << err;
+    Image im;
+    ASSERT_TRUE(media_image(image, MediaLimits(), &im, &err)) << err;
+    std::vector<VisionItem> items(1);
+    ASSERT_TRUE(vision_image(im, cfg, &items[0], &err)) << err;
+    const std::string text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>" + question +
+                             "<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    std::string expanded;
+    ASSERT_TRUE(vision_expand_prompt(text, {&items[0]}, {}, cfg.merge, &expanded, &err)) << err;
+    Tokenizer tok;
+    std::string tj = artifact_resource(&m.art, "frontend/tokenizer.json");
+    ASSERT_TRUE(tokenizer_load(&tok, tj.data(), tj.size(), &err)) << err;
+    std::vector<int> ids;
+    tokenizer_encode(&tok, expanded, &ids);
+    std::vector<VisionInput> media;
+    ASSERT_TRUE(vision_inputs_of(m.geo, items, &media, &err)) << err;
+    MmPrompt mp;
+    if (gpu) {
+        GpuVision gv;
+        ASSERT_TRUE(gpu_vision_build(&gv, &m, 1024, 0, &err)) << err;
+        ASSERT_TRUE(mm_prepare_gpu(&gv, &m, fid.vision, ids, media, &mp, &err)) << err;
+        gpu_vision_free(&gv);
+    } else {
+        ASSERT_TRUE(mm_prepare_cpu(&m, fid.vision, ids, media, &mp, &err)) << err;
+    }
+    Engine en;
+    GpuOpts o; o.max_context = 2048; o.prefill_chunk = 1024; o.quiet = true;
+    ASSERT_TRUE(engine_build(&en, &m, gpu, o, &err)) << err;
+    Sampler smp; SamplerParams sp; sp.temperature = 0;
+    sampler_build(&smp, sp, fid.domain);
+    std::vector<int> stops;
+    for (int id : fid.stops) if (id >= 0 && id < fid.domain) stops.push_back(id);
+    std::vector<int> want;
+    engine_generate(&en, &smp, mp.tokens, n_new, stops, nullptr, [&](int id) { want.push_back(id); }, GenCancel(), &mp);
+    engine_free(&en);
+    ASSERT_FALSE(want.empty());
+    // through the cli
+    const std::string errf = testing::TempDir() + (gpu ? "cli_image_ids_gpu.txt" : "cli_image_ids.txt");
+    const std::string cmd = std::string(bin) + " " + m.art.path + (gpu ? "" : " --cpu") + " --greedy --raw-output --print-token-ids --max-new " +
+                            std::to_string(n_new) + " --image " + image + " --prompt '" + question + "' > /dev/null 2> " + errf;
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::ifstream f(errf);
+    std::stringstream ss; ss << f.rdbuf();
+    const std::string log = ss.str();
+    std::vector<int> got;
+    for (size_t a = log.find("\n["); a != std::string::npos && a < log.size(); ) {  // after the prompt ids line
+        a = log.find('[', a);
+        if (a == std::string::npos) break;
+        got.push_back(atoi(log.c_str() + a + 1));
+        a = log.find("'][", a);
+        if (a == std::string::npos) break;
+        a += 2;
+    }
+    EXPECT_EQ(got, want) << log;
+    // the prompt the cli reports is the in-process one, pads included
+    std::string pl = "prompt ids:";
+    for (int id : ids) pl += " " + std::to_string(id);
+    EXPECT_EQ(log.rfind(pl + "\n", 0), 0u) << log.substr(0, 400);
+}
+TEST_P(VisionGolden, CliImagePromptMatchesTheEngine) { cli_image_prompt_matches(m, fid, false); }
+TEST_P(VisionGolden, GpuCliImagePromptMatchesTheEngine) {
+    NEED_GPU();
+    cli_image_prompt_matches(m, fid, true);
 }
 
 // ---- the gpu tower (skipped without a gpu) ------------------------------------------------------
@@ -805,7 +888,12 @@ TEST_P(VisionGolden, GpuEngineGeneratesFromMedia) {
         sampler_build(&smp, sp, domain);
         FILE* f = tmpfile();
         ASSERT_TRUE(f);
-        engine_generate(&en, &smp, mp.tokens, 4, {}, f, [&](int id) { ids[run].push_back(id); }, GenCancel(),
+        GenTap tap;  // the prompt's rows to the file, as --logits-out writes them
+        tap.prompt_rows = [](void* fp, const float* lg, int T, int vocab) {
+            CHECK(fwrite(lg, sizeof(float) * vocab, T, (FILE*)fp) == (size_t)T, "writing logits");
+        };
+        tap.ctx = f;
+        engine_generate(&en, &smp, mp.tokens, 4, {}, &tap, [&](int id) { ids[run].push_back(id); }, GenCancel(),
                         run == 0 ? &mp : run == 1 ? &mg : nullptr);
         lg[run].resize((size_t)L * V);
         rewind(f);
@@ -908,3 +996,61 @@ TEST(VisionGpuBench, DISABLED_Tower9b) {
 
 INSTANTIATE_TEST_SUITE_P(Hf, VisionGolden, ::testing::Values("bf16", "groupwise-int"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param) == "bf16" ? "bf16" : "groupwise_int"; });
+
+// the media cache (--media-cache-mib): an item the tower encoded before (same grid and pixel
+// rows) takes its rows from the cache, identical, without the tower; least recently used
+// entries are evicted to stay under the cap; a cap of 0 keeps nothing
+TEST(MediaCache, LaterTurnsSkipTheTower) {
+    const std::string path = artifact_path("bf16");
+    ASSERT_TRUE(file_exists(path)) << path;
+    for (int64_t cap_mib : {64, 0}) {
+        TextModel t;
+        std::string err;
+        ASSERT_TRUE(text_model_open(&t, path.c_str(), &err)) << err;
+        TextVision v;
+        v.cache_cap = cap_mib << 20;
+        ASSERT_TRUE(text_vision_open(&t, v, &err)) << err;
+        GpuOpts o; o.max_context = 2048; o.quiet = true;
+        ASSERT_TRUE(text_model_start(&t, true, o, "test", &err)) << err;
+        auto run = [&](std::vector<std::string> images, MmPrompt* mm) {
+            std::string parts;
+            for (const std::string& im : images) parts += "{\"type\": \"image\", \"image\": \"test/media/" + im + "\"},";
+            Json msgs;
+            ASSERT_TRUE(json_parse("[{\"role\": \"user\", \"content\": [" + parts + "{\"type\": \"text\", \"text\": \"hi\"}]}]", &msgs, &err)) << err;
+            TextRequest rq;
+            MediaPrompt mp;
+            ChatOptions co;
+            ASSERT_TRUE(text_prompt(&t, msgs, nullptr, co, nullptr, &rq, &mp, &err)) << err;
+            ASSERT_TRUE(text_media_tower(&t, rq.prompt, mp, mm, &err)) << err;
+        };
+        MmPrompt a, b, c;
+        run({"jpg_444_53x37.jpg"}, &a);
+        run({"jpg_444_53x37.jpg"}, &b);  // a later turn with the same image
+        if (cap_mib) {
+            EXPECT_EQ(t.vis.cache_misses, 1);
+            EXPECT_EQ(t.vis.cache_hits, 1);
+        } else {
+            EXPECT_EQ(t.vis.cache_misses + t.vis.cache_hits, 0);
+            EXPECT_TRUE(t.vis.cache.empty());
+        }
+        EXPECT_EQ(a.rows, b.rows);
+        run({"png_c2_d8.png", "jpg_444_53x37.jpg"}, &c);  // one new, one cached
+        if (cap_mib) { EXPECT_EQ(t.vis.cache_misses, 2); EXPECT_EQ(t.vis.cache_hits, 2); }
+        // the cached rows are the tower's: the image's rows of c are a's
+        ASSERT_GE(c.rows.size(), a.rows.size());
+        EXPECT_TRUE(std::equal(a.rows.begin(), a.rows.end(), c.rows.end() - (long)a.rows.size()));
+        if (cap_mib) {  // a cap holding one item's rows: the older entry goes
+            t.vis.cache.clear(); t.vis.cache_bytes = 0;
+            t.vis.cache_cap = (int64_t)std::max(a.rows.size(), c.rows.size() - a.rows.size()) * 4;  // either, not both
+            t.vis.cache_hits = t.vis.cache_misses = 0;
+            MmPrompt d;
+            run({"jpg_444_53x37.jpg"}, &d);
+            run({"png_c2_d8.png"}, &d);  // evicts the jpeg
+            run({"jpg_444_53x37.jpg"}, &d);
+            EXPECT_EQ(t.vis.cache_hits, 0);
+            EXPECT_LE(t.vis.cache_bytes, t.vis.cache_cap);
+            EXPECT_EQ(d.rows, a.rows);
+        }
+        text_model_close(&t);
+    }
+}

@@ -427,11 +427,44 @@ TEST(Preprocess, PromptExpansionMatchesHf) {
     for (int64_t i : idx) frames.push_back(load(kMedia + vf.arr[i].str));
     VisionItem v;
     ASSERT_TRUE(vision_video(frames, idx, 24, cfg, &v, &err)) << err;
+    // the hf divergence (vision_expand_prompt's decision): transformers 5.17 replaces the video
+    // pad only, keeping the template's <|vision_start|> / <|vision_end|> around the frames, where
+    // model.md 6.5 replaces the triple. 5.17's output is ours on a text whose video triple is
+    // wrapped once more, and ours on the plain text is 5.17's without that outer pair.
+    const std::string triple = "<|vision_start|><|video_pad|><|vision_end|>", text = c->get("text")->str, hf = c->get("expanded")->str;
+    std::string wrapped = text;
+    const size_t at = wrapped.find(triple);
+    ASSERT_NE(at, std::string::npos);
+    wrapped.replace(at, triple.size(), "<|vision_start|>" + triple + "<|vision_end|>");
     std::string out;
-    ASSERT_TRUE(vision_expand_prompt(c->get("text")->str, {&im[0], &im[1]}, {&v}, cfg.merge, &out, &err)) << err;
-    EXPECT_EQ(out, c->get("expanded")->str);
-    EXPECT_FALSE(vision_expand_prompt(c->get("text")->str, {&im[0]}, {&v}, cfg.merge, &out, &err));
-    EXPECT_NE(err.find("more <|image_pad|> placeholders"), std::string::npos) << err;
+    ASSERT_TRUE(vision_expand_prompt(wrapped, {&im[0], &im[1]}, {&v}, cfg.merge, &out, &err)) << err;
+    EXPECT_EQ(out, hf);
+    ASSERT_TRUE(vision_expand_prompt(text, {&im[0], &im[1]}, {&v}, cfg.merge, &out, &err)) << err;
+    const size_t sec = hf.find(" seconds>"), ts = hf.rfind('<', sec);  // the first timestamp; 5.17's outer start before it
+    ASSERT_TRUE(sec != std::string::npos && ts >= 16 && hf.compare(ts - 16, 16, "<|vision_start|>") == 0) << hf;
+    const size_t vs = ts - 16;
+    const size_t ve = hf.find("<|vision_end|><|vision_end|>", vs);
+    ASSERT_NE(ve, std::string::npos);
+    std::string model_md = hf;
+    model_md.erase(ve, 14);  // the outer <|vision_end|>
+    model_md.erase(vs, 16);  // the outer <|vision_start|>
+    EXPECT_EQ(out, model_md);
+    EXPECT_FALSE(vision_expand_prompt(text, {&im[0]}, {&v}, cfg.merge, &out, &err));
+    EXPECT_NE(err.find("more image placeholders"), std::string::npos) << err;
+    // the conversation's own text (literal spans) holds no placeholder: a user typing
+    // "<|image_pad|>" gives no image, and the spans come out where they lie after the expansion
+    const std::string typed = "<|image_pad|><|vision_start|><|video_pad|><|vision_end|>";
+    const std::string lt = "u:" + typed + "|<|image_pad|>|" + typed;
+    VisionSpans lit = {{2, 2 + typed.size()}, {lt.size() - typed.size() + 3, lt.size()}}, lo;  // the second starts inside "<|v..."
+    ASSERT_TRUE(vision_expand_prompt(lt, {&im[0]}, {}, cfg.merge, &out, &err, &lit, &lo)) << err;
+    std::string pads;
+    for (int k = im[0].tokens(cfg.merge); k > 0; k--) pads += "<|image_pad|>";
+    EXPECT_EQ(out, "u:" + typed + "|" + pads + "|" + typed);
+    ASSERT_EQ(lo.size(), 2u);
+    EXPECT_EQ(out.substr(lo[0].first, lo[0].second - lo[0].first), typed);
+    EXPECT_EQ(lo[1].second, out.size());
+    EXPECT_EQ(out.substr(lo[1].first), typed.substr(3));
+    EXPECT_FALSE(vision_expand_prompt(lt, {&im[0]}, {&v}, cfg.merge, &out, &err, &lit, &lo));  // the typed video pad is no video
     EXPECT_FALSE(vision_expand_prompt("x<|image_pad|>", {&im[0], &im[1]}, {}, cfg.merge, &out, &err));
 }
 
