@@ -1,7 +1,7 @@
 // ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention)
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
-// on the cpu reference path); the mtp head is a cpu reference only today (mtp_forward_cpu,
-// no speculative decoding yet); the vision tower and multimodal prompts run on both paths
+// on the cpu reference path); mtp speculative decoding (--spec mtp) runs on the cpu reference
+// path only (generate_spec_cpu; the gpu refuses it at start); the vision tower and multimodal prompts run on both paths
 // (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt),
 // fed by the cli (--image, --video, --messages parts) and the server (--vision).
 //
