@@ -1252,13 +1252,8 @@ static bool api_metadata(const Json* md, ServeError* e) {
     return true;
 }
 
-// POST /v1/chat/completions body -> ApiRequest. every field is used or refused by name.
-static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
-    static const char* const keys[] = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
-        "stop", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
-        "logit_bias", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens", "enable_thinking",
-        "chat_template_kwargs", "preserve_thinking", "reasoning_effort", "response_format", "functions",
-        "function_call", "user", "metadata", "store", "service_tier", "logprobs", "top_logprobs", nullptr};
+// the start of an openai body: an object of known keys naming this server's model
+static bool apix_head(const Json& body, const ApiContext& ctx, const char* const* keys, ApiRequest* r, ServeError* e) {
     *r = ApiRequest();
     if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
     for (const auto& kv : body.obj)
@@ -1267,6 +1262,17 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
     if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
     r->model = model->str;
+    return true;
+}
+
+// POST /v1/chat/completions body -> ApiRequest. every field is used or refused by name.
+static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
+    static const char* const keys[] = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+        "stop", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
+        "logit_bias", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens", "enable_thinking",
+        "chat_template_kwargs", "preserve_thinking", "reasoning_effort", "response_format", "functions",
+        "function_call", "user", "metadata", "store", "service_tier", "logprobs", "top_logprobs", nullptr};
+    if (!apix_head(body, ctx, keys, r, e)) return false;
     if (body.get("functions") || body.get("function_call")) return api_fail(e, "functions", "functions / function_call are not supported; use tools", "tools_not_supported");
     const Json* msgs = body.get("messages");
     if (!msgs) return api_fail(e, "messages", "'messages' must be a non-empty array");
@@ -1748,18 +1754,6 @@ static bool apix_ids(const Json& v, std::vector<int>* out) {
     return true;
 }
 
-// the start of an openai body: an object of known keys naming this server's model
-static bool apix_head(const Json& body, const ApiContext& ctx, const char* const* keys, ApiRequest* r, ServeError* e) {
-    *r = ApiRequest();
-    if (!body.is_object()) return api_fail(e, nullptr, "the request body must be a json object");
-    for (const auto& kv : body.obj)
-        if (!api_known_key(kv.first, keys)) return api_fail(e, kv.first.size() <= 64 ? kv.first.c_str() : "", "unknown parameter", "unknown_parameter");
-    const Json* model = body.get("model");
-    if (!model || !model->is_string()) return api_fail(e, "model", "'model' is required");
-    if (model->str != ctx.model_id) return api_fail(e, "model", "model not found; GET /v1/models lists the model this server serves", "model_not_found", 404);
-    r->model = model->str;
-    return true;
-}
 
 // POST /v1/completions body -> ApiRequest (raw prompt, no chat)
 static bool completions_parse(const Json& body, const ApiContext& ctx, ApiRequest* r, ServeError* e) {
