@@ -4,6 +4,7 @@ one-line errors, an artifact without the mtp module or the draft head refused at
 output identical to plain decoding with the statistics on stderr, and the server's
 usage.speculative (openai and anthropic sdks) and request log with NInfer's field names."""
 import json
+import time
 import os
 import shutil
 import subprocess
@@ -156,7 +157,12 @@ def test_server_usage_speculative_and_request_log(spec_server):
     m = ac.messages.create(model="qwen3.5-kjv", max_tokens=24, messages=[{"role": "user", "content": "Who was David?"}])
     check_spec(m.usage.model_dump()["speculative"], m.usage.output_tokens)
     spec_server.wait_log(r"spec=mtp/3 rounds=\d+ drafted=\d+ accepted=\d+")
-    done = [json.loads(l) for l in open(spec_server.logfile) if '"request_done"' in l]
+    deadline = time.time() + 10  # the log line is written after the response has gone out
+    while True:
+        done = [json.loads(l) for l in open(spec_server.logfile) if '"request_done"' in l]
+        if len(done) >= 3 or time.time() > deadline:
+            break
+        time.sleep(0.05)
     assert len(done) == 3
     for e in done:
         sp = e["speculative"]
