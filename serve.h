@@ -1252,6 +1252,20 @@ static bool api_metadata(const Json* md, ServeError* e) {
     return true;
 }
 
+// openai's logit_bias: token id (a decimal string) -> bias in [-100, 100]
+static bool api_logit_bias(const Json& body, ApiRequest* r, ServeError* e) {
+    const Json* lb = body.get("logit_bias");
+    if (!lb || lb->is_null()) return true;
+    if (!lb->is_object()) return api_fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (const auto& kv : lb->obj) {
+        long long id;
+        if (!serve_parse_long(kv.first.c_str(), 0, INT_MAX, &id) || !kv.second.is_number() || !(fabs(kv.second.num) <= 100))
+            return api_fail(e, "logit_bias", "'logit_bias' maps token ids to numbers in [-100, 100]");
+        r->logit_bias.emplace_back((int)id, (float)kv.second.num);
+    }
+    return true;
+}
+
 // the start of an openai body: an object of known keys naming this server's model
 static bool apix_head(const Json& body, const ApiContext& ctx, const char* const* keys, ApiRequest* r, ServeError* e) {
     *r = ApiRequest();
@@ -1304,15 +1318,7 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     k = api_int(body, "seed", 0, INT64_MAX, &x, e);
     if (k < 0) return false;
     if (k > 0) { r->has_seed = true; r->seed = (uint64_t)x; }
-    if (const Json* lb = body.get("logit_bias"); lb && !lb->is_null()) {
-        if (!lb->is_object()) return api_fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
-        for (const auto& kv : lb->obj) {
-            long long id;
-            if (!serve_parse_long(kv.first.c_str(), 0, INT_MAX, &id) || !kv.second.is_number() || !(fabs(kv.second.num) <= 100))
-                return api_fail(e, "logit_bias", "'logit_bias' maps token ids to numbers in [-100, 100]");
-            r->logit_bias.emplace_back((int)id, (float)kv.second.num);
-        }
-    }
+    if (!api_logit_bias(body, r, e)) return false;
     k = api_int(body, "n", 1, INT_MAX, &x, e);
     if (k < 0 && e->code == "invalid_request_error") { e->code = "n_not_supported"; return false; }
     if (k > 0 && x != 1) return api_fail(e, "n", "only n = 1 is supported", "n_not_supported");
@@ -1786,15 +1792,7 @@ static bool completions_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (api_number(body, "presence_penalty", -2, 2, &r->presence, e) < 0) return false;
     if (api_number(body, "frequency_penalty", -2, 2, &r->frequency, e) < 0) return false;
     if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
-    if (const Json* lb = body.get("logit_bias"); lb && !lb->is_null()) {
-        if (!lb->is_object()) return api_fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
-        for (const auto& kv : lb->obj) {
-            long long id;
-            if (!serve_parse_long(kv.first.c_str(), 0, INT_MAX, &id) || !kv.second.is_number() || !(fabs(kv.second.num) <= 100))
-                return api_fail(e, "logit_bias", "'logit_bias' maps token ids to numbers in [-100, 100]");
-            r->logit_bias.emplace_back((int)id, (float)kv.second.num);
-        }
-    }
+    if (!api_logit_bias(body, r, e)) return false;
     for (const char* f : {"n", "best_of"}) {
         k = api_int(body, f, 1, INT_MAX, &x, e);
         if (k < 0) { e->code = "n_not_supported"; return false; }
