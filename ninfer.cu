@@ -73,6 +73,7 @@
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
 #include <type_traits> // defines: std::is_void_v
+#include <list>        // defines: std::list (the retained prefixes)
 #include <cuda_runtime.h>  // defines: cudaGetDeviceCount, cudaMalloc
 #include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
 #include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
@@ -6394,7 +6395,6 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
     return sample(smp, e->h_logits, position, purpose);
 }
 
-#ifdef NINFER_TESTING  // no product caller yet (prefix reuse and mtp rounds will be)
 // state slots: copy the live deltanet state into slot `to` (prefix reuse keeps it), or make
 // slot `from` the live one again (kv rows are position-addressed: restoring also needs the
 // position the snapshot was taken at). slots 0 and 1 are the live pair (generate_gpu runs a
@@ -6420,7 +6420,50 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
     e->pos = pos;
     e->last_logits = nullptr;
 }
-#endif  // NINFER_TESTING
+
+// ---- prefix reuse on the device: state images and kv rows (the engine's PrefixCache) ------
+//
+// a state image is the deltanet state of every gdn layer (conv bf16 + recurrent fp32,
+// gpu_gdn_bytes of one slot); device images are gdn slots (PrefixCache takes the last
+// --device-state-slots of them), host images pinned buffers laid out layer by layer, conv
+// then recurrent. kv rows [a, b) of a prefix of n rows go to / come from a pinned buffer laid
+// out per full layer as k codes [Hkv][n][256], v codes, then (int8 / fp8) k and v scales
+// [Hkv][n][KV_GROUPS]: the device planes' order with n rows instead of the capacity.
+static void gpu_image_host(GpuEngine* e, int slot, uint8_t* host, bool to_host) {
+    const Geometry& g = e->m->geo;
+    const cudaMemcpyKind k = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    size_t off = 0;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        uint8_t* c = (uint8_t*)(e->conv[l] + (int64_t)slot * e->conv_slot);
+        uint8_t* r = (uint8_t*)(e->rec[l] + (int64_t)slot * e->rec_slot);
+        const size_t cb = e->conv_slot * 2, rb = e->rec_slot * 4;
+        cudaCheck(cudaMemcpyAsync(to_host ? host + off : c, to_host ? c : host + off, cb, k, e->stream)); off += cb;
+        cudaCheck(cudaMemcpyAsync(to_host ? host + off : r, to_host ? r : host + off, rb, k, e->stream)); off += rb;
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));  // the host buffer is read or reused right after
+}
+static void gpu_kv_rows_host(GpuEngine* e, int a, int b, int n, uint8_t* host, bool to_host) {
+    const Geometry& g = e->m->geo;
+    CHECK(0 <= a && a <= b && b <= n && n <= e->capacity, "kv rows [%d, %d) of %d", a, b, n);
+    if (a == b) return;
+    const cudaMemcpyKind k = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    size_t off = 0;
+    auto planes = [&](uint8_t* dev, size_t row) {  // one [Hkv][rows][row bytes] plane
+        uint8_t* d = dev + (size_t)a * row; uint8_t* h = host + off + (size_t)a * row;
+        const size_t dp = (size_t)e->capacity * row, hp = (size_t)n * row, w = (size_t)(b - a) * row;
+        if (to_host) cudaCheck(cudaMemcpy2DAsync(h, hp, d, dp, w, g.Hkv, k, e->stream));
+        else cudaCheck(cudaMemcpy2DAsync(d, dp, h, hp, w, g.Hkv, k, e->stream));
+        off += hp * g.Hkv;
+    };
+    const size_t code = (size_t)ATT_HD * kv_elem_bytes(e->o.kv), scale = (size_t)KV_GROUPS * 2;
+    for (int l = 0; l < g.L; l++) {
+        if (!g.full[l]) continue;
+        planes((uint8_t*)e->kc[l], code); planes((uint8_t*)e->vc[l], code);
+        if (e->o.kv != KV_BF16) { planes((uint8_t*)e->ksc[l], scale); planes((uint8_t*)e->vsc[l], scale); }
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+}
 
 // ---- generation ----------------------------------------------------------------------------
 
@@ -6738,6 +6781,323 @@ static double engine_perplexity(Engine* en, const std::vector<int>& ids, int win
     return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
 }
 
+// ---- prefix reuse: retained prefixes in state-slot tiers ------------------------------------
+//
+// the server keeps one live sequence (the Engine) and retained prefixes of earlier requests.
+// an entry is the token list of a sequence at a reusable boundary and what continues it
+// exactly: its state image (every gdn layer's conv and recurrent state; on the cpu with
+// --spec also the mtp's pending row, below) in a device slot or a pinned host slot, and its kv
+// rows, which are either the live sequence's own rows (while the live rows hold the entry's
+// tokens: "live-backed") or a pinned host copy. there is no longest-common-prefix reuse: the
+// deltanet state cannot be rebuilt from kv rows, so a request continues only from an entry
+// whose tokens its prompt starts with (reference-engine.md 14).
+//   - tiers: --device-state-slots images on the device (gdn slots after the live pair),
+//     --host-state-slots pinned host images, --host-kv-mib pinned host bytes of kv copies
+//     (allocated per entry as needed, up to the budget). a new image goes to a free device
+//     slot; with none free the least recently used device image spills to a host slot (the
+//     least recently used host entry is evicted for it when they are all taken); with no host
+//     slots it is dropped. restoring reads either tier straight into the live state.
+//   - kv: before live rows from r on are overwritten (a request starting at r), every other
+//     live-backed entry longer than r gets a host copy of its rows (evicting the least
+//     recently used copies to make room) or, when it cannot fit, is dropped. restoring a
+//     host-backed entry copies back only the rows the live sequence does not already hold.
+//   - exactness: an entry is used only when the prompt starts with its tokens, and leaves at
+//     least one prompt token to prefill (the first output is sampled from that row's logits).
+// the capture points are the server's (served_generate: the template boundaries); this part
+// knows only tokens. engine thread only.
+
+struct PrefixOpts {
+    bool on = false;              // --no-prefix-reuse turns it off
+    int dev_slots = 0;            // --device-state-slots
+    int host_slots = 0;           // --host-state-slots
+    int64_t host_kv_bytes = 0;    // --host-kv-mib
+};
+
+struct PrefixEntry {
+    std::vector<int> tok;         // the prefix: rows [0, n) with n = tok.size()
+    int dev = -1, host = -1;      // its image: a device slot or a host slot (exactly one)
+    uint8_t* kv = nullptr;        // host copy of kv rows [0, n), n * row_bytes; null: live-backed
+    std::vector<float> bridge;    // cpu --spec: main hidden row n-1 (the mtp row n-1 waits for token n)
+    uint64_t used = 0;            // lru clock
+};
+
+struct PrefixCache {
+    PrefixOpts o;
+    bool gpu = false;
+    size_t image_bytes = 0, row_bytes = 0;   // one state image; one kv row of every attention layer
+    int first_dev_slot = 0;       // gpu: the gdn slot of device image 0 (the last dev_slots slots)
+    uint8_t* dev_img = nullptr;   // cpu: [dev_slots] images (the gpu's are gdn slots)
+    std::vector<uint8_t*> host_img;  // [host_slots] images, pinned on the gpu path
+    std::list<PrefixEntry> entries;
+    std::vector<int> live;        // the tokens of the live kv rows [0, live.size()); their state is the live one
+    std::vector<float> bridge;    // cpu --spec: the live sequence's pending mtp input (st.mtp_pos == pos - 1)
+    int64_t host_kv_used = 0;
+    uint64_t clock = 0;
+    std::vector<float> logits;    // cpu: one row for the boundary prefill
+    long spills = 0, kv_copies = 0, drops = 0, host_restores = 0;  // for the tests and the log
+};
+
+static uint8_t* prefix_host_alloc(const PrefixCache* pc, size_t bytes) {
+    uint8_t* p = nullptr;
+    if (pc->gpu) { if (cudaHostAlloc((void**)&p, bytes, cudaHostAllocDefault) != cudaSuccess) { cudaGetLastError(); return nullptr; } }
+    else p = (uint8_t*)malloc(bytes);
+    return p;
+}
+static void prefix_host_free(const PrefixCache* pc, uint8_t* p) {
+    if (!p) return;
+    if (pc->gpu) cudaCheck(cudaFreeHost(p)); else free(p);
+}
+
+// the live state <-> the images and kv rows, on either path
+static void cpu_image(SeqState* st, const Geometry& g, uint8_t* img, bool save) {
+    size_t off = 0;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        float* c = st->conv[l]; float* r = st->rec[l];
+        const size_t cb = st->conv_n * 4, rb = st->rec_n * 4;
+        if (save) { memcpy(img + off, c, cb); memcpy(img + off + cb, r, rb); }
+        else { memcpy(c, img + off, cb); memcpy(r, img + off + cb, rb); }
+        off += cb + rb;
+    }
+}
+static void cpu_kv_rows(SeqState* st, const Geometry& g, int a, int b, int n, uint8_t* host, bool to_host) {
+    const size_t row = (size_t)g.Hkv * g.head_dim * 4;
+    size_t off = 0;
+    auto plane = [&](float* p) {
+        uint8_t* d = (uint8_t*)p + (size_t)a * row; uint8_t* h = host + off + (size_t)a * row;
+        if (b > a) memcpy(to_host ? h : d, to_host ? d : h, (size_t)(b - a) * row);
+        off += (size_t)n * row;
+    };
+    for (int l = 0; l < g.L; l++) if (g.full[l]) { plane(st->key[l]); plane(st->value[l]); }
+    if (st->mtp_key) { plane(st->mtp_key); plane(st->mtp_value); }
+}
+static void prefix_image_save(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // live -> e's slot
+    if (en->gpu) {
+        if (e.dev >= 0) gpu_snapshot(en->g, pc->first_dev_slot + e.dev);
+        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], true);
+    } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], true);
+}
+static void prefix_image_load(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // e's slot -> live
+    if (e.host >= 0) pc->host_restores++;
+    if (en->gpu) {
+        if (e.dev >= 0) gpu_restore(en->g, pc->first_dev_slot + e.dev, en->g->pos);
+        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], false);
+    } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], false);
+}
+static void prefix_image_spill(PrefixCache* pc, Engine* en, int dev, int host) {  // device image -> host slot
+    if (en->gpu) gpu_image_host(en->g, pc->first_dev_slot + dev, pc->host_img[host], true);
+    else memcpy(pc->host_img[host], pc->dev_img + dev * pc->image_bytes, pc->image_bytes);
+    pc->spills++;
+}
+static void prefix_kv_rows(Engine* en, int a, int b, int n, uint8_t* host, bool to_host) {
+    if (en->gpu) gpu_kv_rows_host(en->g, a, b, n, host, to_host);
+    else cpu_kv_rows(&en->st, en->m->geo, a, b, n, host, to_host);
+}
+// a fresh live sequence that leaves the images and kv rows alone (engine_reset clears all
+// state slots): zero deltanet state in the live slot(s), position 0
+static void prefix_reset_live(Engine* en) {
+    const Geometry& g = en->m->geo;
+    if (en->gpu) {
+        GpuEngine* e = en->g;
+        e->slot = 0;
+        for (int l = 0; l < g.L; l++) {
+            if (g.full[l]) continue;
+            cudaCheck(cudaMemsetAsync(e->conv[l], 0, e->conv_slot * 2, e->stream));
+            cudaCheck(cudaMemsetAsync(e->rec[l], 0, e->rec_slot * 4, e->stream));
+        }
+        e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr;
+        return;
+    }
+    SeqState* st = &en->st;
+    for (int l = 0; l < g.L; l++)
+        if (!g.full[l]) { memset(st->conv0[l], 0, st->gdn_slots * st->conv_n * 4); memset(st->rec0[l], 0, st->gdn_slots * st->rec_n * 4); }
+    st->pos = st->rope_delta = st->mtp_pos = 0;
+    seq_set_slot(st, 0);
+}
+static void prefix_seek(Engine* en, int pos) {
+    if (en->gpu) { en->g->pos = pos; en->g->rope_delta = 0; en->g->last_logits = nullptr; }
+    else { en->st.pos = pos; en->st.rope_delta = 0; }
+}
+
+static bool prefix_build(PrefixCache* pc, Engine* en, const PrefixOpts& o, std::string* err) {
+    const Geometry& g = en->m->geo;
+    pc->o = o;
+    pc->gpu = en->gpu;
+    if (!o.on) return true;
+    if (en->gpu) {
+        pc->image_bytes = gpu_gdn_bytes(g, 1);
+        pc->row_bytes = gpu_kv_bytes_per_row(g, en->g->o.kv);
+        pc->first_dev_slot = en->g->o.gdn_slots - o.dev_slots;
+        CHECK(pc->first_dev_slot >= GPU_LIVE_SLOTS, "%d gdn slots for %d device state slots", en->g->o.gdn_slots, o.dev_slots);
+    } else {
+        pc->image_bytes = (size_t)g.n_gdn * (en->st.conv_n + en->st.rec_n) * 4;
+        pc->row_bytes = (size_t)(g.n_full + (en->st.mtp_key ? 1 : 0)) * 2 * g.Hkv * g.head_dim * 4;
+        pc->logits.assign(g.vocab, 0.0f);
+        if (o.dev_slots > 0 && !(pc->dev_img = (uint8_t*)malloc(o.dev_slots * pc->image_bytes))) {
+            *err = "out of memory for " + std::to_string(o.dev_slots) + " device state slots"; return false;
+        }
+    }
+    for (int i = 0; i < o.host_slots; i++) {
+        uint8_t* p = prefix_host_alloc(pc, pc->image_bytes);
+        if (!p) {
+            char b[256];
+            snprintf(b, sizeof b, "cannot pin %d host state slots of %.1f MiB (--host-state-slots)", o.host_slots, pc->image_bytes / 1048576.0);
+            *err = b; return false;
+        }
+        pc->host_img.push_back(p);
+    }
+    return true;
+}
+static void prefix_free(PrefixCache* pc) {
+    for (PrefixEntry& e : pc->entries) prefix_host_free(pc, e.kv);
+    for (uint8_t* p : pc->host_img) prefix_host_free(pc, p);
+    free(pc->dev_img);
+    *pc = PrefixCache();
+}
+
+static int prefix_common(const std::vector<int>& a, const std::vector<int>& b) {
+    size_t n = std::min(a.size(), b.size()), i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return (int)i;
+}
+static void prefix_drop(PrefixCache* pc, std::list<PrefixEntry>::iterator it) {
+    if (it->kv) { prefix_host_free(pc, it->kv); pc->host_kv_used -= (int64_t)(it->tok.size() * pc->row_bytes); }
+    pc->entries.erase(it);
+    pc->drops++;
+}
+// the least recently used entry matching pred, or end
+template <typename Pred>
+static std::list<PrefixEntry>::iterator prefix_lru(PrefixCache* pc, Pred pred) {
+    auto best = pc->entries.end();
+    for (auto it = pc->entries.begin(); it != pc->entries.end(); ++it)
+        if (pred(*it) && (best == pc->entries.end() || it->used < best->used)) best = it;
+    return best;
+}
+// give a live-backed entry its own host copy of its kv rows; false when the budget cannot hold it
+static bool prefix_keep_kv(PrefixCache* pc, Engine* en, std::list<PrefixEntry>::iterator it, std::list<PrefixEntry>::iterator keep) {
+    const int n = (int)it->tok.size();
+    const int64_t bytes = (int64_t)n * pc->row_bytes;
+    if (bytes > pc->o.host_kv_bytes) return false;
+    while (pc->host_kv_used + bytes > pc->o.host_kv_bytes) {
+        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return e.kv && &e != &*it && &e != &*keep; });
+        if (v == pc->entries.end()) return false;
+        prefix_drop(pc, v);
+    }
+    it->kv = prefix_host_alloc(pc, bytes);
+    if (!it->kv) return false;
+    prefix_kv_rows(en, 0, n, n, it->kv, true);
+    pc->host_kv_used += bytes;
+    pc->kv_copies++;
+    return true;
+}
+// the live rows from r on are about to change: every other live-backed entry longer than r
+// keeps its rows on the host or goes
+static void prefix_protect(PrefixCache* pc, Engine* en, int r, std::list<PrefixEntry>::iterator keep) {
+    for (auto it = pc->entries.begin(); it != pc->entries.end();) {
+        auto nx = std::next(it);
+        if (it != keep && !it->kv && (int)it->tok.size() > r && !prefix_keep_kv(pc, en, it, keep)) prefix_drop(pc, it);
+        it = nx;
+    }
+}
+
+// place the live sequence for `prompt`: continue from the longest entry the prompt starts
+// with (lookup) or start afresh. returns the tokens reused (the sequence's position); *tier
+// says where the state came from: "device", "host", "miss" (or "off")
+static int prefix_begin(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, bool lookup, const char** tier) {
+    *tier = "off";
+    if (!pc->o.on) { engine_reset(en); return 0; }
+    *tier = lookup ? "miss" : "off";
+    auto best = pc->entries.end();
+    if (lookup)
+        for (auto it = pc->entries.begin(); it != pc->entries.end(); ++it) {
+            const size_t n = it->tok.size();
+            if (n < prompt.size() && (best == pc->entries.end() || n > best->tok.size()) &&
+                std::equal(it->tok.begin(), it->tok.end(), prompt.begin()))
+                best = it;
+        }
+    if (best == pc->entries.end()) {
+        prefix_protect(pc, en, 0, best);
+        prefix_reset_live(en);
+        pc->live.clear(); pc->bridge.clear();
+        return 0;
+    }
+    const int n = (int)best->tok.size(), c = std::min(n, prefix_common(best->tok, pc->live));
+    CHECK(c == n || best->kv, "a live-backed prefix of %d rows whose rows the live sequence lost at %d", n, c);
+    prefix_protect(pc, en, c, best);
+    if (c < n) prefix_kv_rows(en, c, n, n, best->kv, false);
+    pc->live = best->tok;
+    prefix_seek(en, n);
+    prefix_image_load(pc, en, *best);
+    if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge = best->bridge; }
+    best->used = ++pc->clock;
+    *tier = best->dev >= 0 ? "device" : "host";
+    return n;
+}
+
+// cpu --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
+static void prefix_bridge(PrefixCache* pc, Engine* en, int next) {
+    if (en->gpu || !en->spec.K || en->st.mtp_pos != en->st.pos - 1) return;
+    CHECK((int)pc->bridge.size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
+    mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge.data(), nullptr, 1, nullptr, false, nullptr);
+}
+
+// append ids[0, T) to the live sequence without sampling (a boundary's prefill); false when
+// cancel stopped it (the sequence holds the pieces done)
+static bool prefix_prefill(PrefixCache* pc, Engine* en, const int* ids, int T, const GenCancel& cancel) {
+    const Geometry& g = en->m->geo;
+    const int piece = en->gpu ? en->g->T_max : en->rs.T_max;
+    for (int i = 0; i < T; i += piece) {
+        if (en->gpu && i > 0 && cancel.fn) cudaCheck(cudaStreamSynchronize(en->g->stream));
+        if (cancel()) return false;
+        const int t = std::min(piece, T - i);
+        if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
+        else if (!en->spec.K) forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, nullptr);
+        else {  // the mtp rows of the same positions, all but the last (its token is the next piece's first)
+            prefix_bridge(pc, en, ids[i]);
+            float* hid = en->sp.hid.data();
+            forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, hid);
+            if (t > 1) mtp_forward_cpu(en->m, &en->rs, &en->st, ids + i + 1, nullptr, hid, nullptr, t - 1, nullptr, false, nullptr);
+            pc->bridge.assign(hid + (size_t)(t - 1) * g.H, hid + (size_t)t * g.H);
+        }
+        pc->live.insert(pc->live.end(), ids + i, ids + i + t);
+    }
+    if (en->gpu) cudaCheck(cudaStreamSynchronize(en->g->stream));
+    return true;
+}
+
+// retain the live sequence as it is now (its tokens are pc->live)
+static void prefix_capture(PrefixCache* pc, Engine* en) {
+    if (!pc->o.on || pc->live.empty() || (pc->o.dev_slots == 0 && pc->o.host_slots == 0)) return;
+    CHECK((int)pc->live.size() == engine_pos(en), "live tokens %zu at position %d", pc->live.size(), engine_pos(en));
+    for (PrefixEntry& e : pc->entries)
+        if (e.tok == pc->live) { e.used = ++pc->clock; return; }  // the same state, already kept
+    PrefixEntry ne;
+    ne.tok = pc->live;
+    auto taken = [&](bool dev, int k) {
+        for (const PrefixEntry& e : pc->entries) if ((dev ? e.dev : e.host) == k) return true;
+        return false;
+    };
+    auto free_host = [&]() -> int {  // a free host slot, evicting the least recently used host entry
+        for (int k = 0; k < pc->o.host_slots; k++) if (!taken(false, k)) return k;
+        auto v = prefix_lru(pc, [](const PrefixEntry& e) { return e.host >= 0; });
+        const int k = v->host;
+        prefix_drop(pc, v);
+        return k;
+    };
+    for (int k = 0; k < pc->o.dev_slots && ne.dev < 0; k++) if (!taken(true, k)) ne.dev = k;
+    if (ne.dev < 0 && pc->o.dev_slots > 0) {  // the device tier is full: its lru image moves down
+        auto v = prefix_lru(pc, [](const PrefixEntry& e) { return e.dev >= 0; });
+        ne.dev = v->dev;
+        if (pc->o.host_slots == 0) prefix_drop(pc, v);
+        else { const int h = free_host(); prefix_image_spill(pc, en, v->dev, h); v->dev = -1; v->host = h; }
+    }
+    if (ne.dev < 0) ne.host = free_host();
+    if (!en->gpu && en->spec.K) ne.bridge = pc->bridge;
+    ne.used = ++pc->clock;
+    prefix_image_save(pc, en, ne);
+    pc->entries.push_back(std::move(ne));
+}
+
 // === 10. info =================================================================
 
 static const char* const kResourceNames[] = {
@@ -6892,6 +7252,8 @@ struct TextRequest {
     void (*on_token)(void* ctx, int id, int channel) = nullptr;
     void* token_ctx = nullptr;
     const MmPrompt* mm = nullptr;     // the prompt's media rows and positions (text_media_tower), if any
+    bool keep = false;                // continue the sequence where it stands (the server placed it: prefix
+                                      // reuse); else start afresh
 };
 
 struct TextResult {
@@ -7101,7 +7463,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     TextResult res;
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
-    engine_reset(&t->en);
+    if (!rq.keep) engine_reset(&t->en);
     TextOut to;
     text_out_init(&to, rq.thinking_open, rq.raw);
     to.parser.stop = rq.stop;
@@ -7131,6 +7493,8 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
 struct ServedModel {
     ServeEngine api;  // what serve.h sees; api.self points back here
     TextModel t;
+    PrefixCache pc;   // retained prefixes (engine thread)
+    int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
 };
 
 static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) {
@@ -7140,14 +7504,10 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
         err->message = "this model's chat template has no reasoning effort levels";
         return false;
     }
-    if (chat.preserve_thinking) {  // the qwen3.5 template always drops closed-turn reasoning
-        err->code = "preserve_thinking_not_supported"; err->param = "preserve_thinking";
-        err->message = "this model's chat template has no option to keep closed-turn reasoning";
-        return false;
-    }
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
+    o.preserve_thinking = chat.preserve_thinking;
     TextRequest rq;
     auto media = std::make_shared<MediaPrompt>();
     std::string msg;
@@ -7162,6 +7522,14 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     out->thinking = rq.thinking_open;
     out->tools = rq.tools;
     if (!media->items.empty()) out->media = media;  // the tower runs in served_generate, on the engine thread
+    // where NInfer keys a conversation's checkpoint (reference-engine.md 14): before the open
+    // turn's assistant opener (the generation prologue: the last turn opener, as the
+    // conversation's own text cannot make one), which the next request renders unchanged
+    // whether or not the reply keeps its reasoning; with preserve_thinking the next request
+    // replays the whole response as generated, so the state after it is kept too
+    for (int i = (int)out->tokens.size() - 1; i > 0 && out->reuse_boundary < 0; i--)
+        if (out->tokens[i] == s->im_start) out->reuse_boundary = i;
+    out->reuse_replay = chat.preserve_thinking;
     return true;
 }
 
@@ -7175,6 +7543,7 @@ static bool served_prepare_text(void* self, const std::string& text, ServePrompt
     ServedModel* s = (ServedModel*)self;
     tokenizer_encode(&s->t.tok, text, &out->tokens);
     out->thinking = false; out->tools = false; out->raw = true;
+    out->reuse_replay = true;  // a client continuing a completion sends the output back after the prompt
     if (out->tokens.empty()) { err->param = "prompt"; err->message = "the prompt has no tokens"; return false; }
     return true;
 }
@@ -7192,6 +7561,7 @@ struct ServedTokens {
     int row = 0;               // prompt rows seen
     int reasoning = 0;         // tokens that started on the reasoning channel
     ServeLogprob pending;      // the entry of the id about to be emitted
+    std::vector<int>* ids = nullptr;  // every emitted id in order (what the sequence holds after the prompt)
 };
 static void served_tap_sampled(void* ctx, const float* lg, int vocab, int id) {
     ServedTokens* t = (ServedTokens*)ctx;
@@ -7215,6 +7585,7 @@ static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
 }
 static void served_on_token(void* ctx, int id, int channel) {
     ServedTokens* t = (ServedTokens*)ctx;
+    if (t->ids) t->ids->push_back(id);
     if (channel == OUT_REASONING) t->reasoning++;
     if (t->top_n < 0 || t->pending.id != id) return;
     ServeEvent ev;
@@ -7256,6 +7627,30 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!text_media_tower(&s->t, p.tokens, *(const MediaPrompt*)p.media.get(), &mm, &err)) { res->error = err; return; }
         rq.mm = &mm;
     }
+    // prefix reuse (PrefixCache): continue from the longest retained prefix the prompt starts
+    // with, prefill to the template boundary and keep the state there, then generate from it.
+    // a media prompt reuses nothing (placeholder ids do not say which picture) and leaves no
+    // reusable rows; prompt logprobs need every prompt row's logits, so they prefill it all.
+    PrefixCache* pc = &s->pc;
+    Engine* en = &s->t.en;
+    const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;
+    const double t0 = now_s();
+    const char* tier = "off";
+    const int start = prefix_begin(pc, en, p.tokens, reuse, &tier);
+    res->cache = tier;
+    int at = start;
+    rq.keep = true;
+    if (reuse && p.reuse_boundary > start && p.reuse_boundary < (int)p.tokens.size()) {
+        if (!prefix_prefill(pc, en, p.tokens.data() + start, p.reuse_boundary - start, rq.cancel)) {
+            res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return;
+        }
+        at = p.reuse_boundary;
+        prefix_capture(pc, en);
+    }
+    const double boundary_s = now_s() - t0;
+    if (at > 0) { rq.prompt.assign(p.tokens.begin() + at, p.tokens.end()); prefix_bridge(pc, en, rq.prompt[0]); }
+    std::vector<int> out_ids;
+    tk.ids = &out_ids;
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -7271,10 +7666,20 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         ev.logprobs.push_back(std::move(tk.pending));
         sink.emit(sink.ctx, ev);
     }
-    res->prompt_tokens = r.gen.prompt;
+    // what the live rows hold now: the prompt, then the ids fed back; a media sequence's rows
+    // are no one's prefix
+    if (pc->o.on) {
+        const int pos = engine_pos(en);
+        pc->live.assign(p.tokens.begin(), p.tokens.begin() + std::min<int>(pos, (int)p.tokens.size()));
+        for (int k = 0; (int)pc->live.size() < pos && k < (int)out_ids.size(); k++) pc->live.push_back(out_ids[k]);
+        if (p.media || (int)pc->live.size() != pos) { prefix_reset_live(en); pc->live.clear(); }
+        else if (reuse && p.reuse_replay && !s->t.spec.K) prefix_capture(pc, en);  // the round leaves no pending mtp row to key
+    }
+    res->prompt_tokens = (int)p.tokens.size();
+    res->cached_tokens = start;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
     res->reasoning_tokens = tk.reasoning;
-    res->prefill_s = r.gen.prefill_s;
+    res->prefill_s = boundary_s + r.gen.prefill_s;
     res->decode_s = r.gen.decode_s;
     if (const SpecStats& sp = r.gen.spec; sp.K) {
         ServeSpecStats& o = res->speculative;
@@ -7291,6 +7696,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
 
 static void served_close(void* self) {
     ServedModel* s = (ServedModel*)self;
+    prefix_free(&s->pc);
     text_model_close(&s->t);
     delete s;
 }
@@ -7303,7 +7709,32 @@ static bool served_supports(const char* feature) {
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
     if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
+    for (const char* f : {"--preserve-thinking", "--device-state-slots", "--host-state-slots", "--host-kv-mib"})
+        if (!strcmp(feature, f)) return true;  // prefix reuse (PrefixCache) on both paths
     return false;
+}
+
+// startup's memory plan on stderr: what is resident where (reference-engine.md 13: weights,
+// the kv pool, state slots on the device and the host, graphs)
+static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
+    const Engine& en = s->t.en;
+    const PrefixCache& pc = s->pc;
+    const double mib = 1048576.0;
+    char reuse[256];
+    if (!pc.o.on) snprintf(reuse, sizeof reuse, "prefix reuse off (--no-prefix-reuse)");
+    else snprintf(reuse, sizeof reuse, "prefix reuse: %d device state slots + %d pinned host state slots of %.1f MiB, host kv up to %d MiB (pinned as needed)",
+                  pc.o.dev_slots, pc.o.host_slots, pc.image_bytes / mib, o.host_kv_mib);
+    if (en.gpu) {
+        const GpuEngine* e = en.g;
+        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB), deltanet state %d slots of %.1f MiB "
+                "(the live pair + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
+                e->device, e->arena_bytes / mib, e->capacity, kv_dtype_name(e->o.kv), (double)e->capacity * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) / mib,
+                e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, pc.o.dev_slots, e->work_bytes / mib,
+                e->o.graphs ? "per decode bucket" : "off", reuse);
+    } else {
+        fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): sequence state %.1f MiB (kv %d tokens, fp32); %s\n",
+                en.st.n_floats * 4 / mib, en.st.capacity, reuse);
+    }
 }
 
 static ServeEngine* served_load(const char* path, const ServeOptions& o, std::string* err) {
@@ -7316,6 +7747,12 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
     g.tune = gpu_tuning_from_env();
+    PrefixOpts po;
+    po.on = !o.no_prefix_reuse;
+    po.dev_slots = po.on ? (o.device_state_slots < 0 ? o.max_concurrency : o.device_state_slots) : 0;
+    po.host_slots = po.on ? o.host_state_slots : 0;
+    po.host_kv_bytes = po.on ? (int64_t)o.host_kv_mib << 20 : 0;
+    g.gdn_slots = GPU_LIVE_SLOTS + po.dev_slots;  // the device state slots are the last gdn slots
     if (o.spec == "mtp") { s->t.spec.K = o.draft_tokens; s->t.spec.lm_head_draft = o.lm_head_draft; }
     if (!text_model_open(&s->t, path, err)) { delete s; return nullptr; }
     if (o.vision && o.spec == "mtp") { *err = "--spec mtp cannot be combined with --vision yet (the mtp head's multimodal rows are not built)"; delete s; return nullptr; }
@@ -7328,6 +7765,9 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
         if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
+    if (!prefix_build(&s->pc, &s->t.en, po, err)) { text_model_close(&s->t); delete s; return nullptr; }
+    for (const AddedToken& a : s->t.tok.added) if (a.content == "<|im_start|>") s->im_start = a.id;
+    served_memory_plan(s, o);
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;
     s->api.max_context = engine_capacity(&s->t.en);

@@ -108,6 +108,9 @@ struct ServePrompt {
     bool raw = false;              // a completion (/v1/completions): no template; the output is
                                    // plain content text (no reasoning, no tool calls, only the stop strings)
     std::shared_ptr<void> media;   // the engine's own: the request's preprocessed media (never read here)
+    int reuse_boundary = -1;       // the engine's own: the token index where the state is worth keeping
+                                   // for a later request (a template boundary; -1: none)
+    bool reuse_replay = false;     // the engine's own: keep the state after the response as well
 };
 
 // sampler and limits for one request, already resolved (engine preset < flags < request <
@@ -176,6 +179,9 @@ struct ServeResult {
     int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
     int reasoning_tokens = 0;      // of them, the ids whose text started on the reasoning channel
+    int cached_tokens = 0;         // prompt tokens continued from a retained prefix instead of prefilled
+    std::string cache;             // where that prefix's state came from: "device" | "host" | "miss" (none
+                                   // matched) | "off" (--no-prefix-reuse, or a prompt that reuses nothing); "" unknown
     double prefill_s = 0, decode_s = 0;
     ServeSpecStats speculative;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
@@ -194,6 +200,15 @@ static Json serve_spec_json(const ServeSpecStats& s, bool log) {
     for (long v : s.accepted_per_position) a.push(Json::integer(v));
     o.set("accepted_per_position", a);
     return o;
+}
+
+// openai's usage.prompt_tokens_details: the prompt tokens continued from a retained prefix
+// (input_tokens stays the whole prompt in every api, as count_tokens counts it; anthropic's
+// cache_read_input_tokens and the responses api's cached_tokens carry the same number)
+static Json serve_cached_json(const ServeResult& r) {
+    Json d = Json::object();
+    d.set("cached_tokens", Json::integer(r.cached_tokens));
+    return d;
 }
 
 // a request the engine or the parser refuses: status, openai-style code, a fixed message
@@ -337,11 +352,14 @@ static void serve_usage(FILE* f) {
         "  --lm-head-draft               the reduced proposal head for drafts (off; needs --spec)\n"
         "  --vision                      load the vision tower, accept images and video (off)\n"
         "  --no-cuda-graph               eager decode (graphs on)\n"
-        "  --no-prefix-reuse             never reuse a cached prefix (reuse on)\n"
-        "  --device-state-slots N, --host-state-slots N (8), --host-kv-mib N (8192),\n"
+        "  --no-prefix-reuse             never continue a request from a retained prefix (reuse on; cannot\n"
+        "                                be combined with the cache capacity flags)\n"
+        "  --device-state-slots N        retained prefix states on the device (= max-concurrency)\n"
+        "  --host-state-slots N          pinned host states the device ones spill to (8)\n"
+        "  --host-kv-mib N               pinned host memory for retained prefixes' kv rows (8192)\n"
         "  --max-private-continuations N, --max-shared-prefixes N,\n"
         "  --max-long-anchors-per-continuation N (2), --max-cache-markers-per-request N (4)\n"
-        "                                prefix-cache capacities\n"
+        "                                NInfer's planner capacities (not supported yet)\n"
         "  --context-cost-presets FILE, --media-cache-mib N (1024), --media-live-mib N (2048),\n"
         "  --media-preprocess-threads N (0 = auto)\n"
         "  --response-store-max-records N  /v1/responses kept for previous_response_id and GET, least\n"
@@ -2189,9 +2207,6 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     }
     r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
-    if (r->chat.preserve_thinking)  // the engine's renderer has no such option yet: refused, not ignored
-        return api_fail(e, body.get("preserve_thinking") ? "preserve_thinking" : "chat_template_kwargs.preserve_thinking",
-                        "preserve_thinking is not supported yet (closed-turn reasoning is dropped, as the template does)");
     if (counting) return true;
     int64_t x;
     if ((k = api_int(body, "max_output_tokens", 16, INT_MAX, &x, e)) < 0) return false;
@@ -2298,7 +2313,8 @@ struct ServeReqLog {
     std::string method, path, id, code, finish, api;
     int status = 0;
     bool stream = false;
-    int prompt = -1, completion = -1;
+    int prompt = -1, completion = -1, cached = -1;
+    std::string cache;
     double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
     ServeSpecStats spec;
     double prepare_mib = -1;       // the most memory the request's preparation held (request memory section)
@@ -2336,6 +2352,8 @@ static void serve_log_request(const ServeReqLog& l) {
     if (!l.api.empty()) add(" stream=%d", (int)l.stream);
     if (l.prompt >= 0) add(" prompt=%d", l.prompt);
     if (l.completion >= 0) add(" completion=%d", l.completion);
+    if (l.cached >= 0) add(" cached=%d", l.cached);
+    if (!l.cache.empty()) add(" cache=%s", l.cache.c_str());
     if (!l.finish.empty()) add(" finish=%s", l.finish.c_str());
     if (!l.code.empty()) add(" code=%s", l.code.c_str());
     if (l.queue_s >= 0) add(" queue_ms=%.1f", l.queue_s * 1e3);
@@ -2360,6 +2378,8 @@ static void serve_log_request(const ServeReqLog& l) {
         if (!l.finish.empty()) e.set("finish_reason", Json::string(l.finish));
         if (l.prompt >= 0) e.set("prompt_tokens", Json::integer(l.prompt));
         if (l.completion >= 0) e.set("completion_tokens", Json::integer(l.completion));
+        if (l.cached >= 0) e.set("cached_tokens", Json::integer(l.cached));
+        if (!l.cache.empty()) e.set("cache", Json::string(l.cache));
         Json t = Json::object();
         if (l.queue_s >= 0) t.set("queue", Json::number(l.queue_s));
         if (l.ttft_s >= 0) t.set("ttft", Json::number(l.ttft_s));
@@ -2968,7 +2988,7 @@ static Json resp_object(ServeGen* g, const char* status, const ServeResult* r) {
         u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         Json in = Json::object();
-        in.set("cached_tokens", Json::integer(0));
+        in.set("cached_tokens", Json::integer(r->cached_tokens));
         in.set("cache_write_tokens", Json::integer(0));
         u.set("input_tokens_details", in);
         u.set("output_tokens", Json::integer(r->completion_tokens));
@@ -3018,6 +3038,7 @@ static void apix_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bool ke
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(r.completion_tokens));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + r.completion_tokens));
+        usage.set("prompt_tokens_details", serve_cached_json(r));
         if (g->stream) {
             compl_flush_echo(c, g);
             sse_write(c, sse_data(json_dump(compl_chunk(g, "", finish.c_str()))));
@@ -3218,6 +3239,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(completion));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
+        usage.set("prompt_tokens_details", serve_cached_json(r));
         if (!r.speculative.backend.empty()) usage.set("speculative", serve_spec_json(r.speculative, false));
         if (g->stream) {
             Json last = openai_chunk(g, Json::object(), finish.c_str());
@@ -3267,6 +3289,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         Json u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         u.set("output_tokens", Json::integer(completion));
+        u.set("cache_read_input_tokens", Json::integer(r.cached_tokens));
         if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
         Json o = Json::object();
         o.set("delta", d);
@@ -3302,7 +3325,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
     u.set("input_tokens", Json::integer(g->prompt_tokens));
     u.set("output_tokens", Json::integer(completion));
     u.set("cache_creation_input_tokens", Json::integer(0));
-    u.set("cache_read_input_tokens", Json::integer(0));
+    u.set("cache_read_input_tokens", Json::integer(r.cached_tokens));
     if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
     Json o = Json::object();
     o.set("id", Json::string(g->id));
@@ -3589,6 +3612,8 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     }
     const ServeResult& r = job->result;
     lg->completion = r.completion_tokens;
+    lg->cached = r.cached_tokens;
+    lg->cache = r.cache;
     lg->finish = r.finish;
     lg->prefill_s = r.prefill_s; lg->decode_s = r.decode_s;
     lg->spec = r.speculative;

@@ -593,8 +593,7 @@ def test_openai_errors(oai, mid):
         ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice_not_supported", "tool_choice"),
         ({"extra_body": {"reasoning_effort": "bogus"}}, "invalid_request_error", "reasoning_effort"),
         ({"stop": [""]}, "invalid_request_error", "stop"),
-        ({"extra_body": {"preserve_thinking": True}}, "preserve_thinking_not_supported", "preserve_thinking"),
-        ({"extra_body": {"chat_template_kwargs": {"preserve_thinking": True}}}, "preserve_thinking_not_supported", "preserve_thinking"),
+        ({"extra_body": {"preserve_thinking": "yes"}}, "invalid_request_error", "preserve_thinking"),
     ]
     for kw, code, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
