@@ -6794,9 +6794,11 @@ static double engine_perplexity(Engine* en, const std::vector<int>& ids, int win
 //   - tiers: --device-state-slots images on the device (gdn slots after the live pair),
 //     --host-state-slots pinned host images, --host-kv-mib pinned host bytes of kv copies
 //     (allocated per entry as needed, up to the budget). a new image goes to a free device
-//     slot; with none free the least recently used device image spills to a host slot (the
-//     least recently used host entry is evicted for it when they are all taken); with no host
-//     slots it is dropped. restoring reads either tier straight into the live state.
+//     slot; with none free a device image spills to a host slot (a host entry is evicted for it
+//     when they are all taken); with no host slots it is dropped. the victim in a full tier is
+//     the new entry's own ancestor when it has one there (the previous turn of the same
+//     conversation, superseded by this one), else the least recently used. restoring reads
+//     either tier straight into the live state.
 //   - kv: before live rows from r on are overwritten (a request starting at r), every other
 //     live-backed entry longer than r gets a host copy of its rows (evicting the least
 //     recently used copies to make room) or, when it cannot fit, is dropped. restoring a
@@ -7077,16 +7079,25 @@ static void prefix_capture(PrefixCache* pc, Engine* en) {
         for (const PrefixEntry& e : pc->entries) if ((dev ? e.dev : e.host) == k) return true;
         return false;
     };
-    auto free_host = [&]() -> int {  // a free host slot, evicting the least recently used host entry
+    // the victim in a full tier: the new entry's own ancestors first (the earlier checkpoints of
+    // the same conversation, which its next turn no longer needs), then the least recently used
+    auto ancestor = [&](const PrefixEntry& e) {
+        return e.tok.size() < ne.tok.size() && std::equal(e.tok.begin(), e.tok.end(), ne.tok.begin());
+    };
+    auto victim = [&](bool dev) {
+        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return (dev ? e.dev : e.host) >= 0 && ancestor(e); });
+        return v != pc->entries.end() ? v : prefix_lru(pc, [&](const PrefixEntry& e) { return (dev ? e.dev : e.host) >= 0; });
+    };
+    auto free_host = [&]() -> int {  // a free host slot, evicting a host entry when they are all taken
         for (int k = 0; k < pc->o.host_slots; k++) if (!taken(false, k)) return k;
-        auto v = prefix_lru(pc, [](const PrefixEntry& e) { return e.host >= 0; });
+        auto v = victim(false);
         const int k = v->host;
         prefix_drop(pc, v);
         return k;
     };
     for (int k = 0; k < pc->o.dev_slots && ne.dev < 0; k++) if (!taken(true, k)) ne.dev = k;
     if (ne.dev < 0 && pc->o.dev_slots > 0) {  // the device tier is full: its lru image moves down
-        auto v = prefix_lru(pc, [](const PrefixEntry& e) { return e.dev >= 0; });
+        auto v = victim(true);
         ne.dev = v->dev;
         if (pc->o.host_slots == 0) prefix_drop(pc, v);
         else { const int h = free_host(); prefix_image_spill(pc, en, v->dev, h); v->dev = -1; v->host = h; }
