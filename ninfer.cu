@@ -7067,6 +7067,37 @@ static bool prefix_prefill(PrefixCache* pc, Engine* en, const int* ids, int T, c
     return true;
 }
 
+static void prefix_capture(PrefixCache* pc, Engine* en);
+
+// a generation's placing: the live sequence continues from the longest retained prefix of
+// `prompt` (reuse) or starts afresh, is prefilled to `boundary` (> the reused part; -1: none)
+// and kept there; the generation's own prompt is then prompt[*at:] (its mtp bridge done).
+// false when cancel stopped the boundary's prefill. *start: the tokens reused.
+static bool prefix_prepare(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, int boundary, bool reuse, const GenCancel& cancel,
+                           int* start, int* at, const char** tier) {
+    *start = *at = prefix_begin(pc, en, prompt, reuse, tier);
+    if (reuse && boundary > *start && boundary < (int)prompt.size()) {
+        if (!prefix_prefill(pc, en, prompt.data() + *start, boundary - *start, cancel)) return false;
+        *at = boundary;
+        prefix_capture(pc, en);
+    }
+    if (*at > 0) prefix_bridge(pc, en, prompt[*at]);
+    return true;
+}
+
+// after a generation: the live rows hold the prompt, then the ids fed back (out: every id
+// emitted, in order); rows that are no one's prefix (a media prompt's: keep false) are
+// forgotten. replay: keep the state after the response too (cpu --spec cannot: the round
+// leaves no pending mtp row to key)
+static void prefix_finish(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, const std::vector<int>& out, bool keep, bool replay) {
+    if (!pc->o.on) return;
+    const int pos = engine_pos(en);
+    pc->live.assign(prompt.begin(), prompt.begin() + std::min<int>(pos, (int)prompt.size()));
+    for (int k = 0; (int)pc->live.size() < pos && k < (int)out.size(); k++) pc->live.push_back(out[k]);
+    if (!keep || (int)pc->live.size() != pos) { prefix_reset_live(en); pc->live.clear(); pc->bridge.clear(); }
+    else if (replay && (en->gpu || !en->spec.K)) prefix_capture(pc, en);
+}
+
 // retain the live sequence as it is now (its tokens are pc->live)
 static void prefix_capture(PrefixCache* pc, Engine* en) {
     if (!pc->o.on || pc->live.empty() || (pc->o.dev_slots == 0 && pc->o.host_slots == 0)) return;
@@ -7647,19 +7678,13 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;
     const double t0 = now_s();
     const char* tier = "off";
-    const int start = prefix_begin(pc, en, p.tokens, reuse, &tier);
-    res->cache = tier;
-    int at = start;
+    int start = 0, at = 0;
     rq.keep = true;
-    if (reuse && p.reuse_boundary > start && p.reuse_boundary < (int)p.tokens.size()) {
-        if (!prefix_prefill(pc, en, p.tokens.data() + start, p.reuse_boundary - start, rq.cancel)) {
-            res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return;
-        }
-        at = p.reuse_boundary;
-        prefix_capture(pc, en);
-    }
+    const bool placed = prefix_prepare(pc, en, p.tokens, reuse ? p.reuse_boundary : -1, reuse, rq.cancel, &start, &at, &tier);
+    res->cache = tier;
+    if (!placed) { res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return; }
     const double boundary_s = now_s() - t0;
-    if (at > 0) { rq.prompt.assign(p.tokens.begin() + at, p.tokens.end()); prefix_bridge(pc, en, rq.prompt[0]); }
+    if (at > 0) rq.prompt.assign(p.tokens.begin() + at, p.tokens.end());
     std::vector<int> out_ids;
     tk.ids = &out_ids;
     bool cancelled = false;
@@ -7679,13 +7704,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     // what the live rows hold now: the prompt, then the ids fed back; a media sequence's rows
     // are no one's prefix
-    if (pc->o.on) {
-        const int pos = engine_pos(en);
-        pc->live.assign(p.tokens.begin(), p.tokens.begin() + std::min<int>(pos, (int)p.tokens.size()));
-        for (int k = 0; (int)pc->live.size() < pos && k < (int)out_ids.size(); k++) pc->live.push_back(out_ids[k]);
-        if (p.media || (int)pc->live.size() != pos) { prefix_reset_live(en); pc->live.clear(); }
-        else if (reuse && p.reuse_replay && !s->t.spec.K) prefix_capture(pc, en);  // the round leaves no pending mtp row to key
-    }
+    prefix_finish(pc, en, p.tokens, out_ids, !p.media, reuse && p.reuse_replay);
     res->prompt_tokens = (int)p.tokens.size();
     res->cached_tokens = start;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts

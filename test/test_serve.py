@@ -1155,8 +1155,9 @@ def test_request_log(srv, oai, mid):
     r = oai.chat.completions.create(model=mid, messages=[{"role": "user", "content": secret}], max_completion_tokens=mt(5))
     line = srv.wait_log(re.escape(r.id))
     assert re.search(r"^ninfer-serve: 200 POST /v1/chat/completions id=chatcmpl-\w+ stream=0 prompt=\d+ completion=\d+ "
-                     r"finish=\w+ queue_ms=[\d.]+ .*total_ms=[\d.]+$", line.strip()), line
-    assert f"prompt={r.usage.prompt_tokens} completion={r.usage.completion_tokens} finish={r.choices[0].finish_reason}" in line
+                     r"cached=\d+ (cache=\w+ )?finish=\w+ queue_ms=[\d.]+ .*total_ms=[\d.]+$", line.strip()), line
+    assert f"prompt={r.usage.prompt_tokens} completion={r.usage.completion_tokens} cached=" in line
+    assert f" finish={r.choices[0].finish_reason} " in line
     assert secret not in srv.text()
     if r.choices[0].message.content:
         assert r.choices[0].message.content not in srv.text()
