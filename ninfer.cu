@@ -6925,6 +6925,7 @@ static bool prefix_build(PrefixCache* pc, Engine* en, const PrefixOpts& o, std::
     const Geometry& g = en->m->geo;
     pc->o = o;
     pc->gpu = en->gpu;
+    if (!en->gpu) pc->logits.assign(g.vocab, 0.0f);  // the split prefill runs with reuse off too
     if (!o.on) return true;
     if (en->gpu) {
         pc->image_bytes = gpu_gdn_bytes(g, 1);
@@ -6934,7 +6935,6 @@ static bool prefix_build(PrefixCache* pc, Engine* en, const PrefixOpts& o, std::
     } else {
         pc->image_bytes = (size_t)g.n_gdn * (en->st.conv_n + en->st.rec_n) * 4;
         pc->row_bytes = (size_t)(g.n_full + (en->st.mtp_key ? 1 : 0)) * 2 * g.Hkv * g.head_dim * 4;
-        pc->logits.assign(g.vocab, 0.0f);
         if (o.dev_slots > 0 && !(pc->dev_img = (uint8_t*)malloc(o.dev_slots * pc->image_bytes))) {
             *err = "out of memory for " + std::to_string(o.dev_slots) + " device state slots"; return false;
         }
@@ -7070,16 +7070,23 @@ static bool prefix_prefill(PrefixCache* pc, Engine* en, const int* ids, int T, c
 static void prefix_capture(PrefixCache* pc, Engine* en);
 
 // a generation's placing: the live sequence continues from the longest retained prefix of
-// `prompt` (reuse) or starts afresh, is prefilled to `boundary` (> the reused part; -1: none)
-// and kept there; the generation's own prompt is then prompt[*at:] (its mtp bridge done).
-// false when cancel stopped the boundary's prefill. *start: the tokens reused.
-static bool prefix_prepare(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, int boundary, bool reuse, const GenCancel& cancel,
-                           int* start, int* at, const char** tier) {
+// `prompt` (reuse) or starts afresh, and is prefilled up to the last of `splits` (ascending
+// token indices), with a piece boundary at each: the state at `capture` (one of them) is kept.
+// the generation's own prompt is then prompt[*at:] (its mtp bridge done). false when cancel
+// stopped the prefill. *start: the tokens reused.
+// why splits: the gpu's prefill rounds differently with its piece boundaries (the deltanet's
+// chunk grid, the decode kernels for short pieces), and a continued prefix was prefilled in
+// pieces cut where its own requests were cut. cutting every prompt at every template turn
+// opener, whether or not anything is reused (and with --no-prefix-reuse), makes a request that
+// continues from a turn boundary compute bit for bit what the same prompt computes from scratch.
+static bool prefix_prepare(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, const std::vector<int>& splits, int capture,
+                           bool reuse, const GenCancel& cancel, int* start, int* at, const char** tier) {
     *start = *at = prefix_begin(pc, en, prompt, reuse, tier);
-    if (reuse && boundary > *start && boundary < (int)prompt.size()) {
-        if (!prefix_prefill(pc, en, prompt.data() + *start, boundary - *start, cancel)) return false;
-        *at = boundary;
-        prefix_capture(pc, en);
+    for (int b : splits) {
+        if (b <= *at || b >= (int)prompt.size()) continue;
+        if (!prefix_prefill(pc, en, prompt.data() + *at, b - *at, cancel)) return false;
+        *at = b;
+        if (reuse && b == capture) prefix_capture(pc, en);
     }
     if (*at > 0) prefix_bridge(pc, en, prompt[*at]);
     return true;
@@ -7680,7 +7687,10 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     const char* tier = "off";
     int start = 0, at = 0;
     rq.keep = true;
-    const bool placed = prefix_prepare(pc, en, p.tokens, reuse ? p.reuse_boundary : -1, reuse, rq.cancel, &start, &at, &tier);
+    std::vector<int> splits;  // every turn opener (prefix_prepare says why); none where the prefill must stay whole
+    if (!p.media && !smp.prompt_logprobs && !p.raw)
+        for (int i = 1; i < (int)p.tokens.size(); i++) if (p.tokens[i] == s->im_start) splits.push_back(i);
+    const bool placed = prefix_prepare(pc, en, p.tokens, splits, p.reuse_boundary, reuse, rq.cancel, &start, &at, &tier);
     res->cache = tier;
     if (!placed) { res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return; }
     const double boundary_s = now_s() - t0;

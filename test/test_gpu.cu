@@ -1046,24 +1046,27 @@ TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
         ASSERT_TRUE(engine_build(&fresh, &m, true, o, &err)) << err;
         o.gdn_slots = GPU_LIVE_SLOTS + 1;
         ASSERT_TRUE(engine_build(&en, &m, true, o, &err)) << err;
-        PrefixCache pc;
+        PrefixCache pc, off;  // off: the fresh sequence, cut at the same turn boundaries
         PrefixOpts po; po.on = true; po.dev_slots = 1; po.host_slots = 2; po.host_kv_bytes = 64ll << 20;
         ASSERT_TRUE(prefix_build(&pc, &en, po, &err)) << err;
+        ASSERT_TRUE(prefix_build(&off, &fresh, PrefixOpts(), &err)) << err;
         FrontendIds fr;
         ASSERT_TRUE(frontend_ids(&m, &fr, &err));
         std::vector<int> conv[2] = {kKjvPrompt, random_ids(37, fr.domain, 91)};
         std::vector<std::string> tiers;
-        int prevb[2] = {0, 0};
+        std::vector<int> splits[2];
         for (int turn = 0; turn < 3; turn++)
             for (int c = 0; c < 2; c++) {
                 std::vector<int>& h = conv[c];
                 std::vector<int> more = random_ids(20 + 7 * turn, fr.domain, 100 + 10 * turn + c);
                 h.insert(h.end(), more.begin(), more.end());
                 const int boundary = (int)h.size() - 3;  // a 3-token "generation prologue"
-                int start = 0, at = 0; const char* tier = "";
-                ASSERT_TRUE(prefix_prepare(&pc, &en, h, boundary, true, GenCancel(), &start, &at, &tier));
+                splits[c].push_back(boundary);
+                int start = 0, at = 0, at2 = 0; const char* tier = "";
+                ASSERT_TRUE(prefix_prepare(&pc, &en, h, splits[c], boundary, true, GenCancel(), &start, &at, &tier));
                 tiers.push_back(tier);
-                EXPECT_EQ(start, turn == 0 ? 0 : prevb[c]);
+                EXPECT_EQ(start, turn == 0 ? 0 : splits[c][splits[c].size() - 2]);
+                EXPECT_EQ(at, boundary);
                 Sampler smp; SamplerParams sp; sp.temperature = 0;
                 sampler_build(&smp, sp, fr.domain);
                 std::vector<int> out, ref;
@@ -1071,21 +1074,22 @@ TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
                 engine_generate(&en, &smp, rest, 12, {}, nullptr, [&](int id) { out.push_back(id); });
                 prefix_finish(&pc, &en, h, out, true, false);
                 sampler_build(&smp, sp, fr.domain);
-                engine_reset(&fresh);
-                engine_generate(&fresh, &smp, h, 12, {}, nullptr, [&](int id) { ref.push_back(id); });
-                const int d = first_difference(out, ref);
-                EXPECT_LT(d, 0) << kv_dtype_name(kv) << " turn " << turn << " conversation " << c << ": differs at " << d;
+                ASSERT_TRUE(prefix_prepare(&off, &fresh, h, splits[c], boundary, false, GenCancel(), &start, &at2, &tier));
+                EXPECT_EQ(start, 0); EXPECT_EQ(at2, boundary);
+                std::vector<int> rest2(h.begin() + at2, h.end());
+                engine_generate(&fresh, &smp, rest2, 12, {}, nullptr, [&](int id) { ref.push_back(id); });
+                EXPECT_EQ(out, ref) << kv_dtype_name(kv) << " turn " << turn << " conversation " << c << ": differs at "
+                                    << first_difference(out, ref);
                 // the history goes on with the output and its closing, as a client sends it back
                 h.insert(h.end(), out.begin(), out.end());
                 h.push_back(fr.stops.empty() ? 0 : fr.stops[0]);
-                prevb[c] = boundary;
             }
         const std::vector<std::string> want = {"miss", "miss", "host", "host", "host", "host"};
         EXPECT_EQ(tiers, want) << kv_dtype_name(kv);
         EXPECT_GE(pc.spills, 4);
         EXPECT_GE(pc.kv_copies, 4);
         EXPECT_GE(pc.host_restores, 4);
-        prefix_free(&pc);
+        prefix_free(&pc); prefix_free(&off);
         engine_free(&en); engine_free(&fresh);
     }
     model_close(&m);
