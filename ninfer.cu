@@ -6819,6 +6819,7 @@ struct PrefixEntry {
     std::vector<int> tok;         // the prefix: rows [0, n) with n = tok.size()
     int dev = -1, host = -1;      // its image: a device slot or a host slot (exactly one)
     uint8_t* kv = nullptr;        // host copy of kv rows [0, n), n * row_bytes; null: live-backed
+    int lane = -1;                // live-backed: the lane whose live rows hold them
     std::vector<float> bridge;    // cpu --spec: main hidden row n-1 (the mtp row n-1 waits for token n)
     uint64_t used = 0;            // lru clock
 };
@@ -6831,8 +6832,9 @@ struct PrefixCache {
     uint8_t* dev_img = nullptr;   // cpu: [dev_slots] images (the gpu's are gdn slots)
     std::vector<uint8_t*> host_img;  // [host_slots] images, pinned on the gpu path
     std::list<PrefixEntry> entries;
-    std::vector<int> live;        // the tokens of the live kv rows [0, live.size()); their state is the live one
-    std::vector<float> bridge;    // cpu --spec: the live sequence's pending mtp input (st.mtp_pos == pos - 1)
+    std::vector<Engine*> lanes;   // the live sequences (--max-concurrency; the gpu has one)
+    std::vector<std::vector<int>> live;     // per lane: the tokens of its kv rows [0, size); their state is its live one
+    std::vector<std::vector<float>> bridge; // per lane, cpu --spec: the pending mtp input (st.mtp_pos == pos - 1)
     int64_t host_kv_used = 0;
     uint64_t clock = 0;
     std::vector<float> logits;    // cpu: one row for the boundary prefill
@@ -6895,6 +6897,15 @@ static void prefix_kv_rows(Engine* en, int a, int b, int n, uint8_t* host, bool 
     if (en->gpu) gpu_kv_rows_host(en->g, a, b, n, host, to_host);
     else cpu_kv_rows(&en->st, en->m->geo, a, b, n, host, to_host);
 }
+// kv rows [a, b) from one lane's sequence to another's (cpu lanes: the gpu runs one)
+static void prefix_kv_lane_copy(Engine* dst, Engine* src, int a, int b) {
+    CHECK(!dst->gpu && !src->gpu, "kv rows between gpu lanes");
+    const Geometry& g = dst->m->geo;
+    const size_t row = (size_t)g.Hkv * g.head_dim * 4;
+    auto plane = [&](float* d, const float* s) { if (b > a) memcpy((uint8_t*)d + (size_t)a * row, (const uint8_t*)s + (size_t)a * row, (size_t)(b - a) * row); };
+    for (int l = 0; l < g.L; l++) if (g.full[l]) { plane(dst->st.key[l], src->st.key[l]); plane(dst->st.value[l], src->st.value[l]); }
+    if (dst->st.mtp_key) { plane(dst->st.mtp_key, src->st.mtp_key); plane(dst->st.mtp_value, src->st.mtp_value); }
+}
 // a fresh live sequence that leaves the images and kv rows alone (engine_reset clears all
 // state slots): zero deltanet state in the live slot(s), position 0
 static void prefix_reset_live(Engine* en) {
@@ -6921,10 +6932,14 @@ static void prefix_seek(Engine* en, int pos) {
     else { en->st.pos = pos; en->st.rope_delta = 0; }
 }
 
-static bool prefix_build(PrefixCache* pc, Engine* en, const PrefixOpts& o, std::string* err) {
+static bool prefix_build(PrefixCache* pc, const std::vector<Engine*>& lanes, const PrefixOpts& o, std::string* err) {
+    Engine* en = lanes[0];
     const Geometry& g = en->m->geo;
     pc->o = o;
     pc->gpu = en->gpu;
+    pc->lanes = lanes;
+    pc->live.assign(lanes.size(), {});
+    pc->bridge.assign(lanes.size(), {});
     if (!en->gpu) pc->logits.assign(g.vocab, 0.0f);  // the split prefill runs with reuse off too
     if (!o.on) return true;
     if (en->gpu) {
@@ -6976,28 +6991,29 @@ static std::list<PrefixEntry>::iterator prefix_lru(PrefixCache* pc, Pred pred) {
     return best;
 }
 // give a live-backed entry its own host copy of its kv rows; false when the budget cannot hold it
-static bool prefix_keep_kv(PrefixCache* pc, Engine* en, std::list<PrefixEntry>::iterator it, std::list<PrefixEntry>::iterator keep) {
+static bool prefix_keep_kv(PrefixCache* pc, std::list<PrefixEntry>::iterator it, std::list<PrefixEntry>::iterator keep) {
     const int n = (int)it->tok.size();
     const int64_t bytes = (int64_t)n * pc->row_bytes;
     if (bytes > pc->o.host_kv_bytes) return false;
+    const PrefixEntry* kp = keep == pc->entries.end() ? nullptr : &*keep;
     while (pc->host_kv_used + bytes > pc->o.host_kv_bytes) {
-        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return e.kv && &e != &*it && &e != &*keep; });
+        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return e.kv && &e != &*it && &e != kp; });
         if (v == pc->entries.end()) return false;
         prefix_drop(pc, v);
     }
     it->kv = prefix_host_alloc(pc, bytes);
     if (!it->kv) return false;
-    prefix_kv_rows(en, 0, n, n, it->kv, true);
+    prefix_kv_rows(pc->lanes[it->lane], 0, n, n, it->kv, true);
     pc->host_kv_used += bytes;
     pc->kv_copies++;
     return true;
 }
-// the live rows from r on are about to change: every other live-backed entry longer than r
-// keeps its rows on the host or goes
-static void prefix_protect(PrefixCache* pc, Engine* en, int r, std::list<PrefixEntry>::iterator keep) {
+// a lane's live rows from r on are about to change: every other entry they back that is longer
+// than r keeps its rows on the host or goes
+static void prefix_protect(PrefixCache* pc, int lane, int r, std::list<PrefixEntry>::iterator keep) {
     for (auto it = pc->entries.begin(); it != pc->entries.end();) {
         auto nx = std::next(it);
-        if (it != keep && !it->kv && (int)it->tok.size() > r && !prefix_keep_kv(pc, en, it, keep)) prefix_drop(pc, it);
+        if (it != keep && !it->kv && it->lane == lane && (int)it->tok.size() > r && !prefix_keep_kv(pc, it, keep)) prefix_drop(pc, it);
         it = nx;
     }
 }
@@ -7005,7 +7021,8 @@ static void prefix_protect(PrefixCache* pc, Engine* en, int r, std::list<PrefixE
 // place the live sequence for `prompt`: continue from the longest entry the prompt starts
 // with (lookup) or start afresh. returns the tokens reused (the sequence's position); *tier
 // says where the state came from: "device", "host", "miss" (or "off")
-static int prefix_begin(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, bool lookup, const char** tier) {
+static int prefix_begin(PrefixCache* pc, int lane, const std::vector<int>& prompt, bool lookup, const char** tier) {
+    Engine* en = pc->lanes[lane];
     *tier = "off";
     if (!pc->o.on) { engine_reset(en); return 0; }
     *tier = lookup ? "miss" : "off";
@@ -7018,34 +7035,40 @@ static int prefix_begin(PrefixCache* pc, Engine* en, const std::vector<int>& pro
                 best = it;
         }
     if (best == pc->entries.end()) {
-        prefix_protect(pc, en, 0, best);
+        prefix_protect(pc, lane, 0, best);
         prefix_reset_live(en);
-        pc->live.clear(); pc->bridge.clear();
+        pc->live[lane].clear(); pc->bridge[lane].clear();
         return 0;
     }
-    const int n = (int)best->tok.size(), c = std::min(n, prefix_common(best->tok, pc->live));
-    CHECK(c == n || best->kv, "a live-backed prefix of %d rows whose rows the live sequence lost at %d", n, c);
-    prefix_protect(pc, en, c, best);
-    if (c < n) prefix_kv_rows(en, c, n, n, best->kv, false);
-    pc->live = best->tok;
+    // the rows this lane already holds; the rest from the host copy or the lane that backs it
+    const int n = (int)best->tok.size(), c = std::min(n, prefix_common(best->tok, pc->live[lane]));
+    CHECK(c == n || best->kv || best->lane != lane, "a live-backed prefix of %d rows whose rows its lane lost at %d", n, c);
+    prefix_protect(pc, lane, c, best);
+    if (c < n) {
+        if (best->kv) prefix_kv_rows(en, c, n, n, best->kv, false);
+        else prefix_kv_lane_copy(en, pc->lanes[best->lane], c, n);
+    }
+    pc->live[lane] = best->tok;
     prefix_seek(en, n);
     prefix_image_load(pc, en, *best);
-    if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge = best->bridge; }
+    if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge[lane] = best->bridge; }
     best->used = ++pc->clock;
     *tier = best->dev >= 0 ? "device" : "host";
     return n;
 }
 
 // cpu --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
-static void prefix_bridge(PrefixCache* pc, Engine* en, int next) {
+static void prefix_bridge(PrefixCache* pc, int lane, int next) {
+    Engine* en = pc->lanes[lane];
     if (en->gpu || !en->spec.K || en->st.mtp_pos != en->st.pos - 1) return;
-    CHECK((int)pc->bridge.size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
-    mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge.data(), nullptr, 1, nullptr, false, nullptr);
+    CHECK((int)pc->bridge[lane].size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
+    mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge[lane].data(), nullptr, 1, nullptr, false, nullptr);
 }
 
 // append ids[0, T) to the live sequence without sampling (a boundary's prefill); false when
 // cancel stopped it (the sequence holds the pieces done)
-static bool prefix_prefill(PrefixCache* pc, Engine* en, const int* ids, int T, const GenCancel& cancel) {
+static bool prefix_prefill(PrefixCache* pc, int lane, const int* ids, int T, const GenCancel& cancel) {
+    Engine* en = pc->lanes[lane];
     const Geometry& g = en->m->geo;
     const int piece = en->gpu ? en->g->T_max : en->rs.T_max;
     for (int i = 0; i < T; i += piece) {
@@ -7055,19 +7078,19 @@ static bool prefix_prefill(PrefixCache* pc, Engine* en, const int* ids, int T, c
         if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
         else if (!en->spec.K) forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, nullptr);
         else {  // the mtp rows of the same positions, all but the last (its token is the next piece's first)
-            prefix_bridge(pc, en, ids[i]);
+            prefix_bridge(pc, lane, ids[i]);
             float* hid = en->sp.hid.data();
             forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, hid);
             if (t > 1) mtp_forward_cpu(en->m, &en->rs, &en->st, ids + i + 1, nullptr, hid, nullptr, t - 1, nullptr, false, nullptr);
-            pc->bridge.assign(hid + (size_t)(t - 1) * g.H, hid + (size_t)t * g.H);
+            pc->bridge[lane].assign(hid + (size_t)(t - 1) * g.H, hid + (size_t)t * g.H);
         }
-        pc->live.insert(pc->live.end(), ids + i, ids + i + t);
+        pc->live[lane].insert(pc->live[lane].end(), ids + i, ids + i + t);
     }
     if (en->gpu) cudaCheck(cudaStreamSynchronize(en->g->stream));
     return true;
 }
 
-static void prefix_capture(PrefixCache* pc, Engine* en);
+static void prefix_capture(PrefixCache* pc, int lane);
 
 // a generation's placing: the live sequence continues from the longest retained prefix of
 // `prompt` (reuse) or starts afresh, and is prefilled up to the last of `splits` (ascending
@@ -7079,16 +7102,16 @@ static void prefix_capture(PrefixCache* pc, Engine* en);
 // pieces cut where its own requests were cut. cutting every prompt at every template turn
 // opener, whether or not anything is reused (and with --no-prefix-reuse), makes a request that
 // continues from a turn boundary compute bit for bit what the same prompt computes from scratch.
-static bool prefix_prepare(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, const std::vector<int>& splits, int capture,
+static bool prefix_prepare(PrefixCache* pc, int lane, const std::vector<int>& prompt, const std::vector<int>& splits, int capture,
                            bool reuse, const GenCancel& cancel, int* start, int* at, const char** tier) {
-    *start = *at = prefix_begin(pc, en, prompt, reuse, tier);
+    *start = *at = prefix_begin(pc, lane, prompt, reuse, tier);
     for (int b : splits) {
         if (b <= *at || b >= (int)prompt.size()) continue;
-        if (!prefix_prefill(pc, en, prompt.data() + *at, b - *at, cancel)) return false;
+        if (!prefix_prefill(pc, lane, prompt.data() + *at, b - *at, cancel)) return false;
         *at = b;
-        if (reuse && b == capture) prefix_capture(pc, en);
+        if (reuse && b == capture) prefix_capture(pc, lane);
     }
-    if (*at > 0) prefix_bridge(pc, en, prompt[*at]);
+    if (*at > 0) prefix_bridge(pc, lane, prompt[*at]);
     return true;
 }
 
@@ -7096,23 +7119,28 @@ static bool prefix_prepare(PrefixCache* pc, Engine* en, const std::vector<int>& 
 // emitted, in order); rows that are no one's prefix (a media prompt's: keep false) are
 // forgotten. replay: keep the state after the response too (cpu --spec cannot: the round
 // leaves no pending mtp row to key)
-static void prefix_finish(PrefixCache* pc, Engine* en, const std::vector<int>& prompt, const std::vector<int>& out, bool keep, bool replay) {
+static void prefix_finish(PrefixCache* pc, int lane, const std::vector<int>& prompt, const std::vector<int>& out, bool keep, bool replay) {
     if (!pc->o.on) return;
+    Engine* en = pc->lanes[lane];
+    std::vector<int>& live = pc->live[lane];
     const int pos = engine_pos(en);
-    pc->live.assign(prompt.begin(), prompt.begin() + std::min<int>(pos, (int)prompt.size()));
-    for (int k = 0; (int)pc->live.size() < pos && k < (int)out.size(); k++) pc->live.push_back(out[k]);
-    if (!keep || (int)pc->live.size() != pos) { prefix_reset_live(en); pc->live.clear(); pc->bridge.clear(); }
-    else if (replay && (en->gpu || !en->spec.K)) prefix_capture(pc, en);
+    live.assign(prompt.begin(), prompt.begin() + std::min<int>(pos, (int)prompt.size()));
+    for (int k = 0; (int)live.size() < pos && k < (int)out.size(); k++) live.push_back(out[k]);
+    if (!keep || (int)live.size() != pos) { prefix_reset_live(en); live.clear(); pc->bridge[lane].clear(); }
+    else if (replay && (en->gpu || !en->spec.K)) prefix_capture(pc, lane);
 }
 
-// retain the live sequence as it is now (its tokens are pc->live)
-static void prefix_capture(PrefixCache* pc, Engine* en) {
-    if (!pc->o.on || pc->live.empty() || (pc->o.dev_slots == 0 && pc->o.host_slots == 0)) return;
-    CHECK((int)pc->live.size() == engine_pos(en), "live tokens %zu at position %d", pc->live.size(), engine_pos(en));
+// retain a lane's live sequence as it is now (its tokens are pc->live[lane])
+static void prefix_capture(PrefixCache* pc, int lane) {
+    Engine* en = pc->lanes[lane];
+    const std::vector<int>& live = pc->live[lane];
+    if (!pc->o.on || live.empty() || (pc->o.dev_slots == 0 && pc->o.host_slots == 0)) return;
+    CHECK((int)live.size() == engine_pos(en), "live tokens %zu at position %d", live.size(), engine_pos(en));
     for (PrefixEntry& e : pc->entries)
-        if (e.tok == pc->live) { e.used = ++pc->clock; return; }  // the same state, already kept
+        if (e.tok == live) { e.used = ++pc->clock; return; }  // the same state, already kept
     PrefixEntry ne;
-    ne.tok = pc->live;
+    ne.tok = live;
+    ne.lane = lane;
     auto taken = [&](bool dev, int k) {
         for (const PrefixEntry& e : pc->entries) if ((dev ? e.dev : e.host) == k) return true;
         return false;
@@ -7141,7 +7169,7 @@ static void prefix_capture(PrefixCache* pc, Engine* en) {
         else { const int h = free_host(); prefix_image_spill(pc, en, v->dev, h); v->dev = -1; v->host = h; }
     }
     if (ne.dev < 0) ne.host = free_host();
-    if (!en->gpu && en->spec.K) ne.bridge = pc->bridge;
+    if (!en->gpu && en->spec.K) ne.bridge = pc->bridge[lane];
     ne.used = ++pc->clock;
     prefix_image_save(pc, en, ne);
     pc->entries.push_back(std::move(ne));
@@ -7303,6 +7331,7 @@ struct TextRequest {
     const MmPrompt* mm = nullptr;     // the prompt's media rows and positions (text_media_tower), if any
     bool keep = false;                // continue the sequence where it stands (the server placed it: prefix
                                       // reuse); else start afresh
+    Engine* engine = nullptr;         // the sequence to run on (the server's lanes); null: the model's own
 };
 
 struct TextResult {
@@ -7512,7 +7541,8 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     TextResult res;
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
-    if (!rq.keep) engine_reset(&t->en);
+    Engine* en = rq.engine ? rq.engine : &t->en;
+    if (!rq.keep) engine_reset(en);
     TextOut to;
     text_out_init(&to, rq.thinking_open, rq.raw);
     to.parser.stop = rq.stop;
@@ -7521,7 +7551,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     to.parser.plain = rq.plain;
     std::vector<OutEvent> evs;
     bool alive = true;
-    res.gen = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, rq.tap, [&](int id) -> bool {
+    res.gen = engine_generate(en, &smp, rq.prompt, rq.max_new, rq.stop_ids, rq.tap, [&](int id) -> bool {
         if (rq.on_token) rq.on_token(rq.token_ctx, id, to.parser.mode);
         bool go = text_out_push(&to, &t->tok, id, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, id)) alive = false;
@@ -7539,12 +7569,78 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
 
 // ---- the server's engine (serve.h's interface) --------------------------------
 
+// --max-concurrency lanes: serve.h calls generate on up to C threads at once; each request
+// takes a free lane (its own sequence: on the cpu path an Engine per lane, sharing the weights)
+// and the running lanes take turns one step each, round robin: a step is one decode token or
+// one prefill piece (at most --prefill-chunk tokens), so a long prompt entering never stalls
+// the streams already running for more than a piece, and a lane that ends (done, stop string,
+// cancelled) leaves the ring at once, freeing its lane for the next queued request. the lanes
+// run one after another, not batched: the gpu's batched decode (one step for all lanes) is not
+// built, so the gpu runs one lane.
+struct LaneRing {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<int> ring;         // the running lanes; the front one has the turn
+    std::vector<char> busy;       // [lanes]
+};
+
 struct ServedModel {
     ServeEngine api;  // what serve.h sees; api.self points back here
     TextModel t;
-    PrefixCache pc;   // retained prefixes (engine thread)
+    std::vector<std::unique_ptr<Engine>> extra;  // cpu lanes 1..C-1 (lane 0 is t.en)
+    std::vector<Engine*> lanes;
+    LaneRing ring;
+    PrefixCache pc;   // retained prefixes (the lane with the turn)
     int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
 };
+
+// take a free lane (the one whose sequence already holds the longest part of the prompt) and
+// wait for its first turn
+static int lane_enter(ServedModel* s, const std::vector<int>& prompt) {
+    LaneRing& r = s->ring;
+    std::unique_lock<std::mutex> lk(r.mu);
+    int lane = -1, best = -1;
+    for (int k = 0; k < (int)r.busy.size(); k++) {
+        if (r.busy[k]) continue;
+        const int c = s->pc.o.on ? prefix_common(s->pc.live[k], prompt) : 0;
+        if (c > best) { best = c; lane = k; }
+    }
+    CHECK(lane >= 0, "more generations than lanes (%zu)", r.busy.size());
+    r.busy[lane] = 1;
+    r.ring.push_back(lane);
+    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
+    return lane;
+}
+// the end of a step: the next lane's turn, then ours again
+static void lane_yield(ServedModel* s, int lane) {
+    LaneRing& r = s->ring;
+    std::unique_lock<std::mutex> lk(r.mu);
+    if (r.ring.size() < 2) return;
+    CHECK(r.ring.front() == lane, "lane %d stepped out of turn", lane);
+    r.ring.pop_front();
+    r.ring.push_back(lane);
+    r.cv.notify_all();
+    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
+}
+static void lane_leave(ServedModel* s, int lane) {
+    LaneRing& r = s->ring;
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.ring.erase(std::find(r.ring.begin(), r.ring.end(), lane));
+    r.busy[lane] = 0;
+    r.cv.notify_all();
+}
+struct LaneTurn {  // a request's lane for the scope of its generation
+    ServedModel* s; int lane;
+    LaneTurn(ServedModel* s_, const std::vector<int>& prompt) : s(s_), lane(lane_enter(s_, prompt)) {}
+    ~LaneTurn() { lane_leave(s, lane); }
+};
+// the prefill's cancel poll: a step boundary too
+struct LanePoll { ServedModel* s; int lane; const ServeSink* sink; };
+static bool lane_poll(void* ctx) {
+    LanePoll* p = (LanePoll*)ctx;
+    lane_yield(p->s, p->lane);
+    return p->sink->cancelled(p->sink->ctx);
+}
 
 static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) {
     ServedModel* s = (ServedModel*)self;
@@ -7611,6 +7707,7 @@ struct ServedTokens {
     int reasoning = 0;         // tokens that started on the reasoning channel
     ServeLogprob pending;      // the entry of the id about to be emitted
     std::vector<int>* ids = nullptr;  // every emitted id in order (what the sequence holds after the prompt)
+    ServedModel* lanes = nullptr; int lane = 0;  // every token ends a step (lane_yield)
 };
 static void served_tap_sampled(void* ctx, const float* lg, int vocab, int id) {
     ServedTokens* t = (ServedTokens*)ctx;
@@ -7634,6 +7731,7 @@ static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
 }
 static void served_on_token(void* ctx, int id, int channel) {
     ServedTokens* t = (ServedTokens*)ctx;
+    if (t->lanes) lane_yield(t->lanes, t->lane);
     if (t->ids) t->ids->push_back(id);
     if (channel == OUT_REASONING) t->reasoning++;
     if (t->top_n < 0 || t->pending.id != id) return;
@@ -7658,8 +7756,11 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
-    rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
+    LaneTurn turn(s, p.tokens);
+    LanePoll poll{s, turn.lane, &sink};
+    rq.cancel = GenCancel{lane_poll, &poll};  // a client that leaves during the prefill frees the lane within a piece
     ServedTokens tk{s, &sink, &p.tokens};
+    tk.lanes = s; tk.lane = turn.lane;
     tk.top_n = smp.logprobs;
     GenTap tap;
     if (smp.logprobs >= 0) {
@@ -7681,7 +7782,8 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     // a media prompt reuses nothing (placeholder ids do not say which picture) and leaves no
     // reusable rows; prompt logprobs need every prompt row's logits, so they prefill it all.
     PrefixCache* pc = &s->pc;
-    Engine* en = &s->t.en;
+    Engine* en = s->lanes[turn.lane];
+    rq.engine = en;
     const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;
     const double t0 = now_s();
     const char* tier = "off";
@@ -7690,7 +7792,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     std::vector<int> splits;  // every turn opener (prefix_prepare says why); none where the prefill must stay whole
     if (!p.media && !smp.prompt_logprobs && !p.raw)
         for (int i = 1; i < (int)p.tokens.size(); i++) if (p.tokens[i] == s->im_start) splits.push_back(i);
-    const bool placed = prefix_prepare(pc, en, p.tokens, splits, p.reuse_boundary, reuse, rq.cancel, &start, &at, &tier);
+    const bool placed = prefix_prepare(pc, turn.lane, p.tokens, splits, p.reuse_boundary, reuse, rq.cancel, &start, &at, &tier);
     res->cache = tier;
     if (!placed) { res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return; }
     const double boundary_s = now_s() - t0;
@@ -7714,7 +7816,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     // what the live rows hold now: the prompt, then the ids fed back; a media sequence's rows
     // are no one's prefix
-    prefix_finish(pc, en, p.tokens, out_ids, !p.media, reuse && p.reuse_replay);
+    prefix_finish(pc, turn.lane, p.tokens, out_ids, !p.media, reuse && p.reuse_replay);
     res->prompt_tokens = (int)p.tokens.size();
     res->cached_tokens = start;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
@@ -7728,7 +7830,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         o.accepted_per_position.assign(sp.per_position, sp.per_position + sp.K);
     }
     res->stop_string = r.stop_hit;
-    bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
+    bool full = r.gen.generated >= smp.max_tokens || engine_pos(en) == engine_capacity(en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
                 : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
                 : full ? "length" : "stop";
@@ -7737,6 +7839,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
 static void served_close(void* self) {
     ServedModel* s = (ServedModel*)self;
     prefix_free(&s->pc);
+    for (auto& e : s->extra) engine_free(e.get());
     text_model_close(&s->t);
     delete s;
 }
@@ -7749,7 +7852,7 @@ static bool served_supports(const char* feature) {
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
     if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
-    for (const char* f : {"--preserve-thinking", "--device-state-slots", "--host-state-slots", "--host-kv-mib"})
+    for (const char* f : {"--preserve-thinking", "--device-state-slots", "--host-state-slots", "--host-kv-mib", "--max-concurrency"})
         if (!strcmp(feature, f)) return true;  // prefix reuse (PrefixCache) on both paths
     return false;
 }
@@ -7772,8 +7875,8 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
                 e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, pc.o.dev_slots, e->work_bytes / mib,
                 e->o.graphs ? "per decode bucket" : "off", reuse);
     } else {
-        fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): sequence state %.1f MiB (kv %d tokens, fp32); %s\n",
-                en.st.n_floats * 4 / mib, en.st.capacity, reuse);
+        fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): %zu lane(s), each a sequence state of %.1f MiB (kv %d tokens, fp32); %s\n",
+                s->lanes.size(), en.st.n_floats * 4 / mib, en.st.capacity, reuse);
     }
 }
 
@@ -7805,7 +7908,19 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
         if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
-    if (!prefix_build(&s->pc, &s->t.en, po, err)) { text_model_close(&s->t); delete s; return nullptr; }
+    s->lanes.push_back(&s->t.en);
+    if (o.max_concurrency > 1 && s->t.en.gpu) {
+        *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " needs the gpu's batched decode, which is not built yet "
+               "(the cpu reference path runs several lanes)";
+        text_model_close(&s->t); delete s; return nullptr;
+    }
+    for (int k = 1; k < o.max_concurrency; k++) {  // cpu lanes: a sequence and a workspace each, the weights shared
+        s->extra.emplace_back(new Engine());
+        if (!engine_build(s->extra.back().get(), &s->t.m, false, g, err, s->t.spec)) { served_close(s); return nullptr; }
+        s->lanes.push_back(s->extra.back().get());
+    }
+    s->ring.busy.assign(s->lanes.size(), 0);
+    if (!prefix_build(&s->pc, s->lanes, po, err)) { served_close(s); return nullptr; }
     for (const AddedToken& a : s->t.tok.added) if (a.content == "<|im_start|>") s->im_start = a.id;
     served_memory_plan(s, o);
     s->api.self = s;

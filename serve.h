@@ -27,7 +27,8 @@
 //   - before any of that, serve_origin_refused turns away what a browser page could send a
 //     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
 //     Origin without --cors; POST bodies must be application/json;
-//   - one engine thread owns the model and runs queued requests one at a time in fifo order
+//   - --max-concurrency engine threads take queued requests in fifo order, each running one
+//     at a time through ServeEngine.generate (the engine interleaves the ones running)
 //     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
 //     and a request that waits longer than --pending-timeout-ms gets 503;
 //   - events flow engine -> connection thread through the job (one mutex for all jobs);
@@ -238,7 +239,8 @@ struct ServeEngine {
     // the raw bytes of one token (possibly part of a utf-8 sequence), for logprobs and echo
     std::string (*token_bytes)(void* self, int id) = nullptr;
     bool logprobs = false;         // generate honours ServeSampling.logprobs (else 400)
-    // generate on the engine thread: emit reasoning / content / tool calls through the sink,
+    // generate on an engine thread (up to --max-concurrency at once, each with its own request:
+    // the engine takes them in turns): emit reasoning / content / tool calls through the sink,
     // stop at eos, a stop string, max_tokens, the context end, or when the sink says so, and
     // fill *out.
     void (*generate)(void* self, const ServePrompt& prompt, const ServeSampling& s,
@@ -329,8 +331,10 @@ static void serve_usage(FILE* f) {
         "                                requests with a foreign Origin get 403)\n"
         "  --max-request-mib N           request body limit, 413 above it (384); preparing a request may\n"
         "                                hold 6x its body + 16 MiB more, 413 past that\n"
-        "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
-        "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
+        "  --max-concurrency N           requests generating at once, 1..64 (1): they take turns a step\n"
+        "                                each (a decode token or a --prefill-chunk piece); the cpu path\n"
+        "                                keeps a sequence per request, the gpu runs 1 until its batched decode\n"
+        "  --max-pending-requests N      queued requests beyond the running ones, 429 above (16)\n"
         "  --pending-timeout-ms N        a queued request waits at most this, then 503 (30000)\n"
         "  --request-log-jsonl FILE      append structured request events to FILE (off)\n"
         "  --log-stats-interval-ms N     stats line on stderr while busy, 0 = off (5000)\n"
@@ -491,7 +495,7 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
             long long x;
             if (!bad_value && o->kv_capacity != "auto" && !serve_parse_long(o->kv_capacity.c_str(), 1, 1 << 30, &x)) bad_value = true;
         }
-        else if (a == "--max-concurrency") { i_(&o->max_concurrency, 1, 8); range = " (1..8)"; }
+        else if (a == "--max-concurrency") { i_(&o->max_concurrency, 1, 64); range = " (1..64)"; }
         else if (a == "--max-pending-requests") { i_(&o->max_pending_requests, 0, 1 << 20); range = " (>= 0)"; }
         else if (a == "--pending-timeout-ms") { i_(&o->pending_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
         else if (a == "--log-stats-interval-ms") { i_(&o->log_stats_interval_ms, 0, INT_MAX); range = " (>= 0)"; }
@@ -554,8 +558,8 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
 // features the server itself lacks are refused here. returns false with *err naming the
 // first one that is not built.
 static bool serve_check_features(const ServeOptions& o, bool (*supports)(const char*), std::string* err) {
-    if (o.max_concurrency > 1) { *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " is not supported yet (one request decodes at a time)"; return false; }
     std::vector<std::string> feats;
+    if (o.max_concurrency > 1) feats.push_back("--max-concurrency");
     if (!o.spec.empty()) feats.push_back("--spec " + o.spec);
     if (o.lm_head_draft) feats.push_back("--lm-head-draft");
     if (o.vision) feats.push_back("--vision");
@@ -2275,7 +2279,7 @@ struct ServeState {
     std::condition_variable conns_cv;    // a connection ended
     std::deque<std::shared_ptr<ServeJob>> queue;
     bool engine_exit = false;
-    bool engine_busy = false;
+    int running = 0;                     // requests generating now (at most --max-concurrency)
     int n_conns = 0;
     std::atomic<int64_t> body_bytes{0};  // request bytes buffered by all connections together;
     int64_t body_budget = 0;             // at most 4x --max-request-mib, else 503
@@ -2412,17 +2416,17 @@ static bool serve_job_emit(void* ctx, const ServeEvent& ev) {
 
 static void serve_stats_line() {  // called with g_serve.mu held
     ServeState& s = g_serve;
-    if (s.st_requests == 0 && !s.engine_busy && s.queue.empty()) return;  // quiet when idle
+    if (s.st_requests == 0 && !s.running && s.queue.empty()) return;  // quiet when idle
     fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d\n",
             s.st_requests, s.st_prompt, s.st_completion, s.st_decode_s > 0 ? s.st_completion / s.st_decode_s : 0.0,
-            (int)s.engine_busy, s.queue.size(), s.n_conns);
+            s.running, s.queue.size(), s.n_conns);
     s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
 }
 
-static void* serve_engine_main(void*) {
+static void* serve_engine_main(void* first) {
     ServeState& s = g_serve;
     std::unique_lock<std::mutex> lk(s.mu);
-    double interval = s.opt.log_stats_interval_ms / 1e3, next_stats = serve_now() + interval;
+    double interval = first ? s.opt.log_stats_interval_ms / 1e3 : 0, next_stats = serve_now() + interval;  // one thread logs the stats
     for (;;) {
         if (interval > 0 && serve_now() >= next_stats) { serve_stats_line(); next_stats = serve_now() + interval; }
         if (s.queue.empty()) {
@@ -2433,7 +2437,7 @@ static void* serve_engine_main(void*) {
         std::shared_ptr<ServeJob> j = s.queue.front();
         s.queue.pop_front();
         j->started = true; j->t_start = serve_now();
-        s.engine_busy = true;
+        s.running++;
         j->cv.notify_all();
         lk.unlock();
         ServeResult res;
@@ -2445,7 +2449,7 @@ static void* serve_engine_main(void*) {
         }
         lk.lock();
         j->result = std::move(res); j->done = true; j->t_done = serve_now();
-        s.engine_busy = false;
+        s.running--;
         s.st_requests++; s.st_prompt += res.prompt_tokens; s.st_completion += res.completion_tokens; s.st_decode_s += res.decode_s;
         j->cv.notify_all();
     }
@@ -3547,7 +3551,7 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     {
         std::lock_guard<std::mutex> lk(s.mu);
         if (serve_stopping()) { e = serve_make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
-        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.engine_busy || !s.queue.empty())) {
+        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.running >= s.opt.max_concurrency || !s.queue.empty())) {
             e = serve_make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
         } else {
             job->t_enqueue = serve_now();
@@ -4042,8 +4046,11 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     sigemptyset(&sa_sig.sa_mask);
     sigaction(SIGINT, &sa_sig, nullptr);
     sigaction(SIGTERM, &sa_sig, nullptr);
-    pthread_t engine_thread;
-    if (pthread_create(&engine_thread, nullptr, serve_engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
+    // one engine thread per lane: each takes the next queued request and runs it (the engine
+    // interleaves the running ones, ServeEngine.generate)
+    std::vector<pthread_t> engine_threads(o.max_concurrency);
+    for (pthread_t& t : engine_threads)
+        if (pthread_create(&t, nullptr, serve_engine_main, &t == &engine_threads[0] ? (void*)1 : nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
     fprintf(stderr, "ninfer-serve: listening on http://%s:%d (model %s, max context %d)\n",
             o.host.find(':') != std::string::npos ? ("[" + o.host + "]").c_str() : o.host.c_str(), bound_port,
             s.model_id.c_str(), eng->max_context > 0 ? eng->max_context : o.max_context);
@@ -4101,7 +4108,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     {
         std::unique_lock<std::mutex> lk(s.mu);
         fprintf(stderr, "ninfer-serve: shutting down: %d connection(s), %zu queued, %s\n", s.n_conns, s.queue.size(),
-                s.engine_busy ? "one running" : "none running");
+                (std::to_string(s.running) + " running").c_str());
         double deadline = serve_now() + o.drain_timeout_ms / 1e3;
         while (s.n_conns > 0 && serve_now() < deadline && s.signals < 2) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
         s.force_cancel = true;
@@ -4115,11 +4122,11 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     {
         std::unique_lock<std::mutex> lk(s.mu);
         double deadline = serve_now() + 2.0;
-        while (s.engine_busy && serve_now() < deadline) { lk.unlock(); usleep(10000); lk.lock(); }
-        engine_idle = !s.engine_busy;
+        while (s.running && serve_now() < deadline) { lk.unlock(); usleep(10000); lk.lock(); }
+        engine_idle = !s.running;
     }
     if (engine_idle) {
-        pthread_join(engine_thread, nullptr);
+        for (pthread_t& t : engine_threads) pthread_join(t, nullptr);
         if (eng->close) eng->close(eng->self);
     }
     if (s.jsonl) fclose(s.jsonl);

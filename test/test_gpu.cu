@@ -1000,7 +1000,7 @@ TEST(GpuPrefix, HostImageAndKvRowsRoundTripExactly) {
     Model m; std::string err;
     ASSERT_TRUE(model_open(&m, path, &err)) << err;
     for (int kv : {KV_BF16, KV_INT8, KV_FP8}) {
-        GpuOpts o; o.max_context = 256; o.prefill_chunk = 64; o.gdn_slots = GPU_LIVE_SLOTS + 1; o.kv = kv; o.quiet = true;
+        GpuOpts o; o.max_context = 256; o.prefill_chunk = 256; o.gdn_slots = GPU_LIVE_SLOTS + 1; o.kv = kv; o.quiet = true;
         GpuEngine* e = gpu_build(&m, o, &err);
         ASSERT_TRUE(e) << err;
         const int n = 90;
@@ -1048,8 +1048,8 @@ TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
         ASSERT_TRUE(engine_build(&en, &m, true, o, &err)) << err;
         PrefixCache pc, off;  // off: the fresh sequence, cut at the same turn boundaries
         PrefixOpts po; po.on = true; po.dev_slots = 1; po.host_slots = 2; po.host_kv_bytes = 64ll << 20;
-        ASSERT_TRUE(prefix_build(&pc, &en, po, &err)) << err;
-        ASSERT_TRUE(prefix_build(&off, &fresh, PrefixOpts(), &err)) << err;
+        ASSERT_TRUE(prefix_build(&pc, {&en}, po, &err)) << err;
+        ASSERT_TRUE(prefix_build(&off, {&fresh}, PrefixOpts(), &err)) << err;
         FrontendIds fr;
         ASSERT_TRUE(frontend_ids(&m, &fr, &err));
         std::vector<int> conv[2] = {kKjvPrompt, random_ids(37, fr.domain, 91)};
@@ -1063,7 +1063,7 @@ TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
                 const int boundary = (int)h.size() - 3;  // a 3-token "generation prologue"
                 splits[c].push_back(boundary);
                 int start = 0, at = 0, at2 = 0; const char* tier = "";
-                ASSERT_TRUE(prefix_prepare(&pc, &en, h, splits[c], boundary, true, GenCancel(), &start, &at, &tier));
+                ASSERT_TRUE(prefix_prepare(&pc, 0, h, splits[c], boundary, true, GenCancel(), &start, &at, &tier));
                 tiers.push_back(tier);
                 EXPECT_EQ(start, turn == 0 ? 0 : splits[c][splits[c].size() - 2]);
                 EXPECT_EQ(at, boundary);
@@ -1072,9 +1072,9 @@ TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
                 std::vector<int> out, ref;
                 std::vector<int> rest(h.begin() + at, h.end());
                 engine_generate(&en, &smp, rest, 12, {}, nullptr, [&](int id) { out.push_back(id); });
-                prefix_finish(&pc, &en, h, out, true, false);
+                prefix_finish(&pc, 0, h, out, true, false);
                 sampler_build(&smp, sp, fr.domain);
-                ASSERT_TRUE(prefix_prepare(&off, &fresh, h, splits[c], boundary, false, GenCancel(), &start, &at2, &tier));
+                ASSERT_TRUE(prefix_prepare(&off, 0, h, splits[c], boundary, false, GenCancel(), &start, &at2, &tier));
                 EXPECT_EQ(start, 0); EXPECT_EQ(at2, boundary);
                 std::vector<int> rest2(h.begin() + at2, h.end());
                 engine_generate(&fresh, &smp, rest2, 12, {}, nullptr, [&](int id) { ref.push_back(id); });

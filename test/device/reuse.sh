@@ -8,7 +8,7 @@ ln -sf ninfer ninfer-serve
 KJV=../models/kjv/kjv.ninfer
 mkdir -p ../build/models && NINFER_FIXTURES=fixtures python3 convert.py --synthetic tiny -o /tmp/tiny-hf >/dev/null && NINFER_FIXTURES=fixtures python3 convert.py /tmp/tiny-hf -o ../build/models/tiny.ninfer --weights groupwise-int >/dev/null
 up() { for i in $(seq 1 600); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.1; done; return 1; }
-(cd .. && .carry-batch/test_gpu --gtest_filter='GpuPrefix*:GpuState*:GpuEngineInterface*:GpuGeneration.GreedyMatchesCpuKjv') 2>&1 | grep -E "^\[|rel-l2|differ|Failure|Expected|Which|actual" | tail -40
+(cd .. && .carry-batch/test_gpu --gtest_filter='GpuPrefix*:GpuState*:GpuEngineInterface*:GpuGeneration.GreedyMatchesCpuKjv') 2>&1 | grep -E "^\[|rel-l2|differ|Failure|Expected|Which|actual|ninfer:" | tail -40
 ./ninfer-serve $KJV --port 18081 --device-state-slots 1 --host-state-slots 2 --log-stats-interval-ms 0 2>$OUT/kjv_reuse.log & A=$!
 ./ninfer-serve $KJV --port 18082 --no-prefix-reuse --log-stats-interval-ms 0 2>$OUT/kjv_plain.log & B=$!
 up 18081 && up 18082 && python3 loadgen.py chat --url http://127.0.0.1:18081 --compare http://127.0.0.1:18082 --turns 6 --user-words 80 --max-tokens 24
