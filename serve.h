@@ -3485,7 +3485,11 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     }
     int max_ctx = s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context;
     if (n >= max_ctx) {
-        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)",
+        // the numbers: a request that can never fit is told so (a lane holds max-context rows),
+        // one that fits waits for a lane under the 429 / 503 rules
+        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt's " + std::to_string(n) +
+                                                        " tokens do not fit a sequence of " + std::to_string(max_ctx) +
+                                                        " (prompt + at least one output token; see --max-context)",
                                                         ar.raw ? "prompt" : route == SERVE_ROUTE_RESPONSES ? "input" : "messages"), keep, lg);
         return keep;
     }

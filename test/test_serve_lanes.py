@@ -5,6 +5,7 @@ running at once give what the same requests give one at a time (greedy, and seed
 with mixed prompt lengths, some ending on stop strings and some cancelled mid-stream (their lane
 frees for the next). the reference is a --max-concurrency 1 server fed the same requests in turn."""
 import os
+import re
 import sys
 import threading
 import time
@@ -217,3 +218,24 @@ def test_concurrency_flags():
         assert "3 lane(s)" in line and "3 device state slots" in line, line  # --device-state-slots defaults to C
     finally:
         assert s.stop() == 0
+
+
+def test_spec_mtp_lanes_equal_one_at_a_time(one):
+    """cpu --spec mtp: each lane runs its own rounds (its own mtp rows and drafts)"""
+    s = start("--max-concurrency", "3", "--spec", "mtp", "--draft-tokens", "2")
+    try:
+        reqs = requests_mix()[:4]
+        got = run_all(s, reqs, True)
+        for a, b in zip(got, run_all(one, reqs, False)):
+            same_output(a, b)
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_prompt_that_can_never_fit_is_400_with_the_numbers(four):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(four).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(3000, 5)}], max_tokens=4)
+    b = e.value.body
+    assert b["code"] == "context_length_exceeded" and "do not fit a sequence of 2048" in b["message"], b
+    assert re.search(r"the prompt's \d+ tokens", b["message"]), b

@@ -374,3 +374,30 @@ def test_the_4b_card_gets_past_the_reuse_flags():
         assert "4 device state slots + 4 pinned host state slots" in line and "host kv up to 8192 MiB" in line, line
     finally:
         assert s.stop() == 0
+
+
+def test_a_client_leaving_during_the_boundary_prefill_leaves_a_usable_sequence(plain, oracle):
+    """the prefill up to the turn boundary stops within a piece when the client leaves; the
+    sequence it leaves is what it holds (no capture), and the conversation goes on exactly"""
+    from test_serve import Conn, http
+    s = start("--prefill-chunk", "128")
+    try:
+        hist = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": " ".join(["and the lord spake unto moses"] * 100)}]
+        body = json.dumps({"model": MODEL, "messages": hist, "max_tokens": 4, "temperature": 0}).encode()
+        since = len(s.log)
+        c = Conn(s.port)
+        c.send(http("POST", "/v1/chat/completions", body))
+        time.sleep(0.3)
+        c.close()
+        line = s.wait_log(r" 499 POST /v1/chat/completions", since=since, timeout=60)
+        assert "completion=0" in line, line
+        a, b = chat(s, hist), chat(plain, hist)
+        same_output(a, b)
+        assert a["cached"] == 0  # the cancelled request kept nothing: its boundary was never reached
+        hist.append({"role": "assistant", "content": a["content"], "reasoning_content": a["reasoning"]})
+        hist.append({"role": "user", "content": "And Aaron?"})
+        a2, b2 = chat(s, hist), chat(plain, hist)
+        same_output(a2, b2)
+        assert a2["cached"] == a["prompt"] - oracle.prologue and a2["cached"] > 500
+    finally:
+        assert s.stop() == 0
