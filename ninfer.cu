@@ -3197,19 +3197,22 @@ enum GemvKernel {
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
     GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
     GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
-    GEMV_XS_16X3,   // gemv_xs_kernel <16 warps, 3 stages, 2 blocks/sm>          (variant 10)
+    GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
 };
-// matrices of at most this many rows take GEMV_XS_16X3 whatever the columns (GpuTuning::
-// gemv_wide_rows; 0: off): their few 16-row tiles leave each warp of the 4- and 8-warp kernels
-// a long chain of dependent stages, which 16 warps split 2-4x shorter
-static int g_gemv_wide_rows = 0;
+// matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
+// gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
+// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. every
+// 9b product but gate_up and the head measured 2-13% faster with it (h200, bench-notes, issue 16);
+// those two stay on GEMV_XS_4X4
+enum { GEMV_OCC_ROWS = 16384 };
+static int g_gemv_occ_rows = GEMV_OCC_ROWS;
 // the kernel for one launch; shapes a kernel cannot take fall back (x-staged -> async ->
 // register), so every kernel this reaches passes the same tests
 template <int F>
 static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_16X3) && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) k = GEMV_ASYNC;
+    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_8X3_4) && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
     if constexpr (F == FMT_BF16) {
         launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
@@ -3219,13 +3222,13 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
             case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, tiles, 8 * 32, 0, stream, a); break;
             case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
             case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
-            case GEMV_XS_16X3: launch_k(gemv_xs_kernel<F, 16, 3, 2>, tiles, 16 * 32, gemv_xs_smem<F>(16, 3, xsb), stream, a); break;
+            case GEMV_XS_8X3_4: launch_k(gemv_xs_kernel<F, 8, 3, 4>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
         }
     }
     cudaCheck(cudaGetLastError());
 }
 static GemvKernel gemv_pick(const Mat& w, int C, bool x_transform) {
-    if (w.format != FMT_BF16 && w.rows <= g_gemv_wide_rows) return GEMV_XS_16X3;
+    if (w.format != FMT_BF16 && w.rows <= g_gemv_occ_rows) return GEMV_XS_8X3_4;
     if (x_transform) return w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
     if (w.format == FMT_BF16) return GEMV_REGISTER;
     if (C > 2) return GEMV_ASYNC;
@@ -5376,7 +5379,7 @@ template <int F>
 static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 16, 3, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
 static void gpu_kernels_init(bool pdl = true) {
     int dev = 0, major = 0;
@@ -5657,8 +5660,8 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  attn_splits pieces per kv head of at least attn_min_keys keys (a multiple of
 //                  128): Hkv x splits blocks, of which those past the context do nothing
 //                  (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
-//   gemv_wide_rows 0  decode products of at most this many rows take the 16-warp x-staged gemv
-//                  (g_gemv_wide_rows; NINFER_GEMV_WIDE_ROWS=N)
+//   gemv_occ_rows 16384  decode products of at most this many rows take the x-staged gemv
+//                  at 4 blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
@@ -5671,7 +5674,7 @@ struct GpuTuning {
     bool fuse_x = true;
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
-    int gemv_wide_rows = 0;
+    int gemv_occ_rows = GEMV_OCC_ROWS;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -5682,7 +5685,7 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
-    if (const char* gw = getenv("NINFER_GEMV_WIDE_ROWS")) t.gemv_wide_rows = std::max(atoi(gw), 0);
+    if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
     return t;
 }
 
@@ -6108,7 +6111,7 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl);
-    g_gemv_wide_rows = o.tune.gemv_wide_rows;
+    g_gemv_occ_rows = o.tune.gemv_occ_rows;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));

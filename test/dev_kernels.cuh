@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
 //   async kernel <NW, stages S, min blocks/sm> (6, 7); shapes it cannot take run variant 2
 //   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
 //   x-staged, more warps per 16-row tile (the k split over more warps: fewer dependent stages
-//   per warp, more bytes in flight for matrices of few tiles): 10 <16, 3, 2> (the product's
-//   GEMV_XS_16X3), 11 <16, 2, 2>, 12 <8, 4, 3>, 13 <8, 3, 4>
+//   per warp, more bytes in flight for matrices of few tiles): 10 <16, 3, 2>, 11 <16, 2, 2>,
+//   12 <8, 4, 3>, 13 <8, 3, 4> (the product's GEMV_XS_8X3_4)
 static const int GEMV_VARIANTS = 14;
 // the dev x-staged variants' launch: the opt-in shared memory once, then gemv_launch's fallbacks
 template <int F, int NW, int S, int MINB>
@@ -311,10 +311,10 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 7: gemv_launch<F>(GEMV_ASYNC, a, stream); break;
         case 8: gemv_launch<F>(GEMV_XS_8X3, a, stream); break;
         case 9: gemv_launch<F>(GEMV_XS_4X4, a, stream); break;
-        case 10: gemv_launch<F>(GEMV_XS_16X3, a, stream); break;
+        case 10: gemv_xs_dev_launch<F, 16, 3, 2>(a, stream); break;
         case 11: gemv_xs_dev_launch<F, 16, 2, 2>(a, stream); break;
         case 12: gemv_xs_dev_launch<F, 8, 4, 3>(a, stream); break;
-        case 13: gemv_xs_dev_launch<F, 8, 3, 4>(a, stream); break;
+        case 13: gemv_launch<F>(GEMV_XS_8X3_4, a, stream); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());

@@ -632,7 +632,7 @@ TEST(GpuGeneration, AttentionSplitPlansAgreeKjv) {
     if (!file_exists(path)) GTEST_SKIP() << path << " missing";
     Model m; std::string err;
     ASSERT_TRUE(model_open(&m, path, &err)) << err;
-    GpuOpts o; o.max_context = 1200; o.prefill_chunk = 256; o.quiet = true;
+    GpuOpts o; o.max_context = 1200; o.prefill_chunk = 512; o.quiet = true;
     GpuOpts o2 = o; o2.tune.attn_splits = 1024; o2.tune.attn_min_keys = 128;
     GpuEngine* a = gpu_build(&m, o, &err);
     ASSERT_TRUE(a) << err;
