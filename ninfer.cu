@@ -3201,10 +3201,11 @@ enum GemvKernel {
 };
 // matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
 // gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
-// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. every
-// 9b product but gate_up and the head measured 2-13% faster with it (h200, bench-notes, issue 16);
-// those two stay on GEMV_XS_4X4
-enum { GEMV_OCC_ROWS = 16384 };
+// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
+// every 9b product but gate_up and the head measured 0-10% faster with it; in the 9b decode
+// step it was 0.6% slower, in the 0.8b and 4b steps 8.7% and 2.1% faster (h200, issue 16), so
+// gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
+enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
 static int g_gemv_occ_rows = GEMV_OCC_ROWS;
 // the kernel for one launch; shapes a kernel cannot take fall back (x-staged -> async ->
 // register), so every kernel this reaches passes the same tests
@@ -5656,18 +5657,23 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //   gdn_chunked_min 64  prefill pieces of this many tokens or more take the chunked delta rule
 //                  (NINFER_GDN_CHUNKED=N; 0: never). the pair costs ~22 us at any T <= 64, the
 //                  recurrent kernel 0.41 us a token: 0.92x at 48, 1.18x at 64 (h200, 9b)
-//   attn_splits 64, attn_min_keys 256: decode attention splits a bucket's length into about
+//   attn_splits 256, attn_min_keys 128: decode attention splits a bucket's length into about
 //                  attn_splits pieces per kv head of at least attn_min_keys keys (a multiple of
-//                  128): Hkv x splits blocks, of which those past the context do nothing
-//                  (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
-//   gemv_occ_rows 16384  decode products of at most this many rows take the x-staged gemv
-//                  at 4 blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off)
+//                  128): Hkv x splits blocks, of which those past the context do nothing (a
+//                  context just past a bucket's half has half of them). 9b tg128 at depth 4096 /
+//                  32768: 274.8 / 203.9 tok/s with 64 and 256, 285.6 / 240.2 with these, 285.6 /
+//                  226.9 with 1024 and 128 (h200, issue 16) (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
+//   gemv_occ_rows 16384  products of at most this many rows take the x-staged gemv at 4
+//                  blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off), in
+//                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
+//                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
+//                  step was not: h200, issue 16)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
 // attn_prep is always on (the separate kernels measured no faster: ~0.2%) and device sampling
 // always where it applies (13% -> 0.4% of a decode token).
-enum { GPU_ATT_SPLITS = 64, GPU_ATT_MIN_KEYS = 256 };  // GpuTuning::attn_splits / attn_min_keys' defaults
+enum { GPU_ATT_SPLITS = 256, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
 struct GpuTuning {
     bool pdl = true;
     bool fork = true;
@@ -6111,7 +6117,7 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl);
-    g_gemv_occ_rows = o.tune.gemv_occ_rows;
+    g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
