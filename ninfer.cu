@@ -29,7 +29,8 @@
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
-//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope),
+//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
+//                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
 //                            7.7 argmax, 7.8 sampling on the device, 7.9 shared-memory matrix
@@ -39,9 +40,10 @@
 //                            per-frame attention, epilogues, products over the padded k)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
 //                            state, the forward pass, cuda graph decode, generate_gpu /
-//                            perplexity_gpu; the vision tower on the device (GpuVision: its
-//                            own weight arena and workspace, only when asked; mm_prepare_gpu)
-//   9. engine                one sequence on either path (cpu reference or gpu)
+//                            perplexity_gpu, the copy bandwidth; the vision tower on the device
+//                            (GpuVision: its own weight arena and workspace, only when asked;
+//                            mm_prepare_gpu)
+//   9. engine                one sequence on either path (cpu reference or gpu), engine_start
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; media in a conversation (chat_media,
@@ -49,7 +51,8 @@
 //                            interface (chat and completion prompts, per-token logprobs,
 //                            prompt scoring)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
-//                            one runner per mode, main (left out when NINFER_TESTING)
+//                            one runner per mode, ninfer-bench (llama-bench's pp / tg rows on
+//                            either path), main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
