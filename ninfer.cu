@@ -40,16 +40,19 @@
 //                            per-frame attention, epilogues, products over the padded k)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
 //                            state, the forward pass, cuda graph decode, generate_gpu /
-//                            perplexity_gpu, the copy bandwidth; the vision tower on the device
+//                            perplexity_gpu, the copy bandwidth, state images and kv rows
+//                            through pinned host memory (prefix reuse); the vision tower on the device
 //                            (GpuVision: its own weight arena and workspace, only when asked;
 //                            mm_prepare_gpu)
-//   9. engine                one sequence on either path (cpu reference or gpu), engine_start
+//   9. engine                one sequence on either path (cpu reference or gpu), engine_start;
+//                            prefix reuse (PrefixCache: retained prefixes in device / host
+//                            state-slot tiers, prefix_prepare / prefix_finish)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; media in a conversation (chat_media,
 //                            text_prompt, the tower with its media cache); serve.h's engine
 //                            interface (chat and completion prompts, per-token logprobs,
-//                            prompt scoring)
+//                            prompt scoring, --max-concurrency lanes taking turns, the memory plan)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, ninfer-bench (llama-bench's pp / tg rows on
 //                            either path), main (left out when NINFER_TESTING)
@@ -7242,7 +7245,8 @@ static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std
 
 // === 9. engine ===============================================================
 //
-// one sequence on either path: the interface the cli (and the server) drive
+// one sequence on either path: the interface the cli (and the server) drive; then the
+// server's retained prefixes over one or more such sequences (PrefixCache)
 
 struct Engine {
     const Model* m = nullptr;
@@ -7344,7 +7348,7 @@ static double engine_perplexity(Engine* en, const std::vector<int>& ids, int win
 //   - exactness: an entry is used only when the prompt starts with its tokens, and leaves at
 //     least one prompt token to prefill (the first output is sampled from that row's logits).
 // the capture points are the server's (served_generate: the template boundaries); this part
-// knows only tokens. engine thread only.
+// knows only tokens. one lane at a time (the one whose turn it is: LaneRing).
 
 struct PrefixOpts {
     bool on = false;              // --no-prefix-reuse turns it off
