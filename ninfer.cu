@@ -43,16 +43,19 @@
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
 //                            state, the forward pass, cuda graph decode, generate_gpu, the mtp
 //                            round (gpu_mtp, generate_spec_gpu), perplexity_gpu, the copy
-//                            bandwidth; the vision tower on the device
+//                            bandwidth, state images and kv rows through pinned host memory
+//                            (prefix reuse); the vision tower on the device
 //                            (GpuVision: its own weight arena and workspace, only when asked;
 //                            mm_prepare_gpu)
-//   9. engine                one sequence on either path (cpu reference or gpu), engine_start
+//   9. engine                one sequence on either path (cpu reference or gpu), engine_start;
+//                            prefix reuse (PrefixCache: retained prefixes in device / host
+//                            state-slot tiers, prefix_prepare / prefix_finish)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; media in a conversation (chat_media,
 //                            text_prompt, the tower with its media cache); serve.h's engine
 //                            interface (chat and completion prompts, per-token logprobs,
-//                            prompt scoring)
+//                            prompt scoring, --max-concurrency lanes taking turns, the memory plan)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, ninfer-bench (llama-bench's pp / tg rows on
 //                            either path), main (left out when NINFER_TESTING)
@@ -79,6 +82,7 @@
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
 #include <type_traits> // defines: std::is_void_v
+#include <list>        // defines: std::list (the retained prefixes)
 #include <random>      // defines: std::mt19937_64 (ninfer-bench's prompt ids)
 #ifdef _OPENMP
 #include <omp.h>       // defines: omp_get_max_threads
@@ -6733,7 +6737,6 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
     return sample(smp, e->h_logits, position, purpose);
 }
 
-#ifdef NINFER_TESTING  // no product caller yet (prefix reuse and mtp rounds will be)
 // state slots: copy the live deltanet state into slot `to` (prefix reuse keeps it), or make
 // slot `from` the live one again (kv rows are position-addressed: restoring also needs the
 // position the snapshot was taken at). slots 0 and 1 are the live pair (generate_gpu runs a
@@ -6759,7 +6762,50 @@ static void gpu_restore(GpuEngine* e, int from, int pos) {
     e->pos = pos;
     e->last_logits = nullptr;
 }
-#endif  // NINFER_TESTING
+
+// ---- prefix reuse on the device: state images and kv rows (the engine's PrefixCache) ------
+//
+// a state image is the deltanet state of every gdn layer (conv bf16 + recurrent fp32,
+// gpu_gdn_bytes of one slot); device images are gdn slots (PrefixCache takes the last
+// --device-state-slots of them), host images pinned buffers laid out layer by layer, conv
+// then recurrent. kv rows [a, b) of a prefix of n rows go to / come from a pinned buffer laid
+// out per full layer as k codes [Hkv][n][256], v codes, then (int8 / fp8) k and v scales
+// [Hkv][n][KV_GROUPS]: the device planes' order with n rows instead of the capacity.
+static void gpu_image_host(GpuEngine* e, int slot, uint8_t* host, bool to_host) {
+    const Geometry& g = e->m->geo;
+    const cudaMemcpyKind k = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    size_t off = 0;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        uint8_t* c = (uint8_t*)(e->conv[l] + (int64_t)slot * e->conv_slot);
+        uint8_t* r = (uint8_t*)(e->rec[l] + (int64_t)slot * e->rec_slot);
+        const size_t cb = e->conv_slot * 2, rb = e->rec_slot * 4;
+        cudaCheck(cudaMemcpyAsync(to_host ? host + off : c, to_host ? c : host + off, cb, k, e->stream)); off += cb;
+        cudaCheck(cudaMemcpyAsync(to_host ? host + off : r, to_host ? r : host + off, rb, k, e->stream)); off += rb;
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));  // the host buffer is read or reused right after
+}
+static void gpu_kv_rows_host(GpuEngine* e, int a, int b, int n, uint8_t* host, bool to_host) {
+    const Geometry& g = e->m->geo;
+    CHECK(0 <= a && a <= b && b <= n && n <= e->capacity, "kv rows [%d, %d) of %d", a, b, n);
+    if (a == b) return;
+    const cudaMemcpyKind k = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    size_t off = 0;
+    auto planes = [&](uint8_t* dev, size_t row) {  // one [Hkv][rows][row bytes] plane
+        uint8_t* d = dev + (size_t)a * row; uint8_t* h = host + off + (size_t)a * row;
+        const size_t dp = (size_t)e->capacity * row, hp = (size_t)n * row, w = (size_t)(b - a) * row;
+        if (to_host) cudaCheck(cudaMemcpy2DAsync(h, hp, d, dp, w, g.Hkv, k, e->stream));
+        else cudaCheck(cudaMemcpy2DAsync(d, dp, h, hp, w, g.Hkv, k, e->stream));
+        off += hp * g.Hkv;
+    };
+    const size_t code = (size_t)ATT_HD * kv_elem_bytes(e->o.kv), scale = (size_t)KV_GROUPS * 2;
+    for (int l = 0; l < g.L; l++) {
+        if (!g.full[l]) continue;
+        planes((uint8_t*)e->kc[l], code); planes((uint8_t*)e->vc[l], code);
+        if (e->o.kv != KV_BF16) { planes((uint8_t*)e->ksc[l], scale); planes((uint8_t*)e->vsc[l], scale); }
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+}
 
 // ---- generation ----------------------------------------------------------------------------
 
@@ -7365,7 +7411,8 @@ static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std
 
 // === 9. engine ===============================================================
 //
-// one sequence on either path: the interface the cli (and the server) drive
+// one sequence on either path: the interface the cli (and the server) drive; then the
+// server's retained prefixes over one or more such sequences (PrefixCache)
 
 struct Engine {
     const Model* m = nullptr;
@@ -7440,6 +7487,400 @@ static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
     return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
+}
+
+// ---- prefix reuse: retained prefixes in state-slot tiers ------------------------------------
+//
+// the server keeps one live sequence (the Engine) and retained prefixes of earlier requests.
+// an entry is the token list of a sequence at a reusable boundary and what continues it
+// exactly: its state image (every gdn layer's conv and recurrent state; on the cpu with
+// --spec also the mtp's pending row, below) in a device slot or a pinned host slot, and its kv
+// rows, which are either the live sequence's own rows (while the live rows hold the entry's
+// tokens: "live-backed") or a pinned host copy. there is no longest-common-prefix reuse: the
+// deltanet state cannot be rebuilt from kv rows, so a request continues only from an entry
+// whose tokens its prompt starts with (reference-engine.md 14).
+//   - tiers: --device-state-slots images on the device (gdn slots after the live pair),
+//     --host-state-slots pinned host images, --host-kv-mib pinned host bytes of kv copies
+//     (allocated per entry as needed, up to the budget). a new image goes to a free device
+//     slot; with none free a device image spills to a host slot (a host entry is evicted for it
+//     when they are all taken); with no host slots it is dropped. the victim in a full tier is
+//     the new entry's own ancestor when it has one there (the previous turn of the same
+//     conversation, superseded by this one), else the least recently used. restoring reads
+//     either tier straight into the live state.
+//   - kv: before live rows from r on are overwritten (a request starting at r), every other
+//     live-backed entry longer than r gets a host copy of its rows (evicting the least
+//     recently used copies to make room) or, when it cannot fit, is dropped. restoring a
+//     host-backed entry copies back only the rows the live sequence does not already hold.
+//   - exactness: an entry is used only when the prompt starts with its tokens, and leaves at
+//     least one prompt token to prefill (the first output is sampled from that row's logits).
+// the capture points are the server's (served_generate: the template boundaries); this part
+// knows only tokens. one lane at a time (the one whose turn it is: LaneRing).
+
+struct PrefixOpts {
+    bool on = false;              // --no-prefix-reuse turns it off
+    int dev_slots = 0;            // --device-state-slots
+    int host_slots = 0;           // --host-state-slots
+    int64_t host_kv_bytes = 0;    // --host-kv-mib
+};
+
+struct PrefixEntry {
+    std::vector<int> tok;         // the prefix: rows [0, n) with n = tok.size()
+    int dev = -1, host = -1;      // its image: a device slot or a host slot (exactly one)
+    uint8_t* kv = nullptr;        // host copy of kv rows [0, n), n * row_bytes; null: live-backed
+    int lane = -1;                // live-backed: the lane whose live rows hold them
+    std::vector<float> bridge;    // cpu --spec: main hidden row n-1 (the mtp row n-1 waits for token n)
+    uint64_t used = 0;            // lru clock
+};
+
+struct PrefixCache {
+    PrefixOpts o;
+    bool gpu = false;
+    size_t image_bytes = 0, row_bytes = 0;   // one state image; one kv row of every attention layer
+    int first_dev_slot = 0;       // gpu: the gdn slot of device image 0 (the last dev_slots slots)
+    uint8_t* dev_img = nullptr;   // cpu: [dev_slots] images (the gpu's are gdn slots)
+    std::vector<uint8_t*> host_img;  // [host_slots] images, pinned on the gpu path
+    std::list<PrefixEntry> entries;
+    std::vector<Engine*> lanes;   // the live sequences (--max-concurrency; the gpu has one)
+    std::vector<std::vector<int>> live;     // per lane: the tokens of its kv rows [0, size); their state is its live one
+    std::vector<std::vector<float>> bridge; // per lane, cpu --spec: the pending mtp input (st.mtp_pos == pos - 1)
+    int64_t host_kv_used = 0;
+    uint64_t clock = 0;
+    std::vector<float> logits;    // cpu: one row for the boundary prefill
+    long spills = 0, kv_copies = 0, drops = 0, host_restores = 0;  // for the tests and the log
+};
+
+static uint8_t* prefix_host_alloc(const PrefixCache* pc, size_t bytes) {
+    uint8_t* p = nullptr;
+    if (pc->gpu) { if (cudaHostAlloc((void**)&p, bytes, cudaHostAllocDefault) != cudaSuccess) { cudaGetLastError(); return nullptr; } }
+    else p = (uint8_t*)malloc(bytes);
+    return p;
+}
+static void prefix_host_free(const PrefixCache* pc, uint8_t* p) {
+    if (!p) return;
+    if (pc->gpu) cudaCheck(cudaFreeHost(p)); else free(p);
+}
+
+// the live state <-> the images and kv rows, on either path
+static void cpu_image(SeqState* st, const Geometry& g, uint8_t* img, bool save) {
+    size_t off = 0;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        float* c = st->conv[l]; float* r = st->rec[l];
+        const size_t cb = st->conv_n * 4, rb = st->rec_n * 4;
+        if (save) { memcpy(img + off, c, cb); memcpy(img + off + cb, r, rb); }
+        else { memcpy(c, img + off, cb); memcpy(r, img + off + cb, rb); }
+        off += cb + rb;
+    }
+}
+static void cpu_kv_rows(SeqState* st, const Geometry& g, int a, int b, int n, uint8_t* host, bool to_host) {
+    const size_t row = (size_t)g.Hkv * g.head_dim * 4;
+    size_t off = 0;
+    auto plane = [&](float* p) {
+        uint8_t* d = (uint8_t*)p + (size_t)a * row; uint8_t* h = host + off + (size_t)a * row;
+        if (b > a) memcpy(to_host ? h : d, to_host ? d : h, (size_t)(b - a) * row);
+        off += (size_t)n * row;
+    };
+    for (int l = 0; l < g.L; l++) if (g.full[l]) { plane(st->key[l]); plane(st->value[l]); }
+    if (st->mtp_key) { plane(st->mtp_key); plane(st->mtp_value); }
+}
+static void prefix_image_save(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // live -> e's slot
+    if (en->gpu) {
+        if (e.dev >= 0) gpu_snapshot(en->g, pc->first_dev_slot + e.dev);
+        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], true);
+    } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], true);
+}
+static void prefix_image_load(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // e's slot -> live
+    if (e.host >= 0) pc->host_restores++;
+    if (en->gpu) {
+        if (e.dev >= 0) gpu_restore(en->g, pc->first_dev_slot + e.dev, en->g->pos);
+        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], false);
+    } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], false);
+}
+static void prefix_image_spill(PrefixCache* pc, Engine* en, int dev, int host) {  // device image -> host slot
+    if (en->gpu) gpu_image_host(en->g, pc->first_dev_slot + dev, pc->host_img[host], true);
+    else memcpy(pc->host_img[host], pc->dev_img + dev * pc->image_bytes, pc->image_bytes);
+    pc->spills++;
+}
+static void prefix_kv_rows(Engine* en, int a, int b, int n, uint8_t* host, bool to_host) {
+    if (en->gpu) gpu_kv_rows_host(en->g, a, b, n, host, to_host);
+    else cpu_kv_rows(&en->st, en->m->geo, a, b, n, host, to_host);
+}
+// kv rows [a, b) from one lane's sequence to another's (cpu lanes: the gpu runs one)
+static void prefix_kv_lane_copy(Engine* dst, Engine* src, int a, int b) {
+    CHECK(!dst->gpu && !src->gpu, "kv rows between gpu lanes");
+    const Geometry& g = dst->m->geo;
+    const size_t row = (size_t)g.Hkv * g.head_dim * 4;
+    auto plane = [&](float* d, const float* s) { if (b > a) memcpy((uint8_t*)d + (size_t)a * row, (const uint8_t*)s + (size_t)a * row, (size_t)(b - a) * row); };
+    for (int l = 0; l < g.L; l++) if (g.full[l]) { plane(dst->st.key[l], src->st.key[l]); plane(dst->st.value[l], src->st.value[l]); }
+    if (dst->st.mtp_key) { plane(dst->st.mtp_key, src->st.mtp_key); plane(dst->st.mtp_value, src->st.mtp_value); }
+}
+// a fresh live sequence that leaves the images and kv rows alone (engine_reset clears all
+// state slots): zero deltanet state in the live slot(s), position 0
+static void prefix_reset_live(Engine* en) {
+    const Geometry& g = en->m->geo;
+    if (en->gpu) {
+        GpuEngine* e = en->g;
+        e->slot = 0;
+        for (int l = 0; l < g.L; l++) {
+            if (g.full[l]) continue;
+            cudaCheck(cudaMemsetAsync(e->conv[l], 0, e->conv_slot * 2, e->stream));
+            cudaCheck(cudaMemsetAsync(e->rec[l], 0, e->rec_slot * 4, e->stream));
+        }
+        e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr;
+        return;
+    }
+    SeqState* st = &en->st;
+    for (int l = 0; l < g.L; l++)
+        if (!g.full[l]) { memset(st->conv0[l], 0, st->gdn_slots * st->conv_n * 4); memset(st->rec0[l], 0, st->gdn_slots * st->rec_n * 4); }
+    st->pos = st->rope_delta = st->mtp_pos = 0;
+    seq_set_slot(st, 0);
+}
+static void prefix_seek(Engine* en, int pos) {
+    if (en->gpu) { en->g->pos = pos; en->g->rope_delta = 0; en->g->last_logits = nullptr; }
+    else { en->st.pos = pos; en->st.rope_delta = 0; }
+}
+
+static bool prefix_build(PrefixCache* pc, const std::vector<Engine*>& lanes, const PrefixOpts& o, std::string* err) {
+    Engine* en = lanes[0];
+    const Geometry& g = en->m->geo;
+    pc->o = o;
+    pc->gpu = en->gpu;
+    pc->lanes = lanes;
+    pc->live.assign(lanes.size(), {});
+    pc->bridge.assign(lanes.size(), {});
+    if (!en->gpu) pc->logits.assign(g.vocab, 0.0f);  // the split prefill runs with reuse off too
+    if (!o.on) return true;
+    if (en->gpu) {
+        pc->image_bytes = gpu_gdn_bytes(g, 1);
+        pc->row_bytes = gpu_kv_bytes_per_row(g, en->g->o.kv);
+        pc->first_dev_slot = en->g->o.gdn_slots - o.dev_slots;
+        CHECK(pc->first_dev_slot >= GPU_LIVE_SLOTS, "%d gdn slots for %d device state slots", en->g->o.gdn_slots, o.dev_slots);
+    } else {
+        pc->image_bytes = (size_t)g.n_gdn * (en->st.conv_n + en->st.rec_n) * 4;
+        pc->row_bytes = (size_t)(g.n_full + (en->st.mtp_key ? 1 : 0)) * 2 * g.Hkv * g.head_dim * 4;
+        if (o.dev_slots > 0 && !(pc->dev_img = (uint8_t*)malloc(o.dev_slots * pc->image_bytes))) {
+            *err = "out of memory for " + std::to_string(o.dev_slots) + " device state slots"; return false;
+        }
+    }
+    for (int i = 0; i < o.host_slots; i++) {
+        uint8_t* p = prefix_host_alloc(pc, pc->image_bytes);
+        if (!p) {
+            char b[256];
+            snprintf(b, sizeof b, "cannot pin %d host state slots of %.1f MiB (--host-state-slots)", o.host_slots, pc->image_bytes / 1048576.0);
+            *err = b; return false;
+        }
+        pc->host_img.push_back(p);
+    }
+    return true;
+}
+static void prefix_free(PrefixCache* pc) {
+    for (PrefixEntry& e : pc->entries) prefix_host_free(pc, e.kv);
+    for (uint8_t* p : pc->host_img) prefix_host_free(pc, p);
+    free(pc->dev_img);
+    *pc = PrefixCache();
+}
+
+static int prefix_common(const std::vector<int>& a, const std::vector<int>& b) {
+    size_t n = std::min(a.size(), b.size()), i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return (int)i;
+}
+static void prefix_drop(PrefixCache* pc, std::list<PrefixEntry>::iterator it) {
+    if (it->kv) { prefix_host_free(pc, it->kv); pc->host_kv_used -= (int64_t)(it->tok.size() * pc->row_bytes); }
+    pc->entries.erase(it);
+    pc->drops++;
+}
+// the least recently used entry matching pred, or end
+template <typename Pred>
+static std::list<PrefixEntry>::iterator prefix_lru(PrefixCache* pc, Pred pred) {
+    auto best = pc->entries.end();
+    for (auto it = pc->entries.begin(); it != pc->entries.end(); ++it)
+        if (pred(*it) && (best == pc->entries.end() || it->used < best->used)) best = it;
+    return best;
+}
+// give a live-backed entry its own host copy of its kv rows; false when the budget cannot hold it
+static bool prefix_keep_kv(PrefixCache* pc, std::list<PrefixEntry>::iterator it, std::list<PrefixEntry>::iterator keep) {
+    const int n = (int)it->tok.size();
+    const int64_t bytes = (int64_t)n * pc->row_bytes;
+    if (bytes > pc->o.host_kv_bytes) return false;
+    const PrefixEntry* kp = keep == pc->entries.end() ? nullptr : &*keep;
+    while (pc->host_kv_used + bytes > pc->o.host_kv_bytes) {
+        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return e.kv && &e != &*it && &e != kp; });
+        if (v == pc->entries.end()) return false;
+        prefix_drop(pc, v);
+    }
+    it->kv = prefix_host_alloc(pc, bytes);
+    if (!it->kv) return false;
+    prefix_kv_rows(pc->lanes[it->lane], 0, n, n, it->kv, true);
+    pc->host_kv_used += bytes;
+    pc->kv_copies++;
+    return true;
+}
+// a lane's live rows from r on are about to change: every other entry they back that is longer
+// than r keeps its rows on the host or goes
+static void prefix_protect(PrefixCache* pc, int lane, int r, std::list<PrefixEntry>::iterator keep) {
+    for (auto it = pc->entries.begin(); it != pc->entries.end();) {
+        auto nx = std::next(it);
+        if (it != keep && !it->kv && it->lane == lane && (int)it->tok.size() > r && !prefix_keep_kv(pc, it, keep)) prefix_drop(pc, it);
+        it = nx;
+    }
+}
+
+// place the live sequence for `prompt`: continue from the longest entry the prompt starts
+// with (lookup) or start afresh. returns the tokens reused (the sequence's position); *tier
+// says where the state came from: "device", "host", "miss" (or "off")
+static int prefix_begin(PrefixCache* pc, int lane, const std::vector<int>& prompt, bool lookup, const char** tier) {
+    Engine* en = pc->lanes[lane];
+    *tier = "off";
+    if (!pc->o.on) { engine_reset(en); return 0; }
+    *tier = lookup ? "miss" : "off";
+    auto best = pc->entries.end();
+    if (lookup)
+        for (auto it = pc->entries.begin(); it != pc->entries.end(); ++it) {
+            const size_t n = it->tok.size();
+            if (n < prompt.size() && (best == pc->entries.end() || n > best->tok.size()) &&
+                std::equal(it->tok.begin(), it->tok.end(), prompt.begin()))
+                best = it;
+        }
+    if (best == pc->entries.end()) {
+        prefix_protect(pc, lane, 0, best);
+        prefix_reset_live(en);
+        pc->live[lane].clear(); pc->bridge[lane].clear();
+        return 0;
+    }
+    // the rows this lane already holds; the rest from the host copy or the lane that backs it
+    const int n = (int)best->tok.size(), c = std::min(n, prefix_common(best->tok, pc->live[lane]));
+    CHECK(c == n || best->kv || best->lane != lane, "a live-backed prefix of %d rows whose rows its lane lost at %d", n, c);
+    prefix_protect(pc, lane, c, best);
+    if (c < n) {
+        if (best->kv) prefix_kv_rows(en, c, n, n, best->kv, false);
+        else prefix_kv_lane_copy(en, pc->lanes[best->lane], c, n);
+    }
+    pc->live[lane] = best->tok;
+    prefix_seek(en, n);
+    prefix_image_load(pc, en, *best);
+    if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge[lane] = best->bridge; }
+    best->used = ++pc->clock;
+    *tier = best->dev >= 0 ? "device" : "host";
+    return n;
+}
+
+// cpu --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
+static void prefix_bridge(PrefixCache* pc, int lane, int next) {
+    Engine* en = pc->lanes[lane];
+    if (en->gpu || !en->spec.K || en->st.mtp_pos != en->st.pos - 1) return;
+    CHECK((int)pc->bridge[lane].size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
+    mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge[lane].data(), nullptr, 1, nullptr, false, nullptr);
+}
+
+// append ids[0, T) to the live sequence without sampling (a boundary's prefill); false when
+// cancel stopped it (the sequence holds the pieces done)
+static bool prefix_prefill(PrefixCache* pc, int lane, const int* ids, int T, const GenCancel& cancel) {
+    Engine* en = pc->lanes[lane];
+    const Geometry& g = en->m->geo;
+    const int piece = en->gpu ? en->g->T_max : en->rs.T_max;
+    for (int i = 0; i < T; i += piece) {
+        if (en->gpu && i > 0 && cancel.fn) cudaCheck(cudaStreamSynchronize(en->g->stream));
+        if (cancel()) return false;
+        const int t = std::min(piece, T - i);
+        if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
+        else if (!en->spec.K) forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, nullptr);
+        else {  // the mtp rows of the same positions, all but the last (its token is the next piece's first)
+            prefix_bridge(pc, lane, ids[i]);
+            float* hid = en->sp.hid.data();
+            forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, hid);
+            if (t > 1) mtp_forward_cpu(en->m, &en->rs, &en->st, ids + i + 1, nullptr, hid, nullptr, t - 1, nullptr, false, nullptr);
+            pc->bridge[lane].assign(hid + (size_t)(t - 1) * g.H, hid + (size_t)t * g.H);
+        }
+        pc->live[lane].insert(pc->live[lane].end(), ids + i, ids + i + t);
+    }
+    if (en->gpu) cudaCheck(cudaStreamSynchronize(en->g->stream));
+    return true;
+}
+
+static void prefix_capture(PrefixCache* pc, int lane);
+
+// a generation's placing: the live sequence continues from the longest retained prefix of
+// `prompt` (reuse) or starts afresh, and is prefilled up to the last of `splits` (ascending
+// token indices), with a piece boundary at each: the state at `capture` (one of them) is kept.
+// the generation's own prompt is then prompt[*at:] (its mtp bridge done). false when cancel
+// stopped the prefill. *start: the tokens reused.
+// why splits: the gpu's prefill rounds differently with its piece boundaries (the deltanet's
+// chunk grid, the decode kernels for short pieces), and a continued prefix was prefilled in
+// pieces cut where its own requests were cut. cutting every prompt at every template turn
+// opener, whether or not anything is reused (and with --no-prefix-reuse), makes a request that
+// continues from a turn boundary compute bit for bit what the same prompt computes from scratch.
+static bool prefix_prepare(PrefixCache* pc, int lane, const std::vector<int>& prompt, const std::vector<int>& splits, int capture,
+                           bool reuse, const GenCancel& cancel, int* start, int* at, const char** tier) {
+    *start = *at = prefix_begin(pc, lane, prompt, reuse, tier);
+    for (int b : splits) {
+        if (b <= *at || b >= (int)prompt.size()) continue;
+        if (!prefix_prefill(pc, lane, prompt.data() + *at, b - *at, cancel)) return false;
+        *at = b;
+        if (reuse && b == capture) prefix_capture(pc, lane);
+    }
+    if (*at > 0) prefix_bridge(pc, lane, prompt[*at]);
+    return true;
+}
+
+// after a generation: the live rows hold the prompt, then the ids fed back (out: every id
+// emitted, in order); rows that are no one's prefix (a media prompt's: keep false) are
+// forgotten. replay: keep the state after the response too (cpu --spec cannot: the round
+// leaves no pending mtp row to key)
+static void prefix_finish(PrefixCache* pc, int lane, const std::vector<int>& prompt, const std::vector<int>& out, bool keep, bool replay) {
+    if (!pc->o.on) return;
+    Engine* en = pc->lanes[lane];
+    std::vector<int>& live = pc->live[lane];
+    const int pos = engine_pos(en);
+    live.assign(prompt.begin(), prompt.begin() + std::min<int>(pos, (int)prompt.size()));
+    for (int k = 0; (int)live.size() < pos && k < (int)out.size(); k++) live.push_back(out[k]);
+    if (!keep || (int)live.size() != pos) { prefix_reset_live(en); live.clear(); pc->bridge[lane].clear(); }
+    else if (replay && (en->gpu || !en->spec.K)) prefix_capture(pc, lane);
+}
+
+// retain a lane's live sequence as it is now (its tokens are pc->live[lane])
+static void prefix_capture(PrefixCache* pc, int lane) {
+    Engine* en = pc->lanes[lane];
+    const std::vector<int>& live = pc->live[lane];
+    if (!pc->o.on || live.empty() || (pc->o.dev_slots == 0 && pc->o.host_slots == 0)) return;
+    CHECK((int)live.size() == engine_pos(en), "live tokens %zu at position %d", live.size(), engine_pos(en));
+    for (PrefixEntry& e : pc->entries)
+        if (e.tok == live) { e.used = ++pc->clock; return; }  // the same state, already kept
+    PrefixEntry ne;
+    ne.tok = live;
+    ne.lane = lane;
+    auto taken = [&](bool dev, int k) {
+        for (const PrefixEntry& e : pc->entries) if ((dev ? e.dev : e.host) == k) return true;
+        return false;
+    };
+    // the victim in a full tier: the new entry's own ancestors first (the earlier checkpoints of
+    // the same conversation, which its next turn no longer needs), then the least recently used
+    auto ancestor = [&](const PrefixEntry& e) {
+        return e.tok.size() < ne.tok.size() && std::equal(e.tok.begin(), e.tok.end(), ne.tok.begin());
+    };
+    auto victim = [&](bool dev) {
+        auto v = prefix_lru(pc, [&](const PrefixEntry& e) { return (dev ? e.dev : e.host) >= 0 && ancestor(e); });
+        return v != pc->entries.end() ? v : prefix_lru(pc, [&](const PrefixEntry& e) { return (dev ? e.dev : e.host) >= 0; });
+    };
+    auto free_host = [&]() -> int {  // a free host slot, evicting a host entry when they are all taken
+        for (int k = 0; k < pc->o.host_slots; k++) if (!taken(false, k)) return k;
+        auto v = victim(false);
+        const int k = v->host;
+        prefix_drop(pc, v);
+        return k;
+    };
+    for (int k = 0; k < pc->o.dev_slots && ne.dev < 0; k++) if (!taken(true, k)) ne.dev = k;
+    if (ne.dev < 0 && pc->o.dev_slots > 0) {  // the device tier is full: its lru image moves down
+        auto v = victim(true);
+        ne.dev = v->dev;
+        if (pc->o.host_slots == 0) prefix_drop(pc, v);
+        else { const int h = free_host(); prefix_image_spill(pc, en, v->dev, h); v->dev = -1; v->host = h; }
+    }
+    if (ne.dev < 0) ne.host = free_host();
+    if (!en->gpu && en->spec.K) ne.bridge = pc->bridge[lane];
+    ne.used = ++pc->clock;
+    prefix_image_save(pc, en, ne);
+    pc->entries.push_back(std::move(ne));
 }
 
 // === 10. info =================================================================
@@ -7587,6 +8028,9 @@ struct TextRequest {
     void (*on_token)(void* ctx, int id, int channel) = nullptr;
     void* token_ctx = nullptr;
     const MmPrompt* mm = nullptr;     // the prompt's media rows and positions (text_media_tower), if any
+    bool keep = false;                // continue the sequence where it stands (the server placed it: prefix
+                                      // reuse); else start afresh
+    Engine* engine = nullptr;         // the sequence to run on (the server's lanes); null: the model's own
 };
 
 struct TextResult {
@@ -7796,7 +8240,8 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     TextResult res;
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
-    engine_reset(&t->en);
+    Engine* en = rq.engine ? rq.engine : &t->en;
+    if (!rq.keep) engine_reset(en);
     TextOut to;
     text_out_init(&to, rq.thinking_open, rq.raw);
     to.parser.stop = rq.stop;
@@ -7805,7 +8250,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
     to.parser.plain = rq.plain;
     std::vector<OutEvent> evs;
     bool alive = true;
-    res.gen = engine_generate(&t->en, &smp, rq.prompt, rq.max_new, rq.stop_ids, rq.tap, [&](int id) -> bool {
+    res.gen = engine_generate(en, &smp, rq.prompt, rq.max_new, rq.stop_ids, rq.tap, [&](int id) -> bool {
         if (rq.on_token) rq.on_token(rq.token_ctx, id, to.parser.mode);
         bool go = text_out_push(&to, &t->tok, id, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, id)) alive = false;
@@ -7823,10 +8268,79 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
 
 // ---- the server's engine (serve.h's interface) --------------------------------
 
+// --max-concurrency lanes: serve.h calls generate on up to C threads at once; each request
+// takes a free lane (its own sequence: on the cpu path an Engine per lane, sharing the weights)
+// and the running lanes take turns one step each, round robin: a step is one decode token or
+// one prefill piece (at most --prefill-chunk tokens), so a long prompt entering never stalls
+// the streams already running for more than a piece, and a lane that ends (done, stop string,
+// cancelled) leaves the ring at once, freeing its lane for the next queued request. the lanes
+// run one after another, not batched: the gpu's batched decode (one step for all lanes) is not
+// built, so the gpu runs one lane.
+struct LaneRing {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<int> ring;         // the running lanes; the front one has the turn
+    std::vector<char> busy;       // [lanes]
+};
+
 struct ServedModel {
     ServeEngine api;  // what serve.h sees; api.self points back here
     TextModel t;
+    std::vector<std::unique_ptr<Engine>> extra;  // cpu lanes 1..C-1 (lane 0 is t.en)
+    std::vector<Engine*> lanes;
+    LaneRing ring;
+    PrefixCache pc;   // retained prefixes (the lane with the turn)
+    int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
+    std::string reuse_note;  // why reuse is off when no flag turned it off
 };
+
+// take a free lane (the one whose sequence already holds the longest part of the prompt) and
+// wait for its first turn
+static int lane_enter(ServedModel* s, const std::vector<int>& prompt) {
+    LaneRing& r = s->ring;
+    std::unique_lock<std::mutex> lk(r.mu);
+    int lane = -1, best = -1;
+    for (int k = 0; k < (int)r.busy.size(); k++) {
+        if (r.busy[k]) continue;
+        const int c = s->pc.o.on ? prefix_common(s->pc.live[k], prompt) : 0;
+        if (c > best) { best = c; lane = k; }
+    }
+    CHECK(lane >= 0, "more generations than lanes (%zu)", r.busy.size());
+    r.busy[lane] = 1;
+    r.ring.push_back(lane);
+    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
+    return lane;
+}
+// the end of a step: the next lane's turn, then ours again
+static void lane_yield(ServedModel* s, int lane) {
+    LaneRing& r = s->ring;
+    std::unique_lock<std::mutex> lk(r.mu);
+    if (r.ring.size() < 2) return;
+    CHECK(r.ring.front() == lane, "lane %d stepped out of turn", lane);
+    r.ring.pop_front();
+    r.ring.push_back(lane);
+    r.cv.notify_all();
+    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
+}
+static void lane_leave(ServedModel* s, int lane) {
+    LaneRing& r = s->ring;
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.ring.erase(std::find(r.ring.begin(), r.ring.end(), lane));
+    r.busy[lane] = 0;
+    r.cv.notify_all();
+}
+struct LaneTurn {  // a request's lane for the scope of its generation
+    ServedModel* s; int lane;
+    LaneTurn(ServedModel* s_, const std::vector<int>& prompt) : s(s_), lane(lane_enter(s_, prompt)) {}
+    ~LaneTurn() { lane_leave(s, lane); }
+};
+// the prefill's cancel poll: a step boundary too
+struct LanePoll { ServedModel* s; int lane; const ServeSink* sink; };
+static bool lane_poll(void* ctx) {
+    LanePoll* p = (LanePoll*)ctx;
+    lane_yield(p->s, p->lane);
+    return p->sink->cancelled(p->sink->ctx);
+}
 
 static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) {
     ServedModel* s = (ServedModel*)self;
@@ -7835,14 +8349,10 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
         err->message = "this model's chat template has no reasoning effort levels";
         return false;
     }
-    if (chat.preserve_thinking) {  // the qwen3.5 template always drops closed-turn reasoning
-        err->code = "preserve_thinking_not_supported"; err->param = "preserve_thinking";
-        err->message = "this model's chat template has no option to keep closed-turn reasoning";
-        return false;
-    }
     ChatOptions o;
     o.enable_thinking = chat.enable_thinking ? 1 : 0;
     o.developer_as_system = true;
+    o.preserve_thinking = chat.preserve_thinking;
     TextRequest rq;
     auto media = std::make_shared<MediaPrompt>();
     std::string msg;
@@ -7857,6 +8367,14 @@ static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, 
     out->thinking = rq.thinking_open;
     out->tools = rq.tools;
     if (!media->items.empty()) out->media = media;  // the tower runs in served_generate, on the engine thread
+    // where NInfer keys a conversation's checkpoint (reference-engine.md 14): before the open
+    // turn's assistant opener (the generation prologue: the last turn opener, as the
+    // conversation's own text cannot make one), which the next request renders unchanged
+    // whether or not the reply keeps its reasoning; with preserve_thinking the next request
+    // replays the whole response as generated, so the state after it is kept too
+    for (int i = (int)out->tokens.size() - 1; i > 0 && out->reuse_boundary < 0; i--)
+        if (out->tokens[i] == s->im_start) out->reuse_boundary = i;
+    out->reuse_replay = chat.preserve_thinking;
     return true;
 }
 
@@ -7870,6 +8388,7 @@ static bool served_prepare_text(void* self, const std::string& text, ServePrompt
     ServedModel* s = (ServedModel*)self;
     tokenizer_encode(&s->t.tok, text, &out->tokens);
     out->thinking = false; out->tools = false; out->raw = true;
+    out->reuse_replay = true;  // a client continuing a completion sends the output back after the prompt
     if (out->tokens.empty()) { err->param = "prompt"; err->message = "the prompt has no tokens"; return false; }
     return true;
 }
@@ -7887,6 +8406,8 @@ struct ServedTokens {
     int row = 0;               // prompt rows seen
     int reasoning = 0;         // tokens that started on the reasoning channel
     ServeLogprob pending;      // the entry of the id about to be emitted
+    std::vector<int>* ids = nullptr;  // every emitted id in order (what the sequence holds after the prompt)
+    ServedModel* lanes = nullptr; int lane = 0;  // every token ends a step (lane_yield)
 };
 static void served_tap_sampled(void* ctx, const float* lg, int vocab, int id) {
     ServedTokens* t = (ServedTokens*)ctx;
@@ -7910,6 +8431,8 @@ static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
 }
 static void served_on_token(void* ctx, int id, int channel) {
     ServedTokens* t = (ServedTokens*)ctx;
+    if (t->lanes) lane_yield(t->lanes, t->lane);
+    if (t->ids) t->ids->push_back(id);
     if (channel == OUT_REASONING) t->reasoning++;
     if (t->top_n < 0 || t->pending.id != id) return;
     ServeEvent ev;
@@ -7933,8 +8456,11 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
-    rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
+    LaneTurn turn(s, p.tokens);
+    LanePoll poll{s, turn.lane, &sink};
+    rq.cancel = GenCancel{lane_poll, &poll};  // a client that leaves during the prefill frees the lane within a piece
     ServedTokens tk{s, &sink, &p.tokens};
+    tk.lanes = s; tk.lane = turn.lane;
     tk.top_n = smp.logprobs;
     GenTap tap;
     if (smp.logprobs >= 0) {
@@ -7951,6 +8477,28 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!text_media_tower(&s->t, p.tokens, *(const MediaPrompt*)p.media.get(), &mm, &err)) { res->error = err; return; }
         rq.mm = &mm;
     }
+    // prefix reuse (PrefixCache): continue from the longest retained prefix the prompt starts
+    // with, prefill to the template boundary and keep the state there, then generate from it.
+    // a media prompt reuses nothing (placeholder ids do not say which picture) and leaves no
+    // reusable rows; prompt logprobs need every prompt row's logits, so they prefill it all.
+    PrefixCache* pc = &s->pc;
+    Engine* en = s->lanes[turn.lane];
+    rq.engine = en;
+    const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;  // (off on the gpu with --spec: served_load)
+    const double t0 = now_s();
+    const char* tier = "off";
+    int start = 0, at = 0;
+    rq.keep = true;
+    std::vector<int> splits;  // every turn opener (prefix_prepare says why); none where the prefill must stay whole
+    if (!p.media && !smp.prompt_logprobs && !p.raw && !(en->gpu && en->spec.K))  // the gpu round prefills its own mtp rows
+        for (int i = 1; i < (int)p.tokens.size(); i++) if (p.tokens[i] == s->im_start) splits.push_back(i);
+    const bool placed = prefix_prepare(pc, turn.lane, p.tokens, splits, p.reuse_boundary, reuse, rq.cancel, &start, &at, &tier);
+    res->cache = tier;
+    if (!placed) { res->prompt_tokens = (int)p.tokens.size(); res->cached_tokens = start; res->finish = "stop"; return; }
+    const double boundary_s = now_s() - t0;
+    if (at > 0) rq.prompt.assign(p.tokens.begin() + at, p.tokens.end());
+    std::vector<int> out_ids;
+    tk.ids = &out_ids;
     bool cancelled = false;
     TextResult r = generate_text(&s->t, rq, [&](const OutEvent& e, int) {
         ServeEvent ev;
@@ -7966,10 +8514,14 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         ev.logprobs.push_back(std::move(tk.pending));
         sink.emit(sink.ctx, ev);
     }
-    res->prompt_tokens = r.gen.prompt;
+    // what the live rows hold now: the prompt, then the ids fed back; a media sequence's rows
+    // are no one's prefix
+    prefix_finish(pc, turn.lane, p.tokens, out_ids, !p.media, reuse && p.reuse_replay);
+    res->prompt_tokens = (int)p.tokens.size();
+    res->cached_tokens = start;
     res->completion_tokens = r.gen.generated + (r.gen.stopped ? 1 : 0);  // a withheld stop id counts
     res->reasoning_tokens = tk.reasoning;
-    res->prefill_s = r.gen.prefill_s;
+    res->prefill_s = boundary_s + r.gen.prefill_s;
     res->decode_s = r.gen.decode_s;
     if (const SpecStats& sp = r.gen.spec; sp.K) {
         ServeSpecStats& o = res->speculative;
@@ -7978,7 +8530,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         o.accepted_per_position.assign(sp.per_position, sp.per_position + sp.K);
     }
     res->stop_string = r.stop_hit;
-    bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
+    bool full = r.gen.generated >= smp.max_tokens || engine_pos(en) == engine_capacity(en);
     res->finish = r.tool_calls > 0 ? "tool_calls"
                 : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
                 : full ? "length" : "stop";
@@ -7986,6 +8538,8 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
 
 static void served_close(void* self) {
     ServedModel* s = (ServedModel*)self;
+    prefix_free(&s->pc);
+    for (auto& e : s->extra) engine_free(e.get());
     text_model_close(&s->t);
     delete s;
 }
@@ -7998,7 +8552,33 @@ static bool served_supports(const char* feature) {
     if (!strcmp(feature, "--kv-dtype int8") || !strcmp(feature, "--kv-dtype fp8") || !strcmp(feature, "--kv-capacity"))
         return gpu;  // kv formats and pools are gpu-side; the cpu reference keeps fp32 kv
     if (!strcmp(feature, "--spec mtp") || !strcmp(feature, "--lm-head-draft")) return true;  // the load says what the artifact lacks
+    for (const char* f : {"--preserve-thinking", "--device-state-slots", "--host-state-slots", "--host-kv-mib", "--max-concurrency"})
+        if (!strcmp(feature, f)) return true;  // prefix reuse (PrefixCache) on both paths
     return false;
+}
+
+// startup's memory plan on stderr: what is resident where (reference-engine.md 13: weights,
+// the kv pool, state slots on the device and the host, graphs)
+static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
+    const Engine& en = s->t.en;
+    const PrefixCache& pc = s->pc;
+    const double mib = 1048576.0;
+    char reuse[256];
+    if (!s->reuse_note.empty()) snprintf(reuse, sizeof reuse, "%s", s->reuse_note.c_str());
+    else if (!pc.o.on) snprintf(reuse, sizeof reuse, "prefix reuse off (--no-prefix-reuse)");
+    else snprintf(reuse, sizeof reuse, "prefix reuse: %d device state slots + %d pinned host state slots of %.1f MiB, host kv up to %d MiB (pinned as needed)",
+                  pc.o.dev_slots, pc.o.host_slots, pc.image_bytes / mib, o.host_kv_mib);
+    if (en.gpu) {
+        const GpuEngine* e = en.g;
+        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB), deltanet state %d slots of %.1f MiB "
+                "(the live pair + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
+                e->device, e->arena_bytes / mib, e->capacity, kv_dtype_name(e->o.kv), (double)e->capacity * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) / mib,
+                e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, pc.o.dev_slots, e->work_bytes / mib,
+                e->o.graphs ? "per decode bucket" : "off", reuse);
+    } else {
+        fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): %zu lane(s), each a sequence state of %.1f MiB (kv %d tokens, fp32); %s\n",
+                s->lanes.size(), en.st.n_floats * 4 / mib, en.st.capacity, reuse);
+    }
 }
 
 static ServeEngine* served_load(const char* path, const ServeOptions& o, std::string* err) {
@@ -8011,6 +8591,13 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
     g.tune = gpu_tuning_from_env();
+    PrefixOpts po;
+    po.on = !o.no_prefix_reuse;
+    po.dev_slots = po.on ? (o.device_state_slots < 0 ? o.max_concurrency : o.device_state_slots) : 0;
+    po.host_slots = po.on ? o.host_state_slots : 0;
+    po.host_kv_bytes = po.on ? (int64_t)o.host_kv_mib << 20 : 0;
+    // the device state slots are the last gdn slots, after the live pair or the mtp round's K+1
+    g.gdn_slots = std::max<int>(GPU_LIVE_SLOTS, o.spec == "mtp" ? o.draft_tokens + 1 : 0) + po.dev_slots;
     if (o.spec == "mtp") { s->t.spec.K = o.draft_tokens; s->t.spec.lm_head_draft = o.lm_head_draft; }
     if (!text_model_open(&s->t, path, err)) { delete s; return nullptr; }
     if (o.vision) {  // startup residency: the tower (and its device workspace) only with --vision
@@ -8022,6 +8609,32 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
         if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
+    if (s->t.en.gpu && s->t.spec.K && po.on) {
+        // the gpu round keeps mtp kv rows and a hidden row that a retained prefix does not
+        // carry yet: no reuse there (said in the memory plan), and asked for by name, refused
+        for (const char* f : {"--device-state-slots", "--host-state-slots", "--host-kv-mib"})
+            if (o.has(f)) {
+                *err = std::string(f) + " with --spec mtp on the gpu is not supported yet (prefix reuse does not carry the mtp round's rows)";
+                text_model_close(&s->t); delete s; return nullptr;
+            }
+        po = PrefixOpts();
+        s->reuse_note = "prefix reuse off: --spec mtp on the gpu (the retained prefixes do not carry the mtp rows yet)";
+    }
+    s->lanes.push_back(&s->t.en);
+    if (o.max_concurrency > 1 && s->t.en.gpu) {
+        *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " needs the gpu's batched decode, which is not built yet "
+               "(the cpu reference path runs several lanes)";
+        text_model_close(&s->t); delete s; return nullptr;
+    }
+    for (int k = 1; k < o.max_concurrency; k++) {  // cpu lanes: a sequence and a workspace each, the weights shared
+        s->extra.emplace_back(new Engine());
+        if (!engine_build(s->extra.back().get(), &s->t.m, false, g, err, s->t.spec)) { served_close(s); return nullptr; }
+        s->lanes.push_back(s->extra.back().get());
+    }
+    s->ring.busy.assign(s->lanes.size(), 0);
+    if (!prefix_build(&s->pc, s->lanes, po, err)) { served_close(s); return nullptr; }
+    for (const AddedToken& a : s->t.tok.added) if (a.content == "<|im_start|>") s->im_start = a.id;
+    served_memory_plan(s, o);
     s->api.self = s;
     s->api.model_id = s->t.m.art.model_id;
     s->api.max_context = engine_capacity(&s->t.en);

@@ -27,7 +27,8 @@
 //   - before any of that, serve_origin_refused turns away what a browser page could send a
 //     local server: a foreign Host (dns rebinding) on a keyless loopback server, a foreign
 //     Origin without --cors; POST bodies must be application/json;
-//   - one engine thread owns the model and runs queued requests one at a time in fifo order
+//   - --max-concurrency engine threads take queued requests in fifo order, each running one
+//     at a time through ServeEngine.generate (the engine interleaves the ones running)
 //     (ServeEngine.generate); the queue is bounded (--max-pending-requests, 429 when full)
 //     and a request that waits longer than --pending-timeout-ms gets 503;
 //   - events flow engine -> connection thread through the job (one mutex for all jobs);
@@ -108,6 +109,9 @@ struct ServePrompt {
     bool raw = false;              // a completion (/v1/completions): no template; the output is
                                    // plain content text (no reasoning, no tool calls, only the stop strings)
     std::shared_ptr<void> media;   // the engine's own: the request's preprocessed media (never read here)
+    int reuse_boundary = -1;       // the engine's own: the token index where the state is worth keeping
+                                   // for a later request (a template boundary; -1: none)
+    bool reuse_replay = false;     // the engine's own: keep the state after the response as well
 };
 
 // sampler and limits for one request, already resolved (engine preset < flags < request <
@@ -176,6 +180,9 @@ struct ServeResult {
     int prompt_tokens = 0;         // = prompt.tokens.size(); serve.h sets it before generate
     int completion_tokens = 0;     // every sampled id, a withheld stop token included
     int reasoning_tokens = 0;      // of them, the ids whose text started on the reasoning channel
+    int cached_tokens = 0;         // prompt tokens continued from a retained prefix instead of prefilled
+    std::string cache;             // where that prefix's state came from: "device" | "host" | "miss" (none
+                                   // matched) | "off" (--no-prefix-reuse, or a prompt that reuses nothing); "" unknown
     double prefill_s = 0, decode_s = 0;
     ServeSpecStats speculative;
     std::string error;             // non-empty: generation failed (500, or an sse error event)
@@ -194,6 +201,15 @@ static Json serve_spec_json(const ServeSpecStats& s, bool log) {
     for (long v : s.accepted_per_position) a.push(Json::integer(v));
     o.set("accepted_per_position", a);
     return o;
+}
+
+// openai's usage.prompt_tokens_details: the prompt tokens continued from a retained prefix
+// (input_tokens stays the whole prompt in every api, as count_tokens counts it; anthropic's
+// cache_read_input_tokens and the responses api's cached_tokens carry the same number)
+static Json serve_cached_json(const ServeResult& r) {
+    Json d = Json::object();
+    d.set("cached_tokens", Json::integer(r.cached_tokens));
+    return d;
 }
 
 // a request the engine or the parser refuses: status, openai-style code, a fixed message
@@ -223,7 +239,8 @@ struct ServeEngine {
     // the raw bytes of one token (possibly part of a utf-8 sequence), for logprobs and echo
     std::string (*token_bytes)(void* self, int id) = nullptr;
     bool logprobs = false;         // generate honours ServeSampling.logprobs (else 400)
-    // generate on the engine thread: emit reasoning / content / tool calls through the sink,
+    // generate on an engine thread (up to --max-concurrency at once, each with its own request:
+    // the engine takes them in turns): emit reasoning / content / tool calls through the sink,
     // stop at eos, a stop string, max_tokens, the context end, or when the sink says so, and
     // fill *out.
     void (*generate)(void* self, const ServePrompt& prompt, const ServeSampling& s,
@@ -314,8 +331,10 @@ static void serve_usage(FILE* f) {
         "                                requests with a foreign Origin get 403)\n"
         "  --max-request-mib N           request body limit, 413 above it (384); preparing a request may\n"
         "                                hold 6x its body + 16 MiB more, 413 past that\n"
-        "  --max-concurrency N           requests decoded at once (1; more is not supported yet)\n"
-        "  --max-pending-requests N      queued requests beyond the running one, 429 above (16)\n"
+        "  --max-concurrency N           requests generating at once, 1..64 (1): they take turns a step\n"
+        "                                each (a decode token or a --prefill-chunk piece); the cpu path\n"
+        "                                keeps a sequence per request, the gpu runs 1 until its batched decode\n"
+        "  --max-pending-requests N      queued requests beyond the running ones, 429 above (16)\n"
         "  --pending-timeout-ms N        a queued request waits at most this, then 503 (30000)\n"
         "  --request-log-jsonl FILE      append structured request events to FILE (off)\n"
         "  --log-stats-interval-ms N     stats line on stderr while busy, 0 = off (5000)\n"
@@ -337,11 +356,14 @@ static void serve_usage(FILE* f) {
         "  --lm-head-draft               the reduced proposal head for drafts (off; needs --spec)\n"
         "  --vision                      load the vision tower, accept images and video (off)\n"
         "  --no-cuda-graph               eager decode (graphs on)\n"
-        "  --no-prefix-reuse             never reuse a cached prefix (reuse on)\n"
-        "  --device-state-slots N, --host-state-slots N (8), --host-kv-mib N (8192),\n"
+        "  --no-prefix-reuse             never continue a request from a retained prefix (reuse on; cannot\n"
+        "                                be combined with the cache capacity flags)\n"
+        "  --device-state-slots N        retained prefix states on the device (= max-concurrency)\n"
+        "  --host-state-slots N          pinned host states the device ones spill to (8)\n"
+        "  --host-kv-mib N               pinned host memory for retained prefixes' kv rows (8192)\n"
         "  --max-private-continuations N, --max-shared-prefixes N,\n"
         "  --max-long-anchors-per-continuation N (2), --max-cache-markers-per-request N (4)\n"
-        "                                prefix-cache capacities\n"
+        "                                NInfer's planner capacities (not supported yet)\n"
         "  --context-cost-presets FILE, --media-cache-mib N (1024), --media-live-mib N (2048),\n"
         "  --media-preprocess-threads N (0 = auto)\n"
         "  --response-store-max-records N  /v1/responses kept for previous_response_id and GET, least\n"
@@ -473,7 +495,7 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
             long long x;
             if (!bad_value && o->kv_capacity != "auto" && !serve_parse_long(o->kv_capacity.c_str(), 1, 1 << 30, &x)) bad_value = true;
         }
-        else if (a == "--max-concurrency") { i_(&o->max_concurrency, 1, 8); range = " (1..8)"; }
+        else if (a == "--max-concurrency") { i_(&o->max_concurrency, 1, 64); range = " (1..64)"; }
         else if (a == "--max-pending-requests") { i_(&o->max_pending_requests, 0, 1 << 20); range = " (>= 0)"; }
         else if (a == "--pending-timeout-ms") { i_(&o->pending_timeout_ms, 1, INT_MAX); range = " (>= 1)"; }
         else if (a == "--log-stats-interval-ms") { i_(&o->log_stats_interval_ms, 0, INT_MAX); range = " (>= 0)"; }
@@ -536,8 +558,8 @@ static int serve_parse_args(int argc, char** argv, ServeOptions* o, std::string*
 // features the server itself lacks are refused here. returns false with *err naming the
 // first one that is not built.
 static bool serve_check_features(const ServeOptions& o, bool (*supports)(const char*), std::string* err) {
-    if (o.max_concurrency > 1) { *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " is not supported yet (one request decodes at a time)"; return false; }
     std::vector<std::string> feats;
+    if (o.max_concurrency > 1) feats.push_back("--max-concurrency");
     if (!o.spec.empty()) feats.push_back("--spec " + o.spec);
     if (o.lm_head_draft) feats.push_back("--lm-head-draft");
     if (o.vision) feats.push_back("--vision");
@@ -2189,9 +2211,6 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     }
     r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
-    if (r->chat.preserve_thinking)  // the engine's renderer has no such option yet: refused, not ignored
-        return api_fail(e, body.get("preserve_thinking") ? "preserve_thinking" : "chat_template_kwargs.preserve_thinking",
-                        "preserve_thinking is not supported yet (closed-turn reasoning is dropped, as the template does)");
     if (counting) return true;
     int64_t x;
     if ((k = api_int(body, "max_output_tokens", 16, INT_MAX, &x, e)) < 0) return false;
@@ -2260,7 +2279,7 @@ struct ServeState {
     std::condition_variable conns_cv;    // a connection ended
     std::deque<std::shared_ptr<ServeJob>> queue;
     bool engine_exit = false;
-    bool engine_busy = false;
+    int running = 0;                     // requests generating now (at most --max-concurrency)
     int n_conns = 0;
     std::atomic<int64_t> body_bytes{0};  // request bytes buffered by all connections together;
     int64_t body_budget = 0;             // at most 4x --max-request-mib, else 503
@@ -2298,7 +2317,8 @@ struct ServeReqLog {
     std::string method, path, id, code, finish, api;
     int status = 0;
     bool stream = false;
-    int prompt = -1, completion = -1;
+    int prompt = -1, completion = -1, cached = -1;
+    std::string cache;
     double t0 = 0, queue_s = -1, ttft_s = -1, prefill_s = -1, decode_s = -1;
     ServeSpecStats spec;
     double prepare_mib = -1;       // the most memory the request's preparation held (request memory section)
@@ -2336,6 +2356,8 @@ static void serve_log_request(const ServeReqLog& l) {
     if (!l.api.empty()) add(" stream=%d", (int)l.stream);
     if (l.prompt >= 0) add(" prompt=%d", l.prompt);
     if (l.completion >= 0) add(" completion=%d", l.completion);
+    if (l.cached >= 0) add(" cached=%d", l.cached);
+    if (!l.cache.empty()) add(" cache=%s", l.cache.c_str());
     if (!l.finish.empty()) add(" finish=%s", l.finish.c_str());
     if (!l.code.empty()) add(" code=%s", l.code.c_str());
     if (l.queue_s >= 0) add(" queue_ms=%.1f", l.queue_s * 1e3);
@@ -2360,6 +2382,8 @@ static void serve_log_request(const ServeReqLog& l) {
         if (!l.finish.empty()) e.set("finish_reason", Json::string(l.finish));
         if (l.prompt >= 0) e.set("prompt_tokens", Json::integer(l.prompt));
         if (l.completion >= 0) e.set("completion_tokens", Json::integer(l.completion));
+        if (l.cached >= 0) e.set("cached_tokens", Json::integer(l.cached));
+        if (!l.cache.empty()) e.set("cache", Json::string(l.cache));
         Json t = Json::object();
         if (l.queue_s >= 0) t.set("queue", Json::number(l.queue_s));
         if (l.ttft_s >= 0) t.set("ttft", Json::number(l.ttft_s));
@@ -2392,17 +2416,17 @@ static bool serve_job_emit(void* ctx, const ServeEvent& ev) {
 
 static void serve_stats_line() {  // called with g_serve.mu held
     ServeState& s = g_serve;
-    if (s.st_requests == 0 && !s.engine_busy && s.queue.empty()) return;  // quiet when idle
+    if (s.st_requests == 0 && !s.running && s.queue.empty()) return;  // quiet when idle
     fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d\n",
             s.st_requests, s.st_prompt, s.st_completion, s.st_decode_s > 0 ? s.st_completion / s.st_decode_s : 0.0,
-            (int)s.engine_busy, s.queue.size(), s.n_conns);
+            s.running, s.queue.size(), s.n_conns);
     s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
 }
 
-static void* serve_engine_main(void*) {
+static void* serve_engine_main(void* first) {
     ServeState& s = g_serve;
     std::unique_lock<std::mutex> lk(s.mu);
-    double interval = s.opt.log_stats_interval_ms / 1e3, next_stats = serve_now() + interval;
+    double interval = first ? s.opt.log_stats_interval_ms / 1e3 : 0, next_stats = serve_now() + interval;  // one thread logs the stats
     for (;;) {
         if (interval > 0 && serve_now() >= next_stats) { serve_stats_line(); next_stats = serve_now() + interval; }
         if (s.queue.empty()) {
@@ -2413,7 +2437,7 @@ static void* serve_engine_main(void*) {
         std::shared_ptr<ServeJob> j = s.queue.front();
         s.queue.pop_front();
         j->started = true; j->t_start = serve_now();
-        s.engine_busy = true;
+        s.running++;
         j->cv.notify_all();
         lk.unlock();
         ServeResult res;
@@ -2425,7 +2449,7 @@ static void* serve_engine_main(void*) {
         }
         lk.lock();
         j->result = std::move(res); j->done = true; j->t_done = serve_now();
-        s.engine_busy = false;
+        s.running--;
         s.st_requests++; s.st_prompt += res.prompt_tokens; s.st_completion += res.completion_tokens; s.st_decode_s += res.decode_s;
         j->cv.notify_all();
     }
@@ -2968,7 +2992,7 @@ static Json resp_object(ServeGen* g, const char* status, const ServeResult* r) {
         u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         Json in = Json::object();
-        in.set("cached_tokens", Json::integer(0));
+        in.set("cached_tokens", Json::integer(r->cached_tokens));
         in.set("cache_write_tokens", Json::integer(0));
         u.set("input_tokens_details", in);
         u.set("output_tokens", Json::integer(r->completion_tokens));
@@ -3018,6 +3042,7 @@ static void apix_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bool ke
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(r.completion_tokens));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + r.completion_tokens));
+        usage.set("prompt_tokens_details", serve_cached_json(r));
         if (g->stream) {
             compl_flush_echo(c, g);
             sse_write(c, sse_data(json_dump(compl_chunk(g, "", finish.c_str()))));
@@ -3218,6 +3243,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         usage.set("prompt_tokens", Json::integer(g->prompt_tokens));
         usage.set("completion_tokens", Json::integer(completion));
         usage.set("total_tokens", Json::integer(g->prompt_tokens + completion));
+        usage.set("prompt_tokens_details", serve_cached_json(r));
         if (!r.speculative.backend.empty()) usage.set("speculative", serve_spec_json(r.speculative, false));
         if (g->stream) {
             Json last = openai_chunk(g, Json::object(), finish.c_str());
@@ -3267,6 +3293,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
         Json u = Json::object();
         u.set("input_tokens", Json::integer(g->prompt_tokens));
         u.set("output_tokens", Json::integer(completion));
+        u.set("cache_read_input_tokens", Json::integer(r.cached_tokens));
         if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
         Json o = Json::object();
         o.set("delta", d);
@@ -3302,7 +3329,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
     u.set("input_tokens", Json::integer(g->prompt_tokens));
     u.set("output_tokens", Json::integer(completion));
     u.set("cache_creation_input_tokens", Json::integer(0));
-    u.set("cache_read_input_tokens", Json::integer(0));
+    u.set("cache_read_input_tokens", Json::integer(r.cached_tokens));
     if (!r.speculative.backend.empty()) u.set("speculative", serve_spec_json(r.speculative, false));
     Json o = Json::object();
     o.set("id", Json::string(g->id));
@@ -3458,7 +3485,11 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     }
     int max_ctx = s.eng->max_context > 0 ? s.eng->max_context : s.opt.max_context;
     if (n >= max_ctx) {
-        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt does not fit the context (see --max-context)",
+        // the numbers: a request that can never fit is told so (a lane holds max-context rows),
+        // one that fits waits for a lane under the 429 / 503 rules
+        serve_conn_send_error(c, anth, serve_make_error(400, "context_length_exceeded", "the prompt's " + std::to_string(n) +
+                                                        " tokens do not fit a sequence of " + std::to_string(max_ctx) +
+                                                        " (prompt + at least one output token; see --max-context)",
                                                         ar.raw ? "prompt" : route == SERVE_ROUTE_RESPONSES ? "input" : "messages"), keep, lg);
         return keep;
     }
@@ -3524,7 +3555,7 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     {
         std::lock_guard<std::mutex> lk(s.mu);
         if (serve_stopping()) { e = serve_make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
-        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.engine_busy || !s.queue.empty())) {
+        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.running >= s.opt.max_concurrency || !s.queue.empty())) {
             e = serve_make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
         } else {
             job->t_enqueue = serve_now();
@@ -3589,6 +3620,8 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     }
     const ServeResult& r = job->result;
     lg->completion = r.completion_tokens;
+    lg->cached = r.cached_tokens;
+    lg->cache = r.cache;
     lg->finish = r.finish;
     lg->prefill_s = r.prefill_s; lg->decode_s = r.decode_s;
     lg->spec = r.speculative;
@@ -4017,8 +4050,11 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     sigemptyset(&sa_sig.sa_mask);
     sigaction(SIGINT, &sa_sig, nullptr);
     sigaction(SIGTERM, &sa_sig, nullptr);
-    pthread_t engine_thread;
-    if (pthread_create(&engine_thread, nullptr, serve_engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
+    // one engine thread per lane: each takes the next queued request and runs it (the engine
+    // interleaves the running ones, ServeEngine.generate)
+    std::vector<pthread_t> engine_threads(o.max_concurrency);
+    for (pthread_t& t : engine_threads)
+        if (pthread_create(&t, nullptr, serve_engine_main, &t == &engine_threads[0] ? (void*)1 : nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
     fprintf(stderr, "ninfer-serve: listening on http://%s:%d (model %s, max context %d)\n",
             o.host.find(':') != std::string::npos ? ("[" + o.host + "]").c_str() : o.host.c_str(), bound_port,
             s.model_id.c_str(), eng->max_context > 0 ? eng->max_context : o.max_context);
@@ -4076,7 +4112,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     {
         std::unique_lock<std::mutex> lk(s.mu);
         fprintf(stderr, "ninfer-serve: shutting down: %d connection(s), %zu queued, %s\n", s.n_conns, s.queue.size(),
-                s.engine_busy ? "one running" : "none running");
+                (std::to_string(s.running) + " running").c_str());
         double deadline = serve_now() + o.drain_timeout_ms / 1e3;
         while (s.n_conns > 0 && serve_now() < deadline && s.signals < 2) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
         s.force_cancel = true;
@@ -4090,11 +4126,11 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     {
         std::unique_lock<std::mutex> lk(s.mu);
         double deadline = serve_now() + 2.0;
-        while (s.engine_busy && serve_now() < deadline) { lk.unlock(); usleep(10000); lk.lock(); }
-        engine_idle = !s.engine_busy;
+        while (s.running && serve_now() < deadline) { lk.unlock(); usleep(10000); lk.lock(); }
+        engine_idle = !s.running;
     }
     if (engine_idle) {
-        pthread_join(engine_thread, nullptr);
+        for (pthread_t& t : engine_threads) pthread_join(t, nullptr);
         if (eng->close) eng->close(eng->self);
     }
     if (s.jsonl) fclose(s.jsonl);

@@ -1039,6 +1039,9 @@ struct ChatOptions {
     bool add_vision_id = false;         // "Picture N: " / "Video N: " before each image / video
     bool developer_as_system = false;   // treat role "developer" as "system" (openai clients send it; the
                                         // template itself rejects it: "Unexpected message role.")
+    bool preserve_thinking = false;     // keep every closed turn's reasoning, not only the turns after the
+                                        // last user query (the qwen3.6 templates' preserve_thinking kwarg:
+                                        // `(preserve_thinking is true) or (loop.index0 > last_query_index)`)
 };
 
 struct ChatState { const ChatOptions* opt; int images, videos; std::string* err; };
@@ -1251,7 +1254,7 @@ static inline bool chat_render(const Json& messages, const Json* tools, const Ch
                 chat_strip(&content, "\n", true, false);
             }
             chat_strip(&reasoning);
-            if ((long)i > last_query) { R.t("<|im_start|>assistant\n<think>\n"); R.add(reasoning); R.t("\n</think>\n\n"); R.add(content); }
+            if ((long)i > last_query || opt.preserve_thinking) { R.t("<|im_start|>assistant\n<think>\n"); R.add(reasoning); R.t("\n</think>\n\n"); R.add(content); }
             else { R.t("<|im_start|>assistant\n"); R.add(content); }
             const Json* calls = m.get("tool_calls");
             if (py_truthy(calls) && (calls->is_array() || calls->is_string())) {

@@ -64,12 +64,7 @@ static bool fake_prepare(void*, const ServeChat& chat, ServePrompt* out, ServeEr
         err->param = "reasoning_effort";
         return false;
     }
-    if (chat.preserve_thinking) {  // as the real engine: the qwen3.5 template has no such option
-        err->code = "preserve_thinking_not_supported";
-        err->message = "this model's template always drops closed-turn reasoning";
-        err->param = "preserve_thinking";
-        return false;
-    }
+    // preserve_thinking: this template keeps every turn's reasoning anyway
     const auto& msgs = chat.messages.arr;
     std::string r;
     size_t first = 0;

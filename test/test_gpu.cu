@@ -1037,3 +1037,110 @@ TEST(GpuEngineInterface, TapMatchesCpu) {
     EXPECT_GE(same, 4u);
     model_close(&m);
 }
+
+// ---- prefix reuse on the device (PrefixCache) ------------------------------------------------
+
+// the state image and the kv rows through pinned host memory are exact: a sequence saved to
+// the host, overwritten by another prompt and brought back continues bit for bit as before,
+// in every kv format (the int8 / fp8 scale planes travel with the codes)
+TEST(GpuPrefix, HostImageAndKvRowsRoundTripExactly) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    for (int kv : {KV_BF16, KV_INT8, KV_FP8}) {
+        GpuOpts o; o.max_context = 256; o.prefill_chunk = 256; o.gdn_slots = GPU_LIVE_SLOTS + 1; o.kv = kv; o.quiet = true;
+        GpuEngine* e = gpu_build(&m, o, &err);
+        ASSERT_TRUE(e) << err;
+        const int n = 90;
+        std::vector<int> p = random_ids(n + 8, e->domain, 81), q = random_ids(150, e->domain, 82);
+        std::vector<uint8_t*> host(2);
+        const size_t img = gpu_gdn_bytes(m.geo, 1), rows = (size_t)n * gpu_kv_bytes_per_row(m.geo, kv);
+        cudaCheck(cudaHostAlloc((void**)&host[0], img, cudaHostAllocDefault));
+        cudaCheck(cudaHostAlloc((void**)&host[1], rows, cudaHostAllocDefault));
+        memset(host[0], 0xff, img); memset(host[1], 0xff, rows);  // poisoned: every byte must come from the device
+        gpu_forward(e, p.data(), nullptr, nullptr, n, nullptr, false);
+        gpu_image_host(e, e->slot, host[0], true);
+        gpu_kv_rows_host(e, 0, n, n, host[1], true);
+        for (int s = 0; s < 8; s++) gpu_decode(e, p[n + s]);
+        std::vector<float> a = device_row(e);
+        gpu_reset(e);
+        gpu_forward(e, q.data(), nullptr, nullptr, 150, nullptr, false);  // overwrites rows 0..149 and the state
+        gpu_kv_rows_host(e, 0, 40, n, host[1], false);   // in two pieces, as a partial restore does
+        gpu_kv_rows_host(e, 40, n, n, host[1], false);
+        gpu_image_host(e, e->slot, host[0], false);
+        e->pos = n; e->last_logits = nullptr;
+        for (int s = 0; s < 8; s++) gpu_decode(e, p[n + s]);
+        std::vector<float> b = device_row(e);
+        EXPECT_EQ(memcmp(a.data(), b.data(), a.size() * 4), 0) << kv_dtype_name(kv);
+        cudaFreeHost(host[0]); cudaFreeHost(host[1]);
+        gpu_free(e);
+    }
+    model_close(&m);
+}
+
+// the server's placing on the gpu engine: two conversations taking turns through a one-slot
+// device tier (each capture spills the other conversation's state to the host, and its kv rows
+// to host memory), every turn continuing from its previous turn's boundary; the greedy output
+// is a fresh sequence's, and the counts and tiers are the ones the policy says
+TEST(GpuPrefix, InterleavedConversationsMatchFreshKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    for (int kv : {KV_BF16, KV_INT8}) {
+        Engine en, fresh;
+        GpuOpts o; o.max_context = 512; o.prefill_chunk = 128; o.quiet = true; o.kv = kv;
+        ASSERT_TRUE(engine_build(&fresh, &m, true, o, &err)) << err;
+        o.gdn_slots = GPU_LIVE_SLOTS + 1;
+        ASSERT_TRUE(engine_build(&en, &m, true, o, &err)) << err;
+        PrefixCache pc, off;  // off: the fresh sequence, cut at the same turn boundaries
+        PrefixOpts po; po.on = true; po.dev_slots = 1; po.host_slots = 2; po.host_kv_bytes = 64ll << 20;
+        ASSERT_TRUE(prefix_build(&pc, {&en}, po, &err)) << err;
+        ASSERT_TRUE(prefix_build(&off, {&fresh}, PrefixOpts(), &err)) << err;
+        FrontendIds fr;
+        ASSERT_TRUE(frontend_ids(&m, &fr, &err));
+        std::vector<int> conv[2] = {kKjvPrompt, random_ids(37, fr.domain, 91)};
+        std::vector<std::string> tiers;
+        std::vector<int> splits[2];
+        for (int turn = 0; turn < 3; turn++)
+            for (int c = 0; c < 2; c++) {
+                std::vector<int>& h = conv[c];
+                std::vector<int> more = random_ids(20 + 7 * turn, fr.domain, 100 + 10 * turn + c);
+                h.insert(h.end(), more.begin(), more.end());
+                const int boundary = (int)h.size() - 3;  // a 3-token "generation prologue"
+                splits[c].push_back(boundary);
+                int start = 0, at = 0, at2 = 0; const char* tier = "";
+                ASSERT_TRUE(prefix_prepare(&pc, 0, h, splits[c], boundary, true, GenCancel(), &start, &at, &tier));
+                tiers.push_back(tier);
+                EXPECT_EQ(start, turn == 0 ? 0 : splits[c][splits[c].size() - 2]);
+                EXPECT_EQ(at, boundary);
+                Sampler smp; SamplerParams sp; sp.temperature = 0;
+                sampler_build(&smp, sp, fr.domain);
+                std::vector<int> out, ref;
+                std::vector<int> rest(h.begin() + at, h.end());
+                engine_generate(&en, &smp, rest, 12, {}, nullptr, [&](int id) { out.push_back(id); });
+                prefix_finish(&pc, 0, h, out, true, false);
+                sampler_build(&smp, sp, fr.domain);
+                ASSERT_TRUE(prefix_prepare(&off, 0, h, splits[c], boundary, false, GenCancel(), &start, &at2, &tier));
+                EXPECT_EQ(start, 0); EXPECT_EQ(at2, boundary);
+                std::vector<int> rest2(h.begin() + at2, h.end());
+                engine_generate(&fresh, &smp, rest2, 12, {}, nullptr, [&](int id) { ref.push_back(id); });
+                EXPECT_EQ(out, ref) << kv_dtype_name(kv) << " turn " << turn << " conversation " << c << ": differs at "
+                                    << first_difference(out, ref);
+                // the history goes on with the output and its closing, as a client sends it back
+                h.insert(h.end(), out.begin(), out.end());
+                h.push_back(fr.stops.empty() ? 0 : fr.stops[0]);
+            }
+        const std::vector<std::string> want = {"miss", "miss", "host", "host", "host", "host"};
+        EXPECT_EQ(tiers, want) << kv_dtype_name(kv);
+        EXPECT_GE(pc.spills, 4);
+        EXPECT_GE(pc.kv_copies, 4);
+        EXPECT_GE(pc.host_restores, 4);
+        prefix_free(&pc); prefix_free(&off);
+        engine_free(&en); engine_free(&fresh);
+    }
+    model_close(&m);
+}

@@ -464,8 +464,8 @@ def test_fake_responses_input_items_and_fixed_failures(fake):
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "invalid_request_error"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input[0].content", "vision_disabled"),
     ({"instructions": 3}, "instructions", "invalid_request_error"),
-    ({"preserve_thinking": True}, "preserve_thinking", "invalid_request_error"),
-    ({"chat_template_kwargs": {"preserve_thinking": True}}, "chat_template_kwargs.preserve_thinking", "invalid_request_error"),
+    ({"preserve_thinking": 1}, "preserve_thinking", "invalid_request_error"),
+    ({"chat_template_kwargs": {"preserve_thinking": "on"}}, "chat_template_kwargs.preserve_thinking", "invalid_request_error"),
     ({"reasoning": {"effort": "low"}}, "reasoning.effort", "reasoning_effort_not_supported"),
 ])
 def test_fake_responses_refuse_by_name(fake, extra, param, code):

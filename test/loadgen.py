@@ -1,0 +1,131 @@
+"""a load generator for ninfer-serve over http (python standard library only, so it runs on the
+gpu machine as it is). measurements, not tests: timings go to test/bench-notes.md.
+
+  chat:   a multi-turn conversation (system prompt + growing history), one streamed request per
+          turn: per turn the prompt, the cached prefix (usage.prompt_tokens_details), the time to
+          the first token and the output. --compare URL2 runs the same turns against a second
+          server (e.g. --no-prefix-reuse) and exits 1 when a greedy output differs.
+  decode: C concurrent streams of P-token prompts and N output tokens each; aggregate and
+          per-stream decode tok/s, ttft p50 / p99. --concurrency 1,2,4 runs each level in turn.
+
+  python3 test/loadgen.py chat --url http://127.0.0.1:8080 --turns 10 --user-words 600
+  python3 test/loadgen.py decode --url http://127.0.0.1:8080 --concurrency 1,2,4,8 --prompt-words 400 --max-tokens 256
+"""
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+import urllib.request
+
+WORDS = ("and the lord spake unto moses saying speak unto the children of israel that they bring me an offering "
+         "of every man that giveth it willingly with his heart ye shall take my offering").split()
+
+
+def text_of(n, seed):
+    r = random.Random(seed)
+    return " ".join(r.choice(WORDS) for _ in range(n))
+
+
+def model_of(url):
+    with urllib.request.urlopen(url + "/v1/models", timeout=60) as f:
+        return json.load(f)["data"][0]["id"]
+
+
+def stream_chat(url, model, messages, max_tokens, extra=None):
+    """one streamed chat request: (reasoning, content, usage, ttft seconds, total seconds)"""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    body.update(extra or {})
+    rq = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                headers={"Content-Type": "application/json"})
+    t0 = time.time()
+    ttft, reasoning, content, usage, tokens = None, [], [], None, []
+    with urllib.request.urlopen(rq, timeout=3600) as f:
+        for raw in f:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            o = json.loads(line[6:])
+            if o.get("usage"):
+                usage = o["usage"]
+            for ch in o.get("choices", []):
+                d = ch.get("delta", {})
+                piece = (d.get("reasoning_content") or "") + (d.get("content") or "")
+                if piece:
+                    if ttft is None:
+                        ttft = time.time() - t0
+                    tokens.append(time.time())
+                reasoning.append(d.get("reasoning_content") or "")
+                content.append(d.get("content") or "")
+    return "".join(reasoning), "".join(content), usage, ttft, time.time() - t0, tokens
+
+
+def chat(a):
+    urls = [a.url] + ([a.compare] if a.compare else [])
+    models = [model_of(u) for u in urls]
+    hists = [[{"role": "system", "content": text_of(a.system_words, 1)}] for _ in urls]
+    same = True
+    print("turn  prompt  cached  ttft_ms" + ("  ttft_ms(compare)  same" if a.compare else ""))
+    for t in range(a.turns):
+        res = []
+        for k, u in enumerate(urls):
+            hists[k].append({"role": "user", "content": text_of(a.user_words, 100 + t)})
+            r, c, usage, ttft, _, _ = stream_chat(u, models[k], hists[k], a.max_tokens)
+            hists[k].append({"role": "assistant", "content": c, "reasoning_content": r})
+            res.append((r, c, usage, ttft))
+        u = res[0][2]
+        line = "%4d  %6d  %6d  %7.1f" % (t + 1, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], res[0][3] * 1e3)
+        if a.compare:
+            eq = res[0][:2] == res[1][:2] and res[0][2]["completion_tokens"] == res[1][2]["completion_tokens"]
+            same = same and eq
+            line += "  %16.1f  %s" % (res[1][3] * 1e3, "yes" if eq else "NO")
+        print(line, flush=True)
+    return 0 if same else 1
+
+
+def decode(a):
+    model = model_of(a.url)
+    print("C  aggregate_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s")
+    for C in [int(x) for x in a.concurrency.split(",")]:
+        out = [None] * C
+
+        def one(i):
+            msgs = [{"role": "user", "content": text_of(a.prompt_words, 1000 + i)}]
+            out[i] = stream_chat(a.url, model, msgs, a.max_tokens, {"chat_template_kwargs": {"enable_thinking": False}})
+        th = [threading.Thread(target=one, args=(i,)) for i in range(C)]
+        t0 = time.time()
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        wall = time.time() - t0
+        ttfts = sorted(o[3] for o in out)
+        # decode rate: tokens after the first over the time after the first, per stream and in all
+        per = [(o[2]["completion_tokens"] - 1) / max(o[5][-1] - o[5][0], 1e-9) for o in out if len(o[5]) > 1]
+        first = min(o[5][0] for o in out if o[5])
+        last = max(o[5][-1] for o in out if o[5])
+        agg = sum(o[2]["completion_tokens"] - 1 for o in out) / max(last - first, 1e-9)
+        p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
+        print("%d  %15.1f  %16.1f  %11.1f  %11.1f  %6.2f" % (C, agg, sum(per) / max(len(per), 1), p(0.5), p(0.99), wall), flush=True)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["chat", "decode"])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--compare")
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--system-words", type=int, default=200)
+    ap.add_argument("--user-words", type=int, default=300)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1")
+    ap.add_argument("--prompt-words", type=int, default=400)
+    a = ap.parse_args()
+    sys.exit(chat(a) if a.mode == "chat" else decode(a))
+
+
+if __name__ == "__main__":
+    main()

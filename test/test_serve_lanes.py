@@ -1,0 +1,241 @@
+"""--max-concurrency C through the real server (issue 14): models/kjv on the cpu reference path,
+the real template, the openai sdk. the lanes take turns a step each (a decode token or a
+prefill piece); every request keeps its own sampler, limits and stop strings, so N requests
+running at once give what the same requests give one at a time (greedy, and seeded sampling),
+with mixed prompt lengths, some ending on stop strings and some cancelled mid-stream (their lane
+frees for the next). the reference is a --max-concurrency 1 server fed the same requests in turn."""
+import os
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_serve import Server  # noqa: E402
+from test_serve_reuse import KJV, MODEL, SERVE, SYSTEM, oai, same_output, chat  # noqa: E402
+
+NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def words(n, seed):
+    import random
+    r = random.Random(seed)
+    w = "and the lord spake unto moses saying speak unto the children of israel that they bring".split()
+    return " ".join(r.choice(w) for _ in range(n))
+
+
+def start(*args):
+    if not os.path.exists(SERVE):
+        pytest.skip(f"{SERVE} is not built (make build/test/ninfer-serve)")
+    return Server("--max-context", "2048", "--prefill-chunk", "128", *args, cmd=[SERVE, KJV])
+
+
+@pytest.fixture(scope="module")
+def one():
+    s = start("--no-prefix-reuse")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def four():
+    s = start("--max-concurrency", "4", "--no-prefix-reuse")
+    yield s
+    assert s.stop() == 0
+
+
+def requests_mix():
+    """mixed prompt lengths and limits; thinking off so the output is content (stop strings apply)"""
+    out = []
+    for i, (n, mt) in enumerate([(5, 24), (400, 12), (40, 30), (150, 8), (3, 40), (260, 20)]):
+        out.append(dict(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": words(n, i)}],
+                        max_tokens=mt, extra_body=NOTHINK))
+    return out
+
+
+def run_all(s, reqs, at_once):
+    res = [None] * len(reqs)
+
+    def go(i):
+        res[i] = chat(s, **reqs[i])
+    if not at_once:
+        for i in range(len(reqs)):
+            go(i)
+        return res
+    th = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return res
+
+
+def test_concurrent_greedy_equals_one_at_a_time(one, four):
+    reqs = requests_mix()
+    ref = run_all(one, reqs, False)
+    # stop strings: a word from the middle of two of the reference outputs
+    for i in (0, 2):
+        w = ref[i]["content"].split()
+        assert len(w) > 4, ref[i]
+        reqs[i]["stop"] = [w[len(w) // 2]]
+    ref = run_all(one, reqs, False)
+    since = len(four.log)
+    got = run_all(four, reqs, True)
+    for a, b in zip(got, ref):
+        same_output(a, b)
+    assert ref[0]["completion"] < 24 and ref[2]["completion"] < 30  # they did end on the stop strings
+    lines = [l for l in four.log[since:] if " POST /v1/chat" in l]
+    assert len(lines) == len(reqs) and all(" 200 " in l for l in lines)
+
+
+def test_seeded_sampling_per_request(one, four):
+    reqs = []
+    for i in range(5):
+        r = requests_mix()[i]
+        r.update(temperature=0.9, top_p=0.9, seed=11 + i, presence_penalty=0.5 * (i % 2))
+        reqs.append(r)
+    ref = run_all(one, reqs, False)
+    got = run_all(four, reqs, True)
+    for a, b in zip(got, ref):
+        same_output(a, b)
+
+
+def stream_until(s, body, n_chunks, results, key, cancel):
+    """a streamed request; with cancel, the client leaves after n_chunks content chunks"""
+    c = oai(s)
+    text, k = [], 0
+    st = c.chat.completions.create(model=MODEL, stream=True, **body)
+    for ch in st:
+        if ch.choices and ch.choices[0].delta.content:
+            text.append(ch.choices[0].delta.content)
+            k += 1
+            if k == 1:
+                results[key + "_first"] = time.time()
+            if cancel and k >= n_chunks:
+                st.close()
+                break
+    results[key] = ("".join(text), time.time())
+
+
+def test_streams_interleave_and_cancelled_lanes_free(one):
+    s = start("--max-concurrency", "2", "--no-prefix-reuse")
+    try:
+        long = dict(messages=[{"role": "user", "content": words(20, 1)}], max_tokens=300, temperature=0, extra_body=NOTHINK)
+        short = dict(messages=[{"role": "user", "content": words(200, 2)}], max_tokens=6, temperature=0, extra_body=NOTHINK)
+        res = {}
+        t1 = threading.Thread(target=stream_until, args=(s, long, 0, res, "long", False))
+        t1.start()
+        while "long_first" not in res:
+            time.sleep(0.01)
+        t0 = time.time()
+        stream_until(s, short, 0, res, "short", False)  # joins while the long stream runs
+        t1.join()
+        # the short request (a 200-word prompt) entered, prefilled and finished while the long
+        # one was still streaming: the lanes took turns
+        assert res["short"][1] < res["long"][1], res
+        ref_long = chat(one, **long)
+        ref_short = chat(one, **short)
+        assert res["long"][0] == ref_long["content"] and res["short"][0] == ref_short["content"]
+        # cancelled mid-stream: two clients leave after a few chunks; their lanes serve the next ones
+        since = len(s.log)
+        ths = [threading.Thread(target=stream_until, args=(s, long, 3, res, f"c{i}", True)) for i in range(2)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        after = run_all(s, requests_mix()[:3], True)
+        for a, b in zip(after, run_all(one, requests_mix()[:3], False)):
+            same_output(a, b)
+        s.wait_log(r" 499 POST /v1/chat/completions", since=since, timeout=20)
+        lines = [l for l in s.log[since:] if " POST /v1/chat" in l]
+        assert sum(" 499 " in l for l in lines) == 2 and sum(" 200 " in l for l in lines) == 3, lines
+    finally:
+        assert s.stop() == 0
+
+
+def test_prefix_reuse_across_lanes(one):
+    """two conversations running at once on two lanes, each turn continuing from its previous
+    turn's boundary (wherever that state lives), greedy outputs as without reuse"""
+    s = start("--max-concurrency", "2", "--device-state-slots", "2", "--host-state-slots", "2")
+    try:
+        hists = {c: [{"role": "system", "content": SYSTEM}] for c in "AB"}
+        refs = {c: [{"role": "system", "content": SYSTEM}] for c in "AB"}
+        for k in range(3):
+            out = {}
+
+            def turn(c):
+                hists[c].append({"role": "user", "content": words(30 + 10 * k, ord(c) + k)})
+                out[c] = chat(s, hists[c], max_tokens=12)
+            th = [threading.Thread(target=turn, args=(c,)) for c in "AB"]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join()
+            for c in "AB":
+                refs[c].append(hists[c][-1])
+                same_output(out[c], chat(one, refs[c], max_tokens=12))
+                if k > 0:
+                    assert out[c]["cached"] > 0, (c, k, out[c])
+                hists[c].append({"role": "assistant", "content": out[c]["content"], "reasoning_content": out[c]["reasoning"]})
+                refs[c].append(hists[c][-1])
+    finally:
+        assert s.stop() == 0
+
+
+def test_pending_rules_count_the_lanes():
+    """with C lanes busy and no room in the queue, the next request is 429"""
+    s = start("--max-concurrency", "2", "--max-pending-requests", "0", "--no-prefix-reuse")
+    try:
+        import openai
+        long = dict(messages=[{"role": "user", "content": "Who was Moses?"}], max_tokens=400, temperature=0, extra_body=NOTHINK)
+        res = {}
+        ths = [threading.Thread(target=stream_until, args=(s, long, 0, res, f"l{i}", False)) for i in range(2)]
+        for t in ths:
+            t.start()
+        deadline = time.time() + 60
+        while time.time() < deadline and not ("l0_first" in res and "l1_first" in res):
+            time.sleep(0.01)
+        assert "l0" not in res and "l1" not in res  # both still streaming: both lanes busy
+        with pytest.raises(openai.RateLimitError):
+            oai(s).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        for t in ths:
+            t.join()
+    finally:
+        assert s.stop() == 0
+
+
+def test_concurrency_flags():
+    if not os.path.exists(SERVE):
+        pytest.skip("not built")
+    import subprocess
+    r = subprocess.run([SERVE, KJV, "--max-concurrency", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr == "ninfer-serve: error: missing or bad value for --max-concurrency (1..64)\n", r.stderr
+    s = start("--max-concurrency", "3")
+    try:
+        line = s.wait_log(r"memory plan")
+        assert "3 lane(s)" in line and "3 device state slots" in line, line  # --device-state-slots defaults to C
+    finally:
+        assert s.stop() == 0
+
+
+def test_spec_mtp_lanes_equal_one_at_a_time(one):
+    """cpu --spec mtp: each lane runs its own rounds (its own mtp rows and drafts)"""
+    s = start("--max-concurrency", "3", "--spec", "mtp", "--draft-tokens", "2")
+    try:
+        reqs = requests_mix()[:4]
+        got = run_all(s, reqs, True)
+        for a, b in zip(got, run_all(one, reqs, False)):
+            same_output(a, b)
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_prompt_that_can_never_fit_is_400_with_the_numbers(four):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(four).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(3000, 5)}], max_tokens=4)
+    b = e.value.body
+    assert b["code"] == "context_length_exceeded" and "do not fit a sequence of 2048" in b["message"], b
+    assert re.search(r"the prompt's \d+ tokens", b["message"]), b
