@@ -25,7 +25,7 @@ NVFLAGS  := $(CXXSTD) -O3 -lineinfo -cudart static -Xcompiler "$(HOSTFLAGS)" --e
 LDLIBS   := -lgomp -lpthread -ldl -lrt
 GTEST    := -lgtest_main -lgtest -lpthread
 
-HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h)
+HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h grammar.h)
 TEST_HEADERS := test/test_util.h test/dev_kernels.cuh
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))

@@ -966,12 +966,12 @@ struct SchemaCompiler {
                 CpRanges one;
                 if (s[i] == '\\') { i++; if (!escape(&one)) return false; }
                 else if (s[i] == '[' && i + 1 < s.size() && s[i + 1] == ':') return fail("posix classes are not supported");
-                else { uint32_t v; if (!cp(&v)) return false; one = {{v, v}}; }
+                else { uint32_t v = 0; if (!cp(&v)) return false; one = {{v, v}}; }
                 if (one.size() == 1 && one[0].first == one[0].second && i + 1 < s.size() && s[i] == '-' && s[i + 1] != ']') {
                     i++;
                     CpRanges two;
                     if (s[i] == '\\') { i++; if (!escape(&two)) return false; }
-                    else { uint32_t v; if (!cp(&v)) return false; two = {{v, v}}; }
+                    else { uint32_t v = 0; if (!cp(&v)) return false; two = {{v, v}}; }
                     if (two.size() != 1 || two[0].first != two[0].second || two[0].first < one[0].first) return fail("a bad class range");
                     r.push_back({one[0].first, two[0].first});
                 } else r.insert(r.end(), one.begin(), one.end());
@@ -1299,6 +1299,7 @@ struct GrammarVocab {
     std::vector<int32_t> first_child, n_child, tok_beg, tok_end;  // [nodes]
     std::vector<uint8_t> byte;        // [nodes] the edge into the node
     std::vector<int32_t> toks;        // the ids ending at each node: toks[tok_beg[n]..tok_end[n])
+    std::vector<std::string> bytes;   // [n] each id's bytes ("" = never allowed)
 };
 
 // bytes[id]: a token's bytes; empty = never allowed by a grammar (control tokens, padding)
@@ -1307,6 +1308,7 @@ static inline void vocab_build(GrammarVocab* v, const std::vector<std::string>& 
     v->n = (int)bytes.size();
     v->words = (v->n + 31) / 32;
     v->stops = stops;
+    v->bytes = bytes;
     std::vector<int32_t> ids;
     for (int i = 0; i < v->n; i++) if (!bytes[i].empty()) ids.push_back(i);
     std::sort(ids.begin(), ids.end(), [&](int a, int b) { return bytes[a] < bytes[b] || (bytes[a] == bytes[b] && a < b); });
@@ -1494,10 +1496,10 @@ static inline const uint32_t* matcher_mask(GrammarMatcher* m) {
 }
 static inline bool mask_has(const uint32_t* mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1; }
 
-// take token id with bytes `bytes`: false if the grammar does not allow it (state unchanged).
-// a stop id is taken only where the grammar may end.
-static inline bool matcher_accept(GrammarMatcher* m, int id, const std::string& bytes) {
+// take token id: false if the grammar does not allow it (state unchanged). a stop id is
+// taken only where the grammar may end.
+static inline bool matcher_accept(GrammarMatcher* m, int id) {
     for (int s : m->v->stops) if (s == id) return matcher_accepting(m);
-    if (bytes.empty()) return false;
-    return matcher_accept_bytes(m, bytes);
+    if (id < 0 || id >= m->v->n || m->v->bytes[id].empty()) return false;
+    return matcher_accept_bytes(m, m->v->bytes[id]);
 }

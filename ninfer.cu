@@ -81,6 +81,7 @@
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, tokenizer_decode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
 #include "vision.h"    // defines: Image, image_load, VisionConfig, VisionItem, vision_image, video_load, MediaLimits
+#include "grammar.h"   // defines: Grammar, schema_compile, grammar_parse_gbnf, GrammarVocab, GrammarMatcher, matcher_mask
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -1755,6 +1756,8 @@ struct Sampler {
     std::vector<std::pair<float, int>> cand;  // scratch: (adjusted logit, id)
     std::vector<float> biased;              // scratch: logits + logit_bias
     std::vector<float> w;                   // scratch: the kept candidates' weights (sampler_dist)
+    const uint32_t* mask = nullptr;         // the constraint's allowed ids for the next pick (bit id; null: all):
+                                            // the others' logits become -inf before anything else, greedy too
 };
 
 static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
@@ -1852,8 +1855,10 @@ static int argmax(const float* x, int n) {
 // order. returns keep; 0 for greedy (temperature <= 0), where *greedy_id is the argmax.
 static size_t sampler_dist(Sampler* s, const float* logits, float* mass_out, int* greedy_id) {
     const SamplerParams& p = s->p;
-    if (!p.logit_bias.empty()) {
+    if (!p.logit_bias.empty() || s->mask) {
         s->biased.assign(logits, logits + s->domain);
+        if (s->mask)
+            for (int i = 0; i < s->domain; i++) if (!((s->mask[i >> 5] >> (i & 31)) & 1)) s->biased[i] = -INFINITY;
         for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] = SMP_FADD(s->biased[b.first], b.second);
         logits = s->biased.data();
     }
@@ -1908,11 +1913,11 @@ static int sampler_draw(const Sampler* s, size_t keep, float mass, uint64_t posi
     int last = -1;
     for (size_t i = 0; i < keep; i++) {
         if (s->cand[i].second == skip) continue;
-        last = s->cand[i].second;
+        if (s->w[i] > 0.0f || last < 0) last = s->cand[i].second;
         u = SMP_FSUB(u, s->w[i]);
-        if (u < 0.0f) return last;
+        if (u < 0.0f) return s->cand[i].second;
     }
-    return last;  // u landed on the rounding edge
+    return last;  // u landed on the rounding edge: the last candidate of nonzero weight (never a masked id)
 }
 
 // pick the next token from logits [>= domain] for sequence position `position`
@@ -2055,8 +2060,30 @@ struct GenStats {
     double prefill_s = 0, decode_s = 0;
     bool stopped = false; int stop_id = -1;  // ended on a stop id
     bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
+    bool complete = false;           // a constraint's structure was completed: generation ended there
     SpecStats spec;
 };
+
+// constrained decoding (grammar.h): while open, each pick is masked to the ids the matcher
+// allows (the mask applies before the sampler's other stages, on the cpu and the gpu alike) and
+// each generated id advances it; when the structure is complete generation ends (GenStats.
+// complete), without sampling a stop id. with thinking on it opens after `open_id` (</think>),
+// so the reasoning is free and the answer is constrained.
+struct GenConstraint {
+    GrammarMatcher* m = nullptr;     // null: no constraint
+    int open_id = -1;                // opens after this id; -1: open from the first token
+    bool open = false;               // set by constraint_start from open_id
+};
+static void constraint_start(GenConstraint* c) { if (c) c->open = c->m && c->open_id < 0; }
+// the mask of the next pick, null when unconstrained (or not open yet)
+static const uint32_t* constraint_mask(GenConstraint* c) { return c && c->open ? matcher_mask(c->m) : nullptr; }
+// a generated (not a stop) id; true when the structure is complete
+static bool constraint_take(GenConstraint* c, int id) {
+    if (!c || !c->m) return false;
+    if (!c->open) { c->open = id == c->open_id; return false; }
+    CHECK(matcher_accept(c->m, id), "constrained pick %d is outside the grammar", id);  // the mask allowed it
+    return matcher_done(c->m);
+}
 
 // a cancel poll for the prefill: called before each prefill piece, true ends generation
 // there (the server's client left). emit's false return covers the decode steps.
@@ -2095,10 +2122,11 @@ struct GenTap {
 // sequence holds the pieces prefilled so far (s.cancelled).
 // mm (nullable): the prompt is the rest of this multimodal prompt (mm_check_prompt); its vision
 // rows and m-rope positions are prefilled, and decoding goes on at its rope_delta.
+// gc (nullable): the constraint (GenConstraint).
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
                              int max_new, const std::vector<int>& stop_ids, const GenTap* tap, Emit emit,
-                             const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                             const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr, GenConstraint* gc = nullptr) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -2122,13 +2150,18 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
+    constraint_start(gc);
     for (int n = 0; n < max_new; n++) {
+        smp->mask = constraint_mask(gc);
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+        smp->mask = nullptr;
         if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
         s.generated++;
+        s.complete = constraint_take(gc, id);
         if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
+        if (s.complete) break;
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
     }
@@ -4232,7 +4265,11 @@ __device__ void sample_walk(const SampleArgs& a, const uint64_t* keys, const flo
         for (int i = lo; i < min(hi, keep); i++) { u = SMP_FSUB(u, w[i]); if (u < 0.0f) { atomicMin(&s.pick, i); break; } }
     }
     __syncthreads();
-    if (t == 0) a.out[0] = sample_key_id(keys[s.pick == INT32_MAX ? keep - 1 : s.pick]);  // none: u met the rounding edge
+    if (t == 0) {  // none: u met the rounding edge; then the last candidate of nonzero weight (sampler_draw)
+        int i = s.pick;
+        if (i == INT32_MAX) for (i = keep - 1; i > 0 && !(w[i] > 0.0f); i--) {}
+        a.out[0] = sample_key_id(keys[i]);
+    }
 }
 
 // top-k, stage 1: the best min(k, chunk) keys of each SAMPLE_CHUNK ids (unordered) to
@@ -4383,6 +4420,18 @@ static void sample_upload(SampleScratch* s, const Sampler* smp, cudaStream_t str
         cudaCheck(cudaMemcpyAsync(s->bias_off, off.data(), off.size() * 4, cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaMemcpyAsync(s->bias_val, val.data(), val.size() * 4, cudaMemcpyHostToDevice, stream));
     }
+}
+
+// a constraint's mask (Sampler.mask) on a device logits row: ids [0, n) without their bit get
+// -inf, in place, before the argmax or the sampler reads the row
+__global__ void mask_logits_kernel(float* __restrict__ logits, const uint32_t* __restrict__ mask, int n) {
+    pdl_entry_small();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (!((mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+}
+static void mask_logits(float* logits, const uint32_t* mask, int n, cudaStream_t stream) {
+    launch_k(mask_logits_kernel, CEIL_DIV(n, 256), 256, 0, stream, logits, mask, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // sample(smp, logits, position, purpose) on the device, with the counts and bias table of
@@ -5718,6 +5767,8 @@ struct GpuEngine {
     size_t in_ints = 0, dec_off = 0;
     float* h_logits = nullptr;     // pinned [vocab]
     int* h_out = nullptr;          // pinned [DEC_COLS]
+    uint32_t* h_mask = nullptr;    // pinned [ceil(domain / 32)] a constraint's mask, and its device copy
+    uint32_t* d_mask = nullptr;
     cudaEvent_t tok_ready = nullptr;  // the picked id has reached h_out (generate_gpu)
     cudaGraphExec_t graph[GPU_MAX_BUCKETS] = {};
     bool graph_used = false;
@@ -5896,6 +5947,8 @@ static void gpu_free(GpuEngine* e) {
     }
     if (e->h_logits) cudaFreeHost(e->h_logits);
     if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->h_mask) cudaFreeHost(e->h_mask);
+    if (e->d_mask) cudaFree(e->d_mask);
     if (e->tok_ready) cudaEventDestroy(e->tok_ready);
     if (e->smp_mem) cudaFree(e->smp_mem);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
@@ -6053,6 +6106,8 @@ static void gpu_steps_alloc(GpuEngine* e) {
     e->dec = ptrs(e->d_in + e->dec_off, DEC_COLS);
     cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
     cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
+    cudaCheck(cudaHostAlloc((void**)&e->h_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4, cudaHostAllocDefault));
+    cudaCheck(cudaMalloc(&e->d_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4));
     cudaCheck(cudaEventCreateWithFlags(&e->tok_ready, cudaEventDisableTiming));
 }
 
@@ -6364,8 +6419,18 @@ static void gpu_sampler_accept(GpuEngine* e, Sampler* smp, int id) {
 // gpu_pick_device queues the pick and returns the device address its id will be at, or null
 // when the pick has to run on the host (nothing ran yet: the cpu path samples zero logits;
 // force_host_sample; a bias table too large); gpu_pick waits for the id.
+// a constraint's mask (smp->mask, a sampler of the engine's domain) goes to the device and
+// masks the row first (mask_logits), so the argmax is taken again after it; on the host
+// path sample() applies it.
 static const int* gpu_pick_device(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
     if (!e->last_logits) return nullptr;
+    if (smp->mask && smp->domain == e->domain) {
+        const size_t bytes = (size_t)CEIL_DIV(e->domain, 32) * 4;
+        memcpy(e->h_mask, smp->mask, bytes);  // the previous copy out of h_mask ran: its pick was waited for
+        cudaCheck(cudaMemcpyAsync(e->d_mask, e->h_mask, bytes, cudaMemcpyHostToDevice, e->stream));
+        mask_logits(e->last_logits, e->d_mask, e->domain, e->stream);
+        after_decode = false;
+    }
     if (smp->p.temperature <= 0.0f && smp->p.logit_bias.empty()) {  // greedy: the argmax on the device
         if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
         return e->dec.out;
@@ -6431,9 +6496,13 @@ static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->l
 // the tap when it asks), then sample, emit and decode until max_new, a stop id or a full
 // context. with a cancel poll each piece is waited for before the poll, so a cancel ends the
 // prefill within one piece (the host would otherwise queue them all at once).
+// with a constraint the host computes step n+1's mask while the device runs step n+1's
+// forward (the step ahead below, queued before the host reads token n), and the mask goes
+// up in front of the pick.
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                             const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
+                             GenConstraint* gc = nullptr) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -6467,11 +6536,13 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     // the step ahead writes its deltanet state to the other slot of the live pair (0, 1), so a
     // stop id, a cancel or max_new leaves it uncommitted: the live slot and e->pos stay, its
     // kv row is overwritten by the next forward, and its logits are dropped.
+    constraint_start(gc);
     for (int n = 0; n < max_new; n++) {
         // the row this id is drawn from, for the tap: queued before the pick (stream order;
         // the pick's wait covers it). the step ahead would overwrite it, so it is off then.
         const bool tapped = per_token && e->last_logits;
         if (tapped) cudaCheck(cudaMemcpyAsync(logits.data(), e->last_logits, (size_t)g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+        smp->mask = constraint_mask(gc);  // overlaps the forward queued last step
         const int* did = gpu_pick_device(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         const bool ahead = did && !per_token && n + 1 < max_new && e->pos < e->capacity;
         const int spare = e->slot == 0 ? 1 : 0;
@@ -6488,6 +6559,7 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         } else {
             id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         }
+        smp->mask = nullptr;
         if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
         const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
         if (stop) { s.stopped = true; s.stop_id = id; }
@@ -6495,9 +6567,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
             if (ahead) sampler_accept(smp, id);  // the device counted it already
             else gpu_sampler_accept(e, smp, id);
             s.generated++;
+            s.complete = constraint_take(gc, id);
             if (!emit_more(emit, id)) s.cancelled = true;  // a stop string, or the client left
         }
-        if (stop || s.cancelled) {
+        if (stop || s.cancelled || s.complete) {
             if (ahead) e->last_logits = nullptr;  // the step ahead overwrote them (a sampler bound later re-uploads the counts)
             break;
         }
@@ -6720,18 +6793,20 @@ static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.p
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 // mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
 template <typename Emit>
+// gc: a constraint (GenConstraint; not with --spec: the server and the cli refuse the pair)
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm);
+                                const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
+                                GenConstraint* gc = nullptr) {
+    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
     if (en->spec.K) {
         // the mtp rows of a multimodal prompt (vision rows, m-rope positions) are not built:
         // no caller passes one with --spec (media are refused before generation); nor a tap:
         // the round has no per-id rows (the server refuses logprobs with --spec, the cli
         // --logits-out)
-        CHECK(!tap && !mm, "--logits-out, logprobs or a multimodal prompt with --spec");
+        CHECK(!tap && !mm && !(gc && gc->m), "--logits-out, logprobs, a multimodal prompt or a constraint with --spec");
         return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
     }
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm);
+    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -6837,6 +6912,7 @@ struct TextModel {
     SpecOpts spec;   // set before text_model_start
     Engine en;
     TextVision vis;
+    GrammarVocab gvocab;  // the vocabulary's byte trie for constrained decoding, built at the first use
 };
 
 // open the artifact and its tokenizer (no engine yet: text_model_start builds it)
@@ -6892,12 +6968,14 @@ struct TextRequest {
     void (*on_token)(void* ctx, int id, int channel) = nullptr;
     void* token_ctx = nullptr;
     const MmPrompt* mm = nullptr;     // the prompt's media rows and positions (text_media_tower), if any
+    std::shared_ptr<const Grammar> grammar;  // constrain the output (the content, after the reasoning) to it
 };
 
 struct TextResult {
-    GenStats gen;
+    GenStats gen;                     // gen.complete: the grammar's structure was completed
     std::string stop_hit;  // the stop string that ended generation, if one did
     int tool_calls = 0;
+    std::string error;     // the request's grammar could not start (nothing was generated)
 };
 
 // ---- media in a conversation ----------------------------------------------------------
@@ -7096,11 +7174,34 @@ static bool text_media_tower(TextModel* t, const std::vector<int>& prompt, const
 // run rq on t's engine from an empty sequence. on_event(const OutEvent&, int id) gets every
 // piece of output as it is decoded and returns false to stop (e.g. the client left); each
 // event's bytes are complete utf-8.
+// the matcher of a request's grammar over t's vocabulary (the trie is built once: the domain's
+// token bytes, control tokens left out; the stop ids end a completed structure). false and
+// *err when the grammar matches nothing.
+static bool text_constraint(TextModel* t, const TextRequest& rq, GrammarMatcher* m, GenConstraint* gc, std::string* err) {
+    if (!t->gvocab.n) {
+        std::vector<std::string> bytes(t->fr.domain);
+        for (int id = 0; id < t->fr.domain; id++)
+            if (!tokenizer_is_special(&t->tok, id)) bytes[id] = tokenizer_token_bytes(&t->tok, id);
+        vocab_build(&t->gvocab, bytes, t->fr.stops);
+    }
+    if (!matcher_init(m, rq.grammar, &t->gvocab, err)) return false;
+    gc->m = m;
+    gc->open_id = -1;
+    if (rq.thinking_open) {
+        gc->open_id = tokenizer_find(&t->tok, "</think>");
+        if (gc->open_id < 0) { *err = "constrained output with thinking needs a </think> token, which this tokenizer does not have"; return false; }
+    }
+    return true;
+}
+
 template <typename OnEvent>
 static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_event) {
     TextResult res;
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
+    GrammarMatcher matcher;
+    GenConstraint gc;
+    if (rq.grammar && !text_constraint(t, rq, &matcher, &gc, &res.error)) return res;
     engine_reset(&t->en);
     TextOut to;
     text_out_init(&to, rq.thinking_open, rq.raw);
@@ -7117,7 +7218,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    }, rq.cancel, rq.mm);
+    }, rq.cancel, rq.mm, rq.grammar ? &gc : nullptr);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -7238,6 +7339,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
+    rq.grammar = smp.grammar;
     rq.cancel = GenCancel{sink.cancelled, sink.ctx};  // a client that leaves during the prefill frees the engine within a piece
     ServedTokens tk{s, &sink, &p.tokens};
     tk.top_n = smp.logprobs;
@@ -7263,6 +7365,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!sink.emit(sink.ctx, ev) || sink.cancelled(sink.ctx)) { cancelled = true; return false; }
         return true;
     });
+    if (!r.error.empty()) { res->error = r.error; return; }
     if (p.raw && r.gen.stopped && tk.pending.id == r.gen.stop_id) {
         // a completion lists its stop id too (one entry per counted token: lm-evaluation-harness
         // drops the last entry of echo + max_tokens 1 as the generated one); chat does not
@@ -7284,9 +7387,11 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(&s->t.en) == engine_capacity(&s->t.en);
+    // a constrained output that did not complete ended on a limit (its stop ids are masked
+    // until the structure may end, and stop strings are refused with it): never "stop"
     res->finish = r.tool_calls > 0 ? "tool_calls"
-                : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
-                : full ? "length" : "stop";
+                : (r.gen.complete || r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
+                : full || rq.grammar ? "length" : "stop";
 }
 
 static void served_close(void* self) {
@@ -7337,6 +7442,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     s->api.prepare_text = served_prepare_text;
     s->api.token_bytes = served_token_bytes;
     s->api.logprobs = s->t.spec.K == 0;  // the speculative round has no per-id rows for the tap
+    s->api.structured = s->t.spec.K == 0;  // nor a constrained round
     s->api.generate = served_generate;
     s->api.close = served_close;
     return &s->api;
@@ -7421,6 +7527,9 @@ static void usage(FILE* f) {
         "  --stop TEXT            stop string on the content channel, repeatable (not printed)\n"
         "  --reasoning-stop TEXT  stop string on the reasoning channel, repeatable\n"
         "  --raw-output           no reasoning/content split, special tokens printed\n"
+        "  --json-schema FILE     constrain the answer (after the reasoning) to a json schema (grammar.h lists\n"
+        "                         the keywords; others are refused by name); exit 1 if --max-new ends it inside\n"
+        "  --grammar FILE         constrain the answer to a gbnf-like grammar (root ::= ...; grammar.h)\n"
         "\n"
         "speculative decoding (lossless: greedy output is plain decoding's, token for token):\n"
         "  --spec mtp             draft with the artifact's mtp module, verify K+1 tokens per pass\n"
@@ -7533,6 +7642,8 @@ struct CliArgs {
     MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
     const char* decode_out = nullptr;  // --decode-out
     const char* pixels_out = nullptr;  // --pixels-out
+    const char* json_schema = nullptr; // --json-schema FILE: constrain the answer to the schema
+    const char* grammar = nullptr;     // --grammar FILE: constrain the answer to the grammar (grammar.h's syntax)
     int inputs = 0;                    // how many of the input modes were given
 };
 
@@ -7586,6 +7697,8 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--decode-out")) c->decode_out = value();
         else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
         else if (!strcmp(a, "--vision")) c->vision = true;
+        else if (!strcmp(a, "--json-schema")) c->json_schema = value();
+        else if (!strcmp(a, "--grammar")) c->grammar = value();
         else if (!strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
         else if (gpu_parse_flag(argc, argv, &i, &c->gopt)) {}
@@ -7625,6 +7738,28 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
     if (!c->spec_name && c->lm_head_draft) die("--lm-head-draft needs --spec");
     if (c->ppl_path && c->spec_name) die("--perplexity cannot be combined with --spec (it scores, it does not generate)");
     if (c->spec_name && c->logits_path) die("--logits-out cannot be combined with --spec (it writes the prompt's logits of a plain run)");
+    if (const char* f = c->json_schema ? "--json-schema" : c->grammar ? "--grammar" : nullptr) {
+        if (c->json_schema && c->grammar) die("give one of --json-schema and --grammar");
+        if (!(c->prompt_text || c->messages_path || c->raw_prompt) || c->render)
+            die("%s constrains generated text: it needs --prompt, --messages or --raw-prompt", f);
+        if (c->logits_path) die("%s cannot be combined with --logits-out", f);
+        if (c->spec_name) die("%s cannot be combined with --spec yet (a constrained mtp round is not built)", f);
+        if (c->raw_output) die("%s cannot be combined with --raw-output (the constraint applies to the answer channel)", f);
+    }
+}
+
+// --json-schema / --grammar FILE -> the request's grammar, or a one-line error naming the file
+static std::shared_ptr<const Grammar> cli_grammar(const CliArgs& c) {
+    if (!c.json_schema && !c.grammar) return nullptr;
+    const char* path = c.json_schema ? c.json_schema : c.grammar;
+    std::string text = read_file(path), err;
+    auto g = std::make_shared<Grammar>();
+    if (c.json_schema) {
+        Json schema;
+        if (!json_parse(text, &schema, &err)) die("%s: not json: %s", path, err.c_str());
+        if (!schema_compile(schema, g.get(), &err)) die("%s: %s", path, err.c_str());
+    } else if (!grammar_parse_gbnf(text, g.get(), &err)) die("%s: %s", path, err.c_str());
+    return g;
 }
 
 // --info
@@ -7840,6 +7975,8 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
     rq.raw = rq.raw || c.raw_output;
     rq.max_new = c.max_new;
     rq.sp = c.sp;
+    rq.grammar = cli_grammar(c);
+    if (rq.grammar && !c.stop_strings.empty()) die("--stop cannot be combined with %s (a stop string could cut the structure)", c.json_schema ? "--json-schema" : "--grammar");
     if (c.print_ids) {
         fprintf(stderr, "prompt ids:");
         for (int id : rq.prompt) fprintf(stderr, " %d", id);
@@ -7848,11 +7985,12 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
     TextResult r;
     if (c.prompt_ids || c.logits_path) r.gen = cli_generate_ids(c, t, rq);
     else r = cli_generate_text(c, t, rq);
+    if (!r.error.empty()) die("%s", r.error.c_str());
     const GenStats& s = r.gen;
     fprintf(stderr, "ninfer: %s; prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
             t->en.gpu ? "gpu" : "cpu", s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
             s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
-            s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
+            s.complete ? ", the structure is complete" : s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
             : engine_pos(&t->en) == engine_capacity(&t->en) ? ", context full" : "");
     if (const SpecStats& sp = s.spec; sp.K) {
         std::string per;
@@ -7866,6 +8004,9 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
                 sp.fallback_steps);
     }
     text_model_close(t);
+    if (rq.grammar && !s.complete && !s.stopped)  // a stop id is only allowed where the structure may end
+        die("the output ended inside the %s structure (%s): it is incomplete", c.json_schema ? "--json-schema" : "--grammar",
+            s.cancelled ? "stopped" : "--max-new or the context reached");
     return 0;
 }
 
