@@ -30,8 +30,9 @@
 //   annotations, accepted and not enforced: title, description, default, examples, $schema,
 //     $id, $comment, deprecated, readOnly, writeOnly, discriminator.
 //   boolean schemas: true (any value); false is unsatisfiable (an error).
-// whitespace: between tokens the model may write up to GRAMMAR_WS spaces / tabs / newlines
-// (enough for pretty-printing 12 levels deep), and up to 4 before the value.
+// whitespace: between tokens the model may write nothing, one space, or a newline and up to
+// GRAMMAR_WS spaces / tabs (pretty-printing 12 levels deep), and up to 4 spaces / newlines
+// before the value; a model that would pad without end cannot.
 //
 // the pattern subset (json schema patterns are searches: an unanchored side gets ".*"):
 //   literals (utf-8 included), ".", [classes] with ranges and [^negation], \d \w \s \D \W
@@ -460,9 +461,12 @@ struct SchemaCompiler {
     GSeq digits(int lo, int hi) { return b.rep(GSeq{b.range('0', '9')}, lo, hi); }
 
     void build_common() {
+        // between tokens: nothing, one space, or one newline and an indentation
         r_ws = b.rule("ws");
-        ByteSet w = {}; byteset_add(&w, ' ', ' '); byteset_add(&w, '\t', '\t'); byteset_add(&w, '\n', '\n');
-        b.add(r_ws, b.rep(GSeq{b.chars(w)}, 0, GRAMMAR_WS));
+        ByteSet w = {}; byteset_add(&w, ' ', ' '); byteset_add(&w, '\t', '\t');
+        b.add(r_ws, GSeq());
+        b.add(r_ws, b.lit(" "));
+        b.add(r_ws, b.lit("\n") + b.rep(GSeq{b.chars(w)}, 0, GRAMMAR_WS));
         // one json string character: raw (no quote, backslash or control) or an escape
         r_char = b.rule("char");
         b.add(r_char, gb_cp_set(&b, {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}}));
