@@ -31,7 +31,7 @@
 //     $id, $comment, deprecated, readOnly, writeOnly, discriminator.
 //   boolean schemas: true (any value); false is unsatisfiable (an error).
 // whitespace: between tokens the model may write nothing, one space, or a newline and up to
-// GRAMMAR_WS spaces / tabs (pretty-printing 12 levels deep), and up to 4 spaces / newlines
+// GRAMMAR_WS spaces / tabs (pretty-printing 8 levels deep at two spaces), and up to 4 spaces / newlines
 // before the value; a model that would pad without end cannot.
 //
 // the pattern subset (json schema patterns are searches: an unanchored side gets ".*"):
@@ -62,7 +62,7 @@
 #include <math.h>
 #include "format.h"
 
-enum { GRAMMAR_WS = 24, GRAMMAR_LEAD_WS = 4, GRAMMAR_MAX_ELEMS = 4 << 20, GRAMMAR_MAX_REPEAT = 100000 };
+enum { GRAMMAR_WS = 16, GRAMMAR_LEAD_WS = 4, GRAMMAR_MAX_ELEMS = 4 << 20, GRAMMAR_MAX_REPEAT = 100000 };
 
 // ----------------------------------------------------------------------------
 // grammar: rules of alternatives; an alternative is a sequence of elements in `el` ended by

@@ -1360,7 +1360,8 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
         return api_fail(e, strict, "strict tool schemas need a forced tool call (tool_choice required or a function)", "strict_not_supported");
     if (const Json* ptc = body.get("parallel_tool_calls"); ptc && !ptc->is_null()) {
         if (!ptc->is_bool()) return api_fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-        if (!ptc->b) return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is not supported (the model may call several tools at once)");
+        if (!ptc->b && !r->grammar)  // a forced call is exactly one call
+            return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is supported with a forced tool call only (otherwise the model may call several tools at once)");
     }
     if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
     if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
@@ -1740,7 +1741,7 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
         if (!api_only_keys(*tc, tc_keys, "tool_choice", e)) return false;
         const Json* dp = tc->get("disable_parallel_tool_use");
         if (dp && !dp->is_null() && !dp->is_bool()) return api_fail(e, "tool_choice.disable_parallel_tool_use", "'disable_parallel_tool_use' must be a boolean");
-        if (dp && dp->is_bool() && dp->b) return api_fail(e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use is not supported (the model may call several tools at once)");
+        const bool single = dp && dp->is_bool() && dp->b;
         const Json* nm = tc->get("name");
         if (ty->str != "tool" && nm && !nm->is_null()) return api_fail(e, "tool_choice.name", "'name' goes with tool_choice type tool only");
         if (ty->str == "none") r->chat.tools = Json();
@@ -1750,6 +1751,8 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
             if (!api_forced_tool(r->chat.tools, nm->str, "tool_choice.name", r, e)) return false;
         }
         else if (ty->str != "auto") return api_fail(e, "tool_choice.type", "unknown tool_choice type");
+        if (single && !r->grammar)  // a forced call is exactly one call
+            return api_fail(e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use is supported with tool_choice any / tool only (otherwise the model may call several tools at once)");
     }
     // thinking: {type: "disabled"} turns it off, "enabled" / "adaptive" on
     r->chat.enable_thinking = ctx.thinking;
@@ -2248,8 +2251,8 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     }
     if (!strict.empty() && !r->grammar)
         return api_fail(e, strict, "strict tool schemas need a forced tool call (tool_choice required or a function); send strict: false", "strict_not_supported");
-    if (const Json* v = body.get("parallel_tool_calls"); v && !v->is_null() && !(v->is_bool() && v->b))
-        return api_fail(e, "parallel_tool_calls", "only parallel_tool_calls true is supported (the model may call several tools)");
+    if (const Json* v = body.get("parallel_tool_calls"); v && !v->is_null() && !(v->is_bool() && (v->b || r->grammar)))
+        return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is supported with a forced tool call only (otherwise the model may call several tools)");
     if (const Json* v = body.get("truncation"); v && !v->is_null() && !(v->is_string() && v->str == "disabled"))
         return api_fail(e, "truncation", "only truncation 'disabled' is supported (a prompt that does not fit is an error)");
     Json text_fmt = Json::object();
