@@ -139,13 +139,13 @@ def corpus_run(srv, entries, max_tokens, min_complete):
 
 def test_kjv_corpus_outputs_validate(kjv):
     # every third schema of the corpus (all of it is ~3 minutes on the cpu path)
-    entries = CORPUS["corpus"][::3]
+    entries = [e for e in CORPUS["corpus"] if isinstance(e["schema"], dict)][::3]  # the api takes object schemas
     corpus_run(kjv, entries, 160, 0.5)
 
 
 def test_tiny_random_weights_outputs_validate(tiny):
     # random weights pick any allowed token: bounded schemas complete, the rest end on the limit
-    entries = [e for e in CORPUS["corpus"] if e["name"].startswith("suite-")][::2]
+    entries = [e for e in CORPUS["corpus"] if e["name"].startswith("suite-") and isinstance(e["schema"], dict)][::2]
     corpus_run(tiny, entries, 48, 0.2)
 
 
