@@ -1281,6 +1281,27 @@ static bool openai_check_tools(const Json* tools, Json* out, ServeError* e, std:
     return true;
 }
 
+// openai tool_choice: auto, none, required, or a named function ({type: function, function:
+// {name}} in chat completions; flat {type: function, name} in responses); the last two force a
+// call (api_forced_tool). the tools are r->chat.tools, already checked.
+static bool api_openai_tool_choice(const Json& tc, bool flat, ApiRequest* r, ServeError* e) {
+    if (tc.is_string() && tc.str == "none") { r->chat.tools = Json(); return true; }
+    if (tc.is_string() && tc.str == "auto") return true;
+    if (tc.is_string() && tc.str == "required") return api_forced_tool(r->chat.tools, "", "tool_choice", r, e);
+    if (!tc.is_object()) return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+    static const char* const chat_keys[] = {"type", "function", nullptr};
+    static const char* const flat_keys[] = {"type", "name", nullptr};
+    if (!api_only_keys(tc, flat ? flat_keys : chat_keys, "tool_choice", e)) return false;
+    const Json* ty = tc.get("type");
+    const Json* fn = flat ? &tc : tc.get("function");
+    const Json* nm = fn && fn->is_object() ? fn->get("name") : nullptr;
+    if (!ty || !ty->is_string() || ty->str != "function" || !nm || !nm->is_string())
+        return api_fail(e, "tool_choice", flat ? "a tool_choice object must be {\"type\": \"function\", \"name\": ...}"
+                                               : "a tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        "tool_choice_not_supported");
+    return api_forced_tool(r->chat.tools, nm->str, "tool_choice", r, e);
+}
+
 // thinking switches from several fields: they must agree
 static bool api_merge_switch(int* have, bool v, const char* param, ServeError* e) {
     if (*have >= 0 && *have != (int)v) return api_fail(e, param, "conflicting thinking options", "conflicting_template_option");
@@ -1341,20 +1362,7 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (!openai_check_tools(body.get("tools"), &r->chat.tools, e, &strict)) return false;
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
         if (!r->chat.tools.is_array()) return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
-        if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
-        else if (tc->is_string() && tc->str == "auto") {}
-        else if (tc->is_string() && tc->str == "required") { if (!api_forced_tool(r->chat.tools, "", "tool_choice", r, e)) return false; }
-        else if (tc->is_object()) {
-            static const char* const tc_keys[] = {"type", "function", nullptr};
-            if (!api_only_keys(*tc, tc_keys, "tool_choice", e)) return false;
-            const Json* ty = tc->get("type");
-            const Json* fn = tc->get("function");
-            const Json* nm = fn && fn->is_object() ? fn->get("name") : nullptr;
-            if (!ty || !ty->is_string() || ty->str != "function" || !nm || !nm->is_string())
-                return api_fail(e, "tool_choice", "a tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
-            if (!api_forced_tool(r->chat.tools, nm->str, "tool_choice", r, e)) return false;
-        }
-        else return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+        if (!api_openai_tool_choice(*tc, false, r, e)) return false;
     }
     if (!strict.empty() && !r->grammar)
         return api_fail(e, strict, "strict tool schemas need a forced tool call (tool_choice required or a function)", "strict_not_supported");
@@ -2235,18 +2243,7 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
         if (!r->chat.tools.is_array() && !(tc->is_string() && (tc->str == "auto" || tc->str == "none")))
             return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
-        if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
-        else if (tc->is_string() && tc->str == "auto") {}
-        else if (tc->is_string() && tc->str == "required") { if (!api_forced_tool(r->chat.tools, "", "tool_choice", r, e)) return false; }
-        else if (tc->is_object()) {
-            static const char* const tc_keys[] = {"type", "name", nullptr};
-            if (!api_only_keys(*tc, tc_keys, "tool_choice", e)) return false;
-            const Json* ty = tc->get("type");
-            const Json* nm = tc->get("name");
-            if (!ty || !ty->is_string() || ty->str != "function" || !nm || !nm->is_string())
-                return api_fail(e, "tool_choice", "a tool_choice object must be {\"type\": \"function\", \"name\": ...}", "tool_choice_not_supported");
-            if (!api_forced_tool(r->chat.tools, nm->str, "tool_choice", r, e)) return false;
-        } else return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+        if (!api_openai_tool_choice(*tc, true, r, e)) return false;
         rs.set("tool_choice", *tc);
     }
     if (!strict.empty() && !r->grammar)
