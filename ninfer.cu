@@ -1,7 +1,7 @@
 // ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention)
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
-// on the cpu reference path); mtp speculative decoding (--spec mtp) runs on the cpu reference
-// path only (generate_spec_cpu; the gpu refuses it at start); the vision tower and multimodal prompts run on both paths
+// on the cpu reference path); mtp speculative decoding (--spec mtp) runs on both paths
+// (generate_spec_cpu, generate_spec_gpu; multimodal prompts decode without it); the vision tower and multimodal prompts run on both paths
 // (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt),
 // fed by the cli (--image, --video, --messages parts) and the server (--vision).
 //
@@ -2051,7 +2051,7 @@ struct SpecOpts {
 struct SpecStats {
     int K = 0;                       // the draft window; 0: no speculation ran
     long rounds = 0, drafted = 0, accepted = 0;
-    long fallback_steps = 0;         // one-token steps near the context end (no room for a round)
+    long fallback_steps = 0;         // one-token steps: near the context end (no room for a round), at a gpu bucket boundary, or a multimodal prompt
     long per_position[SPEC_MAX_K] = {};  // rounds whose draft k was accepted
 };
 
@@ -2872,17 +2872,19 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt
 // index arithmetic on purpose: without it ptxas schedules the whole x-staged kernel
 // differently and a 9b decode step measured 0.6% slower (h200, test/bench-notes.md, the
 // tuning switches); with it the sass of every gemv kernel is the measured one's.
-template <int NW>
+// RT row tiles per block (warps [r*NW, r*NW+NW) on tile r, rows row0 + 16r..): each tile's
+// warps meet in the same order whatever RT is
+template <int NW, int RT = 1>
 __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&acc)[4], int64_t row0, int warp, int lane) {
     const int64_t rows = a.w.rows;
-    __shared__ float4 red[NW][32];
+    __shared__ float4 red[RT * NW][32];
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < 128; idx += NW * 32) {
+    for (int idx = threadIdx.x; idx < RT * 128; idx += RT * NW * 32) {
         int i = idx >> 7, ln = (idx >> 2) & 31, j = idx & 3;
         float s = 0.f;
 #pragma unroll
-        for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[i * NW + v][ln])[j];
         int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         int col = 2 * (ln & 3) + (j & 1);
         if (row < rows && col < a.C) {
@@ -3053,40 +3055,43 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
 // words (W = gemv_xs_words: 2 * STEPS b words per thread and group), then sums [units][8]
 // fp32 (columns >= C are never written: they feed only accumulator columns the epilogue drops).
 __host__ __device__ constexpr int gemv_xs_words(int f) { return 2 * (f == FMT_W8 ? GemvFmt<FMT_W8>::STEPS : GemvFmt<FMT_Q4>::STEPS); }
-enum { GEMV_XS_MAX = 96 * 1024 };  // staged x beyond this (long k times many columns): the async kernel
 static size_t gemv_xs_bytes(NumFormat f, int units, int C) {
     return (size_t)C * units * 4 * gemv_xs_words(f) * 4 + (size_t)units * 8 * 4;
 }
-template <int F> static size_t gemv_xs_smem(int NW, int S, size_t xsb) { return (size_t)NW * S * GemvAsyncLayout<F>::BYTES + xsb; }
+template <int F> static size_t gemv_xs_smem(int NW, int S, size_t xsb, int RT = 1) { return (size_t)RT * NW * S * GemvAsyncLayout<F>::BYTES + xsb; }
 enum { GEMV_XS_SMEM_MAX = 160 * 1024 };  // the opt-in (the largest variant: 8 warps x 3 q6 stages + x)
-template <int F, int NW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
+// RT > 1: RT row tiles of NW warps each share one staged x (rt_ok: the staged x is then read
+// from l2 once per RT tiles, which is what several columns need; each tile sums exactly as a
+// one-tile block does, so RT never changes a bit of y).
+template <int F, int NW, int S, int MINB, int RT = 1>
+__global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
     constexpr int D = 2, W = gemv_xs_words(F);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wt = warp % NW;  // the warp within its row tile
     const Mat& w = a.w;
     const int64_t rows = w.rows;
     const int units = (int)w.gpr, C = a.C;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    extern __shared__ __align__(16) uint8_t xs_smem[];  // the weight stages [NW][S][BYTES], then x
+    const int64_t rowb = (int64_t)blockIdx.x * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
+    extern __shared__ __align__(16) uint8_t xs_smem[];  // the weight stages [RT*NW][S][BYTES], then x
     uint8_t* sm_w = xs_smem + (size_t)warp * S * Ly::BYTES;
-    uint32_t* xs = (uint32_t*)(xs_smem + NW * S * Ly::BYTES);  // [C][units][4][W] words, then sums
+    uint32_t* xs = (uint32_t*)(xs_smem + RT * NW * S * Ly::BYTES);  // [C][units][4][W] words, then sums
     float* xsum = (float*)(xs + (size_t)C * units * 4 * W);
     auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
 
     // this lane's copy duties (as in gemv_async_kernel), as pointers that move by a constant
-    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)wt * D * 32;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
     const uint8_t* src_h = nullptr;
-    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)warp * D * Ly::HB;
-    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)warp * D * 2;
+    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)wt * D * Ly::HB;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
+    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)wt * D * 2;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
     const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
     const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
     const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
-    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    const int n_it = wt * D < units ? (units - wt * D + NW * D - 1) / (NW * D) : 0;
     uint32_t wslot = 0;  // byte offset of the stage slot the next copies go to
     auto issue = [&]() {
         const uint32_t slot = sbase + wslot;
@@ -3106,14 +3111,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     pdl_entry();  // weights are never written: only x and y wait for the previous kernel
 
     // rmsnorm'd x: each column's 1 / rms first (the same fp32 math as rmsnorm_kernel; the sum
-    // runs in another order, so a bf16 of x can differ in the last place now and then)
+    // runs in another order, so a bf16 of x can differ in the last place now and then). the
+    // first tile's threads sum, as a one-tile block's do (the others add zeros: the same bits)
     __shared__ float inv_rms[GEMV_MAX_COLS];
     if (a.xmode == GEMV_X_RMS) {
         const int K = (int)w.cols;
         for (int c = 0; c < C; c++) {
             const bf16_t* xc = a.x + (int64_t)c * a.ldx;
             float ss = 0.f;
-            for (int k = threadIdx.x * 8; k < K; k += NW * 32 * 8) {
+            for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
                 uint4 v = __ldg((const uint4*)(xc + k));
                 const bf16_t* e = (const bf16_t*)&v;
 #pragma unroll
@@ -3128,7 +3134,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     // stage x: entry (c, u, t) = the thread t's lanes of group u of column c, permuted into the
     // b words of its steps; the quad of t's sums its lanes for the group's sum(x)
     const int n_x = C * units * 4;
-    for (int i0 = 0; i0 < n_x; i0 += NW * 32) {
+    for (int i0 = 0; i0 < n_x; i0 += RT * NW * 32) {
         const int i = i0 + threadIdx.x;
         float part = 0.f;
         if (i < n_x) {
@@ -3176,7 +3182,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     const uint32_t* xw = xs + (size_t)(xcol ? g : 0) * units * 4 * W + t * W;  // + u * 4 * W
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     uint32_t rslot = 0;
-    int ub = warp * D;
+    int ub = wt * D;
     for (int it = 0; it < n_it; it++, ub += NW * D) {
         cp_async_wait<S - 2>();
         __syncwarp();
@@ -3208,7 +3214,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xs_kernel(GemvArgs a) {
     }
     pdl_release();  // the next kernel's blocks may take the sms this grid leaves
     cp_async_wait<0>();
-    gemv_epilogue<NW>(a, acc, row0, warp, lane);
+    gemv_epilogue<NW, RT>(a, acc, rowb, warp, lane);
 }
 
 // k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
@@ -3217,23 +3223,53 @@ static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.c
 
 // the four kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
 // "gemv versions" and session 2): the x-staged kernel for every grouped format (4 warps x 4
-// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); more
-// than two columns (mtp verification) stage too much x per block: the async kernel; bf16 and
-// shapes the async kernels cannot take: the register kernel. the other measured versions are
-// test/dev_kernels.cuh's (tests and benches index all of them by number).
+// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); bf16
+// and shapes the x-staged kernel cannot take: the register kernel. the other measured versions
+// are test/dev_kernels.cuh's (tests and benches index all of them by number).
+// a column's sum depends on the kernel's split of k among the warps of a row tile and on
+// nothing else: the mma columns are independent. so that split is a function of the matrix
+// alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
+// variant 9 does), and a product of C columns gives each column bit for bit what a one-column
+// product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
+// a batched lane a lone sequence. columns the staged x cannot hold in one launch run in chunks.
 enum GemvKernel {
     GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
     GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
     GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
+    GEMV_XS_4X4_R4, // the same, 4 row tiles a block: several columns of a long matrix (GEMV_R4_ROWS)
 };
-// the kernel for one launch; shapes a kernel cannot take fall back (x-staged -> async ->
-// register), so every kernel this reaches passes the same tests
+// a product of several columns stages C times the x of one: a 16-row block then reads about as
+// many bytes of x from l2 as of weights. matrices with many rows (gate_up, the head) take 4 row
+// tiles per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9)
+enum { GEMV_R4_ROWS = 16384 };
+// the staged x the x-staged kernel k may take next to its weight stages (the opt-in limit)
+static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
+    const int NW = k == GEMV_XS_8X3 ? 8 : 4, S = k == GEMV_XS_8X3 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
+    size_t stage = f == FMT_Q4 ? GemvAsyncLayout<FMT_Q4>::BYTES : f == FMT_Q5 ? GemvAsyncLayout<FMT_Q5>::BYTES
+                 : f == FMT_Q6 ? GemvAsyncLayout<FMT_Q6>::BYTES : GemvAsyncLayout<FMT_W8>::BYTES;
+    return GEMV_XS_SMEM_MAX - (size_t)RT * NW * S * stage;
+}
+// the kernel of a matrix (for every column count; gemv() takes its 4-tile form where it pays)
+static GemvKernel gemv_pick(const Mat& w) {
+    if (w.format == FMT_BF16 || !gemv_async_ok(w)) return GEMV_REGISTER;
+    const GemvKernel k = w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
+    return gemv_xs_bytes(w.format, (int)w.gpr, 1) <= gemv_xs_room(w.format, k) ? k : GEMV_ASYNC;
+}
+// columns per launch of kernel k: what the staged x holds (x-staged kernels), else GEMV_MAX_COLS
+static int gemv_launch_cols(const Mat& w, GemvKernel k) {
+    if (k != GEMV_XS_8X3 && k != GEMV_XS_4X4 && k != GEMV_XS_4X4_R4) return GEMV_MAX_COLS;
+    int c = GEMV_MAX_COLS;
+    while (c > 1 && gemv_xs_bytes(w.format, (int)w.gpr, c) > gemv_xs_room(w.format, k)) c--;
+    return c;
+}
+// the kernel for one launch (the chosen one must take the shape: gemv_pick's rule, or a
+// test's explicit pick of a kernel that can)
 template <int F>
 static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4) && (F == FMT_BF16 || xsb > GEMV_XS_MAX)) k = GEMV_ASYNC;
+    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
     if constexpr (F == FMT_BF16) {
         launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
@@ -3243,37 +3279,36 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
             case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, tiles, 8 * 32, 0, stream, a); break;
             case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
             case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
+            case GEMV_XS_4X4_R4:
+                launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, CEIL_DIV(tiles, 4u), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
+                break;
         }
     }
     cudaCheck(cudaGetLastError());
 }
-static GemvKernel gemv_pick(const Mat& w, int C, bool x_transform) {
-    if (x_transform) return w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
-    if (w.format == FMT_BF16) return GEMV_REGISTER;
-    if (C > 2) return GEMV_ASYNC;
-    return w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
-}
 
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
-// the x-staged kernel takes this product in one launch, so it can fuse an x transform
-static bool gemv_fusable(const Mat& w, int C) {
-    return format_grouped(w.format) && gemv_async_ok(w) && C >= 1 && C <= GEMV_MAX_COLS &&
-           gemv_xs_bytes(w.format, (int)w.gpr, C) <= GEMV_XS_MAX;
+// the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
+// columns run in launches of gemv_launch_cols)
+static bool gemv_fusable(const Mat& w) {
+    const GemvKernel k = gemv_pick(w);
+    return format_grouped(w.format) && (k == GEMV_XS_8X3 || k == GEMV_XS_4X4);
 }
 
-// the launches of one product: columns in chunks of GEMV_MAX_COLS, `launch(args)` runs one
+// the launches of one product: columns in chunks of `cols`, `launch(args)` runs one
 template <typename Launch>
 static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
-                            int ldr, GemvX xt, Launch launch) {
+                            int ldr, GemvX xt, int cols, Launch launch) {
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
-    for (int c0 = 0; c0 < C; c0 += GEMV_MAX_COLS) {
+    CHECK(cols >= 1 && cols <= GEMV_MAX_COLS, "gemv: %d columns per launch", cols);
+    for (int c0 = 0; c0 < C; c0 += cols) {
         GemvArgs a;
         a.w = w;
         a.x = x + (int64_t)c0 * ldx; a.ldx = ldx;
-        a.C = C - c0 < GEMV_MAX_COLS ? C - c0 : GEMV_MAX_COLS;
+        a.C = C - c0 < cols ? C - c0 : cols;
         a.y = y_f32 ? (void*)((float*)y + (int64_t)c0 * ldy) : (void*)((bf16_t*)y + (int64_t)c0 * ldy);
         a.ldy = ldy; a.y_f32 = y_f32;
         a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
@@ -3282,14 +3317,15 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     }
 }
 
-// y[c][r] (+)= W x[c] for c < C; C > 8 runs in chunks of 8 columns. y_f32 picks fp32 output;
+// y[c][r] (+)= W x[c] for c < C; C > gemv_launch_cols(w) runs in chunks. y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
-    CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w, C), "gemv: an x transform needs the x-staged kernel (%s, k %lld, %d columns)",
-          format_name(w.format), (long long)w.cols, C);
-    const GemvKernel k = gemv_pick(w, C, xt.mode != GEMV_X_PLAIN);
-    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, [&](const GemvArgs& a) {
+    CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w), "gemv: an x transform needs the x-staged kernel (%s, k %lld)",
+          format_name(w.format), (long long)w.cols);
+    GemvKernel k = gemv_pick(w);
+    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= GEMV_R4_ROWS) k = GEMV_XS_4X4_R4;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, gemv_launch_cols(w, k), [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
             case FMT_Q5: gemv_launch<FMT_Q5>(k, a, stream); break;
@@ -5408,6 +5444,7 @@ template <int F>
 static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
 static void gpu_kernels_init(bool pdl = true) {
     int dev = 0, major = 0;
@@ -5627,6 +5664,55 @@ static void vis_cast(const float* x, int64_t n, bf16_t* y, cudaStream_t s) {
     cudaCheck(cudaGetLastError());
 }
 
+// ---- 7.15 the mtp round's bookkeeping -------------------------------------------------------
+// the few threads' work between the big pieces of a speculative round (generate_spec_gpu), so
+// that its picks stay on the device and the host reads one small block per round:
+//   spec_greedy  a greedy verification's accepted count: the drafts ids[1..n] against the
+//                argmax out[0..n-1] of the columns before them, the first mismatch ends it;
+//                res = [c, out[0..c]] (the tokens of columns 0..c: c drafts, then the target's)
+//   spec_commit  from res: the realignment's ids (row t <= c: the token at index n0+t+1, i.e.
+//                d_{t+1} for t < c and out[c] for t = c; rows past c repeat it: they only write
+//                mtp kv rows past the true ones, which the draft steps overwrite before any
+//                row reads them) and the draft steps' positions n0+c+1+j (clamped into the
+//                cache: a draft past the capacity is never verified)
+//   spec_row     row c of the mtp's hidden rows: the first draft step's input
+//   spec_draft   a proposal's argmax through the draft head's id map: the next round's draft k
+//                (res) and the next draft step's token
+// the result block: [c][tokens of columns 0..c][the next round's drafts 1..K]
+enum { SPEC_COLS = SPEC_MAX_K + 1, SPEC_BLK_RES = 0, SPEC_BLK_TOK = 1, SPEC_BLK_DRAFT = 1 + SPEC_COLS, SPEC_BLK_INTS = 1 + SPEC_COLS + SPEC_MAX_K };
+__global__ void spec_greedy_kernel(const int* ids, const int* out, int n, int* res) {
+    pdl_entry_small();
+    if (threadIdx.x) return;
+    int c = 0;
+    while (c < n && out[c] == ids[c + 1]) c++;
+    res[SPEC_BLK_RES] = c;
+    for (int t = 0; t <= c; t++) res[SPEC_BLK_TOK + t] = out[t];
+}
+// re_*: the realignment's inputs (kv rows and positions staged by the host), ds_*: the draft steps'
+__global__ void spec_commit_kernel(const int* res, const int* ids, int T, int K, int* re_ids, const int* re_kvpos, const int* re_pos3,
+                                   int* ds_kvpos, int* ds_pos3, int cap) {
+    pdl_entry_small();
+    const int c = res[SPEC_BLK_RES], last = res[SPEC_BLK_TOK + c], n0 = re_kvpos[0], rd = re_pos3[0] - n0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) re_ids[t] = t < c ? ids[t + 1] : last;
+    for (int j = threadIdx.x; j + 1 < K; j += blockDim.x) {
+        const int p = min(n0 + c + 1 + j, cap - 1);
+        ds_kvpos[j] = p;
+        for (int a = 0; a < 3; a++) ds_pos3[3 * j + a] = p + rd;
+    }
+}
+__global__ void spec_row_kernel(const bf16_t* rows, int H, const int* res, bf16_t* out) {
+    pdl_entry_small();
+    const bf16_t* r = rows + (int64_t)res[SPEC_BLK_RES] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = r[i];
+}
+__global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* res, int k, int* next_id) {
+    pdl_entry_small();
+    if (threadIdx.x) return;
+    const int id = remap ? remap[*amax] : *amax;
+    res[SPEC_BLK_DRAFT + k - 1] = id;
+    if (next_id) *next_id = id;
+}
+
 // === 8. gpu forward ==========================================================
 //
 // loading, sequence state, the forward pass, cuda graphs, generation
@@ -5716,6 +5802,7 @@ struct GpuOpts {
     bool graphs = true;        // --no-cuda-graph turns them off
     int gdn_slots = GPU_LIVE_SLOTS;  // the live pair, then snapshots (mtp verification, prefix reuse) from slot 2 on
     bool quiet = false;        // no load progress / summary on stderr (tests)
+    SpecOpts spec;             // --spec mtp: the mtp module (and --lm-head-draft's head) resident, its kv cache, K+1 gdn slots
     GpuTuning tune;            // measurement / test knobs (above)
 };
 
@@ -5726,6 +5813,28 @@ struct StepPtrs {
     int* kvpos;  // [T] kv row of each column
     int* slots;  // [2T] gdn slot map (decode path)
     int* out;    // [T] argmax of each column's logits (decode path)
+};
+
+// the mtp round's device state (generate_spec_gpu), only with --spec mtp
+struct GpuMtp {
+    int K = 0;                 // draft window (0: no mtp on the device)
+    bool draft_head = false;   // drafts scored by text/draft_head (its id map: draft_ids)
+    int pos = 0;               // mtp kv rows that pair a token with its hidden (the sequence's pos between rounds)
+    KvCache kv;                // the mtp layer's own kv cache, capacity rows, the --kv-dtype format
+    const int32_t* draft_ids = nullptr;  // device copy of text/draft_head_token_ids
+    bf16_t* hid = nullptr;     // [T_max][H] the main model's final-normed hidden rows (the verify columns, a prefill piece)
+    bf16_t* in = nullptr;      // [T_max][2H] [rmsnorm(embed) | rmsnorm(hidden)]
+    bf16_t* mh = nullptr;      // [T_max][H] the mtp's final-normed hidden rows
+    bf16_t* row = nullptr;     // [H] the draft chain's hidden row
+    float* dlog = nullptr;     // [vocab] proposal logits (logits row DEC_COLS - 1: never a verify row)
+    int* blk = nullptr;        // device [SPEC_BLK_INTS]: accepted count c, tokens of columns 0..c, the next drafts
+    StepPtrs re, ds;           // the realignment's inputs [DEC_COLS]; the draft steps' (column j: draft step j + 1)
+    int* amax = nullptr;       // the proposal head's argmax
+    int* h_blk = nullptr;      // pinned [SPEC_BLK_INTS + 2 * 8 * DEC_COLS]: the result block, then staging for re / ds
+    cudaEvent_t staged = nullptr;  // the last copy out of h_blk's staging has run
+    float* h_logits = nullptr; // pinned [SPEC_COLS][vocab]: the verify rows, for the host's speculative sampling
+    cudaGraphExec_t verify[GPU_MAX_BUCKETS] = {}, draft[GPU_MAX_BUCKETS] = {};  // a K+1-column round, per bucket
+    DraftHook hook = nullptr; void* hook_ctx = nullptr;  // test hook (generate_spec_cpu's): replaces drafts on the host
 };
 
 struct GpuEngine {
@@ -5779,6 +5888,7 @@ struct GpuEngine {
     uint8_t* smp_mem = nullptr;
     SampleScratch smp;
     const Sampler* smp_bound = nullptr;
+    GpuMtp mtp;                           // --spec mtp
 };
 
 // run `side_work` on e->side concurrently with what the caller launches next on e->stream;
@@ -5797,10 +5907,12 @@ static void gpu_join(GpuEngine* e) {
 
 // ---- loading --------------------------------------------------------------------------------
 
-// does this tensor become resident? the text model only (draft head, mtp, vision: later)
-static bool gpu_needs_tensor(const std::string& name) {
+// does this tensor become resident? the text model; the mtp module with --spec mtp, the draft
+// head with --lm-head-draft (the vision tower has its own arena: GpuVision)
+static bool gpu_needs_tensor(const std::string& name, const SpecOpts& spec) {
+    if (spec.K && name.rfind("mtp/", 0) == 0) return true;
     if (name.rfind("text/", 0) != 0) return false;
-    if (name.rfind("text/draft_head", 0) == 0) return false;
+    if (name.rfind("text/draft_head", 0) == 0) return spec.K && spec.lm_head_draft;
     return true;
 }
 
@@ -5820,11 +5932,17 @@ static void gpu_rebase_vec(const GpuEngine* e, Vec* v) { v->p = gpu_rebase(e, v-
 
 // the gpu kernels read norms as bf16 and the deltanet's a_log / dt_bias as fp32 (what
 // convert.py writes); anything else is a file this build cannot run on the gpu
-static bool gpu_check_formats(const Model* m, std::string* err) {
+static bool gpu_check_formats(const Model* m, const SpecOpts& spec, std::string* err) {
     auto bad = [&](const char* what, NumFormat f, const char* want) {
         *err = m->art.path + ": " + what + " is " + format_name(f) + "; the gpu path needs " + want; return false; };
     const Weights& w = m->w;
     if (w.final_norm.format != FMT_BF16) return bad("text/final_norm", w.final_norm.format, "BF16");
+    if (spec.K) {
+        const MtpWeights& mw = w.mtp;
+        for (const Vec* v : {&mw.embedding_norm, &mw.hidden_norm, &mw.final_norm, &mw.layer.input_norm, &mw.layer.post_norm,
+                             &mw.layer.attn.query_norm, &mw.layer.attn.key_norm})
+            if (v->format != FMT_BF16) return bad("an mtp norm", v->format, "BF16");
+    }
     for (const LayerWeights& l : w.layers) {
         if (l.input_norm.format != FMT_BF16 || l.post_norm.format != FMT_BF16) return bad("a layer norm", l.input_norm.format, "BF16");
         if (l.full) {
@@ -5929,6 +6047,14 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
     e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
     e->attn_scr = (float*)take(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max) * 4);
     e->amax_scr = take(argmax_scratch_bytes(DEC_COLS));
+    if (e->o.spec.K) {
+        GpuMtp& mt = e->mtp;
+        mt.hid = (bf16_t*)take(T * g.H * 2);
+        mt.in = (bf16_t*)take(T * 2 * g.H * 2);
+        mt.mh = (bf16_t*)take(T * g.H * 2);
+        mt.row = (bf16_t*)take((size_t)g.H * 2);
+        mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 1) * 4);
+    }
     return align_up(off, 256);
 }
 
@@ -5937,6 +6063,11 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
 static void gpu_free(GpuEngine* e) {
     if (!e) return;
     for (auto& gx : e->graph) if (gx) cudaGraphExecDestroy(gx);
+    for (auto& gx : e->mtp.verify) if (gx) cudaGraphExecDestroy(gx);
+    for (auto& gx : e->mtp.draft) if (gx) cudaGraphExecDestroy(gx);
+    if (e->mtp.h_blk) cudaFreeHost(e->mtp.h_blk);
+    if (e->mtp.h_logits) cudaFreeHost(e->mtp.h_logits);
+    if (e->mtp.staged) cudaEventDestroy(e->mtp.staged);
     if (e->arena) cudaFree(e->arena);
     if (e->state) cudaFree(e->state);
     if (e->work) cudaFree(e->work);
@@ -5962,7 +6093,7 @@ static void gpu_free(GpuEngine* e) {
 // addressed and overwritten)
 static void gpu_reset(GpuEngine* e) {
     cudaCheck(cudaMemsetAsync(e->state + e->gdn_state_off, 0, e->state_bytes - e->gdn_state_off, e->stream));
-    e->pos = 0; e->rope_delta = 0; e->slot = 0;
+    e->pos = 0; e->rope_delta = 0; e->slot = 0; e->mtp.pos = 0;
     e->last_logits = nullptr;
 }
 
@@ -5970,7 +6101,7 @@ static void gpu_reset(GpuEngine* e) {
 static void gpu_arena_layout(GpuEngine* e) {
     uint64_t off = 0;
     for (const TensorObject& t : e->m->art.objects) {
-        if (t.resource || !gpu_needs_tensor(t.name)) continue;
+        if (t.resource || !gpu_needs_tensor(t.name, e->o.spec)) continue;
         off = align_up(off, 256);
         e->spans.push_back({t.data, t.bytes, off});
         off += t.bytes;
@@ -5986,7 +6117,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     const GpuOpts& o = e->o;
-    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv), gdn = gpu_gdn_bytes(g, o.gdn_slots);
+    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv) * (g.n_full + (o.spec.K ? 1 : 0)) / g.n_full, gdn = gpu_gdn_bytes(g, o.gdn_slots);
     e->T_max = std::max(1, o.prefill_chunk);
     e->logit_rows = std::max<int>(DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
     int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
@@ -6008,7 +6139,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     e->capacity = rows;
     e->T_max = std::min(e->T_max, e->capacity);
     e->work_bytes = work_for(e->capacity);
-    e->state_bytes = align_up((size_t)e->capacity * kv_row + (size_t)g.n_full * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
+    e->state_bytes = align_up((size_t)e->capacity * kv_row + (size_t)(g.n_full + 1) * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
     size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + headroom;
     if (need > free_b) {
         char buf[512];
@@ -6029,9 +6160,22 @@ static void gpu_device_views(GpuEngine* e) {
     const Geometry& g = e->m->geo;
     e->w = e->m->w;
     e->w.vision = VisionWeights();
-    e->w.mtp = MtpWeights();
-    e->w.draft_head = Mat();
-    e->w.draft_ids = nullptr;
+    if (!e->o.spec.K) e->w.mtp = MtpWeights();
+    if (!e->o.spec.K || !e->o.spec.lm_head_draft) { e->w.draft_head = Mat(); e->w.draft_ids = nullptr; }
+    if (e->o.spec.K) {
+        MtpWeights& mw = e->w.mtp;
+        gpu_rebase_mat(e, &mw.input_projection); gpu_rebase_vec(e, &mw.embedding_norm); gpu_rebase_vec(e, &mw.hidden_norm);
+        gpu_rebase_vec(e, &mw.final_norm);
+        LayerWeights& l = mw.layer;
+        gpu_rebase_vec(e, &l.input_norm); gpu_rebase_vec(e, &l.post_norm); gpu_rebase_mat(e, &l.gate_up); gpu_rebase_mat(e, &l.down);
+        gpu_rebase_mat(e, &l.attn.query_key); gpu_rebase_mat(e, &l.attn.gate_value); gpu_rebase_mat(e, &l.attn.output);
+        gpu_rebase_vec(e, &l.attn.query_norm); gpu_rebase_vec(e, &l.attn.key_norm);
+        if (e->o.spec.lm_head_draft) {
+            gpu_rebase_mat(e, &e->w.draft_head);
+            e->mtp.draft_ids = (const int32_t*)gpu_rebase(e, (const uint8_t*)e->w.draft_ids);
+            e->w.draft_ids = nullptr;  // a device pointer: the host never reads it
+        }
+    }
     gpu_rebase_mat(e, &e->w.token_embedding);
     gpu_rebase_mat(e, &e->w.output_head);
     gpu_rebase_vec(e, &e->w.final_norm);
@@ -6074,6 +6218,11 @@ static void gpu_state_layout(GpuEngine* e) {
         e->kc[l] = take(plane); e->vc[l] = take(plane);
         if (o.kv != KV_BF16) { e->ksc[l] = (__half*)take(splane); e->vsc[l] = (__half*)take(splane); }
     }
+    if (o.spec.K) {
+        KvCache& c = e->mtp.kv;
+        c.kv = o.kv; c.cap = e->capacity; c.kc = take(plane); c.vc = take(plane);
+        if (o.kv != KV_BF16) { c.ksc = (__half*)take(splane); c.vsc = (__half*)take(splane); }
+    }
     so = align_up(so, 256);
     e->gdn_state_off = so;
     e->conv_slot = (int64_t)3 * g.conv_dim;
@@ -6109,6 +6258,19 @@ static void gpu_steps_alloc(GpuEngine* e) {
     cudaCheck(cudaHostAlloc((void**)&e->h_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4, cudaHostAllocDefault));
     cudaCheck(cudaMalloc(&e->d_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4));
     cudaCheck(cudaEventCreateWithFlags(&e->tok_ready, cudaEventDisableTiming));
+    if (e->o.spec.K) {
+        GpuMtp& mt = e->mtp;
+        mt.K = e->o.spec.K; mt.draft_head = e->o.spec.lm_head_draft;
+        mt.re = ptrs(mt.blk + SPEC_BLK_INTS, DEC_COLS);
+        mt.ds = ptrs(mt.blk + SPEC_BLK_INTS + 8 * DEC_COLS, DEC_COLS);
+        mt.amax = mt.blk + SPEC_BLK_INTS + 16 * DEC_COLS;
+        mt.dlog = e->logits + (size_t)(DEC_COLS - 1) * g.vocab;
+        cudaCheck(cudaHostAlloc((void**)&mt.h_blk, (SPEC_BLK_INTS + 16 * DEC_COLS) * sizeof(int), cudaHostAllocDefault));
+        cudaCheck(cudaHostAlloc((void**)&mt.h_logits, (size_t)SPEC_COLS * g.vocab * 4, cudaHostAllocDefault));
+        cudaCheck(cudaEventCreateWithFlags(&mt.staged, cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(mt.staged, e->stream));
+        cudaCheck(cudaMemsetAsync(mt.blk, 0, (SPEC_BLK_INTS + 16 * DEC_COLS + 1) * sizeof(int), e->stream));
+    }
 }
 
 // the device sampler: ~4.5 MB for a 248k domain, inside the workspace headroom
@@ -6124,7 +6286,8 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     int ndev = gpu_count();
     if (ndev == 0) { *err = "no cuda device"; return nullptr; }
     if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
-    if (!gpu_check_formats(m, err)) return nullptr;
+    if (!gpu_check_formats(m, o.spec, err)) return nullptr;
+    if (o.spec.K && o.gdn_slots < o.spec.K + 1) { *err = "--spec mtp needs K+1 deltanet slots"; return nullptr; }
     if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
         *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
         return nullptr;
@@ -6167,7 +6330,7 @@ struct LayerFuse {
     bool swiglu;      // down reads swiglu(gate_up)
 };
 static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T, bool decode) {
-    auto ok = [&](const Mat& m) { return decode && e->o.tune.fuse_x && gemv_fusable(m, T); };
+    auto ok = [&](const Mat& m) { return decode && e->o.tune.fuse_x && gemv_fusable(m); };
     LayerFuse f;
     f.input_norm = w.full ? ok(w.attn.query_key) && ok(w.attn.gate_value) : ok(w.gdn.query_key) && ok(w.gdn.value_z);
     f.post_norm = ok(w.gate_up);
@@ -6176,7 +6339,7 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
 }
 // the head reads rmsnorm(x) of its rows
 static bool gpu_head_fuse(const GpuEngine* e, int rows, bool decode) {
-    return decode && e->o.tune.fuse_x && gemv_fusable(e->w.output_head, rows);
+    return decode && e->o.tune.fuse_x && gemv_fusable(e->w.output_head);
 }
 // layer l's kv cache
 static KvCache gpu_kv_cache(const GpuEngine* e, int l) {
@@ -6187,9 +6350,11 @@ static KvCache gpu_kv_cache(const GpuEngine* e, int l) {
 
 // one decoder layer on e->x [T][H]. decode: the slot map, kv rows and positions come from P
 // (device); prefill: pos0 (host) is the kv row of column 0 and the live slot is e->slot.
-static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys) {
+// wo / kvo (the mtp layer): a full-attention layer's weights and kv cache in place of layer l's
+static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode, int pos0, int n_splits, int split_keys,
+                      const LayerWeights* wo = nullptr, const KvCache* kvo = nullptr) {
     const Geometry& g = e->m->geo;
-    const LayerWeights& w = e->w.layers[l];
+    const LayerWeights& w = wo ? *wo : e->w.layers[l];
     const GpuTuning& tu = e->o.tune;
     cudaStream_t s = e->stream;
     const int H = g.H, hd = g.head_dim;
@@ -6207,7 +6372,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, e->gv, ld, nullptr, s2, nin); });
         linear(w.attn.query_key, xin, H, e->qk, ld, nullptr, s, nin);
         gpu_join(e);  // v
-        const KvCache kv = gpu_kv_cache(e, l);
+        const KvCache kv = kvo ? *kvo : gpu_kv_cache(e, l);
         AttnPrepArgs ap;
         ap.qk = e->qk; ap.ldqk = ld; ap.v = e->gv + qd; ap.ldv = ld; ap.qw = (const bf16_t*)w.attn.query_norm.p;
         ap.kw = (const bf16_t*)w.attn.key_norm.p; ap.pos3 = P.pos3; ap.kvpos = P.kvpos; ap.c = kv; ap.C = T; ap.Hq = g.Hq;
@@ -6220,8 +6385,8 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             attn_decode(ad, s);
         } else {
             FlashArgs fa;
-            fa.q = e->qk; fa.ldq = ld; fa.kc = e->kc[l]; fa.vc = e->vc[l]; fa.ksc = e->ksc[l]; fa.vsc = e->vsc[l];
-            fa.cap = e->capacity; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
+            fa.q = e->qk; fa.ldq = ld; fa.kc = kv.kc; fa.vc = kv.vc; fa.ksc = kv.ksc; fa.vsc = kv.vsc;
+            fa.cap = kv.cap; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
             fa.gate = e->gv; fa.ldg = ld; fa.y = e->att; fa.ldy = qd;
             flash_prefill(e->o.kv, fa, s);
         }
@@ -6303,7 +6468,9 @@ static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int p
 }
 
 // fill the host mirror of a step block for T columns at kv rows e->pos.., upload it
-static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const int* pos3, int T, const int* snap_slots) {
+// (p0 >= 0: kv rows from p0 instead: the mtp's rows)
+static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const int* pos3, int T, const int* snap_slots, int p0 = -1) {
+    if (p0 < 0) p0 = e->pos;
     const size_t TT = decode ? DEC_COLS : e->T_max;
     const int k = e->in_cur;
     e->in_cur ^= 1;
@@ -6312,8 +6479,8 @@ static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const in
     int* hid = h; int* hp = h + TT; int* hkv = h + 4 * TT; int* hsl = h + 5 * TT;
     for (int t = 0; t < T; t++) {
         hid[t] = ids ? ids[t] : -1 - t;
-        for (int a = 0; a < 3; a++) hp[3 * t + a] = pos3 ? pos3[a * T + t] : e->pos + t + e->rope_delta;
-        hkv[t] = e->pos + t;
+        for (int a = 0; a < 3; a++) hp[3 * t + a] = pos3 ? pos3[a * T + t] : p0 + t + e->rope_delta;
+        hkv[t] = p0 + t;
         hsl[t] = t == 0 ? e->slot : -1;                                    // column 0 reads the live slot
         hsl[T + t] = snap_slots ? snap_slots[t] : (t == T - 1 ? e->slot : -1);  // the last writes it back
     }
@@ -6587,6 +6754,283 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     return s;
 }
 
+// ---- mtp speculative decoding on the device ----------------------------------------------
+//
+// generate_spec_cpu's round (section 6's header is the contract; the cpu round is the oracle)
+// with the device's pieces:
+//   verify   gpu_model on the T = K+1 columns [x, d1..dK] through the decode path, column t
+//            leaving its deltanet state in slot snap[t] (snap[0] is the live slot, updated in
+//            place: column 0 is always committed), then the final norm of every column's
+//            hidden row into mtp.hid (the mtp's input; the head's own norm stays fused, so the
+//            logits are a plain step's)
+//   accept   greedy: spec_greedy on the device. sampling: the columns' logits to the host and
+//            sample_spec there (the cpu round's code, penalties and rng included), the outcome
+//            written back to the result block
+//   realign  spec_commit, the mtp on the T rows (rows past c are scratch), spec_row, then the
+//            draft chain (gpu_spec_drafts) into the result block
+// the host then reads the block (c, the tokens, the next drafts: 13 ints) and runs the tokens
+// through the stop ids, the emitter and the limits; a stop inside the round commits exactly
+// the columns before it (pos, live slot, mtp pos) and ends generation.
+// lossless greedy needs each verification column to be a one-token step bit for bit: the gemv
+// picks its kernel by the matrix alone (7.2); attention, deltanet and norms work per column;
+// the attention split plan is per length bucket, so a round never straddles a bucket boundary
+// (it verifies fewer drafts there: T columns with bucket_of(n0+1) == bucket_of(n0+T)), nor the
+// capacity. cuda graphs: the verify and the realign + drafts of a full round (T = K+1) are
+// captured per bucket the first time; they read the staged step blocks and the result block,
+// so one pair replays for every full round of its bucket. shortened rounds (at a bucket
+// boundary, near the capacity) run the same launches eagerly, and so does --no-cuda-graph:
+// the same kernels, the same tokens. the mtp's attention takes the next bucket's plan (its
+// draft rows reach n0+2K-1 at most, never past twice the bucket).
+// drafts do not change the output, only how much of it a round produces; the test hook
+// replaces them on the host between rounds (the chain that made them is not re-run).
+
+// column j of a step block as a one-column block (the mtp's full layer reads no slots)
+static StepPtrs step_col(const StepPtrs& P, int j) {
+    StepPtrs q = P;
+    q.ids += j; q.pos3 += 3 * j; q.kvpos += j; q.out += j;
+    return q;
+}
+static int gpu_mtp_bucket(const GpuEngine* e, int b) { return std::min(b + 1, gpu_bucket_of(e->capacity)); }
+
+// the mtp module on T rows (mtp_forward_cpu's math): P holds each row's token (x_{p+1}), kv row
+// and position; hid [T][H] the hidden rows it pairs them with; out [T][H] its final-normed
+// hidden rows (may alias hid). decode (T <= DEC_COLS): the decode kernels with the attention
+// plan of `bucket`; else the prefill path from kv row pos0.
+static void gpu_mtp(GpuEngine* e, int T, const StepPtrs& P, bool decode, int pos0, int bucket, const bf16_t* hid, bf16_t* out) {
+    const Geometry& g = e->m->geo;
+    const MtpWeights& w = e->w.mtp;
+    GpuMtp& mt = e->mtp;
+    cudaStream_t s = e->stream;
+    const int H = g.H;
+    int ns = 0, sk = 0;
+    gpu_attn_plan(bucket, &ns, &sk);
+    CHECK(ns <= e->n_splits_max, "attention plan of %d splits, scratch for %d", ns, e->n_splits_max);
+    embed_gather(e->w.token_embedding, P.ids, T, e->ovr, H, e->x, H, s);
+    rmsnorm(e->x, H, mt.in, 2 * H, (const bf16_t*)w.embedding_norm.p, H, T, 1, g.eps, false, s);
+    rmsnorm(hid, H, mt.in + H, 2 * H, (const bf16_t*)w.hidden_norm.p, H, T, 1, g.eps, false, s);
+    linear(w.input_projection, mt.in, 2 * H, T, e->x, H, false, nullptr, 0, s, GemvX(), e->o.tune.force_gemv);
+    gpu_layer(e, -1, T, P, decode, pos0, ns, sk, &w.layer, &mt.kv);
+    rmsnorm(e->x, H, out, H, (const bf16_t*)w.final_norm.p, H, T, 1, g.eps, false, s);
+}
+
+// drafts 1..K from the hidden row in mtp.row: each the proposal head's argmax (the full head
+// over the domain, or the draft head through its id map) into the result block; all but the
+// last feed the next draft step (one mtp row: column j of mtp.ds, positions staged there)
+static void gpu_spec_drafts(GpuEngine* e, int bucket) {
+    GpuMtp& mt = e->mtp;
+    const Geometry& g = e->m->geo;
+    cudaStream_t s = e->stream;
+    const Mat& head = mt.draft_head ? e->w.draft_head : e->w.output_head;
+    const int rows = (int)head.rows, n = mt.draft_head ? rows : e->domain;
+    for (int k = 1; k <= mt.K; k++) {
+        const bool more = k < mt.K;
+        linear(head, mt.row, g.H, 1, mt.dlog, rows, true, nullptr, 0, s, GemvX(), e->o.tune.force_gemv);
+        argmax<float>(mt.dlog, rows, n, 1, e->amax_scr, mt.amax, s);
+        launch_k(spec_draft_kernel, 1, 32, 0, s, (const int*)mt.amax, mt.draft_ids, mt.blk, k, more ? mt.ds.ids + (k - 1) : nullptr);
+        cudaCheck(cudaGetLastError());
+        if (more) gpu_mtp(e, 1, step_col(mt.ds, k - 1), true, 0, bucket, mt.row, mt.row);
+    }
+}
+
+// n rows of ids (host, null: written on the device), kv rows p0.. (clamped into the cache) and
+// their positions into a [DEC_COLS] block P through the staging mirror hm
+static void gpu_spec_stage(GpuEngine* e, const StepPtrs& P, int* hm, const int* ids, int n, int p0) {
+    CHECK(n >= 1 && n <= DEC_COLS, "mtp staging of %d rows", n);
+    cudaCheck(cudaEventSynchronize(e->mtp.staged));  // the mirror's previous copy has run
+    int *hid = hm, *hp = hm + DEC_COLS, *hk = hm + 4 * DEC_COLS;
+    for (int t = 0; t < n; t++) {
+        const int p = std::min(p0 + t, e->capacity - 1);
+        if (ids) hid[t] = ids[t];
+        hk[t] = p;
+        for (int a = 0; a < 3; a++) hp[3 * t + a] = p + e->rope_delta;
+    }
+    if (ids) cudaCheck(cudaMemcpyAsync(P.ids, hid, 5 * DEC_COLS * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    else cudaCheck(cudaMemcpyAsync(P.pos3, hp, 4 * DEC_COLS * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaEventRecord(e->mtp.staged, e->stream));
+}
+
+// the mtp rows p0..p0+T-1 with tokens ids (host) and hidden rows hid: the decode path for a
+// few rows, the prefill path for a piece
+static void gpu_mtp_rows(GpuEngine* e, const int* ids, int T, int p0, const bf16_t* hid, bf16_t* out) {
+    GpuMtp& mt = e->mtp;
+    if (T <= DEC_COLS) {
+        gpu_spec_stage(e, mt.re, mt.h_blk + SPEC_BLK_INTS, ids, T, p0);
+        gpu_mtp(e, T, mt.re, true, 0, gpu_bucket_of(p0 + T), hid, out);
+    } else {
+        gpu_stage_inputs(e, false, ids, nullptr, T, nullptr, p0);
+        gpu_mtp(e, T, e->pre, false, p0, gpu_bucket_of(p0 + T), hid, out);
+    }
+}
+
+// the verify of T columns staged in e->dec, in bucket b; the columns' hidden rows to mtp.hid
+static void gpu_spec_verify(GpuEngine* e, int T, int b) {
+    const Geometry& g = e->m->geo;
+    gpu_model(e, T, e->dec, true, 0, b, HEAD_ALL, true);
+    rmsnorm(e->x, g.H, e->mtp.hid, g.H, (const bf16_t*)e->w.final_norm.p, g.H, T, 1, g.eps, false, e->stream);
+}
+// from the result block's c: the realignment of T rows (kv rows staged in mtp.re) and the drafts
+static void gpu_spec_realign(GpuEngine* e, int T, int b) {
+    GpuMtp& mt = e->mtp;
+    const Geometry& g = e->m->geo;
+    cudaStream_t s = e->stream;
+    launch_k(spec_commit_kernel, 1, 32, 0, s, (const int*)mt.blk, (const int*)e->dec.ids, T, mt.K, mt.re.ids, (const int*)mt.re.kvpos,
+             (const int*)mt.re.pos3, mt.ds.kvpos, mt.ds.pos3, e->capacity);
+    cudaCheck(cudaGetLastError());
+    const int bm = gpu_mtp_bucket(e, b);
+    gpu_mtp(e, T, mt.re, true, 0, bm, mt.hid, mt.mh);
+    launch_k(spec_row_kernel, 1, 256, 0, s, (const bf16_t*)mt.mh, g.H, (const int*)mt.blk, mt.row);
+    cudaCheck(cudaGetLastError());
+    gpu_spec_drafts(e, bm);
+}
+// body() from its captured graph *gx (captured the first time), or eagerly
+template <typename F>
+static void gpu_replay(GpuEngine* e, cudaGraphExec_t* gx, bool graph, F body) {
+    if (!graph) { body(); return; }
+    if (!*gx) {
+        cudaGraph_t gr;
+        cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        body();
+        cudaCheck(cudaStreamEndCapture(e->stream, &gr));
+        cudaCheck(cudaGraphInstantiate(gx, gr, 0));
+        cudaCheck(cudaGraphDestroy(gr));
+    }
+    cudaCheck(cudaGraphLaunch(*gx, e->stream));
+    e->graph_used = true;
+}
+// the result block to the host (after everything queued so far)
+static const int* gpu_spec_read(GpuEngine* e) {
+    cudaCheck(cudaMemcpyAsync(e->mtp.h_blk, e->mtp.blk, SPEC_BLK_INTS * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    return e->mtp.h_blk;
+}
+
+// generate_spec_cpu's contract on the gpu (e built with o.spec: the mtp resident, K+1 gdn slots)
+template <typename Emit>
+static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                                  Emit emit, const GenCancel& cancel = GenCancel()) {
+    const Geometry& g = e->m->geo;
+    GpuMtp& mt = e->mtp;
+    const int K = mt.K, n = (int)prompt.size(), H = g.H;
+    CHECK(K >= 1 && e->o.gdn_slots >= K + 1, "the engine was built without --spec mtp");
+    CHECK(mt.pos == e->pos, "mtp rows %d, sequence %d", mt.pos, e->pos);
+    GenStats s;
+    s.prompt = n;
+    s.spec.K = K;
+    double t0 = now_s();
+    // prefill: each piece's final-normed hidden rows feed the mtp rows of the same positions;
+    // the last piece's rows wait for the first sampled token
+    const int base = e->pos;
+    int last0 = 0, lastT = 0;
+    for (int i = 0; i < n; i += e->T_max) {
+        if (cancel.fn) {
+            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
+        }
+        const int T = std::min(e->T_max, n - i);
+        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, nullptr, false);
+        rmsnorm(e->x, H, mt.hid, H, (const bf16_t*)e->w.final_norm.p, H, T, 1, g.eps, false, e->stream);
+        if (i + T < n) { gpu_mtp_rows(e, prompt.data() + i + 1, T, base + i, mt.hid, mt.mh); mt.pos = e->pos; continue; }
+        last0 = i; lastT = T;
+    }
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    s.prefill_s = now_s() - t0;
+    t0 = now_s();
+    auto take = [&](int id) -> bool {  // generate_spec_cpu's
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
+        sampler_accept(smp, id);
+        s.generated++;
+        if (!emit_more(emit, id)) { s.cancelled = true; return false; }
+        return s.generated < max_new;
+    };
+    if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
+    const bool host_pick = smp->p.temperature > 0.0f || !smp->p.logit_bias.empty();
+    if (host_pick) gpu_sampler_bind(e, smp);
+    int x = gpu_pick(e, smp, e->pos, RNG_PREFILL, false);
+    bool go = take(x) && e->pos < e->capacity;
+    int drafts[SPEC_MAX_K] = {};
+    auto read_drafts = [&](const int* blk) {
+        for (int k = 1; k <= K; k++) {
+            drafts[k - 1] = blk[SPEC_BLK_DRAFT + k - 1];
+            if (mt.hook) drafts[k - 1] = mt.hook(mt.hook_ctx, e->pos + k, k, drafts[k - 1]);
+        }
+    };
+    if (go) {  // the last piece's mtp rows (its tokens shifted by one, then x), the first drafts
+        std::vector<int> ids(prompt.begin() + last0 + 1, prompt.end());
+        ids.push_back(x);
+        gpu_mtp_rows(e, ids.data(), lastT, base + last0, mt.hid, mt.mh);
+        cudaCheck(cudaMemcpyAsync(mt.row, mt.mh + (size_t)(lastT - 1) * H, (size_t)H * 2, cudaMemcpyDeviceToDevice, e->stream));
+        if (K > 1) gpu_spec_stage(e, mt.ds, mt.h_blk + SPEC_BLK_INTS + 8 * DEC_COLS, nullptr, K - 1, e->pos);
+        gpu_spec_drafts(e, gpu_mtp_bucket(e, gpu_bucket_of(e->pos + 1)));
+        read_drafts(gpu_spec_read(e));
+        mt.pos = e->pos;
+    }
+    while (go) {
+        const int n0 = e->pos, b = gpu_bucket_of(n0 + 1);
+        int T = std::min(K + 1, e->capacity - n0);
+        while (T > 1 && gpu_bucket_of(n0 + T) != b) T--;
+        int ids[SPEC_COLS], snap[SPEC_COLS];
+        ids[0] = x;
+        for (int t = 1; t < T; t++) ids[t] = drafts[t - 1];
+        for (int t = 0, sl = 0; t < T; t++) {  // the live slot, then the others in order
+            if (t == 0) { snap[0] = e->slot; continue; }
+            if (sl == e->slot) sl++;
+            snap[t] = sl++;
+        }
+        gpu_stage_inputs(e, true, ids, nullptr, T, snap);
+        gpu_spec_stage(e, mt.re, mt.h_blk + SPEC_BLK_INTS, nullptr, T, n0);
+        const bool graph = T == K + 1 && e->o.graphs;
+        gpu_replay(e, &mt.verify[b], graph, [&] { gpu_spec_verify(e, T, b); });
+        int tok[SPEC_COLS], c = 0, last = 0;  // tokens of columns 0..c; last: the last committed column
+        const int* blk = nullptr;              // the result block with the next drafts (go on)
+        if (!host_pick) {
+            launch_k(spec_greedy_kernel, 1, 32, 0, e->stream, (const int*)e->dec.ids, (const int*)e->dec.out, T - 1, mt.blk);
+            cudaCheck(cudaGetLastError());
+            gpu_replay(e, &mt.draft[b], graph, [&] { gpu_spec_realign(e, T, b); });
+            blk = gpu_spec_read(e);
+            c = blk[SPEC_BLK_RES];
+            for (int t = 0; t <= c; t++) tok[t] = blk[SPEC_BLK_TOK + t];
+            for (last = 0; last <= c; last++) {
+                if (last < c) { s.spec.accepted++; s.spec.per_position[last]++; }
+                if (!take(tok[last])) { go = false; break; }
+            }
+            if (go) last = c;
+        } else {
+            cudaCheck(cudaMemcpyAsync(mt.h_logits, e->logits, (size_t)T * g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+            cudaCheck(cudaStreamSynchronize(e->stream));
+            for (c = 0;; c++) {  // generate_spec_cpu's accept loop
+                const float* lg = mt.h_logits + (size_t)c * g.vocab;
+                bool acc = false;
+                tok[c] = c < T - 1 ? sample_spec(smp, lg, ids[c + 1], n0 + c + 1, &acc) : sample(smp, lg, n0 + c + 1, RNG_SPEC_BONUS);
+                if (acc) { s.spec.accepted++; s.spec.per_position[c]++; }
+                if (!take(tok[c])) { go = false; break; }
+                if (!acc) break;
+            }
+            last = c;
+            if (go) {
+                int* hb = mt.h_blk;
+                cudaCheck(cudaEventSynchronize(mt.staged));
+                hb[SPEC_BLK_RES] = c;
+                for (int t = 0; t <= c; t++) hb[SPEC_BLK_TOK + t] = tok[t];
+                cudaCheck(cudaMemcpyAsync(mt.blk, hb, SPEC_BLK_DRAFT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+                gpu_replay(e, &mt.draft[b], graph, [&] { gpu_spec_realign(e, T, b); });
+                blk = gpu_spec_read(e);
+            }
+        }
+        if (T > 1) { s.spec.rounds++; s.spec.drafted += T - 1; }
+        else s.spec.fallback_steps++;
+        // commit columns 0..last
+        e->pos = n0 + last + 1;
+        e->slot = snap[last];
+        mt.pos = e->pos;
+        x = tok[last];
+        if (!go || e->pos == e->capacity) break;
+        read_drafts(blk);
+    }
+    e->last_logits = nullptr;
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
 // perplexity_cpu's contract on the gpu (non-overlapping windows, a fresh sequence each)
 static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int window, int64_t* scored) {
     return perplexity_windows(ids, window, gpu_logits_piece(e), e->m->geo.vocab, scored, [&] { gpu_reset(e); },
@@ -6772,10 +7216,10 @@ static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o,
     en->m = m; en->gpu = gpu; en->spec = spec;
     if (!spec_check(m, spec, err)) return false;
     if (gpu) {
-        // the gpu round is not built: its verification columns are not bit for bit one-token
-        // steps yet (test/bench-notes.md), so it could not be lossless
-        if (spec.K) { *err = "--spec mtp is not supported on the gpu yet (the cpu reference path runs it: ninfer --cpu)"; return false; }
-        en->g = gpu_build(m, o, err);
+        GpuOpts go = o;
+        go.spec = spec;
+        if (spec.K) go.gdn_slots = std::max(go.gdn_slots, spec.K + 1);
+        en->g = gpu_build(m, go, err);
         return en->g != nullptr;
     }
     seq_build(&en->st, m->geo, o.max_context, spec.K + 1, spec.K > 0);
@@ -6792,21 +7236,27 @@ static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_r
 static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 // mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
+// gc: a constraint (GenConstraint); not with --spec: there is no constrained round (the server
+// and the cli refuse the pair)
 template <typename Emit>
-// gc: a constraint (GenConstraint; not with --spec: the server and the cli refuse the pair)
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
                                 const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
                                 GenConstraint* gc = nullptr) {
-    if (en->gpu) return generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
-    if (en->spec.K) {
-        // the mtp rows of a multimodal prompt (vision rows, m-rope positions) are not built:
-        // no caller passes one with --spec (media are refused before generation); nor a tap:
-        // the round has no per-id rows (the server refuses logprobs with --spec, the cli
-        // --logits-out)
-        CHECK(!tap && !mm && !(gc && gc->m), "--logits-out, logprobs, a multimodal prompt or a constraint with --spec");
+    CHECK(!en->spec.K || !(gc && gc->m), "a constraint with --spec");
+    if (en->spec.K && !tap && !mm) {
+        if (en->gpu) return generate_spec_gpu(en->g, smp, prompt, max_new, stop_ids, emit, cancel);
         return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
     }
-    return generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
+    // a multimodal prompt decodes one token at a time even with --spec: the mtp rows of vision
+    // tokens (their embedding overrides, m-rope positions) are not built. the output is the
+    // same (speculation is lossless); the statistics say so: every token a fallback step.
+    // (a tap has no per-id rows in a round: the server refuses logprobs with --spec, the cli
+    // --logits-out.)
+    CHECK(!en->spec.K || !tap, "--logits-out or logprobs with --spec");
+    GenStats s = en->gpu ? generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc)
+                         : generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
+    if (en->spec.K) { s.spec.K = en->spec.K; s.spec.fallback_steps = s.generated; }
+    return s;
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
     if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
@@ -7423,7 +7873,6 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.tune = gpu_tuning_from_env();
     if (o.spec == "mtp") { s->t.spec.K = o.draft_tokens; s->t.spec.lm_head_draft = o.lm_head_draft; }
     if (!text_model_open(&s->t, path, err)) { delete s; return nullptr; }
-    if (o.vision && o.spec == "mtp") { *err = "--spec mtp cannot be combined with --vision yet (the mtp head's multimodal rows are not built)"; delete s; return nullptr; }
     if (o.vision) {  // startup residency: the tower (and its device workspace) only with --vision
         TextVision v;
         v.local_files = false;  // the server reads data: uris only
@@ -8033,7 +8482,7 @@ int main(int argc, char** argv) {
     if (!text_model_start(&t, c.cpu, c.gopt, "ninfer", &err)) die("%s", err.c_str());
     MmPrompt mm;
     if (!mp.items.empty()) {  // the tower is resident only now (startup residency: media asked for it)
-        if (c.spec_name) die("--spec mtp with images or video is not supported yet (the mtp head's multimodal rows are not built)");
+        if (c.spec_name) fprintf(stderr, "ninfer: --spec mtp: a prompt with images or video decodes one token at a time (the mtp rows of vision tokens are not built)\n");
         if ((int)rq.prompt.size() >= engine_capacity(&t.en))
             die("the prompt has %zu tokens with its media, no room left in --max-context %d (raise it)", rq.prompt.size(), engine_capacity(&t.en));
         if (!text_vision_start(&t, &err) || !text_media_tower(&t, rq.prompt, mp, &mm, &err)) die("%s", err.c_str());

@@ -275,8 +275,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
 //   register kernel <warps per tile NW, groups per stage D, row tiles RT, offset trick, min blocks/sm>
 //     0..5 (3: two row tiles, 4: no offset trick: gemv_dev's versions; 2 is the product's)
 //   async kernel <NW, stages S, min blocks/sm> (6, 7); shapes it cannot take run variant 2
-//   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
-static const int GEMV_VARIANTS = 10;
+//   x-staged kernel <NW, S, min blocks/sm> (8, 9; 10: 9 with 4 row tiles a block); shapes whose x does not fit run variant 7
+static const int GEMV_VARIANTS = 11;
 template <int F>
 static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
     const unsigned t1 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)32);
@@ -294,6 +294,7 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 7: gemv_launch<F>(GEMV_ASYNC, a, stream); break;
         case 8: gemv_launch<F>(GEMV_XS_8X3, a, stream); break;
         case 9: gemv_launch<F>(GEMV_XS_4X4, a, stream); break;
+        case 10: gemv_launch<F>(GEMV_XS_4X4_R4, a, stream); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
@@ -303,10 +304,11 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
 static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                          const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     if (variant < 0) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
-    CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w, C)),
-          "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld, %d columns)", variant, format_name(w.format),
-          (long long)w.cols, C);
-    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, [&](const GemvArgs& a) {
+    CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w)),
+          "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld)", variant, format_name(w.format), (long long)w.cols);
+    const int cols = variant == 8 ? gemv_launch_cols(w, GEMV_XS_8X3) : variant == 9 ? gemv_launch_cols(w, GEMV_XS_4X4)
+                   : variant == 10 ? gemv_launch_cols(w, GEMV_XS_4X4_R4) : GEMV_MAX_COLS;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, cols, [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
             case FMT_Q5: gemv_launch_variant<FMT_Q5>(variant, a, stream); break;

@@ -262,7 +262,7 @@ TEST(Gemv, FusedXTransforms) {
         {FMT_Q6, 300, 256, 5, false, false, GEMV_X_RMS, "q6 300x256 c5 + norm"},
     };
     for (const Case& tc : cases)
-        for (int variant : {8, 9}) {
+        for (int variant : {8, 9, 10}) {
             SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
             HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
             Rng r = rng();
@@ -312,6 +312,59 @@ TEST(Gemv, FusedXTransforms) {
             }
             EXPECT_EQ(bad, 0u) << "rmsnorm fused vs separate: elements out of bound";
         }
+}
+
+// gemv() gives each column bit for bit the one-column product's result, whatever the column
+// count of the launch: what makes an mtp verification column a one-token step (and a batched
+// lane a lone sequence). every format, the fused x transforms, a residual, and the long rows
+// whose staged x holds fewer than 8 columns (the 9b down: launches in chunks).
+TEST(Gemv, ColumnsIndependentOfCount) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; const char* name; };
+    const Case cases[] = {
+        {FMT_Q5, 4096, 12288, false, true, GEMV_X_SWIGLU, "9b down q5 + swiglu, residual"},
+        {FMT_Q6, 4096, 12288, false, true, GEMV_X_PLAIN, "q6 down, residual"},
+        {FMT_Q4, 24576, 4096, false, false, GEMV_X_RMS, "9b gate_up q4 + norm"},
+        {FMT_Q6, 248320, 4096, true, false, GEMV_X_RMS, "9b head q6 f32 + final norm"},
+        {FMT_W8, 4096, 8192, false, false, GEMV_X_PLAIN, "w8 mtp input projection"},
+        {FMT_BF16, 64, 4096, false, false, GEMV_X_PLAIN, "bf16 a/b gates"},
+        {FMT_Q4, 300, 200, false, false, GEMV_X_PLAIN, "q4 300x200 (the register kernel)"},
+    };
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+        Rng r = rng();
+        const bool sw = tc.mode == GEMV_X_SWIGLU;
+        const int ldx = (int)align_up(sw ? 2 * tc.cols : tc.cols, 8) + 8, ldy = (int)tc.rows + 3;
+        const int C = GEMV_MAX_COLS;
+        auto x = rand_bf16(r, (size_t)C * ldx, 2.f);
+        auto nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
+        auto res = rand_bf16(r, (size_t)C * ldy, 1.f);
+        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+        Dev dx(x.size() * 2); up(dx, x);
+        Dev dn(nw.size() * 2); up(dn, nw);
+        const size_t esz = tc.f32 ? 4 : 2, ysz = (size_t)C * ldy * esz;
+        Dev dref(ysz), dy(ysz);
+        Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
+        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        // the reference: one launch per column
+        if (tc.resid) up(dref, res); else dref.poison();
+        for (int c = 0; c < C; c++) {
+            uint8_t* yc = (uint8_t*)dref.p + (size_t)c * ldy * esz;
+            gemv(dm, dx.as<bf16_t>() + (size_t)c * ldx, ldx, 1, yc, ldy, tc.f32, tc.resid ? (const bf16_t*)yc : nullptr, ldy, 0, xt);
+        }
+        cudaCheck(cudaDeviceSynchronize());
+        auto ref = down<uint8_t>(dref, ysz);
+        for (int n = 2; n <= C; n++) {
+            if (tc.resid) up(dy, res); else dy.poison();
+            gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
+            cudaCheck(cudaDeviceSynchronize());
+            auto got = down<uint8_t>(dy, ysz);
+            for (int c = 0; c < n; c++)
+                EXPECT_EQ(memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz), 0)
+                    << "column " << c << " of a " << n << "-column launch differs from its one-column product";
+        }
+    }
 }
 
 // ---- norms (7.3) -----------------------------------------------------------------------

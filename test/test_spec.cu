@@ -76,18 +76,20 @@ struct RunOpts {
     int cancel_after = -1;      // the emitter returns false after this many ids
     bool cancel_prefill = false;  // the prefill's cancel poll says stop
     DraftHook hook = nullptr; void* ctx = nullptr;
+    bool gpu = false, graphs = true;  // the gpu path (generate_gpu / generate_spec_gpu), with or without cuda graphs
     RunOpts() { sp.temperature = 0.0f; }
 };
 static Gen gen(const Model* m, int domain, const std::vector<int>& prompt, const RunOpts& o) {
     Engine en;
     GpuOpts g;
-    g.max_context = o.capacity; g.prefill_chunk = o.chunk;
+    g.max_context = o.capacity; g.prefill_chunk = o.chunk; g.quiet = true; g.graphs = o.graphs;
     SpecOpts so;
     so.K = o.K; so.lm_head_draft = o.lmh;
     std::string err;
     Gen r;
-    if (!engine_build(&en, m, false, g, &err, so)) { ADD_FAILURE() << err; return r; }
-    en.sp.hook = o.hook; en.sp.hook_ctx = o.ctx;
+    if (!engine_build(&en, m, o.gpu, g, &err, so)) { ADD_FAILURE() << err; return r; }
+    if (o.gpu) { en.g->mtp.hook = o.hook; en.g->mtp.hook_ctx = o.ctx; }
+    else { en.sp.hook = o.hook; en.sp.hook_ctx = o.ctx; }
     Sampler s;
     sampler_build(&s, o.sp, domain);
     GenCancel cancel{[](void*) { return true; }, nullptr};
@@ -120,7 +122,7 @@ static std::vector<int> random_ids(int n, int domain, uint64_t seed) {
 // ---- startup residency ----------------------------------------------------------------------------
 
 // without --spec the sequence has one deltanet slot and no mtp kv cache; with it K+1 slots and
-// the cache; the gpu path refuses it; what the artifact lacks is named at start
+// the cache; what the artifact lacks is named at start
 TEST(SpecEngine, ResidencyAndRefusals) {
     OPEN_OR_FAIL(T, KJV);
     Engine en; GpuOpts g; g.max_context = 64; g.prefill_chunk = 32;
@@ -135,8 +137,6 @@ TEST(SpecEngine, ResidencyAndRefusals) {
     EXPECT_NE(en.st.mtp_key, nullptr);
     EXPECT_GT(en.st.n_floats, plain);
     engine_free(&en);
-    EXPECT_FALSE(engine_build(&en, &T.t.m, true, g, &err, SpecOpts{3, false}));  // refused before any gpu work
-    EXPECT_NE(err.find("--spec mtp is not supported on the gpu"), std::string::npos) << err;
     Model nodraft = T.t.m;
     nodraft.geo.draft_rows = 0;
     EXPECT_FALSE(spec_check(&nodraft, SpecOpts{3, true}, &err));
@@ -516,4 +516,230 @@ TEST(SpecAcceptance, KjvHeldOutPrompts) {
         EXPECT_GE(tpr, tpr_meas[K] - 0.06) << "K=" << K;
         EXPECT_LE(tpr, tpr_meas[K] + 0.06) << "K=" << K;
     }
+}
+
+// ---- the round on the gpu (generate_spec_gpu) -------------------------------------------------------
+//
+// the same claims on the device, against the device's own plain decoding (generate_gpu): greedy
+// output token for token, K = 1..5, both heads, graphs and eager rounds alike; forced drafts give
+// exactly the acceptance they imply; stops, limits, cancellation and the context end inside a
+// round commit exactly the accepted prefix; acceptance near the cpu round's (the drafts come from
+// the device's bf16 mtp, so its figures differ a little from the fp32 reference's).
+
+#define NEED_GPU_OR_SKIP() if (gpu_count() == 0) GTEST_SKIP() << "no gpu"
+
+static RunOpts on_gpu(RunOpts o, bool graphs = true) { o.gpu = true; o.graphs = graphs; return o; }
+
+TEST(SpecGpu, ResidencyAndRefusals) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    GpuOpts g; g.max_context = 256; g.prefill_chunk = 64; g.quiet = true;
+    std::string err;
+    size_t plain = 0, with = 0, with_draft = 0;
+    for (int v = 0; v < 3; v++) {
+        Engine en;
+        SpecOpts so; so.K = v ? 3 : 0; so.lm_head_draft = v == 2;
+        ASSERT_TRUE(engine_build(&en, &T.t.m, true, g, &err, so)) << err;
+        (v == 0 ? plain : v == 1 ? with : with_draft) = en.g->arena_bytes;
+        EXPECT_EQ(en.g->o.gdn_slots, v ? 4 : GPU_LIVE_SLOTS);
+        EXPECT_EQ(en.g->mtp.K, v ? 3 : 0);
+        EXPECT_EQ(en.g->w.mtp.input_projection.base != nullptr, v > 0);
+        EXPECT_EQ(en.g->w.draft_head.base != nullptr, v == 2);
+        engine_free(&en);
+    }
+    EXPECT_GT(with, plain);          // the mtp module only with --spec
+    EXPECT_GT(with_draft, with);     // the draft head only with --lm-head-draft
+    Model nomtp = T.t.m;
+    nomtp.geo.has_mtp = false;
+    Engine en;
+    EXPECT_FALSE(engine_build(&en, &nomtp, true, g, &err, SpecOpts{3, false}));
+    EXPECT_NE(err.find("--spec mtp needs the mtp module"), std::string::npos) << err;
+}
+
+TEST(SpecGpu, KjvGreedyEqualsPlainDecoding) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const Model* m = &T.t.m;
+    const int domain = T.t.fr.domain;
+    struct P { const char* name; std::vector<int> ids; };
+    std::vector<P> prompts = {{"completion", T.raw("And God said")},
+                              {"chat thinking", T.chat("Who was Moses, and what did he do in Egypt?", true)},
+                              {"chat no thinking", T.chat("Tell me of the flood.", false)}};
+    long acc = 0, drafted = 0;
+    for (size_t pi = 0; pi < prompts.size(); pi++) {
+        const P& p = prompts[pi];
+        RunOpts o = on_gpu(RunOpts());
+        o.max_new = 512; o.stops = T.t.fr.stops;
+        Gen plain = gen(m, domain, p.ids, o);
+        ASSERT_GT(plain.st.generated, 16) << p.name;
+        for (int K = 1; K <= SPEC_MAX_K; K++)
+            for (int lmh = 0; lmh < 2; lmh++) {
+                RunOpts s = o;
+                s.K = K; s.lmh = lmh;
+                s.graphs = (K + lmh + pi) % 2 == 0;  // graph and eager rounds, both heads, every K
+                Gen r = gen(m, domain, p.ids, s);
+                const std::string what = std::string(p.name) + " K=" + std::to_string(K) + (lmh ? " draft head" : "") +
+                                         (s.graphs ? " graphs" : " eager");
+                expect_same(plain, r, what);
+                EXPECT_GT(r.st.spec.rounds, 0) << what;
+                acc += r.st.spec.accepted; drafted += r.st.spec.drafted;
+            }
+    }
+    EXPECT_GT((double)acc / drafted, 0.2);
+    // a prompt past the first bucket boundary (512 keys) and a split prefill: rounds shorten
+    // at the boundary, and the mtp rows of earlier pieces are filled piece by piece
+    std::vector<int> longp;
+    while (longp.size() < 500) { auto c = prompts[1].ids; longp.insert(longp.end(), c.begin(), c.end()); }
+    RunOpts o = on_gpu(RunOpts());
+    o.max_new = 64; o.chunk = 96;
+    Gen plain = gen(m, domain, longp, o);
+    for (int K : {2, 5}) {
+        RunOpts s = o;
+        s.K = K; s.lmh = K == 2;
+        Gen r = gen(m, domain, longp, s);
+        expect_same(plain, r, "past the 512 boundary, K=" + std::to_string(K));
+        EXPECT_LT(r.st.spec.drafted, (long)K * r.st.spec.rounds + 1) << "rounds shorten at the boundary";
+    }
+}
+
+TEST(SpecGpu, SyntheticModelsEqualPlainDecoding) {
+    NEED_GPU_OR_SKIP();
+    for (const char* name : {"tiny", "tiny-gqa3", "tiny-bf16"}) {
+        std::string path = std::string("build/models/") + name + ".ninfer";
+        OPEN_OR_FAIL(T, path);
+        const int domain = T.t.fr.domain;
+        std::vector<int> prompt = random_ids(11, domain, 7);
+        RunOpts o = on_gpu(RunOpts());
+        o.max_new = 48;
+        Gen plain = gen(&T.t.m, domain, prompt, o);
+        for (int K : {1, 2, 3, 5}) {
+            RunOpts s = o;
+            s.K = K; s.lmh = K % 2 == 0; s.graphs = K != 3;
+            Gen r = gen(&T.t.m, domain, prompt, s);
+            expect_same(plain, r, std::string(name) + " K=" + std::to_string(K));
+            EXPECT_LE(r.st.spec.accepted, r.st.spec.rounds) << name;
+        }
+    }
+}
+
+TEST(SpecGpu, ForcedDraftsFullAcceptanceRejectionAtEveryPositionAndTheBonus) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const int domain = T.t.fr.domain;
+    std::vector<int> prompt = T.raw("In the beginning God created");
+    for (int K = 1; K <= SPEC_MAX_K; K++) {
+        RunOpts o = on_gpu(RunOpts());
+        o.max_new = 6 * (K + 1) + 1;
+        Gen plain = gen(&T.t.m, domain, prompt, o);
+        ASSERT_EQ(plain.st.generated, o.max_new);
+        for (int wrong_from = 1; wrong_from <= K + 1; wrong_from++) {
+            Force f{&plain.ids, (int)prompt.size(), domain, wrong_from};
+            RunOpts s = o;
+            s.K = K; s.hook = force_draft; s.ctx = &f; s.graphs = wrong_from % 2;
+            Gen r = gen(&T.t.m, domain, prompt, s);
+            const std::string what = "K=" + std::to_string(K) + " wrong from draft " + std::to_string(wrong_from);
+            expect_same(plain, r, what);
+            const SpecStats& st = r.st.spec;
+            const int A = wrong_from - 1;
+            const long full = (o.max_new - 1) / (A + 1), rem = (o.max_new - 1) % (A + 1), rounds = full + (rem > 0);
+            EXPECT_EQ(st.rounds, rounds) << what;
+            EXPECT_EQ(st.accepted, full * A + rem) << what;
+            for (int k = 0; k < K; k++) {
+                if (k < A) EXPECT_GE(st.per_position[k], rounds - 1) << what << " position " << k;
+                else EXPECT_EQ(st.per_position[k], 0) << what << " position " << k;
+            }
+        }
+    }
+}
+
+TEST(SpecGpu, StopsLimitsCancelAndCapacityInsideARound) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const int domain = T.t.fr.domain;
+    std::vector<int> prompt = T.raw("And God said");
+    RunOpts o = on_gpu(RunOpts());
+    o.max_new = 40;
+    Gen plain = gen(&T.t.m, domain, prompt, o);
+    ASSERT_EQ(plain.st.generated, 40);
+    struct Case { std::string what; RunOpts o; };
+    std::vector<Case> cases;
+    for (int j = 0; j < 12; j++) { Case c{"stop id at " + std::to_string(j), o}; c.o.stops = {plain.ids[j]}; cases.push_back(c); }
+    for (int n = 1; n <= 12; n++) {
+        Case c{"max_new " + std::to_string(n), o}; c.o.max_new = n; cases.push_back(c);
+        Case d{"cancel after " + std::to_string(n), o}; d.o.cancel_after = n; cases.push_back(d);
+    }
+    { Case c{"cancel in the prefill", o}; c.o.cancel_prefill = true; cases.push_back(c); }
+    for (int room = 1; room <= 13; room++) { Case c{"capacity +" + std::to_string(room), o}; c.o.capacity = (int)prompt.size() + room; cases.push_back(c); }
+    for (const Case& c : cases) {
+        Gen a = gen(&T.t.m, domain, prompt, c.o);
+        if (c.o.capacity < 2048) EXPECT_EQ(a.pos, c.o.capacity) << c.what;
+        for (int K : {2, 5}) {
+            RunOpts s = c.o;
+            s.K = K; s.graphs = K == 5;
+            Gen b = gen(&T.t.m, domain, prompt, s);
+            expect_same(a, b, c.what + " K=" + std::to_string(K));
+        }
+    }
+}
+
+// sampling on the gpu round: the host's sample_spec over the device's verify rows (the cpu
+// round's code, whose distribution SpecSampling checks): reproducible from the seed, different
+// seeds differ, drafts are accepted, and graphs and eager rounds draw the same tokens
+TEST(SpecGpu, SamplingReproducibleBySeed) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const int domain = T.t.fr.domain;
+    std::vector<int> prompt = T.raw("And it came to pass");
+    RunOpts o = on_gpu(RunOpts());
+    o.K = 3; o.max_new = 96;
+    o.sp.temperature = 0.8f; o.sp.top_k = 20; o.sp.top_p = 0.95f; o.sp.seed = 5; o.sp.presence = 0.3f;
+    Gen a = gen(&T.t.m, domain, prompt, o);
+    Gen b = gen(&T.t.m, domain, prompt, o);
+    EXPECT_EQ(a.ids, b.ids);
+    RunOpts e = o; e.graphs = false;
+    EXPECT_EQ(a.ids, gen(&T.t.m, domain, prompt, e).ids);
+    o.sp.seed = 6;
+    Gen c = gen(&T.t.m, domain, prompt, o);
+    EXPECT_NE(a.ids, c.ids);
+    for (int id : a.ids) EXPECT_LT(id, domain);
+    EXPECT_GT(a.st.spec.accepted, 0);
+    EXPECT_EQ(a.st.generated, 96);
+}
+
+// kjv held-out acceptance on the gpu round, near the cpu round's (bench-notes): draft-1 within
+// the same bounds, tokens per round within 0.1 of the cpu figures
+TEST(SpecGpu, KjvHeldOutAcceptance) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const int domain = T.t.fr.domain;
+    std::ifstream f("models/kjv/val.txt");
+    ASSERT_TRUE(f.good());
+    std::vector<std::string> verses;
+    std::string line;
+    while (std::getline(f, line)) if (line.size() > 120) verses.push_back(line);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 8; i++) {
+        std::vector<int> ids = T.raw(verses[i * (verses.size() / 8)]);
+        ids.resize(24);
+        prompts.push_back(ids);
+    }
+    const double tpr_meas[SPEC_MAX_K + 1] = {0, 1.78, 2.27, 2.52, 2.74, 2.81};
+    for (int K = 1; K <= SPEC_MAX_K; K++)
+        for (int lmh = 0; lmh < 2; lmh++) {
+            SpecStats sum;
+            for (const auto& p : prompts) {
+                RunOpts o = on_gpu(RunOpts());
+                o.K = K; o.lmh = lmh; o.max_new = 96;
+                Gen r = gen(&T.t.m, domain, p, o);
+                sum.rounds += r.st.spec.rounds; sum.accepted += r.st.spec.accepted; sum.drafted += r.st.spec.drafted;
+                for (int k = 0; k < K; k++) sum.per_position[k] += r.st.spec.per_position[k];
+            }
+            const double tpr = 1.0 + (double)sum.accepted / sum.rounds, p1 = (double)sum.per_position[0] / sum.rounds;
+            printf("  gpu kjv K=%d%s: acceptance %.3f, per position", K, lmh ? " draft head" : "", (double)sum.accepted / sum.drafted);
+            for (int k = 0; k < K; k++) printf(" %.3f", (double)sum.per_position[k] / sum.rounds);
+            printf(", %.2f tokens/round (%ld rounds)\n", tpr, sum.rounds);
+            EXPECT_GE(p1, 0.68) << "K=" << K;
+            EXPECT_GE(tpr, tpr_meas[K] - 0.10) << "K=" << K;
+            EXPECT_LE(tpr, tpr_meas[K] + 0.10) << "K=" << K;
+        }
 }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# session 4's device run for the gpu mtp round (issue 13): unpack the binaries built here, make
+# the test models, run the gemv and gpu suites, the gpu round's tests, a sanitizer pass on rounds,
+# bench_spec on the 9b (K = 3 with and without --lm-head-draft, K = 1), bench_gpu's tg128, and
+# the 9b card's serve command verbatim answering an openai sdk chat with mtp on.
+# usage (from the repo root on the device): bash .carry-final/spec.sh [stages], stages a
+# comma list of: tests,sanitizer,bench,serve (default all)
+set -u
+cd "$(dirname "$0")/.."
+C=.carry-final
+STAGES=${1:-tests,sanitizer,bench,serve}
+mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
+export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
+mkdir -p build/test build/models build/apps models
+tar -xJf $C/bins.tar.xz -C build/test
+ln -sf ninfer build/test/ninfer-serve
+cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+t0=$(date +%s)
+for n in tiny tiny-gqa3; do
+  python3 convert.py --synthetic $n -o build/models/$n-hf >/dev/null 2>&1 &&
+  python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
+  python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
+done
+python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 &
+wait; ls build/models; echo "models $(( $(date +%s) - t0 )) s"
+has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
+run() {  # name timeout binary args...
+  local n=$1 to=$2; shift 2
+  local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
+  echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|^  (gpu )?kjv K=' $OUT/$n.log | head -40
+}
+if has tests; then
+  run test_kernels 200 build/test/test_kernels
+  run test_gpu 200 build/test/test_gpu
+  run test_spec_gpu 400 build/test/test_spec --gtest_filter='SpecGpu*'
+fi
+if has sanitizer; then
+  s=$(date +%s); timeout 200 compute-sanitizer --tool memcheck build/test/test_spec --gtest_filter='SpecGpu.ForcedDrafts*' > $OUT/sanitizer.log 2>&1
+  tail -4 $OUT/sanitizer.log; echo "sanitizer $(( $(date +%s) - s )) s"
+fi
+if has bench; then
+  for a in "--draft-tokens 3 --lm-head-draft" "--draft-tokens 3" "--draft-tokens 1 --lm-head-draft"; do
+    build/test/bench_spec /tmp/9b.ninfer $a 2>&1 | grep -v "loading weights" | tail -14
+  done
+  build/test/bench_gpu /tmp/9b.ninfer --bench tg128 2>&1 | tail -4
+fi
+if has serve; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
+  ln -sf /tmp/9b.ninfer models/qwen3_5_9b.ninfer
+  ./build/apps/ninfer-serve models/qwen3_5_9b.ninfer \
+    --model-id qwen3.5-9b \
+    --max-context 16384 \
+    --spec mtp --draft-tokens 3 > $OUT/serve.out 2> $OUT/serve.err &
+  sp=$!
+  for i in $(seq 1 120); do grep -q listening $OUT/serve.err && break; sleep 0.5; done
+  head -5 $OUT/serve.err
+  python3 $C/openai_chat.py 8080 qwen3.5-9b
+  kill $sp; wait $sp; echo "serve exit $? (stdout bytes: $(wc -c < $OUT/serve.out))"; tail -3 $OUT/serve.err
+fi
+echo "total $(( $(date +%s) - t0 )) s"
