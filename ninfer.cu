@@ -20,11 +20,13 @@
 //                            4.7 the vision tower (vision_forward_cpu), 4.8 the multimodal
 //                            prompt (placeholder expansion, vision rows, m-rope positions,
 //                            rope_delta, prefill_mm_cpu)
-//   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
+//   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties, a
+//                            constraint's mask (Sampler.mask, first of all),
 //                            counter-based rng, the arithmetic shared with the gpu sampler,
 //                            speculative sampling of one verification column (sample_spec)
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop with its tap (prompt logits, sampled rows), logprobs,
+//                            loop with its tap (prompt logits, sampled rows) and its
+//                            constraint (GenConstraint: grammar.h's matcher), logprobs,
 //                            mtp speculative decoding (the round: generate_spec_cpu),
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
@@ -32,8 +34,9 @@
 //                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
-//                            7.7 argmax, 7.8 sampling on the device, 7.9 shared-memory matrix
-//                            helpers, 7.10 gemm + linear, 7.11 deltanet prefill (recurrent),
+//                            7.7 argmax, 7.8 sampling on the device (and mask_logits),
+//                            7.9 shared-memory matrix helpers, 7.10 gemm + linear, 7.11
+//                            deltanet prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
 //                            per-frame attention, epilogues, products over the padded k)
