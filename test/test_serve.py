@@ -726,7 +726,7 @@ def test_anthropic_stop_sequences(ant, mid):
 def test_anthropic_errors(ant, mid):
     msgs = [{"role": "user", "content": "hi"}]
     for kw in ({"max_tokens": 0}, {"max_tokens": 8, "extra_body": {"temperature": 5}}, {"max_tokens": 8, "extra_body": {"nope": 1}},
-               {"max_tokens": 8, "tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}):
+               {"max_tokens": 8, "tool_choice": {"type": "tool", "name": "g"}, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}):
         with pytest.raises(anthropic.BadRequestError) as e:
             ant.messages.create(model=mid, messages=msgs, **kw)
         assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
