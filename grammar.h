@@ -123,6 +123,8 @@ struct GrammarBuilder {
     // x{lo,hi}; hi < 0: unbounded
     GSeq rep(const GSeq& x, int lo, int hi) {
         GSeq s;
+        if ((uint64_t)x.size() * (uint64_t)std::max(lo, 0) + g.el.size() > GRAMMAR_MAX_ELEMS ||
+            (hi > lo && (uint64_t)(hi - lo) * (x.size() + 2) + g.el.size() > GRAMMAR_MAX_ELEMS)) { overflow = true; return s; }
         for (int i = 0; i < lo; i++) s.insert(s.end(), x.begin(), x.end());
         if (hi < 0) { GSeq t = star(x); s.insert(s.end(), t.begin(), t.end()); return s; }
         GSeq tail;  // (x (x (...)?)?)? with hi - lo levels
@@ -318,6 +320,8 @@ struct GbnfParser {
         return true;
     }
     bool alternatives(std::vector<GSeq>* out, int depth) {
+        if (depth > 100) return fail("groups nested deeper than 100");
+        if (b->overflow) return fail("the grammar is too large");
         out->push_back(GSeq());
         for (;;) {
             ws(depth > 0);
@@ -555,6 +559,7 @@ struct SchemaCompiler {
     GSeq literal(const Json& v) { std::string t; json_write(&t, v); return b.lit(t); }
 
     GSeq compile(const Json& s, const std::string& path) {
+        if (b.overflow) fail(path, "the schema's grammar is too large");
         if (!err.empty()) return GSeq();
         if (++depth > 64) { fail(path, "nesting deeper than 64 schemas"); return GSeq(); }
         GSeq out = compile_inner(s, path);
@@ -990,7 +995,10 @@ struct SchemaCompiler {
             *set = r;
             return true;
         }
+        int depth = 0;
         bool alternation(std::vector<GSeq>* out, bool top) {
+            if (++depth > 100) return fail("groups nested deeper than 100");
+            if (c->b.overflow) return fail("the pattern is too large");
             for (;;) {
                 GSeq seq;
                 bool anchored_start = false, anchored_end = false;
@@ -1003,6 +1011,7 @@ struct SchemaCompiler {
                 }
                 out->push_back(seq);
                 if (at('|')) { i++; continue; }
+                depth--;
                 return true;
             }
         }

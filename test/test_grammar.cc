@@ -339,3 +339,53 @@ TEST(ToolCall, GrammarMatchesTemplateParser) {
     EXPECT_FALSE(grammar_tool_call({{"t", bad}}, &g0, &e));
     EXPECT_NE(e.find("hostname"), std::string::npos) << e;
 }
+
+// hostile input never crashes and never runs away: random grammars, patterns and schemas are
+// compiled or refused with a message; huge repeats and deep nesting are refused by size
+TEST(Hostile, RandomInputsCompileOrFailCleanly) {
+    std::mt19937 rng(5);
+    const std::string gb = "root ::= \"ab\\|[^]-.()*+?{},0123 9#\n\tx_";
+    const std::string re = "ab\\dwsDWS.[]^-$()|*+?{},019:=!<>u\"\xc3\xa9";
+    int ok = 0, refused = 0;
+    for (int k = 0; k < 3000; k++) {
+        std::string t = k % 2 ? "root ::= " : "";
+        int n = 1 + rng() % 40;
+        for (int i = 0; i < n; i++) t += gb[rng() % gb.size()];
+        Grammar g;
+        std::string err;
+        if (grammar_parse_gbnf(t, &g, &err)) {
+            ok++;
+            auto gp = std::make_shared<Grammar>(std::move(g));
+            GrammarMatcher m;
+            if (matcher_init(&m, gp, &byte_vocab(), &err)) { matcher_accept_bytes(&m, "ab"); matcher_mask(&m); }
+        } else { refused++; EXPECT_FALSE(err.empty()); }
+        std::string p;
+        for (int i = 0; i < n; i++) p += re[rng() % re.size()];
+        Json s = Json::object();
+        s.set("type", Json::string("string"));
+        s.set("pattern", Json::string(p));
+        auto sg = std::make_shared<Grammar>();
+        if (schema_compile(s, sg.get(), &err)) { GrammarMatcher m; if (matcher_init(&m, sg, &byte_vocab(), &err)) matcher_mask(&m); }
+        else EXPECT_NE(err.find("pattern"), std::string::npos) << p << ": " << err;
+    }
+    EXPECT_GT(ok, 10); EXPECT_GT(refused, 100);
+    std::string err;
+    Grammar g;
+    // a repeat of a group repeats a reference: 10^10 bytes of language in 2 x 10^5 elements
+    ASSERT_TRUE(grammar_parse_gbnf("root ::= (\"a\"{100000}){100000}\n", &g, &err)) << err;
+    EXPECT_LT(g.el.size(), 300000u);
+    EXPECT_FALSE(grammar_parse_gbnf("root ::= " + std::string(500, '(') + "\"a\"" + std::string(500, ')') + "\n", &g, &err));
+    // past GRAMMAR_MAX_ELEMS: refused by size, before the memory is taken
+    EXPECT_FALSE(grammar_parse_gbnf("root ::= x{100000}\nx ::= " + std::string("\"") + std::string(60, 'a') + "\"{0,100000}\n", &g, &err));
+    EXPECT_NE(err.find("too large"), std::string::npos) << err;
+    EXPECT_FALSE(compile(R"({"type":"array","items":{"type":"string","maxLength":100000},"minItems":100000})", &err));
+    std::string deep = "{\"type\":\"array\",\"items\":";
+    std::string nested;
+    for (int i = 0; i < 70; i++) nested += deep;
+    nested += "{}";
+    for (int i = 0; i < 70; i++) nested += "}";
+    Json j;
+    ASSERT_TRUE(json_parse(nested, &j, &err, 256));
+    auto gg = std::make_shared<Grammar>();
+    EXPECT_FALSE(schema_compile(j, gg.get(), &err)); EXPECT_NE(err.find("deeper than 64"), std::string::npos) << err;
+}
