@@ -1,6 +1,7 @@
 # ninfer: one cuda translation unit, cudart linked statically.
 #
-#   make                  build build/apps/ninfer (+ the ninfer-serve link), fat binary
+#   make                  build build/apps/ninfer (+ the ninfer-serve and ninfer-bench links), fat binary
+#   make bench            ninfer-bench's standard set (BENCH_MODEL=path, default models/kjv/kjv.ninfer)
 #   make GPU_ARCH=90      one sm target only: fast iteration on an h100/h200
 #   make test             install what the tests need, build and run every test (ci runs this)
 #   make check-build      compile only (what ci can do without a gpu)
@@ -30,16 +31,27 @@ TEST_HEADERS := test/test_util.h test/dev_kernels.cuh
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
 
-.PHONY: all test check-build debug clean deps demo models
-all: $(BUILD)/apps/ninfer $(BUILD)/apps/ninfer-serve
+.PHONY: all test check-build debug clean deps demo models bench
+all: $(BUILD)/apps/ninfer $(BUILD)/apps/ninfer-serve $(BUILD)/apps/ninfer-bench
 
 $(BUILD)/apps/ninfer: ninfer.cu $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(GENCODE) -o $@ ninfer.cu $(LDLIBS)
 
-# the server is the same binary; argv[0] picks the mode
+# the server and the bench are the same binary; argv[0] picks the mode
 $(BUILD)/apps/ninfer-serve: $(BUILD)/apps/ninfer
 	ln -sf ninfer $@
+$(BUILD)/apps/ninfer-bench: $(BUILD)/apps/ninfer
+	ln -sf ninfer $@
+
+# the standard set: prompt and generation at depth 0 and 4096, generation at 32768 (on the gpu;
+# the cpu path runs it too, slowly: give BENCH_ARGS for a smaller set). rows on stdout.
+BENCH_MODEL ?= models/kjv/kjv.ninfer
+BENCH_ARGS  ?= -p 512,4096 -n 128 -pg 4096,128 -d 0,4096 -r 5
+BENCH_LONG  ?= -p 0 -n 128 -d 32768 -r 3
+bench: $(BUILD)/apps/ninfer-bench
+	$(BUILD)/apps/ninfer-bench $(BENCH_MODEL) $(BENCH_ARGS)
+	$(BUILD)/apps/ninfer-bench $(BENCH_MODEL) $(BENCH_LONG)
 
 check-build: $(BUILD)/apps/ninfer
 
@@ -108,8 +120,8 @@ $(BUILD)/test/test_kernels: test/test_kernels.cu ninfer.cu $(HEADERS) $(TEST_HEA
 
 TEST_BINS := $(BUILD)/test/test_format $(BUILD)/test/test_cpu $(BUILD)/test/test_tower $(BUILD)/test/test_kernels $(BUILD)/test/test_spec
 
-# the whole-model gpu forward against the cpu reference (skips without a gpu), and the
-# pp/tg bench with the roofline fraction: build/test/bench_gpu MODEL --bench pp512,pp4096,tg128
+# the whole-model gpu forward against the cpu reference (skips without a gpu), and where a
+# decode step's time goes (build/test/bench_gpu MODEL; speeds are ninfer-bench's)
 $(BUILD)/test/test_gpu: test/test_gpu.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_gpu.cu $(LDLIBS) $(GTEST)
@@ -183,6 +195,9 @@ $(BUILD)/test/test_serve: test/test_serve.cc serve.h format.h grammar.h Makefile
 	$(CXX) $(SERVE_CXXFLAGS) -o $@ test/test_serve.cc $(GTEST)
 $(BUILD)/test/ninfer-serve: $(BUILD)/test/ninfer
 	ln -sf ninfer $@
+# ninfer-bench's flags, formats and errors on the cpu path: test/test_bench_cli.py
+$(BUILD)/test/ninfer-bench: $(BUILD)/test/ninfer
+	ln -sf ninfer $@
 TEST_BINS += $(BUILD)/test/test_serve
 test: $(BUILD)/test/serve_fake
 .PHONY: test-serve
@@ -198,7 +213,7 @@ $(BUILD)/test/format_vectors.ninfer: test/make_format_vectors.py convert.py
 	@mkdir -p $(@D)
 	$(PYTHON) test/make_format_vectors.py $@
 
-test: deps fuzz-vision $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
+test: deps fuzz-vision $(BUILD)/test/ninfer $(BUILD)/test/ninfer-serve $(BUILD)/test/ninfer-bench $(TEST_BINS) $(TEST_MODELS) $(BUILD)/test/format_vectors.ninfer
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	@echo "== test/test_serve.py against the real engine (tiny, cpu path)"
 	NINFER_SERVE_CMD="$(BUILD)/test/ninfer-serve $(MODELS)/tiny.ninfer" $(PYTHON) -m pytest -q test/test_serve.py

@@ -31,7 +31,8 @@
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
-//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope),
+//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
+//                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
 //                            7.7 argmax, 7.8 sampling on the device (and mask_logits),
@@ -42,9 +43,10 @@
 //                            per-frame attention, epilogues, products over the padded k)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
 //                            state, the forward pass, cuda graph decode, generate_gpu /
-//                            perplexity_gpu; the vision tower on the device (GpuVision: its
-//                            own weight arena and workspace, only when asked; mm_prepare_gpu)
-//   9. engine                one sequence on either path (cpu reference or gpu)
+//                            perplexity_gpu, the copy bandwidth; the vision tower on the device
+//                            (GpuVision: its own weight arena and workspace, only when asked;
+//                            mm_prepare_gpu)
+//   9. engine                one sequence on either path (cpu reference or gpu), engine_start
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; media in a conversation (chat_media,
@@ -52,7 +54,8 @@
 //                            interface (chat and completion prompts, per-token logprobs,
 //                            prompt scoring)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
-//                            one runner per mode, main (left out when NINFER_TESTING)
+//                            one runner per mode, ninfer-bench (llama-bench's pp / tg rows on
+//                            either path), main (left out when NINFER_TESTING)
 //
 // the model math is in shared/docs/model.md, the container in shared/docs/format.md.
 // user-facing contract: stdout carries only generated text or the requested diagnostic
@@ -76,6 +79,10 @@
 #include <vector>      // defines: std::vector
 #include <algorithm>   // defines: std::sort, std::max
 #include <type_traits> // defines: std::is_void_v
+#include <random>      // defines: std::mt19937_64 (ninfer-bench's prompt ids)
+#ifdef _OPENMP
+#include <omp.h>       // defines: omp_get_max_threads
+#endif
 #include <cuda_runtime.h>  // defines: cudaGetDeviceCount, cudaMalloc
 #include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
 #include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
@@ -3241,14 +3248,27 @@ enum GemvKernel {
     GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
     GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
     GEMV_XS_4X4_R4, // the same, 4 row tiles a block: several columns of a long matrix (GEMV_R4_ROWS)
+    GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
 };
 // a product of several columns stages C times the x of one: a 16-row block then reads about as
-// many bytes of x from l2 as of weights. matrices with many rows (gate_up, the head) take 4 row
-// tiles per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9)
-enum { GEMV_R4_ROWS = 16384 };
+// many bytes of x from l2 as of weights. matrices of >= 4096 rows on variant 9 take 4 row tiles
+// per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9;
+// GpuTuning::gemv_r4_rows)
+enum { GEMV_R4_ROWS = 4096 };
+static int g_gemv_r4_rows = GEMV_R4_ROWS;
+// matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
+// gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
+// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
+// every 9b product but gate_up and the head measured 0-10% faster with it; in the 9b decode
+// step it was 0.6% slower, in the 0.8b and 4b steps 8.7% and 2.1% faster (h200, issue 16), so
+// gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
+enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
+static int g_gemv_occ_rows = GEMV_OCC_ROWS;
+static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4 || k == GEMV_XS_8X3_4; }
 // the staged x the x-staged kernel k may take next to its weight stages (the opt-in limit)
 static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
-    const int NW = k == GEMV_XS_8X3 ? 8 : 4, S = k == GEMV_XS_8X3 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
+    const bool w8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+    const int NW = w8 ? 8 : 4, S = w8 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
     size_t stage = f == FMT_Q4 ? GemvAsyncLayout<FMT_Q4>::BYTES : f == FMT_Q5 ? GemvAsyncLayout<FMT_Q5>::BYTES
                  : f == FMT_Q6 ? GemvAsyncLayout<FMT_Q6>::BYTES : GemvAsyncLayout<FMT_W8>::BYTES;
     return GEMV_XS_SMEM_MAX - (size_t)RT * NW * S * stage;
@@ -3256,12 +3276,12 @@ static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
 // the kernel of a matrix (for every column count; gemv() takes its 4-tile form where it pays)
 static GemvKernel gemv_pick(const Mat& w) {
     if (w.format == FMT_BF16 || !gemv_async_ok(w)) return GEMV_REGISTER;
-    const GemvKernel k = w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
+    const GemvKernel k = w.rows <= g_gemv_occ_rows ? GEMV_XS_8X3_4 : w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
     return gemv_xs_bytes(w.format, (int)w.gpr, 1) <= gemv_xs_room(w.format, k) ? k : GEMV_ASYNC;
 }
 // columns per launch of kernel k: what the staged x holds (x-staged kernels), else GEMV_MAX_COLS
 static int gemv_launch_cols(const Mat& w, GemvKernel k) {
-    if (k != GEMV_XS_8X3 && k != GEMV_XS_4X4 && k != GEMV_XS_4X4_R4) return GEMV_MAX_COLS;
+    if (!gemv_xs_kernel_k(k)) return GEMV_MAX_COLS;
     int c = GEMV_MAX_COLS;
     while (c > 1 && gemv_xs_bytes(w.format, (int)w.gpr, c) > gemv_xs_room(w.format, k)) c--;
     return c;
@@ -3272,7 +3292,7 @@ template <int F>
 static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if ((k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
+    if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
     if constexpr (F == FMT_BF16) {
         launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
@@ -3285,6 +3305,7 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
             case GEMV_XS_4X4_R4:
                 launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, CEIL_DIV(tiles, 4u), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
                 break;
+            case GEMV_XS_8X3_4: launch_k(gemv_xs_kernel<F, 8, 3, 4>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
         }
     }
     cudaCheck(cudaGetLastError());
@@ -3295,8 +3316,7 @@ struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
 // columns run in launches of gemv_launch_cols)
 static bool gemv_fusable(const Mat& w) {
-    const GemvKernel k = gemv_pick(w);
-    return format_grouped(w.format) && (k == GEMV_XS_8X3 || k == GEMV_XS_4X4);
+    return format_grouped(w.format) && gemv_xs_kernel_k(gemv_pick(w));
 }
 
 // the launches of one product: columns in chunks of `cols`, `launch(args)` runs one
@@ -3327,7 +3347,7 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
     CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w), "gemv: an x transform needs the x-staged kernel (%s, k %lld)",
           format_name(w.format), (long long)w.cols);
     GemvKernel k = gemv_pick(w);
-    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= GEMV_R4_ROWS) k = GEMV_XS_4X4_R4;
+    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, gemv_launch_cols(w, k), [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
@@ -3429,6 +3449,12 @@ static void l2norm(const bf16_t* x, int ldx, float* y, int ldy, int n, int T, in
 // ---- 7.4 elementwise ------------------------------------------------------------------------
 
 enum { EW_THREADS = 256 };
+
+// a plain 16-byte grid-stride copy: the copy-bandwidth ceiling ninfer-bench (and the kernel
+// benches) measure the products against; no pdl (it runs alone)
+__global__ void copy16_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
 
 // mlp activation (model.md 4.2) with hf's bf16 roundings: y = bf16( bf16(silu(gate)) * up ).
 // gu: [T][2I] = [gate | up] (the fused gate_up gemv output), y: [T][I]
@@ -5448,6 +5474,7 @@ static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
 static void gpu_kernels_init(bool pdl = true) {
     int dev = 0, major = 0;
@@ -5773,16 +5800,35 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //   gdn_chunked_min 64  prefill pieces of this many tokens or more take the chunked delta rule
 //                  (NINFER_GDN_CHUNKED=N; 0: never). the pair costs ~22 us at any T <= 64, the
 //                  recurrent kernel 0.41 us a token: 0.92x at 48, 1.18x at 64 (h200, 9b)
+//   attn_splits 256, attn_min_keys 128: decode attention splits a bucket's length into about
+//                  attn_splits pieces per kv head of at least attn_min_keys keys (a multiple of
+//                  128): Hkv x splits blocks, of which those past the context do nothing (a
+//                  context just past a bucket's half has half of them). 9b tg128 at depth 4096 /
+//                  32768: 274.8 / 203.9 tok/s with 64 and 256, 285.6 / 240.2 with these, 285.6 /
+//                  226.9 with 1024 and 128 (h200, issue 16) (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
+//   gemv_occ_rows 16384  products of at most this many rows take the x-staged gemv at 4
+//                  blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off), in
+//                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
+//                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
+//                  step was not: h200, issue 16)
+//   gemv_r4_rows 4096  products of C >= 2 columns over matrices of at least this many rows
+//                  take the x-staged gemv with 4 row tiles a block (g_gemv_r4_rows;
+//                  NINFER_GEMV_R4_ROWS=N, 0: never): a K=3 mtp verify on the 9b 5.87 ms with
+//                  16384, 5.61 with 8192, 5.33 with 4096 (6.81 without; h200, issue 13)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
 // attn_prep is always on (the separate kernels measured no faster: ~0.2%) and device sampling
 // always where it applies (13% -> 0.4% of a decode token).
+enum { GPU_ATT_SPLITS = 256, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
 struct GpuTuning {
     bool pdl = true;
     bool fork = true;
     bool fuse_x = true;
     int gdn_chunked_min = 64;
+    int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
+    int gemv_occ_rows = GEMV_OCC_ROWS;
+    int gemv_r4_rows = GEMV_R4_ROWS;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -5791,6 +5837,10 @@ static GpuTuning gpu_tuning_from_env() {
     t.pdl = !off("NINFER_PDL");
     t.fork = !off("NINFER_FORK");
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
+    if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
+    if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
+    if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
+    if (const char* gr = getenv("NINFER_GEMV_R4_ROWS")) t.gemv_r4_rows = atoi(gr) > 0 ? atoi(gr) : INT32_MAX;
     return t;
 }
 
@@ -6013,12 +6063,13 @@ static size_t gpu_gdn_bytes(const Geometry& g, int slots) {
     return (size_t)g.n_gdn * slots * ((size_t)3 * g.conv_dim * 2 + (size_t)g.Hv * g.dk * g.dv * 4);
 }
 
-// attention split plan of a decode bucket: keys per split a multiple of ATT_KEYS, >= 256,
-// about 64 splits for long contexts
+// attention split plan of a decode bucket: keys per split a multiple of ATT_KEYS, at least
+// min_keys, about `target` splits of the bucket's length (GpuTuning::attn_splits, attn_min_keys)
 static int gpu_bucket_of(int len) { int b = 0; while (((int64_t)GPU_BUCKET0 << b) < len) b++; return b; }
-static void gpu_attn_plan(int bucket, int* n_splits, int* split_keys) {
+static void gpu_attn_plan(int bucket, int* n_splits, int* split_keys, int target = GPU_ATT_SPLITS, int min_keys = GPU_ATT_MIN_KEYS) {
     int64_t len = (int64_t)GPU_BUCKET0 << bucket;
-    int64_t sk = std::max<int64_t>(256, CEIL_DIV(CEIL_DIV(len, (int64_t)64), (int64_t)ATT_KEYS) * ATT_KEYS);
+    int64_t sk = std::max<int64_t>(min_keys, CEIL_DIV(len, (int64_t)target));
+    sk = CEIL_DIV(sk, (int64_t)ATT_KEYS) * ATT_KEYS;
     *split_keys = (int)sk;
     *n_splits = (int)CEIL_DIV(len, sk);
 }
@@ -6126,7 +6177,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
     auto work_for = [&](int cap) {
         int b, ns, sk;
-        b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk);
+        b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk, o.tune.attn_splits, o.tune.attn_min_keys);
         e->n_splits_max = ns;
         int tm = e->T_max; e->T_max = std::min(tm, cap);
         size_t w = gpu_work_layout(e, nullptr);
@@ -6298,6 +6349,8 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl);
+    g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
+    g_gemv_r4_rows = o.tune.gemv_r4_rows;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
@@ -6455,7 +6508,7 @@ static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int p
     const Geometry& g = e->m->geo;
     cudaStream_t s = e->stream;
     int n_splits = 0, split_keys = 0;
-    gpu_attn_plan(bucket, &n_splits, &split_keys);
+    gpu_attn_plan(bucket, &n_splits, &split_keys, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
     CHECK(n_splits <= e->n_splits_max, "attention plan of %d splits, scratch for %d", n_splits, e->n_splits_max);
     embed_gather(e->w.token_embedding, P.ids, T, e->ovr, g.H, e->x, g.H, s);
     for (int l = 0; l < g.L; l++) gpu_layer(e, l, T, P, decode, pos0, n_splits, split_keys);
@@ -6806,7 +6859,7 @@ static void gpu_mtp(GpuEngine* e, int T, const StepPtrs& P, bool decode, int pos
     cudaStream_t s = e->stream;
     const int H = g.H;
     int ns = 0, sk = 0;
-    gpu_attn_plan(bucket, &ns, &sk);
+    gpu_attn_plan(bucket, &ns, &sk, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
     CHECK(ns <= e->n_splits_max, "attention plan of %d splits, scratch for %d", ns, e->n_splits_max);
     embed_gather(e->w.token_embedding, P.ids, T, e->ovr, H, e->x, H, s);
     rmsnorm(e->x, H, mt.in, 2 * H, (const bf16_t*)w.embedding_norm.p, H, T, 1, g.eps, false, s);
@@ -7040,6 +7093,30 @@ static double perplexity_gpu(GpuEngine* e, const std::vector<int>& ids, int wind
                               [&](const int* x, int T, float* lg) { gpu_forward(e, x, nullptr, nullptr, T, lg, true); });
 }
 
+// device copy bandwidth, read + written bytes per second (GB/s): copy16_kernel over two buffers
+// of `bytes` (1 GiB, well past the 60 MB l2), the median of 10 timed copies after 2 warm-ups
+static double gpu_copy_bandwidth(GpuEngine* e, size_t bytes = 1ull << 30) {
+    void *a, *b;
+    cudaCheck(cudaMalloc(&a, bytes)); cudaCheck(cudaMalloc(&b, bytes));
+    cudaCheck(cudaMemsetAsync(a, 1, bytes, e->stream));
+    int sms = 0; cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, e->device));
+    cudaEvent_t e0, e1; cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int r = 0; r < 12; r++) {
+        cudaCheck(cudaEventRecord(e0, e->stream));
+        copy16_kernel<<<sms * 8, 512, 0, e->stream>>>((const uint4*)a, (uint4*)b, bytes / 16);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaEventRecord(e1, e->stream));
+        cudaCheck(cudaEventSynchronize(e1));
+        float t; cudaCheck(cudaEventElapsedTime(&t, e0, e1));
+        if (r >= 2) ms.push_back(t);
+    }
+    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
+    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
+    std::sort(ms.begin(), ms.end());
+    return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
 // ---- the vision tower on the device -------------------------------------------------------
 //
 // only when vision is asked for (startup residency, reference-engine.md): the tower's weights
@@ -7230,6 +7307,19 @@ static bool engine_build(Engine* en, const Model* m, bool gpu, const GpuOpts& o,
     if (spec.K) spec_build(&en->sp, m->geo, spec, en->rs.T_max);
     return true;
 }
+// engine_build on the gpu unless `cpu` or there is none (then a notice on stderr from `who`)
+static bool engine_start(Engine* en, const Model* m, bool cpu, const GpuOpts& o, const SpecOpts& spec, const char* who, std::string* err) {
+    bool gpu = !cpu && gpu_count() > 0;
+    // the cpu reference keeps one fp32 kv of exactly --max-context rows: kv formats and pool
+    // sizes are the gpu's, refused rather than ignored
+    if (!gpu && (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity != o.max_context))) {
+        *err = "--kv-capacity is a gpu setting; the cpu reference path holds --max-context rows (give --max-context instead)";
+        return false;
+    }
+    if (!gpu && o.kv != KV_BF16) { *err = "--kv-dtype int8 / fp8 are gpu kv formats; the cpu reference path keeps fp32 kv"; return false; }
+    if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
+    return engine_build(en, m, gpu, o, err, spec);
+}
 static void engine_free(Engine* en) {
     if (en->gpu) gpu_free(en->g);
     else if (en->st.block) { run_free(&en->rs); seq_free(&en->st); }
@@ -7383,18 +7473,9 @@ static bool text_model_open(TextModel* t, const char* path, std::string* err) {
     return true;
 }
 
-// build the engine: on the gpu unless `cpu` or there is none (then a notice on stderr)
+// build the engine (engine_start)
 static bool text_model_start(TextModel* t, bool cpu, const GpuOpts& o, const char* who, std::string* err) {
-    bool gpu = !cpu && gpu_count() > 0;
-    // the cpu reference keeps one fp32 kv of exactly --max-context rows: kv formats and pool
-    // sizes are the gpu's, refused rather than ignored
-    if (!gpu && (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity != o.max_context))) {
-        *err = "--kv-capacity is a gpu setting; the cpu reference path holds --max-context rows (give --max-context instead)";
-        return false;
-    }
-    if (!gpu && o.kv != KV_BF16) { *err = "--kv-dtype int8 / fp8 are gpu kv formats; the cpu reference path keeps fp32 kv"; return false; }
-    if (!cpu && !gpu) fprintf(stderr, "%s: no gpu found: running the cpu reference path\n", who);
-    return engine_build(&t->en, &t->m, gpu, o, err, t->spec);
+    return engine_start(&t->en, &t->m, cpu, o, t->spec, who, err);
 }
 
 static void text_model_close(TextModel* t) {
@@ -7943,6 +8024,7 @@ static void usage(FILE* f) {
         "usage: ninfer MODEL.ninfer (--prompt TEXT | --messages FILE | --raw-prompt TEXT | --prompt-ids IDS) [options]\n"
         "       ninfer MODEL.ninfer (--perplexity FILE | --tokenize | --render | --info)\n"
         "       ninfer-serve MODEL.ninfer [server options]   (ninfer-serve --help lists them)\n"
+        "       ninfer-bench MODEL.ninfer [bench options]    (or ninfer --bench; ninfer-bench --help)\n"
         "\n"
         "input:\n"
         "  --prompt TEXT          one user message, rendered with the model's chat template (its text\n"
@@ -8462,11 +8544,368 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
     return 0;
 }
 
+// ---- ninfer-bench -------------------------------------------------------------------------
+//
+// llama-bench's tests (reference-engine.md 18.7) on either path, through the Engine the cli
+// drives: ppN = an N-token prompt after D tokens of context (-d D), tgN = N decode steps after a
+// D-token prompt (at least one token), ppP+tgG = both, timed together. prompts are random ids of
+// the token domain (a fixed seed), decoding is greedy unless --sample (the cli's defaults), no
+// stop ids, so every test runs its whole length. the depth's prefill is not timed. each test
+// runs --warmup times untimed (graph capture, first touch), then -r times; a row is the mean
+// tok/s of its runs with their standard deviation. GB/s = the bytes the test must move
+// (bench_test_bytes) over its mean time; "copy" = that over a copy bandwidth measured in the
+// same run (read + written bytes of a large buffer: copy16_kernel on the gpu, memcpy across
+// the openmp threads on the cpu). prefill pieces are --prefill-chunk tokens whatever the tests
+// (the depth's prefill too).
+
+struct BenchTest { int p = 0, g = 0, depth = 0; };  // ppP (g = 0), tgG (p = 0), ppP+tgG
+enum { BENCH_TABLE, BENCH_JSON, BENCH_CSV };
+struct BenchArgs {
+    const char* model_path = nullptr;
+    std::vector<int> p = {512}, n = {128}, depth = {0};  // -p, -n, -d (llama-bench's defaults)
+    std::vector<std::pair<int, int>> pg;                 // -pg P,G
+    int reps = 5, warmup = 1;
+    int prefill_chunk = 1024;  // the cli's default: the bench measures what ninfer runs
+    bool cpu = false, sample = false;
+    int output = BENCH_TABLE;
+    GpuOpts gopt;
+    SpecOpts spec;
+    const char* spec_name = nullptr;
+};
+
+static void bench_usage(FILE* f) {
+    fprintf(f,
+        "usage: ninfer-bench MODEL.ninfer [options]   (the same: ninfer --bench MODEL.ninfer [options])\n"
+        "\n"
+        "llama-bench's tests on the gpu, or the cpu reference path: ppN = an N-token prompt, tgN = N\n"
+        "generated tokens, ppP+tgG = both timed together, each after -d tokens of context (random ids,\n"
+        "greedy, no stop ids). a row: tok/s (mean +- standard deviation of -r runs), the bytes the test\n"
+        "must move per second and their fraction of a copy bandwidth measured in the same run.\n"
+        "\n"
+        "  -p LIST                prompt lengths, e.g. 512,4096; 0 = none (512)\n"
+        "  -n LIST                generation lengths, e.g. 128; 0 = none (128)\n"
+        "  -pg P,G                a P-token prompt then G generated tokens; repeatable (none)\n"
+        "  -d LIST                context depth before each test, e.g. 0,4096,32768 (0)\n"
+        "  -r N                   timed runs per test (5)\n"
+        "  --warmup N             untimed runs per test before them (1)\n"
+        "  --prefill-chunk N      prompt tokens per forward call, depth prefill included (1024)\n"
+        "  --sample               sample with ninfer's defaults (temperature 0.6, top-k 20, top-p 0.95,\n"
+        "                         presence 1.0) instead of greedy\n"
+        "  --spec mtp             mtp speculative decoding in the generation tests (the cpu reference\n"
+        "  --draft-tokens K       path only so far), with the draft window K (1..5); rows add the\n"
+        "  --lm-head-draft        acceptance; with --spec, -p and -pg need -d 0\n"
+        "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16)\n"
+        "  --kv-capacity N|auto   kv rows to allocate on the gpu (default: what the tests need)\n"
+        "  --no-cuda-graph        decode eagerly instead of replaying cuda graphs\n"
+        "  --cpu                  the cpu reference path (automatic without a gpu)\n"
+        "  --device N             cuda device (0)\n"
+        "  -o table|json|csv      output format on stdout (table); progress goes to stderr\n"
+        "  -h, --help             this text\n");
+}
+
+// "512,4096" -> values in [lo, hi], else one line naming the flag
+static std::vector<int> bench_list(const char* flag, const char* v, int lo, int hi) {
+    std::vector<int> out;
+    std::string s = v;
+    size_t p = 0;
+    if (s.empty()) die("%s: empty list (give e.g. 512,4096)", flag);
+    while (p <= s.size()) {
+        size_t q = s.find(',', p);
+        if (q == std::string::npos) q = s.size();
+        std::string item = s.substr(p, q - p);
+        if (item.empty()) die("%s: '%s' has an empty item (give e.g. 512,4096)", flag, v);
+        out.push_back((int)parse_int(flag, item.c_str(), lo, hi));
+        p = q + 1;
+    }
+    return out;
+}
+
+static void bench_parse(int argc, char** argv, BenchArgs* b) {
+    bool got_p = false, got_n = false, got_d = false;
+    for (int i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        auto value = [&]() -> const char* { if (i + 1 >= argc) die("%s needs a value", a); return argv[++i]; };
+        auto list = [&](std::vector<int>* dst, bool* got, int lo) {  // repeated flags add to the list
+            std::vector<int> v = bench_list(a, value(), lo, 1 << 24);
+            if (!*got) dst->clear();
+            *got = true;
+            dst->insert(dst->end(), v.begin(), v.end());
+        };
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); exit(0); }
+        else if (!strcmp(a, "-p")) list(&b->p, &got_p, 0);
+        else if (!strcmp(a, "-n")) list(&b->n, &got_n, 0);
+        else if (!strcmp(a, "-d")) list(&b->depth, &got_d, 0);
+        else if (!strcmp(a, "-pg")) {
+            const char* v = value();
+            std::vector<int> x = bench_list(a, v, 1, 1 << 24);
+            if (x.size() != 2) die("-pg: '%s' is not a pair P,G (e.g. 512,128)", v);
+            b->pg.push_back({x[0], x[1]});
+        }
+        else if (!strcmp(a, "-r")) b->reps = (int)parse_int(a, value(), 1, 1000);
+        else if (!strcmp(a, "--warmup")) b->warmup = (int)parse_int(a, value(), 0, 1000);
+        else if (!strcmp(a, "--prefill-chunk")) b->prefill_chunk = (int)parse_int(a, value(), 1, 1 << 24);
+        else if (!strcmp(a, "--sample")) b->sample = true;
+        else if (!strcmp(a, "--cpu")) b->cpu = true;
+        else if (!strcmp(a, "--spec")) {
+            b->spec_name = value();
+            if (strcmp(b->spec_name, "mtp")) die("--spec: '%s' is not supported (ninfer-bench runs mtp)", b->spec_name);
+        }
+        else if (!strcmp(a, "--draft-tokens")) b->spec.K = (int)parse_int(a, value(), 1, SPEC_MAX_K);
+        else if (!strcmp(a, "--lm-head-draft")) b->spec.lm_head_draft = true;
+        else if (!strcmp(a, "-o")) {
+            const char* v = value();
+            if (!strcmp(v, "table")) b->output = BENCH_TABLE;
+            else if (!strcmp(v, "json")) b->output = BENCH_JSON;
+            else if (!strcmp(v, "csv")) b->output = BENCH_CSV;
+            else die("-o: '%s' is not one of table, json, csv", v);
+        }
+        else if (gpu_parse_flag(argc, argv, &i, &b->gopt)) {}
+        else if (a[0] == '-' && a[1] != '\0') { fprintf(stderr, "ninfer-bench: error: unknown option '%s'\n", a); bench_usage(stderr); exit(1); }
+        else if (!b->model_path) b->model_path = a;
+        else die("unexpected argument '%s' (the model path was already given as '%s')", a, b->model_path);
+    }
+    if (!b->model_path) { bench_usage(stderr); exit(1); }
+    if (b->spec_name && !b->spec.K) die("--spec mtp needs --draft-tokens");
+    if (!b->spec_name && b->spec.K) die("--draft-tokens needs --spec");
+    if (!b->spec_name && b->spec.lm_head_draft) die("--lm-head-draft needs --spec");
+    // a prompt after a depth would leave the mtp rows of the depth's last token unmade (they
+    // wait for a sampled token): with --spec only generation tests take a depth
+    if (b->spec.K && (!b->pg.empty() || std::count(b->p.begin(), b->p.end(), 0) < (long)b->p.size()))
+        for (int d : b->depth)
+            if (d > 0) die("-d %d with --spec: -p and -pg tests need -d 0 (give -p 0 to time only generation at depth)", d);
+}
+
+static std::vector<BenchTest> bench_tests(const BenchArgs& b) {
+    std::vector<BenchTest> t;
+    for (int d : b.depth) {
+        for (int p : b.p) if (p > 0) t.push_back({p, 0, d});
+        for (int n : b.n) if (n > 0) t.push_back({0, n, d});
+        for (auto [p, n] : b.pg) t.push_back({p, n, d});
+    }
+    return t;
+}
+
+static std::string bench_name(const BenchTest& t) {
+    std::string s = t.p && t.g ? "pp" + std::to_string(t.p) + "+tg" + std::to_string(t.g) : t.p ? "pp" + std::to_string(t.p) : "tg" + std::to_string(t.g);
+    if (t.depth) s += " @ d" + std::to_string(t.depth);
+    return s;
+}
+
+// what a forward call must read: every resident matrix once (the embedding one row a token,
+// unless it is the head), the deltanet states read and written; kv bytes of one context row
+struct BenchBytes { double weights = 0, state = 0, kv_row = 0; };
+static BenchBytes bench_bytes(const Model& m, bool gpu, int kv) {
+    const Geometry& g = m.geo;
+    BenchBytes b;
+    for (const TensorObject& t : m.art.objects)
+        if (!t.resource && t.name.rfind("text/", 0) == 0 && t.name.rfind("text/draft_head", 0) != 0) b.weights += (double)t.bytes;
+    const TensorObject* emb = artifact_find(&m.art, "text/token_embedding");
+    if (emb && !g.tied) b.weights -= (double)emb->bytes - (double)emb->bytes / g.vocab;
+    b.state = 2.0 * g.n_gdn * ((double)g.Hv * g.dk * g.dv * 4 + 3.0 * g.conv_dim * 2);
+    b.kv_row = gpu ? (double)gpu_kv_bytes_per_row(g, kv) : 2.0 * g.n_full * g.Hkv * g.head_dim * sizeof(float);
+    return b;
+}
+// a test's bytes: each prefill piece reads the matrices once and the kv before its end, and
+// writes its rows; each decode step reads the matrices and the kv of its context
+static double bench_test_bytes(const BenchBytes& b, const BenchTest& t, int chunk) {
+    double bytes = 0;
+    int ctx = t.p ? t.depth : std::max(1, t.depth);
+    for (int i = 0; i < t.p; i += chunk) {
+        const int T = std::min(chunk, t.p - i);
+        bytes += b.weights + b.state + b.kv_row * (ctx + T + T);
+        ctx += T;
+    }
+    for (int i = 0; i < t.g; i++, ctx++) bytes += b.weights + b.state + b.kv_row * (ctx + 1);
+    return bytes;
+}
+
+// read + written bytes per second of memcpy over two 256 MiB buffers split across the openmp
+// threads (the median of 5 after a warm-up): the cpu path's ceiling
+static double cpu_copy_bandwidth() {
+    const size_t n = 256ull << 20, parts = 64;
+    std::vector<char> a(n, 1), b(n, 2);
+    std::vector<double> s;
+    for (int r = 0; r < 6; r++) {
+        double t0 = now_s();
+        #pragma omp parallel for schedule(static)
+        for (size_t k = 0; k < parts; k++) memcpy(b.data() + k * (n / parts), a.data() + k * (n / parts), n / parts);
+        if (r) s.push_back(now_s() - t0);
+    }
+    std::sort(s.begin(), s.end());
+    return 2.0 * n / s[s.size() / 2] / 1e9;
+}
+
+struct BenchRow {
+    BenchTest t;
+    std::vector<double> tps;   // per timed run
+    double mean = 0, sd = 0, ms = 0, gbs = 0, frac = 0;
+    SpecStats spec;            // summed over the timed runs (--spec)
+};
+
+// one run of a test from an empty sequence: its timed seconds (and the round statistics)
+static double bench_once(Engine* en, const BenchTest& t, const std::vector<int>& ids, const SamplerParams& sp, int domain, SpecStats* spec) {
+    engine_reset(en);
+    Sampler smp;
+    sampler_build(&smp, sp, domain);
+    auto none = [](int) {};
+    auto check = [&](const GenStats& s, int want) {
+        CHECK(s.generated == want, "the bench generated %d of %d tokens", s.generated, want);
+        if (s.spec.K) {
+            spec->K = s.spec.K; spec->rounds += s.spec.rounds; spec->drafted += s.spec.drafted; spec->accepted += s.spec.accepted;
+        }
+    };
+    if (!t.p) {  // decode after the depth's prompt; the first pick is from the prompt's logits, then t.g steps
+        std::vector<int> pre(ids.begin(), ids.begin() + std::max(1, t.depth));
+        GenStats s = engine_generate(en, &smp, pre, t.g + 1, {}, nullptr, none);
+        check(s, t.g + 1);
+        return s.decode_s;
+    }
+    if (t.depth) engine_generate(en, &smp, std::vector<int>(ids.begin(), ids.begin() + t.depth), 0, {}, nullptr, none);
+    std::vector<int> prompt(ids.begin() + t.depth, ids.begin() + t.depth + t.p);
+    GenStats s = engine_generate(en, &smp, prompt, t.g ? t.g + 1 : 0, {}, nullptr, none);
+    if (t.g) check(s, t.g + 1);
+    return s.prefill_s + (t.g ? s.decode_s : 0);
+}
+
+// csv fields are quoted when they hold a comma, a quote or a line break
+static std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+    std::string o = "\"";
+    for (char c : s) { if (c == '"') o += '"'; o += c; }
+    return o + "\"";
+}
+
+static int bench_main(int argc, char** argv) {
+    BenchArgs b;
+    bench_parse(argc, argv, &b);
+    const std::vector<BenchTest> tests = bench_tests(b);
+    if (tests.empty()) die("no tests: -p, -n and -pg leave nothing to run");
+    Model m;
+    std::string err;
+    if (!model_open(&m, b.model_path, &err)) die("%s", err.c_str());
+    FrontendIds fr;
+    if (!frontend_ids(&m, &fr, &err)) die("%s", err.c_str());
+    // the sequence holds the largest test (and a verification window)
+    int need = 1;
+    for (const BenchTest& t : tests) need = std::max(need, std::max(t.p ? t.depth : 1, t.depth) + t.p + t.g + 1 + b.spec.K + 1);
+    b.gopt.max_context = need;
+    b.gopt.prefill_chunk = std::min(b.prefill_chunk, need);
+    b.gopt.tune = gpu_tuning_from_env();
+    b.gopt.quiet = true;
+    Engine en;
+    double t0 = now_s();
+    if (!engine_start(&en, &m, b.cpu, b.gopt, b.spec, "ninfer-bench", &err)) die("%s", err.c_str());
+    std::string device;
+    double bw;
+    int threads = 1;
+    if (en.gpu) {
+        cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, en.g->device));
+        device = prop.name;
+        bw = gpu_copy_bandwidth(en.g);
+    } else {
+        #ifdef _OPENMP
+        threads = omp_get_max_threads();
+        #endif
+        device = "cpu, " + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "");
+        bw = cpu_copy_bandwidth();
+    }
+    const BenchBytes bb = bench_bytes(m, en.gpu, b.gopt.kv);
+    const char* kv = en.gpu ? kv_dtype_name(b.gopt.kv) : "f32";
+    const int chunk = en.gpu ? en.g->T_max : en.rs.T_max;  // prompt tokens per forward call, as the engine runs them
+    fprintf(stderr, "ninfer-bench: %s on %s (%s), engine built in %.2f s; copy bandwidth %.1f GB/s (read + write); "
+            "a decode token reads %.4f GB (+ %.1f KB kv per context row); kv %s, prefill chunk %d, graphs %s%s\n",
+            m.art.model_id.c_str(), en.gpu ? "the gpu" : "the cpu reference path", device.c_str(), now_s() - t0, bw,
+            (bb.weights + bb.state) / 1e9, bb.kv_row / 1e3, kv, chunk, en.gpu && b.gopt.graphs ? "on" : "off",
+            b.spec.K ? (", mtp K=" + std::to_string(b.spec.K) + (b.spec.lm_head_draft ? " (draft head)" : "")).c_str() : "");
+    std::vector<int> ids(need);
+    std::mt19937_64 rng(1);
+    for (int& id : ids) id = (int)(rng() % fr.domain);
+    SamplerParams sp;
+    if (!b.sample) sp.temperature = 0;
+
+    const std::string backend = en.gpu ? "gpu" : "cpu";
+    const bool spec = b.spec.K > 0;
+    auto row_json = [&](const BenchRow& r) {
+        std::string s = "{\"model\":";
+        json_escape(&s, m.art.model_id);
+        s += ",\"backend\":\"" + backend + "\",\"device\":";
+        json_escape(&s, device);
+        char buf[512];
+        snprintf(buf, sizeof buf, ",\"kv\":\"%s\",\"graphs\":%s,\"prefill_chunk\":%d,\"sampling\":\"%s\",\"spec\":", kv,
+                 en.gpu && b.gopt.graphs ? "true" : "false", chunk, b.sample ? "default" : "greedy");
+        s += buf;
+        if (spec) { snprintf(buf, sizeof buf, "{\"method\":\"mtp\",\"draft_tokens\":%d,\"lm_head_draft\":%s}", b.spec.K, b.spec.lm_head_draft ? "true" : "false"); s += buf; }
+        else s += "null";
+        s += ",\"test\":";
+        json_escape(&s, bench_name(r.t));
+        snprintf(buf, sizeof buf, ",\"n_prompt\":%d,\"n_gen\":%d,\"n_depth\":%d,\"reps\":%d,\"warmup\":%d,\"avg_ts\":%.3f,\"stddev_ts\":%.3f,\"avg_ms\":%.4f,"
+                 "\"gbs\":%.4f,\"copy_gbs\":%.2f,\"copy_fraction\":%.6f,\"samples_ts\":[", r.t.p, r.t.g, r.t.depth, b.reps, b.warmup, r.mean, r.sd, r.ms, r.gbs, bw, r.frac);
+        s += buf;
+        for (size_t i = 0; i < r.tps.size(); i++) { snprintf(buf, sizeof buf, "%s%.3f", i ? "," : "", r.tps[i]); s += buf; }
+        s += "]";
+        if (spec && r.t.g) {
+            snprintf(buf, sizeof buf, ",\"rounds\":%ld,\"drafted\":%ld,\"accepted\":%ld,\"acceptance\":%.5f", r.spec.rounds, r.spec.drafted, r.spec.accepted,
+                     r.spec.drafted ? (double)r.spec.accepted / r.spec.drafted : 0.0);
+            s += buf;
+        }
+        return s + "}";
+    };
+    if (b.output == BENCH_TABLE) {
+        printf("| model | backend | kv | test | t/s | ms | GB/s | copy |%s\n", spec ? " accept |" : "");
+        printf("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |%s\n", spec ? " ---: |" : "");
+    } else if (b.output == BENCH_CSV) {
+        printf("model,backend,device,kv,graphs,prefill_chunk,sampling,spec_draft_tokens,test,n_prompt,n_gen,n_depth,reps,avg_ts,stddev_ts,avg_ms,gbs,copy_gbs,copy_fraction,acceptance\n");
+    } else printf("[");
+    for (size_t k = 0; k < tests.size(); k++) {
+        const BenchTest& t = tests[k];
+        BenchRow r;
+        r.t = t;
+        SpecStats ignored;
+        for (int w = 0; w < b.warmup; w++) bench_once(&en, t, ids, sp, fr.domain, &ignored);
+        double sum_s = 0;
+        for (int i = 0; i < b.reps; i++) {
+            const double s = bench_once(&en, t, ids, sp, fr.domain, &r.spec);
+            sum_s += s;
+            r.tps.push_back((t.p + t.g) / std::max(s, 1e-12));
+        }
+        for (double x : r.tps) r.mean += x / r.tps.size();
+        for (double x : r.tps) r.sd += (x - r.mean) * (x - r.mean);
+        r.sd = r.tps.size() > 1 ? sqrt(r.sd / (r.tps.size() - 1)) : 0.0;
+        r.ms = 1e3 * sum_s / b.reps;
+        r.gbs = bench_test_bytes(bb, t, chunk) / (sum_s / b.reps) / 1e9;
+        r.frac = r.gbs / bw;
+        const double acc = r.spec.drafted ? (double)r.spec.accepted / r.spec.drafted : 0.0;
+        if (b.output == BENCH_TABLE) {
+            printf("| %s | %s | %s | %s | %.2f ± %.2f | %.2f | %.1f | %.1f%% |", m.art.model_id.c_str(), backend.c_str(), kv, bench_name(t).c_str(), r.mean, r.sd,
+                   r.ms, r.gbs, 100.0 * r.frac);
+            if (spec) printf(t.g ? " %.3f |" : " - |", acc);
+            printf("\n");
+        } else if (b.output == BENCH_CSV) {
+            printf("%s,%s,%s,%s,%d,%d,%s,%d,%s,%d,%d,%d,%d,%.3f,%.3f,%.4f,%.4f,%.2f,%.6f,%s\n", csv_field(m.art.model_id).c_str(), backend.c_str(),
+                   csv_field(device).c_str(), kv, en.gpu && b.gopt.graphs ? 1 : 0, chunk, b.sample ? "default" : "greedy", b.spec.K,
+                   csv_field(bench_name(t)).c_str(), t.p, t.g, t.depth, b.reps, r.mean, r.sd, r.ms, r.gbs, bw, r.frac,
+                   spec && t.g ? std::to_string(acc).c_str() : "");
+        } else printf("%s\n  %s", k ? "," : "", row_json(r).c_str());
+        fflush(stdout);
+    }
+    if (b.output == BENCH_JSON) printf("\n]\n");
+    engine_free(&en);
+    model_close(&m);
+    return 0;
+}
+
 int main(int argc, char** argv) {
-    // the server is the same binary under another name
+    // the server and the bench are the same binary under other names (or ninfer --bench)
     const char* base = strrchr(argv[0], '/');
     base = base ? base + 1 : argv[0];
     if (!strcmp(base, "ninfer-serve")) return serve_main(argc, argv, ServeBackend{served_supports, served_load});
+    if (!strcmp(base, "ninfer-bench")) return bench_main(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--bench")) {
+            std::vector<char*> rest(argv, argv + argc);
+            rest.erase(rest.begin() + i);
+            return bench_main(argc - 1, rest.data());
+        }
 
     CliArgs c;
     cli_parse(argc, argv, &c);

@@ -1,160 +1,50 @@
-// bench_gpu: prefill and decode speed of the gpu path, llama-bench style (reference-engine.md
-// 18.7: ppN = a prompt of N tokens from an empty context, tgN = N greedy decode tokens), timed
-// with cuda events, and the fraction of the memory roofline for decode: bytes one decode token
-// must read (every resident weight matrix once, the deltanet states read and written, the kv
-// rows at the mean context) / copy bandwidth measured here, in the same run, by a 16-byte
-// copy kernel over 2 x 1 GiB (bytes read + written).
+// bench_gpu: where a decode step's time goes on the gpu path, which ninfer-bench (the product's
+// benchmark: pp / tg / pp+tg rows with tok/s, GB/s and the copy fraction) does not show: the
+// bucket-0 step graph replayed back to back (device time, no host round trip), a graph of only
+// the step's matrix products (the same gemv calls, fused norms and swiglu as the step makes
+// them), and each kind of small kernel alone in a graph as many times as a step runs it.
 //
-//   build/test/bench_gpu MODEL [--bench pp512,pp4096,tg128,tg128@4096] [--reps N] [--sample]
-//                        [--prefill-chunk N] [--kv-dtype bf16|int8|fp8] [--no-cuda-graph] [--device N]
+//   build/test/bench_gpu MODEL [--kv-dtype bf16|int8|fp8] [--no-cuda-graph] [--device N]
 //
-// --sample: tgN samples with the cli's defaults (temperature 0.6, top_k 20, top_p 0.95,
-// presence 1.0) instead of greedy, each token counted for the penalties as generate_gpu does;
-// on the device (sample_gpu). the launch knobs come from the environment as for the cli
-// (GpuTuning: NINFER_PDL=0, NINFER_FORK=0, NINFER_GDN_CHUNKED=N).
-//
-// decode steps are timed as the cli runs them (generate_gpu): stage the step's inputs, replay
-// the bucket's graph, pick on the device, the id to the host (one step ahead of the host). the first
-// run of each test is a warm-up (graph capture, first-touch), then the median of --reps runs.
+// the launch knobs come from the environment as for the cli (GpuTuning: NINFER_PDL=0,
+// NINFER_FORK=0, NINFER_GEMV_OCC_ROWS=N, NINFER_ATT_SPLITS=N, ...).
 #define NINFER_TESTING
 #include "../ninfer.cu"
 #include "test_util.h"
 #include <random>
 #include <functional>
 
-static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
-
-static float copy_bandwidth_gbs(cudaStream_t s) {
-    const size_t n = 1ull << 30;
-    void *a, *b;
-    cudaCheck(cudaMalloc(&a, n)); cudaCheck(cudaMalloc(&b, n));
-    cudaCheck(cudaMemsetAsync(a, 1, n, s));
-    int sms = 0; cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    cudaEvent_t e0, e1; cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int r = 0; r < 12; r++) {
-        cudaCheck(cudaEventRecord(e0, s));
-        copy16_kernel<<<sms * 8, 512, 0, s>>>((const uint4*)a, (uint4*)b, n / 16);
-        cudaCheck(cudaEventRecord(e1, s));
-        cudaCheck(cudaEventSynchronize(e1));
-        float t; cudaCheck(cudaEventElapsedTime(&t, e0, e1));
-        if (r >= 2) ms.push_back(t);
-    }
-    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
-    return (float)(2.0 * n / (median(ms) * 1e-3) / 1e9);
-}
-
 int main(int argc, char** argv) {
     const char* path = nullptr;
-    std::string spec = "pp512,pp4096,tg128";
-    int reps = 3, chunk = 0;
-    bool sampled = false;
     GpuOpts o;
     o.tune = gpu_tuning_from_env();  // NINFER_PDL=0 etc., as the cli reads them
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (gpu_parse_flag(argc, argv, &i, &o)) continue;
-        if (!strcmp(a, "--bench") && i + 1 < argc) spec = argv[++i];
-        else if (!strcmp(a, "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(a, "--prefill-chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
-        else if (!strcmp(a, "--sample")) sampled = true;
-        else if (a[0] != '-' && !path) path = a;
-        else { fprintf(stderr, "usage: bench_gpu MODEL [--bench pp512,pp4096,tg128] [--reps N] [--sample] [--prefill-chunk N] [--kv-dtype T] [--no-cuda-graph]\n"); return 1; }
+        if (a[0] != '-' && !path) path = a;
+        else { fprintf(stderr, "usage: bench_gpu MODEL [--kv-dtype T] [--no-cuda-graph] [--device N]\n"); return 1; }
     }
     if (!path) { fprintf(stderr, "bench_gpu: give a model\n"); return 1; }
     if (gpu_count() == 0) { fprintf(stderr, "bench_gpu: no gpu\n"); return 1; }
-    struct Test { bool pp; int n, depth; std::string name; };
-    std::vector<Test> tests;
-    int max_pp = 1, need_ctx = 1;
-    for (size_t p = 0; p < spec.size();) {
-        size_t q = spec.find(',', p); if (q == std::string::npos) q = spec.size();
-        std::string t = spec.substr(p, q - p);
-        Test x; x.name = t; x.depth = 0;
-        x.pp = t.rfind("pp", 0) == 0;
-        if (!x.pp && t.rfind("tg", 0) != 0) { fprintf(stderr, "bench_gpu: bad test '%s'\n", t.c_str()); return 1; }
-        x.n = atoi(t.c_str() + 2);
-        size_t at = t.find('@'); if (at != std::string::npos) x.depth = atoi(t.c_str() + at + 1);
-        if (x.n <= 0) { fprintf(stderr, "bench_gpu: bad test '%s'\n", t.c_str()); return 1; }
-        if (x.pp) max_pp = std::max(max_pp, x.n);
-        need_ctx = std::max(need_ctx, x.depth + x.n + 1);
-        tests.push_back(x);
-        p = q + 1;
-    }
     Model m; std::string err;
     if (!model_open(&m, path, &err)) { fprintf(stderr, "bench_gpu: %s\n", err.c_str()); return 1; }
-    o.max_context = std::max(need_ctx, 64) + 64;
-    o.prefill_chunk = chunk > 0 ? chunk : max_pp;
-    double t0 = now_s();
+    o.max_context = 256;
+    o.prefill_chunk = 64;
+    o.quiet = true;
     GpuEngine* e = gpu_build(&m, o, &err);
     if (!e) { fprintf(stderr, "bench_gpu: %s\n", err.c_str()); return 1; }
-    fprintf(stderr, "bench_gpu: engine built in %.2f s (capacity %d, prefill chunk %d, kv %s, graphs %s)\n", now_s() - t0, e->capacity,
-            e->T_max, kv_dtype_name(o.kv), o.graphs ? "on" : "off");
-    printf("config     kv %s, graphs %s, pdl %s, fork %s, gdn chunked from %d tokens, prefill chunk %d\n", kv_dtype_name(o.kv),
-           o.graphs ? "on" : "off", g_launch_pdl ? "on" : "off", o.tune.fork ? "on" : "off", o.tune.gdn_chunked_min, e->T_max);
+    printf("config     kv %s, graphs %s, pdl %s, fork %s, gemv occupancy rows %d\n", kv_dtype_name(o.kv), o.graphs ? "on" : "off",
+           g_launch_pdl ? "on" : "off", o.tune.fork ? "on" : "off", g_gemv_occ_rows);
     const Geometry& g = m.geo;
-    cudaDeviceProp prop; cudaCheck(cudaGetDeviceProperties(&prop, e->device));
-    const float bw = copy_bandwidth_gbs(e->stream);
-
-    // bytes a decode token reads: resident weights (the embedding: one row, unless it is also
-    // the head), deltanet states read + written, kv rows (added per test at its mean context)
-    double wbytes = 0;
-    const TensorObject* emb = artifact_find(&m.art, "text/token_embedding");
-    for (const auto& s : e->spans) wbytes += s.bytes;
-    if (!g.tied) wbytes -= emb->bytes - (double)emb->bytes / g.vocab;
-    const double gdn_bytes = 2.0 * g.n_gdn * ((double)g.Hv * g.dk * g.dv * 4 + 3.0 * g.conv_dim * 2);
-    const double kv_per_row = (double)gpu_kv_bytes_per_row(g, o.kv);
-
+    const double bw = gpu_copy_bandwidth(e);
+    printf("model      %s (%s); copy bandwidth %.0f GB/s\n", m.art.model_id.c_str(), path, bw);
     cudaEvent_t e0, e1; cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
     std::mt19937_64 rng(1);
-    std::vector<int> ids(std::max(need_ctx, 2));
+    std::vector<int> ids(64);
     for (int& id : ids) id = (int)(rng() % e->domain);
-    Sampler smp; SamplerParams sp;  // --sample: the defaults
-    if (!sampled) sp.temperature = 0;
+    Sampler smp; SamplerParams sp;
+    sp.temperature = 0;
     sampler_build(&smp, sp, e->domain);
-    printf("decoding   %s\n", !sampled ? "greedy (argmax on the device)" : "sampled on the device (sample_gpu)");
-    printf("model      %s (%s)\n", m.art.model_id.c_str(), path);
-    printf("device     %s, %d SMs; copy bandwidth %.0f GB/s (read + write, 2 x 1 GiB)\n", prop.name, prop.multiProcessorCount, bw);
-    printf("resident   %.3f GB weights; decode reads %.3f GB weights + %.1f MB deltanet state per token (+ %.1f KB kv per context token)\n",
-           e->arena_bytes / 1e9, wbytes / 1e9, gdn_bytes / 1e6, kv_per_row / 1e3);
-    printf("%-14s %10s %12s %10s\n", "test", "ms", "tok/s", "roofline");
-    for (const Test& t : tests) {
-        std::vector<float> ms;
-        for (int r = 0; r <= reps; r++) {
-            gpu_reset(e);
-            float el = 0;
-            if (t.pp) {
-                cudaCheck(cudaEventRecord(e0, e->stream));
-                for (int i = 0; i < t.n; i += e->T_max) gpu_forward(e, ids.data() + i, nullptr, nullptr, std::min(e->T_max, t.n - i), nullptr, false);
-                cudaCheck(cudaEventRecord(e1, e->stream));
-                cudaCheck(cudaEventSynchronize(e1));
-            } else {
-                int pre = std::max(1, t.depth);
-                for (int i = 0; i < pre; i += e->T_max) gpu_forward(e, ids.data() + i, nullptr, nullptr, std::min(e->T_max, pre - i), nullptr, false);
-                sampler_build(&smp, sp, e->domain);  // fresh counts each run
-                cudaCheck(cudaStreamSynchronize(e->stream));
-                // the cli's loop (generate_gpu, continuing the sequence: an empty prompt): the
-                // pick from the prefill's logits, then t.n decode steps and their picks
-                cudaCheck(cudaEventRecord(e0, e->stream));
-                GenStats gs = generate_gpu(e, &smp, {}, t.n + 1, {}, nullptr, [](int) {});
-                cudaCheck(cudaEventRecord(e1, e->stream));
-                cudaCheck(cudaEventSynchronize(e1));
-                CHECK(gs.generated == t.n + 1, "decode stopped after %d tokens", gs.generated);
-            }
-            cudaCheck(cudaEventElapsedTime(&el, e0, e1));
-            if (r > 0) ms.push_back(el);
-        }
-        float med = median(ms);
-        double tps = t.n / (med * 1e-3);
-        if (t.pp) {
-            printf("%-14s %10.2f %12.1f %10s\n", t.name.c_str(), med, tps, "-");
-        } else {
-            double ctx = std::max(1, t.depth) + t.n / 2.0;
-            double bytes = wbytes + gdn_bytes + kv_per_row * ctx;
-            printf("%-14s %10.2f %12.1f %9.1f%%   (%.3f GB/token: %.0f GB/s)\n", t.name.c_str(), med, tps, 100.0 * bytes * tps / 1e9 / bw, bytes / 1e9,
-                   bytes * tps / 1e9);
-        }
-        fflush(stdout);
-    }
     // decode breakdown (bucket 0): the step graph replayed back to back (device time, no host
     // round trip), and a graph of only the step's matrix products (the same gemv calls)
     {

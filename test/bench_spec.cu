@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     Model m; std::string err;
     if (!model_open(&m, path, &err)) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
     GpuOpts o; o.max_context = 2 * ctx + 512; o.prefill_chunk = 512; o.quiet = false; o.gdn_slots = K + 3;  // + 2 for the column check
+    o.tune = gpu_tuning_from_env();  // the NINFER_* measurement knobs
     Engine en;
     if (!engine_build(&en, &m, true, o, &err, SpecOpts{K, lmh})) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
     GpuEngine* e = en.g;

@@ -607,6 +607,56 @@ TEST(GpuGeneration, GraphMatchesEager) {
     model_close(&m);
 }
 
+// the decode attention's split plan (GpuTuning::attn_splits / attn_min_keys) only moves split
+// boundaries: every plan covers each bucket's length with whole 128-key tiles (no gpu needed)
+TEST(GpuAttnPlan, CoversEveryBucket) {
+    for (int b = 0; b <= gpu_bucket_of(INT32_MAX / 2); b++)  // the largest capacity an engine takes
+        for (int target : {1, 64, 256, 1024, 4096})
+            for (int min_keys : {1, 128, 256, 1000}) {
+                int ns = 0, sk = 0;
+                gpu_attn_plan(b, &ns, &sk, target, min_keys);
+                const int64_t len = (int64_t)GPU_BUCKET0 << b;
+                EXPECT_EQ(sk % ATT_KEYS, 0);
+                EXPECT_GE(sk, min_keys);
+                EXPECT_GE((int64_t)ns * sk, len);
+                EXPECT_LT((int64_t)(ns - 1) * sk, len) << "bucket " << b << " target " << target;
+            }
+}
+
+// two split plans (the default, and the old 256-key splits over about 64 pieces) give the same decode
+// logits up to fp32 reassociation in the split merge (and the bf16 roundings of the attention
+// output it can flip): kjv, teacher-forced over 700 decode steps through two bucket boundaries
+TEST(GpuGeneration, AttentionSplitPlansAgreeKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP() << path << " missing";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    GpuOpts o; o.max_context = 1200; o.prefill_chunk = 512; o.quiet = true;
+    GpuOpts o2 = o; o2.tune.attn_splits = 64; o2.tune.attn_min_keys = 256;
+    GpuEngine* a = gpu_build(&m, o, &err);
+    ASSERT_TRUE(a) << err;
+    GpuEngine* b = gpu_build(&m, o2, &err);
+    ASSERT_TRUE(b) << err;
+    EXPECT_NE(b->n_splits_max, a->n_splits_max);
+    std::vector<int> ids = random_ids(1100, a->domain, 41);
+    for (GpuEngine* e : {a, b}) gpu_forward(e, ids.data(), nullptr, nullptr, 400, nullptr, false);
+    double worst = 0;
+    for (int t = 400; t < 1100; t++) {
+        gpu_decode(a, ids[t]); gpu_decode(b, ids[t]);
+        if (t % 50 != 49) continue;
+        std::vector<float> ra = device_row(a), rb = device_row(b);
+        double mx = 0, md = 0;
+        for (size_t i = 0; i < ra.size(); i++) { mx = std::max(mx, (double)fabsf(ra[i])); md = std::max(md, (double)fabsf(ra[i] - rb[i])); }
+        ASSERT_TRUE(std::isfinite(md) && mx > 0) << "position " << t;
+        worst = std::max(worst, md / mx);
+        EXPECT_LE(md, 5e-3 * mx) << "position " << t;  // the kjv bound of the gpu-vs-cpu tests (GreedyMatchesCpuKjv)
+    }
+    fprintf(stderr, "  split plans %d vs %d splits: worst max|diff| / max|logit| %.2e\n", a->n_splits_max, b->n_splits_max, worst);
+    gpu_free(a); gpu_free(b);
+    model_close(&m);
+}
+
 // int8 and fp8 kv caches against the bf16 cache: a 200-token prompt (prefill reads the cache
 // through flash attention), then 16 decode steps teacher-forced with the same tokens
 TEST(GpuGeneration, QuantizedKvWithinTolerance) {

@@ -262,7 +262,7 @@ TEST(Gemv, FusedXTransforms) {
         {FMT_Q6, 300, 256, 5, false, false, GEMV_X_RMS, "q6 300x256 c5 + norm"},
     };
     for (const Case& tc : cases)
-        for (int variant : {8, 9, 10}) {
+        for (int variant : {8, 9, 13, 14}) {
             SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
             HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
             Rng r = rng();
@@ -1693,17 +1693,21 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
     Dev dx(8 * 12288 * 2), dy(8 * 248320 * 4);
     bench_fill(dx.p, dx.n, 9);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
-    for (int v = -1; v < GEMV_VARIANTS; v++)
-        for (int C : {1, 4}) {
-            if (v >= 0 && C > 1) continue;
-            double ms = time_graph_ms([&](cudaStream_t s, int) {
-                for (size_t i = 0; i < seq.size(); i++)
-                    gemv_variant(v, mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
-            }, 1, 11);
-            double gbs = total / (ms * 1e-3) / 1e9;
-            BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, variant %d, C=%d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s (x%d cols)\n",
-                        seq.size(), total / 1e9, v, C, ms, gbs, 100 * gbs / bw, 1000.0 / ms, C);
-        }
+    // variant -1 is gemv()'s pick, with GEMV_XS_8X3_4 for matrices of at most `wide` rows
+    for (int wide : {0, 8192, 16384})
+        for (int v = -1; v < GEMV_VARIANTS; v++)
+            for (int C : {1, 4}) {
+                if ((v >= 0 && C > 1) || (v >= 0 && wide)) continue;
+                g_gemv_occ_rows = wide;
+                double ms = time_graph_ms([&](cudaStream_t s, int) {
+                    for (size_t i = 0; i < seq.size(); i++)
+                        gemv_variant(v, mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
+                }, 1, 11);
+                g_gemv_occ_rows = GEMV_OCC_ROWS;
+                double gbs = total / (ms * 1e-3) / 1e9;
+                BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, variant %d (wide rows %d), C=%d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s (x%d cols)\n",
+                            seq.size(), total / 1e9, v, wide, C, ms, gbs, 100 * gbs / bw, 1000.0 / ms, C);
+            }
 }
 
 // the other decode kernels at 9b sizes (C = 1): time per call and achieved bandwidth
