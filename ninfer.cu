@@ -35,15 +35,18 @@
 //                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
-//                            7.7 argmax, 7.8 sampling on the device (and mask_logits),
-//                            7.9 shared-memory matrix helpers, 7.10 gemm + linear, 7.11
-//                            deltanet prefill (recurrent),
+//                            7.7 argmax, 7.8 sampling on the device (mask_logits, and one
+//                            speculative verification column: sample_spec_kernel), 7.9
+//                            shared-memory matrix helpers, 7.10 gemm + linear, 7.11 deltanet
+//                            prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
-//                            per-frame attention, epilogues, products over the padded k)
+//                            per-frame attention, epilogues, products over the padded k),
+//                            7.15 the mtp round's bookkeeping (accept, commit, drafts)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
-//                            state, the forward pass, cuda graph decode, generate_gpu /
-//                            perplexity_gpu, the copy bandwidth; the vision tower on the device
+//                            state, the forward pass, cuda graph decode, generate_gpu, the mtp
+//                            round (gpu_mtp, generate_spec_gpu), perplexity_gpu, the copy
+//                            bandwidth; the vision tower on the device
 //                            (GpuVision: its own weight arena and workspace, only when asked;
 //                            mm_prepare_gpu)
 //   9. engine                one sequence on either path (cpu reference or gpu), engine_start
@@ -4384,6 +4387,101 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs 
     sample_walk(a, top, w, k, 1, walk);
 }
 
+// speculative sampling of one verification column (section 5's sample_spec; the bonus column:
+// sample() with RNG_SPEC_BONUS) on the top-k path: stage 2 as sample_draw_kernel, then one
+// thread does sample_spec's arithmetic over the sorted candidates, operation for operation (the
+// kept set and its mass as sample_walk with one segment, the draft's weight and the others' in
+// draw order, the accept test, the residual draw skipping the draft). columns run in order,
+// each after its own stage 1; the column that ends the round (a rejection, or the bonus) sets
+// *done and the later ones do nothing. the picked token is counted for the next columns'
+// penalties (the host counts it too: the device and host counts stay equal).
+// an mtp round's result block (generate_spec_gpu): [c][tokens of columns 0..c][the next
+// round's drafts 1..K]
+enum { SPEC_COLS = SPEC_MAX_K + 1, SPEC_BLK_RES = 0, SPEC_BLK_TOK = 1, SPEC_BLK_DRAFT = 1 + SPEC_COLS, SPEC_BLK_INTS = 1 + SPEC_COLS + SPEC_MAX_K };
+struct SpecDraw {
+    const int* ids;    // the verify's ids: column c's draft is ids[c + 1]
+    const int* kvpos;  // the verify's kv rows: column c's token is at index kvpos[0] + c + 1
+    int c, last;       // the column; the last (bonus) column
+    int* res;          // the round's result block (SPEC_BLK_*): the column count and tokens
+    int* done;         // the round ended at an earlier column
+    int* counts;       // [n] the penalties' counts
+};
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_spec_kernel(SampleArgs a, SpecDraw sd) {
+    pdl_entry();
+    __shared__ uint64_t top[SAMPLE_KMAX];
+    __shared__ float w[SAMPLE_KMAX];
+    __shared__ SampleSelect sel;
+    __shared__ int cnt;
+    if (*sd.done) return;
+    const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    const uint64_t T = sample_block_select([&](int i) { return a.cand[i]; }, m, k, sel);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        uint64_t key = a.cand[i];
+        if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
+    }
+    int P = 1;
+    while (P < k) P <<= 1;
+    for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
+    __syncthreads();
+    sample_block_sort(top, P);
+    if (!a.greedy) {
+        const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
+        for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
+    }
+    __syncthreads();
+    if (threadIdx.x) return;
+    const int c = sd.c, d = c < sd.last ? sd.ids[c + 1] : -1;
+    const uint64_t position = (uint64_t)sd.kvpos[0] + c + 1;
+    int tok = sample_key_id(top[0]);
+    bool acc = false;
+    if (a.greedy) {
+        acc = tok == d;
+    } else {
+        float total = 0.0f; int above = 0;
+        for (int i = 0; i < k; i++) { total = SMP_FADD(total, w[i]); above += w[i] >= a.min_p; }
+        int keep = a.min_p > 0.0f ? max(above, 1) : k;
+        if (a.top_p < 1.0f) {
+            const float thr = SMP_FMUL(a.top_p, total);
+            float cum = 0.0f; int kp = k;
+            for (int i = 0; i < k; i++) { cum = SMP_FADD(cum, w[i]); if (cum >= thr) { kp = i + 1; break; } }
+            keep = min(keep, kp);
+        }
+        float mass = 0.0f;
+        for (int i = 0; i < keep; i++) mass = SMP_FADD(mass, w[i]);
+        int skip = -1, purpose = RNG_SPEC_BONUS;
+        float dm = mass;  // the mass the draw walks
+        if (d >= 0) {
+            float wd = 0.0f, rest = 0.0f;
+            for (int i = 0; i < keep; i++) {
+                if (sample_key_id(top[i]) == d) wd = w[i];
+                else rest = SMP_FADD(rest, w[i]);
+            }
+            acc = wd > 0.0f && (rest == 0.0f || SMP_FMUL(rng_uniform(a.seed, position, RNG_SPEC_ACCEPT), mass) < wd);
+            skip = d; purpose = RNG_SPEC_CORRECTION; dm = rest;
+        }
+        if (acc) {
+            tok = d;
+        } else {  // sampler_draw: the first candidate whose running weight passes u, skipping the draft
+            float u = SMP_FMUL(rng_uniform(a.seed, position, purpose), dm);
+            int lastid = -1;
+            for (int i = 0; i < keep; i++) {
+                const int id = sample_key_id(top[i]);
+                if (id == skip) continue;
+                if (w[i] > 0.0f || lastid < 0) lastid = id;  // the rounding edge: the last of nonzero weight
+                u = SMP_FSUB(u, w[i]);
+                if (u < 0.0f) break;
+            }
+            tok = lastid;
+        }
+    }
+    sd.res[SPEC_BLK_RES] = c;
+    sd.res[SPEC_BLK_TOK + c] = tok;
+    if (!acc || c == sd.last) *sd.done = 1;
+    if (sd.counts && tok >= 0 && tok < a.n) sd.counts[tok]++;
+}
+
 // the sort path: every key (pad entries 0, which sort last)
 __global__ void sample_keys_kernel(SampleArgs a, int npad) {
     pdl_entry();
@@ -4502,7 +4600,7 @@ static void mask_logits(float* logits, const uint32_t* mask, int n, cudaStream_t
 // sample(smp, logits, position, purpose) on the device, with the counts and bias table of
 // the last sample_upload and the sampler parameters p: the picked id to s.out[0]. logits:
 // a device row whose first s.n entries are the domain's.
-static void sample_gpu(const float* logits, const SamplerParams& p, const SampleScratch& s, uint64_t position, int purpose, cudaStream_t stream) {
+static SampleArgs sample_args(const float* logits, const SamplerParams& p, const SampleScratch& s, uint64_t position, int purpose) {
     CHECK(s.n_bias >= 0, "logit_bias table over %d entries: sample on the host", (int)SAMPLE_MAX_BIAS);
     SampleArgs a = {};
     a.logits = logits; a.n = s.n;
@@ -4516,6 +4614,10 @@ static void sample_gpu(const float* logits, const SamplerParams& p, const Sample
     a.top_p = p.top_p; a.min_p = p.min_p;
     a.seed = p.seed; a.position = position; a.purpose = purpose;
     a.cand = s.cand; a.keys = s.keys; a.w = s.w; a.out = s.out;
+    return a;
+}
+static void sample_gpu(const float* logits, const SamplerParams& p, const SampleScratch& s, uint64_t position, int purpose, cudaStream_t stream) {
+    const SampleArgs a = sample_args(logits, p, s, position, purpose);
     if (a.k <= SAMPLE_KMAX) {
         launch_k(sample_topk_kernel, CEIL_DIV(s.n, SAMPLE_CHUNK), SAMPLE_THREADS, 0, stream, a);
         cudaCheck(cudaGetLastError());
@@ -4532,6 +4634,20 @@ static void sample_gpu(const float* logits, const SamplerParams& p, const Sample
         launch_k(sample_bitonic_tile_kernel, npad / SAMPLE_TILE, SAMPLE_TILE / 2, 0, stream, s.keys, size, size);
     }
     launch_k(sample_walk_kernel, 1, SAMPLE_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+// sample_spec of verification column sd.c (the bonus column: sample()) on the device, where
+// sample_spec_gpu_ok: the top-k path in sample()'s summation order and a bias table on the device
+static bool sample_spec_gpu_ok(const SamplerParams& p, const SampleScratch& s) {
+    const int k = p.temperature <= 0.0f ? 1 : (p.top_k > 0 && p.top_k < s.n ? p.top_k : s.n);
+    return s.n_bias >= 0 && k <= SAMPLE_KMAX && k <= SAMPLE_SEQ_MAX;
+}
+static void sample_spec_gpu(const float* logits, const SamplerParams& p, const SampleScratch& s, const SpecDraw& sd, cudaStream_t stream) {
+    CHECK(sample_spec_gpu_ok(p, s), "speculative sampling on the device takes the top-k path only");
+    const SampleArgs a = sample_args(logits, p, s, 0, 0);
+    launch_k(sample_topk_kernel, CEIL_DIV(s.n, SAMPLE_CHUNK), SAMPLE_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+    launch_k(sample_spec_kernel, 1, SAMPLE_THREADS, 0, stream, a, sd);
     cudaCheck(cudaGetLastError());
 }
 // count a generated token on the device (sampler_accept's twin)
@@ -5708,8 +5824,6 @@ static void vis_cast(const float* x, int64_t n, bf16_t* y, cudaStream_t s) {
 //   spec_row     row c of the mtp's hidden rows: the first draft step's input
 //   spec_draft   a proposal's argmax through the draft head's id map: the next round's draft k
 //                (res) and the next draft step's token
-// the result block: [c][tokens of columns 0..c][the next round's drafts 1..K]
-enum { SPEC_COLS = SPEC_MAX_K + 1, SPEC_BLK_RES = 0, SPEC_BLK_TOK = 1, SPEC_BLK_DRAFT = 1 + SPEC_COLS, SPEC_BLK_INTS = 1 + SPEC_COLS + SPEC_MAX_K };
 __global__ void spec_greedy_kernel(const int* ids, const int* out, int n, int* res) {
     pdl_entry_small();
     if (threadIdx.x) return;
@@ -5883,6 +5997,7 @@ struct GpuMtp {
     int* blk = nullptr;        // device [SPEC_BLK_INTS]: accepted count c, tokens of columns 0..c, the next drafts
     StepPtrs re, ds;           // the realignment's inputs [DEC_COLS]; the draft steps' (column j: draft step j + 1)
     int* amax = nullptr;       // the proposal head's argmax
+    int* done = nullptr;       // the device's speculative sampling: the round ended (SpecDraw)
     int* h_blk = nullptr;      // pinned [SPEC_BLK_INTS + 2 * 8 * DEC_COLS]: the result block, then staging for re / ds
     cudaEvent_t staged = nullptr;  // the last copy out of h_blk's staging has run
     float* h_logits = nullptr; // pinned [SPEC_COLS][vocab]: the verify rows, for the host's speculative sampling
@@ -6107,7 +6222,7 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
         mt.in = (bf16_t*)take(T * 2 * g.H * 2);
         mt.mh = (bf16_t*)take(T * g.H * 2);
         mt.row = (bf16_t*)take((size_t)g.H * 2);
-        mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 1) * 4);
+        mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 2) * 4);
     }
     return align_up(off, 256);
 }
@@ -6318,12 +6433,13 @@ static void gpu_steps_alloc(GpuEngine* e) {
         mt.re = ptrs(mt.blk + SPEC_BLK_INTS, DEC_COLS);
         mt.ds = ptrs(mt.blk + SPEC_BLK_INTS + 8 * DEC_COLS, DEC_COLS);
         mt.amax = mt.blk + SPEC_BLK_INTS + 16 * DEC_COLS;
+        mt.done = mt.amax + 1;
         mt.dlog = e->logits + (size_t)(DEC_COLS - 1) * g.vocab;
         cudaCheck(cudaHostAlloc((void**)&mt.h_blk, (SPEC_BLK_INTS + 16 * DEC_COLS) * sizeof(int), cudaHostAllocDefault));
         cudaCheck(cudaHostAlloc((void**)&mt.h_logits, (size_t)SPEC_COLS * g.vocab * 4, cudaHostAllocDefault));
         cudaCheck(cudaEventCreateWithFlags(&mt.staged, cudaEventDisableTiming));
         cudaCheck(cudaEventRecord(mt.staged, e->stream));
-        cudaCheck(cudaMemsetAsync(mt.blk, 0, (SPEC_BLK_INTS + 16 * DEC_COLS + 1) * sizeof(int), e->stream));
+        cudaCheck(cudaMemsetAsync(mt.blk, 0, (SPEC_BLK_INTS + 16 * DEC_COLS + 2) * sizeof(int), e->stream));
     }
 }
 
@@ -6819,9 +6935,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
 //            place: column 0 is always committed), then the final norm of every column's
 //            hidden row into mtp.hid (the mtp's input; the head's own norm stays fused, so the
 //            logits are a plain step's)
-//   accept   greedy: spec_greedy on the device. sampling: the columns' logits to the host and
-//            sample_spec there (the cpu round's code, penalties and rng included), the outcome
-//            written back to the result block
+//   accept   greedy: spec_greedy on the device. sampling: sample_spec_kernel column by column on
+//            the device (sample_spec's arithmetic bit for bit, on the top-k path); samplers it
+//            cannot take (top_k off or > 1024, a bias table past SAMPLE_MAX_BIAS): the columns'
+//            logits to the host and sample_spec there, the outcome written to the result block
 //   realign  spec_commit, the mtp on the T rows (rows past c are scratch), spec_row, then the
 //            draft chain (gpu_spec_drafts) into the result block
 // the host then reads the block (c, the tokens, the next drafts: 13 ints) and runs the tokens
@@ -6991,18 +7108,22 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
     t0 = now_s();
-    auto take = [&](int id) -> bool {  // generate_spec_cpu's
+    // sampled rounds draw on the device (sample_spec_kernel) where its top-k path takes the
+    // sampler, else on the host; the device counts the tokens it draws itself
+    const bool sampled = smp->p.temperature > 0.0f || !smp->p.logit_bias.empty();
+    if (sampled) gpu_sampler_bind(e, smp);
+    const bool dev_pick = sampled && !e->o.tune.force_host_sample && e->smp_bound == smp && sample_spec_gpu_ok(smp->p, e->smp);
+    auto take = [&](int id, bool counted) -> bool {  // generate_spec_cpu's; counted: by the device already
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
-        sampler_accept(smp, id);
+        if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
+        else sampler_accept(smp, id);
         s.generated++;
         if (!emit_more(emit, id)) { s.cancelled = true; return false; }
         return s.generated < max_new;
     };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
-    const bool host_pick = smp->p.temperature > 0.0f || !smp->p.logit_bias.empty();
-    if (host_pick) gpu_sampler_bind(e, smp);
     int x = gpu_pick(e, smp, e->pos, RNG_PREFILL, false);
-    bool go = take(x) && e->pos < e->capacity;
+    bool go = take(x, false) && e->pos < e->capacity;
     int drafts[SPEC_MAX_K] = {};
     auto read_drafts = [&](const int* blk) {
         for (int k = 1; k <= K; k++) {
@@ -7038,16 +7159,26 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
         gpu_replay(e, &mt.verify[b], graph, [&] { gpu_spec_verify(e, T, b); });
         int tok[SPEC_COLS], c = 0, last = 0;  // tokens of columns 0..c; last: the last committed column
         const int* blk = nullptr;              // the result block with the next drafts (go on)
-        if (!host_pick) {
-            launch_k(spec_greedy_kernel, 1, 32, 0, e->stream, (const int*)e->dec.ids, (const int*)e->dec.out, T - 1, mt.blk);
-            cudaCheck(cudaGetLastError());
+        if (!sampled || dev_pick) {  // the accept on the device: c and the tokens in the result block
+            if (!sampled) {
+                launch_k(spec_greedy_kernel, 1, 32, 0, e->stream, (const int*)e->dec.ids, (const int*)e->dec.out, T - 1, mt.blk);
+                cudaCheck(cudaGetLastError());
+            } else {
+                cudaCheck(cudaMemsetAsync(mt.done, 0, sizeof(int), e->stream));
+                for (int col = 0; col < T; col++) {
+                    SpecDraw sd;
+                    sd.ids = e->dec.ids; sd.kvpos = e->dec.kvpos; sd.c = col; sd.last = T - 1;
+                    sd.res = mt.blk; sd.done = mt.done; sd.counts = e->smp.counts;
+                    sample_spec_gpu(e->logits + (size_t)col * g.vocab, smp->p, e->smp, sd, e->stream);
+                }
+            }
             gpu_replay(e, &mt.draft[b], graph, [&] { gpu_spec_realign(e, T, b); });
             blk = gpu_spec_read(e);
             c = blk[SPEC_BLK_RES];
             for (int t = 0; t <= c; t++) tok[t] = blk[SPEC_BLK_TOK + t];
             for (last = 0; last <= c; last++) {
                 if (last < c) { s.spec.accepted++; s.spec.per_position[last]++; }
-                if (!take(tok[last])) { go = false; break; }
+                if (!take(tok[last], true)) { go = false; break; }
             }
             if (go) last = c;
         } else {
@@ -7058,7 +7189,7 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
                 bool acc = false;
                 tok[c] = c < T - 1 ? sample_spec(smp, lg, ids[c + 1], n0 + c + 1, &acc) : sample(smp, lg, n0 + c + 1, RNG_SPEC_BONUS);
                 if (acc) { s.spec.accepted++; s.spec.per_position[c]++; }
-                if (!take(tok[c])) { go = false; break; }
+                if (!take(tok[c], false)) { go = false; break; }
                 if (!acc) break;
             }
             last = c;

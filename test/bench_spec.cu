@@ -119,22 +119,27 @@ int main(int argc, char** argv) {
     printf("  columns: %d-column call vs one-token calls: max |diff| / max |logit| %.2e, argmax equal %d/%d, bitwise %s\n", C, worst,
            same_argmax, C, bitwise ? "yes" : "no");
 
-    // end to end: plain and speculative greedy decoding of 256 tokens after a 512-token prompt
+    // end to end: plain and speculative decoding of 256 tokens after a 512-token prompt, greedy
+    // and sampled (ninfer's default sampler; the speculative draws on the device, then on the host)
     std::vector<int> prompt(ids.begin(), ids.begin() + 512);
     Sampler smp;
-    SamplerParams sp; sp.temperature = 0.0f;
-    for (int spec = 0; spec < 2; spec++) {
+    for (int mode = 0; mode < 5; mode++) {
+        const bool spec = mode == 1 || mode >= 3, sampled = mode >= 2, host = mode == 4;
+        SamplerParams sp;
+        if (!sampled) sp.temperature = 0.0f;
+        e->o.tune.force_host_sample = host;
         gpu_reset(e);
         sampler_build(&smp, sp, e->domain);
         std::vector<int> out;
         GenStats st = spec ? generate_spec_gpu(e, &smp, prompt, 256, {}, [&](int id) { out.push_back(id); })
                            : generate_gpu(e, &smp, prompt, 256, {}, nullptr, [&](int id) { out.push_back(id); });
-        printf("  end to end %s: %d tokens in %.3f s = %.1f tok/s", spec ? "generate_spec_gpu" : "generate_gpu     ", st.generated,
-               st.decode_s, st.generated / st.decode_s);
+        printf("  end to end %-8s %s: %d tokens in %.3f s = %.1f tok/s", sampled ? (host ? "sampled*" : "sampled") : "greedy",
+               spec ? "generate_spec_gpu" : "generate_gpu     ", st.generated, st.decode_s, st.generated / st.decode_s);
         if (spec) printf(" (%ld rounds, %ld of %ld drafts accepted, %.2f tokens/round)", st.spec.rounds, st.spec.accepted, st.spec.drafted,
                          (double)st.generated / std::max(1L, st.spec.rounds + st.spec.fallback_steps));
-        printf("\n");
+        printf("%s\n", host ? " [* the speculative draws on the host: force_host_sample]" : "");
     }
+    e->o.tune.force_host_sample = false;
     engine_free(&en);
     model_close(&m);
     return 0;

@@ -1100,6 +1100,76 @@ TEST(Sampling, MaskMatchesCpuSampler) {
                 }
             }
         }
+
+// speculative sampling of a verification column on the device (sample_spec_kernel) against
+// the cpu's sample_spec / sample(): the same token and the same accept decision, bit for bit,
+// on the top-k path (every sampler the gpu round draws on the device), with drafts that are the
+// best candidate, a kept one, or outside the kept set; the bonus column; a column after the
+// round ended does nothing; the device counts the token it draws
+TEST(Sampling, SpeculativeColumnMatchesCpu) {
+    NEED_GPU();
+    Rng r = rng();
+    struct Vocab { int n, V, trials; };
+    const Vocab vocabs[] = {{248077, 248320, 8}, {4099, 4116, 24}};
+    Dev blk(64 * 4), ids(8 * 4), kv(8 * 4);
+    for (const Vocab& v : vocabs) {
+        DevSampler ds(v.n);
+        for (int style = 0; style < 3; style++) {
+            std::vector<float> l = sample_logits(r, v.n, v.V, style);
+            Dev dl(l.size() * 4); up(dl, l);
+            Sampler smp;
+            sampler_build(&smp, SamplerParams(), v.n);
+            sample_counts(r, &smp, l, v.n);
+            const std::vector<std::pair<int, float>> bias = sample_bias(r, l, v.n);
+            for (const SampleCase& c : kSampleCases) {
+                smp.p.temperature = c.T; smp.p.top_k = c.top_k; smp.p.top_p = c.top_p; smp.p.min_p = c.min_p;
+                smp.p.presence = c.presence; smp.p.frequency = c.frequency; smp.p.seed = r.u64();
+                smp.p.logit_bias = c.bias ? bias : std::vector<std::pair<int, float>>();
+                ds.mem.poison();
+                sample_upload(&ds.s, &smp, 0);
+                if (!sample_spec_gpu_ok(smp.p, ds.s)) continue;
+                const int best = sample(&smp, l.data(), 0, 0);  // some likely id
+                for (int j = 0; j < v.trials; j++) {
+                    const int n0 = (int)r.below(1 << 20), col = (int)r.below(3), bonus = j % 4 == 3;
+                    const int d = j % 3 == 0 ? best : j % 3 == 1 ? (int)r.below(64) : (int)r.below(v.n);
+                    std::vector<int> hid(8, 0), hkv(8, n0);
+                    hid[col + 1] = d;
+                    up(ids, hid); up(kv, hkv);
+                    cudaCheck(cudaMemset(blk.p, 0xFF, 64 * 4));
+                    cudaCheck(cudaMemset(blk.as<int>() + 32, 0, 4));  // done = 0
+                    SpecDraw sd;
+                    sd.ids = ids.as<int>(); sd.kvpos = kv.as<int>(); sd.c = col; sd.last = bonus ? col : col + 1;
+                    sd.res = blk.as<int>(); sd.done = blk.as<int>() + 32; sd.counts = ds.s.counts;
+                    sample_spec_gpu(dl.as<float>(), smp.p, ds.s, sd, 0);
+                    cudaCheck(cudaDeviceSynchronize());
+                    std::vector<int> out = down<int>(blk, 64);
+                    bool acc = false;
+                    const uint64_t pos = (uint64_t)n0 + col + 1;
+                    const int want = bonus ? sample(&smp, l.data(), pos, RNG_SPEC_BONUS) : sample_spec(&smp, l.data(), d, pos, &acc);
+                    EXPECT_EQ(out[SPEC_BLK_RES], col);
+                    EXPECT_EQ(out[SPEC_BLK_TOK + col], want) << "n " << v.n << " style " << style << " T " << c.T << " top_k " << c.top_k
+                                                             << " top_p " << c.top_p << " min_p " << c.min_p << " bias " << c.bias
+                                                             << " draft " << d << (bonus ? " bonus" : "");
+                    EXPECT_EQ(out[32], (!acc || bonus) ? 1 : 0) << "done flag";
+                    // the device counted the token: sync the host's counts the same way
+                    if (want >= 0 && want < v.n) smp.counts[want]++;
+                    // a column after the end does nothing
+                    if (out[32]) {
+                        sd.c = col + 1; sd.last = col + 2;
+                        sample_spec_gpu(dl.as<float>(), smp.p, ds.s, sd, 0);
+                        cudaCheck(cudaDeviceSynchronize());
+                        std::vector<int> again = down<int>(blk, 64);
+                        EXPECT_EQ(again[SPEC_BLK_RES], col);
+                        EXPECT_EQ(again[SPEC_BLK_TOK + col + 1], -1);
+                    }
+                }
+                // the device's counts equal the host's after the draws
+                std::vector<int> dc(v.n);
+                cudaCheck(cudaMemcpy(dc.data(), ds.s.counts, (size_t)v.n * 4, cudaMemcpyDeviceToHost));
+                EXPECT_TRUE(std::equal(dc.begin(), dc.end(), smp.counts.begin())) << "device counts";
+            }
+        }
+    }
 }
 
 // the counts for the penalties live on the device: sample_accept after each pick, as

@@ -1,5 +1,7 @@
 // tests for mtp speculative decoding on the cpu reference path (ninfer.cu section 6,
-// generate_spec_cpu; the sampler's sample_spec in section 5):
+// generate_spec_cpu; the sampler's sample_spec in section 5), and for the round on the gpu
+// (section 8, generate_spec_gpu: SpecGpu.*, the same claims against the device's plain decoding;
+// they skip without a gpu):
 //   - greedy speculation is lossless: token for token plain decoding's, K = 1..5, with the full
 //     head and with --lm-head-draft, on the trained kjv model (several prompts, thinking on and
 //     off, up to 512 tokens) and on the random synthetic models (near-zero acceptance: the
@@ -77,12 +79,14 @@ struct RunOpts {
     bool cancel_prefill = false;  // the prefill's cancel poll says stop
     DraftHook hook = nullptr; void* ctx = nullptr;
     bool gpu = false, graphs = true;  // the gpu path (generate_gpu / generate_spec_gpu), with or without cuda graphs
+    bool host_sample = false;         // gpu: every sampled pick on the host (GpuTuning::force_host_sample)
     RunOpts() { sp.temperature = 0.0f; }
 };
 static Gen gen(const Model* m, int domain, const std::vector<int>& prompt, const RunOpts& o) {
     Engine en;
     GpuOpts g;
     g.max_context = o.capacity; g.prefill_chunk = o.chunk; g.quiet = true; g.graphs = o.graphs;
+    g.tune.force_host_sample = o.host_sample;
     SpecOpts so;
     so.K = o.K; so.lm_head_draft = o.lmh;
     std::string err;
@@ -682,10 +686,12 @@ TEST(SpecGpu, StopsLimitsCancelAndCapacityInsideARound) {
     }
 }
 
-// sampling on the gpu round: the host's sample_spec over the device's verify rows (the cpu
-// round's code, whose distribution SpecSampling checks): reproducible from the seed, different
-// seeds differ, drafts are accepted, and graphs and eager rounds draw the same tokens
-TEST(SpecGpu, SamplingReproducibleBySeed) {
+// sampling on the gpu round: sample_spec_kernel on the device, which draws what the cpu's
+// sample_spec draws from the same rows (test_kernels Sampling.SpeculativeColumnMatchesCpu;
+// SpecSampling checks that distribution): so the device's rounds and the host's (force_host_sample:
+// the cpu round's code over the device's verify rows) give the same tokens, several settings;
+// reproducible from the seed, different seeds differ, drafts are accepted, graphs = eager
+TEST(SpecGpu, SamplingDeviceEqualsHostAndReproducible) {
     NEED_GPU_OR_SKIP();
     OPEN_OR_FAIL(T, KJV);
     const int domain = T.t.fr.domain;
@@ -698,6 +704,22 @@ TEST(SpecGpu, SamplingReproducibleBySeed) {
     EXPECT_EQ(a.ids, b.ids);
     RunOpts e = o; e.graphs = false;
     EXPECT_EQ(a.ids, gen(&T.t.m, domain, prompt, e).ids);
+    struct Set { float T; int top_k; float top_p, min_p, presence, frequency; bool bias; int K; };
+    const Set sets[] = {{0.8f, 20, 0.95f, 0.0f, 0.3f, 0.0f, false, 3}, {1.0f, 1024, 1.0f, 0.05f, 0.0f, 0.5f, false, 2},
+                        {0.01f, 20, 0.95f, 0.0f, 0.0f, 0.0f, false, 3}, {1.2f, 50, 0.9f, 0.0f, 1.0f, 0.2f, true, 5},
+                        {0.0f, 0, 1.0f, 0.0f, 0.0f, 0.0f, true, 4}};
+    for (const Set& st : sets) {
+        RunOpts d = o;
+        d.K = st.K; d.sp.temperature = st.T; d.sp.top_k = st.top_k; d.sp.top_p = st.top_p; d.sp.min_p = st.min_p;
+        d.sp.presence = st.presence; d.sp.frequency = st.frequency; d.sp.seed = 77;
+        if (st.bias) d.sp.logit_bias = {{a.ids[3], 2.5f}, {a.ids[7], -1.0f}};
+        Gen dev = gen(&T.t.m, domain, prompt, d);
+        RunOpts h = d; h.host_sample = true;
+        Gen host = gen(&T.t.m, domain, prompt, h);
+        const std::string what = "T " + std::to_string(st.T) + " top_k " + std::to_string(st.top_k);
+        expect_same(host, dev, "device vs host sampling, " + what);
+        EXPECT_EQ(host.st.spec.accepted, dev.st.spec.accepted) << what;
+    }
     o.sp.seed = 6;
     Gen c = gen(&T.t.m, domain, prompt, o);
     EXPECT_NE(a.ids, c.ids);

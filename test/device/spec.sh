@@ -4,7 +4,7 @@
 # bench_spec on the 9b (K = 3 with and without --lm-head-draft, K = 1), bench_gpu's tg128, and
 # the 9b card's serve command verbatim answering an openai sdk chat with mtp on.
 # usage (from the repo root on the device): bash .carry-final/spec.sh [stages], stages a
-# comma list of: tests,sanitizer,bench,serve (default all)
+# comma list of: tests,sanitizer,bench,bench1,serve (default tests,sanitizer,bench,serve)
 set -u
 cd "$(dirname "$0")/.."
 C=.carry-final
@@ -32,7 +32,7 @@ run() {  # name timeout binary args...
 }
 if has tests; then
   run test_kernels 200 build/test/test_kernels
-  run test_gpu 200 build/test/test_gpu
+  has nogpu || run test_gpu 200 build/test/test_gpu
   run test_spec_gpu 400 build/test/test_spec --gtest_filter='SpecGpu*'
 fi
 if has sanitizer; then
@@ -50,6 +50,9 @@ if has bench; then
   build/test/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 3 2>&1 | tail -4
   build/test/ninfer-bench /tmp/9b.ninfer -p 0 -n 128 -r 3 --spec mtp --draft-tokens 3 --lm-head-draft 2>&1 | tail -3
 fi
+if has bench1; then  # the K=3 draft-head round alone
+  build/test/bench_spec /tmp/9b.ninfer --draft-tokens 3 --lm-head-draft 2>&1 | grep -v "loading weights" | tail -16
+fi
 if has serve; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
   ln -sf /tmp/9b.ninfer models/qwen3_5_9b.ninfer
@@ -62,5 +65,33 @@ if has serve; then
   head -5 $OUT/serve.err
   python3 $C/openai_chat.py 8080 qwen3.5-9b
   kill $sp; wait $sp; echo "serve exit $? (stdout bytes: $(wc -c < $OUT/serve.out))"; tail -3 $OUT/serve.err
+  # the 4b card's command, verbatim, against the synthetic 4b: how far it gets
+  python3 convert.py --synthetic 4b -o /tmp/4b.ninfer --jobs 12 >/dev/null 2>&1; ln -sf /tmp/4b.ninfer models/qwen3_5_4b.ninfer
+  ./build/apps/ninfer-serve models/qwen3_5_4b.ninfer \
+    --host 0.0.0.0 \
+    --port 8000 \
+    --vision \
+    --max-context 262144 \
+    --kv-capacity 262144 \
+    --default-max-tokens 16384 \
+    --max-concurrency 1 \
+    --device-state-slots 4 \
+    --host-state-slots 4 \
+    --host-kv-mib 8192 \
+    --prefill-chunk 4096 \
+    --kv-dtype fp8 \
+    --spec mtp \
+    --lm-head-draft \
+    --draft-tokens 3 \
+    --top-k 20 \
+    --top-p 0.95 \
+    --temperature 0.01 \
+    --preserve-thinking \
+    --model-id Qwen3.5-4B > $OUT/serve4b.out 2> $OUT/serve4b.err &
+  sp=$!
+  for i in $(seq 1 120); do grep -q listening $OUT/serve4b.err && break; kill -0 $sp 2>/dev/null || break; sleep 0.5; done
+  echo "4b card:"; head -8 $OUT/serve4b.err
+  if grep -q listening $OUT/serve4b.err; then python3 $C/openai_chat.py 8000 Qwen3.5-4B; kill $sp; fi
+  wait $sp; echo "4b serve exit $?"
 fi
 echo "total $(( $(date +%s) - t0 )) s"
