@@ -1100,6 +1100,7 @@ TEST(Sampling, MaskMatchesCpuSampler) {
                 }
             }
         }
+}
 
 // speculative sampling of a verification column on the device (sample_spec_kernel) against
 // the cpu's sample_spec / sample(): the same token and the same accept decision, bit for bit,
