@@ -5986,7 +5986,9 @@ struct StepPtrs {
 struct GpuMtp {
     int K = 0;                 // draft window (0: no mtp on the device)
     bool draft_head = false;   // drafts scored by text/draft_head (its id map: draft_ids)
-    int pos = 0;               // mtp kv rows that pair a token with its hidden (the sequence's pos between rounds)
+    int pos = 0;               // mtp kv rows that pair a token with its hidden: the sequence's pos between
+                               // rounds, or pos - 1 after a prefill without sampling (gpu_spec_prefill)
+    bf16_t* bridge = nullptr;  // [H] then: the main hidden row pos - 1, whose mtp row waits for token pos
     KvCache kv;                // the mtp layer's own kv cache, capacity rows, the --kv-dtype format
     const int32_t* draft_ids = nullptr;  // device copy of text/draft_head_token_ids
     bf16_t* hid = nullptr;     // [T_max][H] the main model's final-normed hidden rows (the verify columns, a prefill piece)
@@ -6222,6 +6224,7 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
         mt.in = (bf16_t*)take(T * 2 * g.H * 2);
         mt.mh = (bf16_t*)take(T * g.H * 2);
         mt.row = (bf16_t*)take((size_t)g.H * 2);
+        mt.bridge = (bf16_t*)take((size_t)g.H * 2);
         mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 2) * 4);
     }
     return align_up(off, 256);
@@ -7077,6 +7080,37 @@ static const int* gpu_spec_read(GpuEngine* e) {
     return e->mtp.h_blk;
 }
 
+// a prefill that samples nothing (prefix reuse's boundary pieces): T tokens through the main
+// model and the mtp rows of all but the last, whose row waits for the next token: its hidden
+// row is kept in mtp.bridge and mtp.pos = pos - 1 (gpu_spec_bridge makes the row once the
+// token is known; generate_spec_gpu does it with its prompt's first token). the cpu's twin is
+// the prefix cache's bridge.
+static void gpu_spec_bridge(GpuEngine* e, int next) {
+    GpuMtp& mt = e->mtp;
+    if (!mt.K || mt.pos != e->pos - 1) return;
+    gpu_mtp_rows(e, &next, 1, mt.pos, mt.bridge, mt.mh);
+    mt.pos = e->pos;
+}
+static void gpu_spec_prefill(GpuEngine* e, const int* ids, int T) {
+    GpuMtp& mt = e->mtp;
+    const Geometry& g = e->m->geo;
+    CHECK(mt.K && T >= 1 && T <= e->T_max, "an mtp prefill of %d tokens", T);
+    gpu_spec_bridge(e, ids[0]);
+    CHECK(mt.pos == e->pos, "mtp rows %d, sequence %d", mt.pos, e->pos);
+    gpu_forward(e, ids, nullptr, nullptr, T, nullptr, false);
+    rmsnorm(e->x, g.H, mt.hid, g.H, (const bf16_t*)e->w.final_norm.p, g.H, T, 1, g.eps, false, e->stream);
+    if (T > 1) gpu_mtp_rows(e, ids + 1, T - 1, e->pos - T, mt.hid, mt.mh);
+    cudaCheck(cudaMemcpyAsync(mt.bridge, mt.hid + (size_t)(T - 1) * g.H, (size_t)g.H * 2, cudaMemcpyDeviceToDevice, e->stream));
+    mt.pos = e->pos - 1;
+}
+// the pending row's hidden (mtp.bridge) to or from the host ([H] bf16), for a retained prefix
+static void gpu_spec_bridge_host(GpuEngine* e, uint16_t* host, bool to_host) {
+    const size_t b = (size_t)e->m->geo.H * 2;
+    if (to_host) cudaCheck(cudaMemcpyAsync(host, e->mtp.bridge, b, cudaMemcpyDeviceToHost, e->stream));
+    else cudaCheck(cudaMemcpyAsync(e->mtp.bridge, host, b, cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+}
+
 // generate_spec_cpu's contract on the gpu (e built with o.spec: the mtp resident, K+1 gdn slots)
 template <typename Emit>
 static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
@@ -7085,6 +7119,7 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     GpuMtp& mt = e->mtp;
     const int K = mt.K, n = (int)prompt.size(), H = g.H;
     CHECK(K >= 1 && e->o.gdn_slots >= K + 1, "the engine was built without --spec mtp");
+    if (n > 0) gpu_spec_bridge(e, prompt[0]);  // a prefill that sampled nothing left the last row pending
     CHECK(mt.pos == e->pos, "mtp rows %d, sequence %d", mt.pos, e->pos);
     GenStats s;
     s.prompt = n;

@@ -765,3 +765,42 @@ TEST(SpecGpu, KjvHeldOutAcceptance) {
             EXPECT_LE(tpr, tpr_meas[K] + 0.10) << "K=" << K;
         }
 }
+
+// a prefill that samples nothing (prefix reuse's boundary pieces, gpu_spec_prefill) leaves the
+// mtp row of its last position pending with that position's hidden row (the bridge); the next
+// generation makes it with its first token. greedy output equals plain decoding after the same
+// pieces, and the acceptance is a speculative run's whose prompt generate_spec_gpu prefilled in
+// the same pieces itself (the same mtp rows up to rounding: the bridge row runs as a one-row
+// call where that run had it in a piece's, so a near-tie draft may go the other way)
+TEST(SpecGpu, PrefillWithoutSamplingBridgesTheMtpRow) {
+    NEED_GPU_OR_SKIP();
+    OPEN_OR_FAIL(T, KJV);
+    const Model* m = &T.t.m;
+    const int domain = T.t.fr.domain;
+    std::vector<int> prompt = T.chat("Who was Moses, and what did he do in Egypt?", true);
+    const int cut = (int)prompt.size() / 2;
+    GpuOpts g; g.max_context = 1024; g.prefill_chunk = cut; g.quiet = true;
+    std::string err;
+    auto run = [&](int K, bool split) {
+        Engine en;
+        EXPECT_TRUE(engine_build(&en, m, true, g, &err, SpecOpts{K, K == 3})) << err;
+        Sampler s; SamplerParams sp; sp.temperature = 0.0f; sampler_build(&s, sp, domain);
+        std::vector<int> rest(prompt.begin() + (split ? cut : 0), prompt.end()), out;
+        if (split) {
+            if (K) gpu_spec_prefill(en.g, prompt.data(), cut);
+            else gpu_forward(en.g, prompt.data(), nullptr, nullptr, cut, nullptr, false);
+            if (K) EXPECT_EQ(en.g->mtp.pos, cut - 1);
+        }
+        Gen r;
+        r.st = engine_generate(&en, &s, rest, 128, T.t.fr.stops, nullptr, [&](int id) { r.ids.push_back(id); });
+        r.pos = engine_pos(&en);
+        engine_free(&en);
+        return r;
+    };
+    Gen plain = run(0, true), spec_split = run(3, true), spec_one = run(3, false);
+    expect_same(plain, spec_split, "after a prefill without sampling");
+    // generate_spec_gpu's own prefill in pieces of `cut` fills the same mtp rows
+    EXPECT_NEAR(spec_split.st.spec.rounds, spec_one.st.spec.rounds, 3);
+    EXPECT_NEAR(spec_split.st.spec.accepted, spec_one.st.spec.accepted, 6);
+    EXPECT_GT(spec_split.st.spec.accepted, 0);
+}
