@@ -26,7 +26,7 @@ NVFLAGS  := $(CXXSTD) -O3 -lineinfo -cudart static -Xcompiler "$(HOSTFLAGS)" --e
 LDLIBS   := -lgomp -lpthread -ldl -lrt
 GTEST    := -lgtest_main -lgtest -lpthread
 
-HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h)
+HEADERS  := format.h $(wildcard tokenizer.h serve.h vision.h unicode_tables.h grammar.h)
 TEST_HEADERS := test/test_util.h test/dev_kernels.cuh
 
 $(info ninfer: GPU_ARCH=$(GPU_ARCH) (make GPU_ARCH=90 for a single target))
@@ -147,6 +147,18 @@ $(BUILD)/test/test_tokenizer: test/test_tokenizer.cc tokenizer.h unicode_tables.
 	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/test_tokenizer.cc $(GTEST)
 TEST_BINS += $(BUILD)/test/test_tokenizer
 
+# constrained decoding (grammar.h): the schema compiler, the gbnf parser and the matcher against
+# their oracles (test_grammar); grammar_gen walks the schema corpus for test/test_structured.py
+# (jsonschema validates) and benches the mask: build/test/grammar_gen bench TOKENIZER ROWS SCHEMA DOC
+$(BUILD)/test/test_grammar: test/test_grammar.cc grammar.h tokenizer.h unicode_tables.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/test_grammar.cc $(GTEST)
+$(BUILD)/test/grammar_gen: test/grammar_gen.cc grammar.h tokenizer.h unicode_tables.h format.h Makefile
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unused-function -I. -o $@ test/grammar_gen.cc
+TEST_BINS += $(BUILD)/test/test_grammar
+test: $(BUILD)/test/grammar_gen
+
 # media decoding and preprocessing (vision.h): host code only, against PIL and hugging face's
 # processors on the committed corpus test/media (test/gen_media_corpus.py made it and its goldens)
 VISION_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -I.
@@ -175,10 +187,10 @@ fuzz-vision: $(BUILD)/test/fuzz_vision
 # test/test_serve_api.py (responses, completions, logprobs: the fake, and the real server on
 # models/kjv, its logprobs against --logits-out)
 SERVE_CXXFLAGS := -std=c++17 -O2 -Wall -Wno-unused-function -pthread
-$(BUILD)/test/serve_fake: test/serve_fake.cc serve.h format.h Makefile
+$(BUILD)/test/serve_fake: test/serve_fake.cc serve.h format.h grammar.h Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(SERVE_CXXFLAGS) -o $@ test/serve_fake.cc
-$(BUILD)/test/test_serve: test/test_serve.cc serve.h format.h Makefile
+$(BUILD)/test/test_serve: test/test_serve.cc serve.h format.h grammar.h Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(SERVE_CXXFLAGS) -o $@ test/test_serve.cc $(GTEST)
 $(BUILD)/test/ninfer-serve: $(BUILD)/test/ninfer

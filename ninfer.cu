@@ -20,11 +20,13 @@
 //                            4.7 the vision tower (vision_forward_cpu), 4.8 the multimodal
 //                            prompt (placeholder expansion, vision rows, m-rope positions,
 //                            rope_delta, prefill_mm_cpu)
-//   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties,
+//   5. sampler               greedy / temperature / top-k / top-p / min-p / penalties, a
+//                            constraint's mask (Sampler.mask, first of all),
 //                            counter-based rng, the arithmetic shared with the gpu sampler,
 //                            speculative sampling of one verification column (sample_spec)
 //   6. generation (cpu)      token domain and stop ids from the artifact, the generation
-//                            loop with its tap (prompt logits, sampled rows), logprobs,
+//                            loop with its tap (prompt logits, sampled rows) and its
+//                            constraint (GenConstraint: grammar.h's matcher), logprobs,
 //                            mtp speculative decoding (the round: generate_spec_cpu),
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
@@ -33,9 +35,10 @@
 //                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
-//                            7.7 argmax, 7.8 sampling on the device (and one speculative
-//                            verification column: sample_spec_kernel), 7.9 shared-memory matrix
-//                            helpers, 7.10 gemm + linear, 7.11 deltanet prefill (recurrent),
+//                            7.7 argmax, 7.8 sampling on the device (mask_logits, and one
+//                            speculative verification column: sample_spec_kernel), 7.9
+//                            shared-memory matrix helpers, 7.10 gemm + linear, 7.11 deltanet
+//                            prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
 //                            per-frame attention, epilogues, products over the padded k),
@@ -95,6 +98,7 @@
 #include "tokenizer.h" // defines: Tokenizer, tokenizer_encode, tokenizer_decode, chat_render, TextOut, OutEvent
 #include "serve.h"     // defines: serve_main, ServeBackend, ServeEngine (the http server)
 #include "vision.h"    // defines: Image, image_load, VisionConfig, VisionItem, vision_image, video_load, MediaLimits
+#include "grammar.h"   // defines: Grammar, schema_compile, grammar_parse_gbnf, GrammarVocab, GrammarMatcher, matcher_mask
 
 // fail fast with the location; for conditions that are bugs or unrecoverable states.
 // bad *input* never reaches these: it is reported with a one-line message and exit 1.
@@ -1769,6 +1773,8 @@ struct Sampler {
     std::vector<std::pair<float, int>> cand;  // scratch: (adjusted logit, id)
     std::vector<float> biased;              // scratch: logits + logit_bias
     std::vector<float> w;                   // scratch: the kept candidates' weights (sampler_dist)
+    const uint32_t* mask = nullptr;         // the constraint's allowed ids for the next pick (bit id; null: all):
+                                            // the others' logits become -inf before anything else, greedy too
 };
 
 static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
@@ -1866,8 +1872,10 @@ static int argmax(const float* x, int n) {
 // order. returns keep; 0 for greedy (temperature <= 0), where *greedy_id is the argmax.
 static size_t sampler_dist(Sampler* s, const float* logits, float* mass_out, int* greedy_id) {
     const SamplerParams& p = s->p;
-    if (!p.logit_bias.empty()) {
+    if (!p.logit_bias.empty() || s->mask) {
         s->biased.assign(logits, logits + s->domain);
+        if (s->mask)
+            for (int i = 0; i < s->domain; i++) if (!((s->mask[i >> 5] >> (i & 31)) & 1)) s->biased[i] = -INFINITY;
         for (const auto& b : p.logit_bias) if (b.first >= 0 && b.first < s->domain) s->biased[b.first] = SMP_FADD(s->biased[b.first], b.second);
         logits = s->biased.data();
     }
@@ -1922,11 +1930,11 @@ static int sampler_draw(const Sampler* s, size_t keep, float mass, uint64_t posi
     int last = -1;
     for (size_t i = 0; i < keep; i++) {
         if (s->cand[i].second == skip) continue;
-        last = s->cand[i].second;
+        if (s->w[i] > 0.0f || last < 0) last = s->cand[i].second;
         u = SMP_FSUB(u, s->w[i]);
-        if (u < 0.0f) return last;
+        if (u < 0.0f) return s->cand[i].second;
     }
-    return last;  // u landed on the rounding edge
+    return last;  // u landed on the rounding edge: the last candidate of nonzero weight (never a masked id)
 }
 
 // pick the next token from logits [>= domain] for sequence position `position`
@@ -2069,8 +2077,30 @@ struct GenStats {
     double prefill_s = 0, decode_s = 0;
     bool stopped = false; int stop_id = -1;  // ended on a stop id
     bool cancelled = false;          // the emitter asked to stop (stop string, client gone)
+    bool complete = false;           // a constraint's structure was completed: generation ended there
     SpecStats spec;
 };
+
+// constrained decoding (grammar.h): while open, each pick is masked to the ids the matcher
+// allows (the mask applies before the sampler's other stages, on the cpu and the gpu alike) and
+// each generated id advances it; when the structure is complete generation ends (GenStats.
+// complete), without sampling a stop id. with thinking on it opens after `open_id` (</think>),
+// so the reasoning is free and the answer is constrained.
+struct GenConstraint {
+    GrammarMatcher* m = nullptr;     // null: no constraint
+    int open_id = -1;                // opens after this id; -1: open from the first token
+    bool open = false;               // set by constraint_start from open_id
+};
+static void constraint_start(GenConstraint* c) { if (c) c->open = c->m && c->open_id < 0; }
+// the mask of the next pick, null when unconstrained (or not open yet)
+static const uint32_t* constraint_mask(GenConstraint* c) { return c && c->open ? matcher_mask(c->m) : nullptr; }
+// a generated (not a stop) id; true when the structure is complete
+static bool constraint_take(GenConstraint* c, int id) {
+    if (!c || !c->m) return false;
+    if (!c->open) { c->open = id == c->open_id; return false; }
+    CHECK(matcher_accept(c->m, id), "constrained pick %d is outside the grammar", id);  // the mask allowed it
+    return matcher_done(c->m);
+}
 
 // a cancel poll for the prefill: called before each prefill piece, true ends generation
 // there (the server's client left). emit's false return covers the decode steps.
@@ -2109,10 +2139,11 @@ struct GenTap {
 // sequence holds the pieces prefilled so far (s.cancelled).
 // mm (nullable): the prompt is the rest of this multimodal prompt (mm_check_prompt); its vision
 // rows and m-rope positions are prefilled, and decoding goes on at its rope_delta.
+// gc (nullable): the constraint (GenConstraint).
 template <typename Emit>
 static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler* smp, const std::vector<int>& prompt,
                              int max_new, const std::vector<int>& stop_ids, const GenTap* tap, Emit emit,
-                             const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                             const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr, GenConstraint* gc = nullptr) {
     const Geometry& g = m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -2136,13 +2167,18 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
+    constraint_start(gc);
     for (int n = 0; n < max_new; n++) {
+        smp->mask = constraint_mask(gc);
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+        smp->mask = nullptr;
         if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
         if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
         sampler_accept(smp, id);
         s.generated++;
+        s.complete = constraint_take(gc, id);
         if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
+        if (s.complete) break;
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
     }
@@ -4301,7 +4337,11 @@ __device__ void sample_walk(const SampleArgs& a, const uint64_t* keys, const flo
         for (int i = lo; i < min(hi, keep); i++) { u = SMP_FSUB(u, w[i]); if (u < 0.0f) { atomicMin(&s.pick, i); break; } }
     }
     __syncthreads();
-    if (t == 0) a.out[0] = sample_key_id(keys[s.pick == INT32_MAX ? keep - 1 : s.pick]);  // none: u met the rounding edge
+    if (t == 0) {  // none: u met the rounding edge; then the last candidate of nonzero weight (sampler_draw)
+        int i = s.pick;
+        if (i == INT32_MAX) for (i = keep - 1; i > 0 && !(w[i] > 0.0f); i--) {}
+        a.out[0] = sample_key_id(keys[i]);
+    }
 }
 
 // top-k, stage 1: the best min(k, chunk) keys of each SAMPLE_CHUNK ids (unordered) to
@@ -4433,7 +4473,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_spec_kernel(SampleArgs 
             for (int i = 0; i < keep; i++) {
                 const int id = sample_key_id(top[i]);
                 if (id == skip) continue;
-                lastid = id;
+                if (w[i] > 0.0f || lastid < 0) lastid = id;  // the rounding edge: the last of nonzero weight
                 u = SMP_FSUB(u, w[i]);
                 if (u < 0.0f) break;
             }
@@ -4547,6 +4587,18 @@ static void sample_upload(SampleScratch* s, const Sampler* smp, cudaStream_t str
         cudaCheck(cudaMemcpyAsync(s->bias_off, off.data(), off.size() * 4, cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaMemcpyAsync(s->bias_val, val.data(), val.size() * 4, cudaMemcpyHostToDevice, stream));
     }
+}
+
+// a constraint's mask (Sampler.mask) on a device logits row: ids [0, n) without their bit get
+// -inf, in place, before the argmax or the sampler reads the row
+__global__ void mask_logits_kernel(float* __restrict__ logits, const uint32_t* __restrict__ mask, int n) {
+    pdl_entry_small();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (!((mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+}
+static void mask_logits(float* logits, const uint32_t* mask, int n, cudaStream_t stream) {
+    launch_k(mask_logits_kernel, CEIL_DIV(n, 256), 256, 0, stream, logits, mask, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // sample(smp, logits, position, purpose) on the device, with the counts and bias table of
@@ -5998,6 +6050,8 @@ struct GpuEngine {
     size_t in_ints = 0, dec_off = 0;
     float* h_logits = nullptr;     // pinned [vocab]
     int* h_out = nullptr;          // pinned [DEC_COLS]
+    uint32_t* h_mask = nullptr;    // pinned [ceil(domain / 32)] a constraint's mask, and its device copy
+    uint32_t* d_mask = nullptr;
     cudaEvent_t tok_ready = nullptr;  // the picked id has reached h_out (generate_gpu)
     cudaGraphExec_t graph[GPU_MAX_BUCKETS] = {};
     bool graph_used = false;
@@ -6200,6 +6254,8 @@ static void gpu_free(GpuEngine* e) {
     }
     if (e->h_logits) cudaFreeHost(e->h_logits);
     if (e->h_out) cudaFreeHost(e->h_out);
+    if (e->h_mask) cudaFreeHost(e->h_mask);
+    if (e->d_mask) cudaFree(e->d_mask);
     if (e->tok_ready) cudaEventDestroy(e->tok_ready);
     if (e->smp_mem) cudaFree(e->smp_mem);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
@@ -6375,6 +6431,8 @@ static void gpu_steps_alloc(GpuEngine* e) {
     e->dec = ptrs(e->d_in + e->dec_off, DEC_COLS);
     cudaCheck(cudaHostAlloc((void**)&e->h_logits, (size_t)g.vocab * 4, cudaHostAllocDefault));
     cudaCheck(cudaHostAlloc((void**)&e->h_out, DEC_COLS * sizeof(int), cudaHostAllocDefault));
+    cudaCheck(cudaHostAlloc((void**)&e->h_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4, cudaHostAllocDefault));
+    cudaCheck(cudaMalloc(&e->d_mask, (size_t)CEIL_DIV(g.vocab, 32) * 4));
     cudaCheck(cudaEventCreateWithFlags(&e->tok_ready, cudaEventDisableTiming));
     if (e->o.spec.K) {
         GpuMtp& mt = e->mtp;
@@ -6707,8 +6765,18 @@ static void gpu_sampler_accept(GpuEngine* e, Sampler* smp, int id) {
 // gpu_pick_device queues the pick and returns the device address its id will be at, or null
 // when the pick has to run on the host (nothing ran yet: the cpu path samples zero logits;
 // force_host_sample; a bias table too large); gpu_pick waits for the id.
+// a constraint's mask (smp->mask, a sampler of the engine's domain) goes to the device and
+// masks the row first (mask_logits), so the argmax is taken again after it; on the host
+// path sample() applies it.
 static const int* gpu_pick_device(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, bool after_decode) {
     if (!e->last_logits) return nullptr;
+    if (smp->mask && smp->domain == e->domain) {
+        const size_t bytes = (size_t)CEIL_DIV(e->domain, 32) * 4;
+        memcpy(e->h_mask, smp->mask, bytes);  // the previous copy out of h_mask ran: its pick was waited for
+        cudaCheck(cudaMemcpyAsync(e->d_mask, e->h_mask, bytes, cudaMemcpyHostToDevice, e->stream));
+        mask_logits(e->last_logits, e->d_mask, e->domain, e->stream);
+        after_decode = false;
+    }
     if (smp->p.temperature <= 0.0f && smp->p.logit_bias.empty()) {  // greedy: the argmax on the device
         if (!after_decode) argmax<float>(e->last_logits, e->m->geo.vocab, e->domain, 1, e->amax_scr, e->dec.out, e->stream);
         return e->dec.out;
@@ -6816,9 +6884,13 @@ static int gpu_logits_piece(const GpuEngine* e) { return std::min(e->T_max, e->l
 // the tap when it asks), then sample, emit and decode until max_new, a stop id or a full
 // context. with a cancel poll each piece is waited for before the poll, so a cancel ends the
 // prefill within one piece (the host would otherwise queue them all at once).
+// with a constraint the host computes step n+1's mask while the device runs step n+1's
+// forward (the step ahead below, queued before the host reads token n), and the mask goes
+// up in front of the pick.
 template <typename Emit>
 static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                             const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                             const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
+                             GenConstraint* gc = nullptr) {
     const Geometry& g = e->m->geo;
     GenStats s;
     s.prompt = (int)prompt.size();
@@ -6852,11 +6924,13 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     // the step ahead writes its deltanet state to the other slot of the live pair (0, 1), so a
     // stop id, a cancel or max_new leaves it uncommitted: the live slot and e->pos stay, its
     // kv row is overwritten by the next forward, and its logits are dropped.
+    constraint_start(gc);
     for (int n = 0; n < max_new; n++) {
         // the row this id is drawn from, for the tap: queued before the pick (stream order;
         // the pick's wait covers it). the step ahead would overwrite it, so it is off then.
         const bool tapped = per_token && e->last_logits;
         if (tapped) cudaCheck(cudaMemcpyAsync(logits.data(), e->last_logits, (size_t)g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+        smp->mask = constraint_mask(gc);  // overlaps the forward queued last step
         const int* did = gpu_pick_device(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         const bool ahead = did && !per_token && n + 1 < max_new && e->pos < e->capacity;
         const int spare = e->slot == 0 ? 1 : 0;
@@ -6873,6 +6947,7 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         } else {
             id = gpu_pick(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         }
+        smp->mask = nullptr;
         if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
         const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
         if (stop) { s.stopped = true; s.stop_id = id; }
@@ -6880,9 +6955,10 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
             if (ahead) sampler_accept(smp, id);  // the device counted it already
             else gpu_sampler_accept(e, smp, id);
             s.generated++;
+            s.complete = constraint_take(gc, id);
             if (!emit_more(emit, id)) s.cancelled = true;  // a stop string, or the client left
         }
-        if (stop || s.cancelled) {
+        if (stop || s.cancelled || s.complete) {
             if (ahead) e->last_logits = nullptr;  // the step ahead overwrote them (a sampler bound later re-uploads the counts)
             break;
         }
@@ -7466,9 +7542,13 @@ static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_r
 static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
 static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
 // mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
+// gc: a constraint (GenConstraint); not with --spec: there is no constrained round (the server
+// and the cli refuse the pair)
 template <typename Emit>
 static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
-                                const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr) {
+                                const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
+                                GenConstraint* gc = nullptr) {
+    CHECK(!en->spec.K || !(gc && gc->m), "a constraint with --spec");
     if (en->spec.K && !tap && !mm) {
         if (en->gpu) return generate_spec_gpu(en->g, smp, prompt, max_new, stop_ids, emit, cancel);
         return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
@@ -7479,8 +7559,8 @@ static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>
     // (a tap has no per-id rows in a round: the server refuses logprobs with --spec, the cli
     // --logits-out.)
     CHECK(!en->spec.K || !tap, "--logits-out or logprobs with --spec");
-    GenStats s = en->gpu ? generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm)
-                         : generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm);
+    GenStats s = en->gpu ? generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc)
+                         : generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
     if (en->spec.K) { s.spec.K = en->spec.K; s.spec.fallback_steps = s.generated; }
     return s;
 }
@@ -7982,6 +8062,8 @@ struct TextModel {
     SpecOpts spec;   // set before text_model_start
     Engine en;
     TextVision vis;
+    GrammarVocab gvocab;  // the vocabulary's byte trie for constrained decoding, built at the first use
+    std::mutex gvocab_mu; // (by the first of the server's lanes that needs it)
 };
 
 // open the artifact and its tokenizer (no engine yet: text_model_start builds it)
@@ -8031,12 +8113,14 @@ struct TextRequest {
     bool keep = false;                // continue the sequence where it stands (the server placed it: prefix
                                       // reuse); else start afresh
     Engine* engine = nullptr;         // the sequence to run on (the server's lanes); null: the model's own
+    std::shared_ptr<const Grammar> grammar;  // constrain the output (the content, after the reasoning) to it
 };
 
 struct TextResult {
-    GenStats gen;
+    GenStats gen;                     // gen.complete: the grammar's structure was completed
     std::string stop_hit;  // the stop string that ended generation, if one did
     int tool_calls = 0;
+    std::string error;     // the request's grammar could not start (nothing was generated)
 };
 
 // ---- media in a conversation ----------------------------------------------------------
@@ -8235,11 +8319,35 @@ static bool text_media_tower(TextModel* t, const std::vector<int>& prompt, const
 // run rq on t's engine from an empty sequence. on_event(const OutEvent&, int id) gets every
 // piece of output as it is decoded and returns false to stop (e.g. the client left); each
 // event's bytes are complete utf-8.
+// the matcher of a request's grammar over t's vocabulary (the trie is built once: the domain's
+// token bytes, control tokens left out; the stop ids end a completed structure). false and
+// *err when the grammar matches nothing.
+static bool text_constraint(TextModel* t, const TextRequest& rq, GrammarMatcher* m, GenConstraint* gc, std::string* err) {
+    std::lock_guard<std::mutex> lk(t->gvocab_mu);
+    if (!t->gvocab.n) {
+        std::vector<std::string> bytes(t->fr.domain);
+        for (int id = 0; id < t->fr.domain; id++)
+            if (!tokenizer_is_special(&t->tok, id)) bytes[id] = tokenizer_token_bytes(&t->tok, id);
+        vocab_build(&t->gvocab, bytes, t->fr.stops);
+    }
+    if (!matcher_init(m, rq.grammar, &t->gvocab, err)) return false;
+    gc->m = m;
+    gc->open_id = -1;
+    if (rq.thinking_open) {
+        gc->open_id = tokenizer_find(&t->tok, "</think>");
+        if (gc->open_id < 0) { *err = "constrained output with thinking needs a </think> token, which this tokenizer does not have"; return false; }
+    }
+    return true;
+}
+
 template <typename OnEvent>
 static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_event) {
     TextResult res;
     Sampler smp;
     sampler_build(&smp, rq.sp, t->fr.domain);
+    GrammarMatcher matcher;
+    GenConstraint gc;
+    if (rq.grammar && !text_constraint(t, rq, &matcher, &gc, &res.error)) return res;
     Engine* en = rq.engine ? rq.engine : &t->en;
     if (!rq.keep) engine_reset(en);
     TextOut to;
@@ -8257,7 +8365,7 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
         evs.clear();
         if (!go) res.stop_hit = to.parser.stop_hit;
         return go && alive;
-    }, rq.cancel, rq.mm);
+    }, rq.cancel, rq.mm, rq.grammar ? &gc : nullptr);
     if (res.stop_hit.empty() && alive) {  // flush what the decoder and the parser still hold
         text_out_finish(&to, &evs);
         for (const OutEvent& e : evs) if (alive && !on_event(e, -1)) alive = false;
@@ -8456,6 +8564,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.temperature = smp.temperature; rq.sp.top_p = smp.top_p; rq.sp.top_k = smp.top_k; rq.sp.min_p = smp.min_p;
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
+    rq.grammar = smp.grammar;
     LaneTurn turn(s, p.tokens);
     LanePoll poll{s, turn.lane, &sink};
     rq.cancel = GenCancel{lane_poll, &poll};  // a client that leaves during the prefill frees the lane within a piece
@@ -8506,6 +8615,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
         if (!sink.emit(sink.ctx, ev) || sink.cancelled(sink.ctx)) { cancelled = true; return false; }
         return true;
     });
+    if (!r.error.empty()) { res->error = r.error; return; }
     if (p.raw && r.gen.stopped && tk.pending.id == r.gen.stop_id) {
         // a completion lists its stop id too (one entry per counted token: lm-evaluation-harness
         // drops the last entry of echo + max_tokens 1 as the generated one); chat does not
@@ -8531,9 +8641,11 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     res->stop_string = r.stop_hit;
     bool full = r.gen.generated >= smp.max_tokens || engine_pos(en) == engine_capacity(en);
+    // a constrained output that did not complete ended on a limit (its stop ids are masked
+    // until the structure may end, and stop strings are refused with it): never "stop"
     res->finish = r.tool_calls > 0 ? "tool_calls"
-                : (r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
-                : full ? "length" : "stop";
+                : (r.gen.complete || r.gen.stopped || !r.stop_hit.empty() || cancelled || r.gen.cancelled) ? "stop"
+                : full || rq.grammar ? "length" : "stop";
 }
 
 static void served_close(void* self) {
@@ -8644,6 +8756,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     s->api.prepare_text = served_prepare_text;
     s->api.token_bytes = served_token_bytes;
     s->api.logprobs = s->t.spec.K == 0;  // the speculative round has no per-id rows for the tap
+    s->api.structured = s->t.spec.K == 0;  // nor a constrained round
     s->api.generate = served_generate;
     s->api.close = served_close;
     return &s->api;
@@ -8729,6 +8842,9 @@ static void usage(FILE* f) {
         "  --stop TEXT            stop string on the content channel, repeatable (not printed)\n"
         "  --reasoning-stop TEXT  stop string on the reasoning channel, repeatable\n"
         "  --raw-output           no reasoning/content split, special tokens printed\n"
+        "  --json-schema FILE     constrain the answer (after the reasoning) to a json schema (grammar.h lists\n"
+        "                         the keywords; others are refused by name); exit 1 if --max-new ends it inside\n"
+        "  --grammar FILE         constrain the answer to a gbnf-like grammar (root ::= ...; grammar.h)\n"
         "\n"
         "speculative decoding (lossless: greedy output is plain decoding's, token for token):\n"
         "  --spec mtp             draft with the artifact's mtp module, verify K+1 tokens per pass\n"
@@ -8841,6 +8957,8 @@ struct CliArgs {
     MediaLimits media_limits;          // --max-image-pixels, --max-video-pixels, --max-media-mib
     const char* decode_out = nullptr;  // --decode-out
     const char* pixels_out = nullptr;  // --pixels-out
+    const char* json_schema = nullptr; // --json-schema FILE: constrain the answer to the schema
+    const char* grammar = nullptr;     // --grammar FILE: constrain the answer to the grammar (grammar.h's syntax)
     int inputs = 0;                    // how many of the input modes were given
 };
 
@@ -8894,6 +9012,8 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
         else if (!strcmp(a, "--decode-out")) c->decode_out = value();
         else if (!strcmp(a, "--pixels-out")) c->pixels_out = value();
         else if (!strcmp(a, "--vision")) c->vision = true;
+        else if (!strcmp(a, "--json-schema")) c->json_schema = value();
+        else if (!strcmp(a, "--grammar")) c->grammar = value();
         else if (!strcmp(a, "--reasoning-effort"))
             die("%s is not supported yet", a);
         else if (gpu_parse_flag(argc, argv, &i, &c->gopt)) {}
@@ -8933,6 +9053,28 @@ static void cli_parse(int argc, char** argv, CliArgs* c) {
     if (!c->spec_name && c->lm_head_draft) die("--lm-head-draft needs --spec");
     if (c->ppl_path && c->spec_name) die("--perplexity cannot be combined with --spec (it scores, it does not generate)");
     if (c->spec_name && c->logits_path) die("--logits-out cannot be combined with --spec (it writes the prompt's logits of a plain run)");
+    if (const char* f = c->json_schema ? "--json-schema" : c->grammar ? "--grammar" : nullptr) {
+        if (c->json_schema && c->grammar) die("give one of --json-schema and --grammar");
+        if (!(c->prompt_text || c->messages_path || c->raw_prompt) || c->render)
+            die("%s constrains generated text: it needs --prompt, --messages or --raw-prompt", f);
+        if (c->logits_path) die("%s cannot be combined with --logits-out", f);
+        if (c->spec_name) die("%s cannot be combined with --spec yet (a constrained mtp round is not built)", f);
+        if (c->raw_output) die("%s cannot be combined with --raw-output (the constraint applies to the answer channel)", f);
+    }
+}
+
+// --json-schema / --grammar FILE -> the request's grammar, or a one-line error naming the file
+static std::shared_ptr<const Grammar> cli_grammar(const CliArgs& c) {
+    if (!c.json_schema && !c.grammar) return nullptr;
+    const char* path = c.json_schema ? c.json_schema : c.grammar;
+    std::string text = read_file(path), err;
+    auto g = std::make_shared<Grammar>();
+    if (c.json_schema) {
+        Json schema;
+        if (!json_parse(text, &schema, &err)) die("%s: not json: %s", path, err.c_str());
+        if (!schema_compile(schema, g.get(), &err)) die("%s: %s", path, err.c_str());
+    } else if (!grammar_parse_gbnf(text, g.get(), &err)) die("%s: %s", path, err.c_str());
+    return g;
 }
 
 // --info
@@ -9148,6 +9290,8 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
     rq.raw = rq.raw || c.raw_output;
     rq.max_new = c.max_new;
     rq.sp = c.sp;
+    rq.grammar = cli_grammar(c);
+    if (rq.grammar && !c.stop_strings.empty()) die("--stop cannot be combined with %s (a stop string could cut the structure)", c.json_schema ? "--json-schema" : "--grammar");
     if (c.print_ids) {
         fprintf(stderr, "prompt ids:");
         for (int id : rq.prompt) fprintf(stderr, " %d", id);
@@ -9156,11 +9300,12 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
     TextResult r;
     if (c.prompt_ids || c.logits_path) r.gen = cli_generate_ids(c, t, rq);
     else r = cli_generate_text(c, t, rq);
+    if (!r.error.empty()) die("%s", r.error.c_str());
     const GenStats& s = r.gen;
     fprintf(stderr, "ninfer: %s; prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)%s\n",
             t->en.gpu ? "gpu" : "cpu", s.prompt, s.prefill_s, s.prompt / std::max(s.prefill_s, 1e-9), s.generated, s.decode_s,
             s.generated > 1 ? (s.generated - 1) / std::max(s.decode_s, 1e-9) : 0.0,
-            s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
+            s.complete ? ", the structure is complete" : s.stopped ? ", stopped on a stop id" : !r.stop_hit.empty() ? ", stopped on a stop string"
             : engine_pos(&t->en) == engine_capacity(&t->en) ? ", context full" : "");
     if (const SpecStats& sp = s.spec; sp.K) {
         std::string per;
@@ -9174,6 +9319,9 @@ static int cli_generate(const CliArgs& c, TextModel* t, TextRequest& rq) {
                 sp.fallback_steps);
     }
     text_model_close(t);
+    if (rq.grammar && !s.complete && !s.stopped)  // a stop id is only allowed where the structure may end
+        die("the output ended inside the %s structure (%s): it is incomplete", c.json_schema ? "--json-schema" : "--grammar",
+            s.cancelled ? "stopped" : "--max-new or the context reached");
     return 0;
 }
 

@@ -16,7 +16,8 @@
 //                     responses_parse, the responses store (RespStore)
 //   server:           serve_main
 //
-// depends only on the c/c++ standard library, posix sockets / pthreads and format.h (Json).
+// depends only on the c/c++ standard library, posix sockets / pthreads, format.h (Json) and
+// grammar.h (structured output: schemas are compiled here, so a bad one is a 400 naming the keyword).
 // it never includes ninfer.cu or tokenizer.h: ninfer.cu implements ServeEngine and calls
 // serve_main from its main when argv[0] is ninfer-serve.
 //
@@ -79,6 +80,7 @@
 #include <cstddef>
 #include <malloc.h>
 #include "format.h"
+#include "grammar.h"
 
 // ----------------------------------------------------------------------------
 // engine interface: what ninfer.cu (or test/serve_fake.cc) implements
@@ -133,6 +135,10 @@ struct ServeSampling {
     bool prompt_logprobs = false;  // (with logprobs >= 0) also score the prompt: SERVE_PROMPT_LOGPROBS
                                    // events for prompt tokens 1.. before any output. max_tokens may
                                    // be 0 then (score only)
+    std::shared_ptr<const Grammar> grammar;  // structured output: the answer (after the reasoning)
+                                   // is constrained to it; the engine ends generation when it is
+                                   // complete (finish "stop", or "tool_calls" for a forced call) and
+                                   // reports "length" when a limit ends it inside. null: free text
 };
 
 // the kinds 0-2 have the values of tokenizer.h's OUT_REASONING / OUT_CONTENT / OUT_TOOL_CALL
@@ -239,6 +245,7 @@ struct ServeEngine {
     // the raw bytes of one token (possibly part of a utf-8 sequence), for logprobs and echo
     std::string (*token_bytes)(void* self, int id) = nullptr;
     bool logprobs = false;         // generate honours ServeSampling.logprobs (else 400)
+    bool structured = false;       // generate honours ServeSampling.grammar (else 400)
     // generate on an engine thread (up to --max-concurrency at once, each with its own request:
     // the engine takes them in turns): emit reasoning / content / tool calls through the sink,
     // stop at eos, a stop string, max_tokens, the context end, or when the sink says so, and
@@ -978,6 +985,8 @@ struct ApiRequest {
     uint64_t seed = 0;
     std::vector<std::pair<int, float>> logit_bias;
     std::vector<std::string> stop;
+    std::shared_ptr<const Grammar> grammar;  // structured output or a forced tool call (api_structured)
+    const char* grammar_param = nullptr;     // the field that asked for it (errors name it)
     // completions, responses and chat logprobs (see their section)
     int logprobs = -1;             // alternatives per token; -1: no logprobs
     bool max_zero = false;         // max_tokens 0 (completions with echo: score the prompt only)
@@ -1008,6 +1017,38 @@ static bool api_fail(ServeError* e, const std::string& param, const std::string&
 }
 // "messages[3]": the path of an array element, for error params
 static std::string api_at(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
+
+// structured output: a json schema (null: any json value; json_object: any object) or a
+// forced call of the named tool (empty: any of them) compiled to the request's grammar. a
+// keyword the compiler does not support is a 400 that names it and where it is.
+static bool api_schema_grammar(const Json* schema, bool object_only, const char* param, ApiRequest* r, ServeError* e) {
+    auto g = std::make_shared<Grammar>();
+    std::string err;
+    if (object_only) grammar_json_object(g.get());
+    else if (!schema_compile(schema ? *schema : Json::object(), g.get(), &err))
+        return api_fail(e, param, err.substr(0, 400), "schema_not_supported");
+    r->grammar = g;
+    r->grammar_param = param;
+    return true;
+}
+// tools: the chat tools ([{type, function: {name, parameters}}], already checked)
+static bool api_forced_tool(const Json& tools, const std::string& name, const char* param, ApiRequest* r, ServeError* e) {
+    std::vector<ToolSpec> specs;
+    for (const Json& t : tools.arr) {
+        const Json* f = t.get("function");
+        const Json* n = f ? f->get("name") : nullptr;
+        if (!n || !n->is_string() || (!name.empty() && n->str != name)) continue;
+        const Json* p = f->get("parameters");
+        specs.push_back(ToolSpec{n->str, p ? *p : Json()});
+    }
+    if (specs.empty()) return api_fail(e, param, "tool_choice names a tool that is not in 'tools'");
+    auto g = std::make_shared<Grammar>();
+    std::string err;
+    if (!grammar_tool_call(specs, g.get(), &err)) return api_fail(e, "tools", err.substr(0, 400), "schema_not_supported");
+    r->grammar = g;
+    r->grammar_param = param;
+    return true;
+}
 
 // an optional number field: 0 absent (or null), 1 set, -1 wrong type or range
 static int api_number(const Json& o, const char* key, double lo, double hi, double* out, ServeError* e) {
@@ -1212,7 +1253,9 @@ static bool openai_check_messages(Json* msgs, bool vision, ServeError* e) {
 
 // tools: [{type:"function", function:{name, description?, parameters?}}] -> the same with
 // parameters always present; an empty array means none. names are unique.
-static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
+// *strict: some tool asked for strict: true (honoured only when the call is forced: the
+// caller refuses it otherwise)
+static bool openai_check_tools(const Json* tools, Json* out, ServeError* e, std::string* strict = nullptr) {
     *out = Json();
     if (!tools || tools->is_null()) return true;
     if (!tools->is_array()) return api_fail(e, "tools", "'tools' must be an array");
@@ -1241,8 +1284,10 @@ static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
         if (p && !p->is_null() && !api_check_schema(*p, at + ".function.parameters", 0, e)) return false;
         const Json* st = f->get("strict");
         if (st && !st->is_null() && !st->is_bool()) return api_fail(e, at + ".function.strict", "function.strict must be a boolean");
-        if (st && st->is_bool() && st->b)  // a promise that the arguments match the schema: that needs constrained decoding
-            return api_fail(e, at + ".function.strict", "strict tool schemas are not supported (no constrained decoding)", "strict_not_supported");
+        if (st && st->is_bool() && st->b) {  // a promise that the arguments match the schema: a forced call keeps it
+            if (!strict) return api_fail(e, at + ".function.strict", "strict tool schemas need a forced tool call (tool_choice required or a function)", "strict_not_supported");
+            if (strict->empty()) *strict = at + ".function.strict";
+        }
         Json fn = *f;  // rendered as the client sent it, as transformers renders a tool list
         if (!p || p->is_null()) {
             Json schema = Json::object();
@@ -1256,6 +1301,27 @@ static bool openai_check_tools(const Json* tools, Json* out, ServeError* e) {
         out->push(tool);
     }
     return true;
+}
+
+// openai tool_choice: auto, none, required, or a named function ({type: function, function:
+// {name}} in chat completions; flat {type: function, name} in responses); the last two force a
+// call (api_forced_tool). the tools are r->chat.tools, already checked.
+static bool api_openai_tool_choice(const Json& tc, bool flat, ApiRequest* r, ServeError* e) {
+    if (tc.is_string() && tc.str == "none") { r->chat.tools = Json(); return true; }
+    if (tc.is_string() && tc.str == "auto") return true;
+    if (tc.is_string() && tc.str == "required") return api_forced_tool(r->chat.tools, "", "tool_choice", r, e);
+    if (!tc.is_object()) return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+    static const char* const chat_keys[] = {"type", "function", nullptr};
+    static const char* const flat_keys[] = {"type", "name", nullptr};
+    if (!api_only_keys(tc, flat ? flat_keys : chat_keys, "tool_choice", e)) return false;
+    const Json* ty = tc.get("type");
+    const Json* fn = flat ? &tc : tc.get("function");
+    const Json* nm = fn && fn->is_object() ? fn->get("name") : nullptr;
+    if (!ty || !ty->is_string() || ty->str != "function" || !nm || !nm->is_string())
+        return api_fail(e, "tool_choice", flat ? "a tool_choice object must be {\"type\": \"function\", \"name\": ...}"
+                                               : "a tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        "tool_choice_not_supported");
+    return api_forced_tool(r->chat.tools, nm->str, "tool_choice", r, e);
 }
 
 // thinking switches from several fields: they must agree
@@ -1314,18 +1380,18 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     if (!msgs) return api_fail(e, "messages", "'messages' must be a non-empty array");
     r->chat.messages = *msgs;
     if (!openai_check_messages(&r->chat.messages, ctx.vision, e)) return false;
-    if (!openai_check_tools(body.get("tools"), &r->chat.tools, e)) return false;
+    std::string strict;
+    if (!openai_check_tools(body.get("tools"), &r->chat.tools, e, &strict)) return false;
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
         if (!r->chat.tools.is_array()) return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
-        if (tc->is_string() && tc->str == "none") r->chat.tools = Json();
-        else if (tc->is_string() && tc->str == "auto") {}
-        else if ((tc->is_string() && tc->str == "required") || tc->is_object())
-            return api_fail(e, "tool_choice", "only tool_choice 'auto' and 'none' are supported", "tool_choice_not_supported");
-        else return api_fail(e, "tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function");
+        if (!api_openai_tool_choice(*tc, false, r, e)) return false;
     }
+    if (!strict.empty() && !r->grammar)
+        return api_fail(e, strict, "strict tool schemas need a forced tool call (tool_choice required or a function)", "strict_not_supported");
     if (const Json* ptc = body.get("parallel_tool_calls"); ptc && !ptc->is_null()) {
         if (!ptc->is_bool()) return api_fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-        if (!ptc->b) return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is not supported (the model may call several tools at once)");
+        if (!ptc->b && !r->grammar)  // a forced call is exactly one call
+            return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is supported with a forced tool call only (otherwise the model may call several tools at once)");
     }
     if (!api_stop(body.get("stop"), "stop", &r->stop, e)) return false;
     if (api_number(body, "temperature", 0, 2, &r->temperature, e) < 0) return false;
@@ -1386,9 +1452,31 @@ static bool openai_chat_parse(const Json& body, const ApiContext& ctx, ApiReques
     r->chat.enable_thinking = think >= 0 ? think : ctx.thinking;
     r->chat.preserve_thinking = preserve >= 0 ? preserve : ctx.preserve_thinking;
     if (const Json* rf = body.get("response_format"); rf && !rf->is_null()) {
-        const Json* t = rf->get("type");
-        if (!rf->is_object() || !t || !t->is_string() || t->str != "text" || rf->obj.size() != 1)
-            return api_fail(e, "response_format", "only response_format {\"type\":\"text\"} is supported", "response_format_not_supported");
+        const Json* t = rf->is_object() ? rf->get("type") : nullptr;
+        if (!t || !t->is_string()) return api_fail(e, "response_format", "'response_format' must be an object with a 'type'");
+        if (t->str == "text" || t->str == "json_object") {
+            static const char* const rf_keys[] = {"type", nullptr};
+            if (!api_only_keys(*rf, rf_keys, "response_format", e)) return false;
+        } else if (t->str == "json_schema") {
+            static const char* const rf_keys[] = {"type", "json_schema", nullptr};
+            if (!api_only_keys(*rf, rf_keys, "response_format", e)) return false;
+            const Json* js = rf->get("json_schema");
+            if (!js || !js->is_object()) return api_fail(e, "response_format.json_schema", "'json_schema' must be an object with a 'name' and a 'schema'");
+            static const char* const js_keys[] = {"name", "description", "schema", "strict", nullptr};
+            if (!api_only_keys(*js, js_keys, "response_format.json_schema", e)) return false;
+            const Json* nm = js->get("name");
+            if (!nm || !nm->is_string()) return api_fail(e, "response_format.json_schema.name", "'name' must be a string");
+            const Json* st = js->get("strict");
+            if (st && !st->is_null() && !st->is_bool()) return api_fail(e, "response_format.json_schema.strict", "'strict' must be a boolean");
+            const Json* sc = js->get("schema");
+            if (sc && !sc->is_null() && !sc->is_object()) return api_fail(e, "response_format.json_schema.schema", "'schema' must be a json schema object");
+        } else return api_fail(e, "response_format.type", "response_format type must be text, json_object or json_schema", "response_format_not_supported");
+        if (t->str != "text" && r->grammar) return api_fail(e, "response_format", "response_format cannot be combined with a forced tool call");
+        if (t->str == "json_object" && !api_schema_grammar(nullptr, true, "response_format", r, e)) return false;
+        if (t->str == "json_schema") {
+            const Json* sc = rf->get("json_schema")->get("schema");
+            if (!api_schema_grammar(sc && !sc->is_null() ? sc : nullptr, false, "response_format.json_schema.schema", r, e)) return false;
+        }
     }
     // logprobs: true lists each token's logprob; top_logprobs (0..20, needs logprobs) its alternatives
     bool lp = false;
@@ -1683,10 +1771,18 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
         if (!api_only_keys(*tc, tc_keys, "tool_choice", e)) return false;
         const Json* dp = tc->get("disable_parallel_tool_use");
         if (dp && !dp->is_null() && !dp->is_bool()) return api_fail(e, "tool_choice.disable_parallel_tool_use", "'disable_parallel_tool_use' must be a boolean");
-        if (dp && dp->is_bool() && dp->b) return api_fail(e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use is not supported (the model may call several tools at once)");
+        const bool single = dp && dp->is_bool() && dp->b;
+        const Json* nm = tc->get("name");
+        if (ty->str != "tool" && nm && !nm->is_null()) return api_fail(e, "tool_choice.name", "'name' goes with tool_choice type tool only");
         if (ty->str == "none") r->chat.tools = Json();
-        else if (ty->str == "any" || ty->str == "tool") return api_fail(e, "tool_choice", "only tool_choice auto and none are supported", "tool_choice_not_supported");
+        else if (ty->str == "any") { if (!api_forced_tool(r->chat.tools, "", "tool_choice", r, e)) return false; }
+        else if (ty->str == "tool") {
+            if (!nm || !nm->is_string()) return api_fail(e, "tool_choice.name", "tool_choice type tool needs the tool's 'name'");
+            if (!api_forced_tool(r->chat.tools, nm->str, "tool_choice.name", r, e)) return false;
+        }
         else if (ty->str != "auto") return api_fail(e, "tool_choice.type", "unknown tool_choice type");
+        if (single && !r->grammar)  // a forced call is exactly one call
+            return api_fail(e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use is supported with tool_choice any / tool only (otherwise the model may call several tools at once)");
     }
     // thinking: {type: "disabled"} turns it off, "enabled" / "adaptive" on
     r->chat.enable_thinking = ctx.thinking;
@@ -1705,8 +1801,17 @@ static bool anthropic_parse(const Json& body, const ApiContext& ctx, bool counti
         if (!oc->is_object()) return api_fail(e, "output_config", "'output_config' must be an object");
         static const char* const oc_keys[] = {"effort", "format", nullptr};
         if (!api_only_keys(*oc, oc_keys, "output_config", e)) return false;
-        if (const Json* f = oc->get("format"); f && !f->is_null())
-            return api_fail(e, "output_config.format", "structured output (output_config.format) is not supported", "output_format_not_supported");
+        if (const Json* f = oc->get("format"); f && !f->is_null()) {
+            const Json* ty = f->is_object() ? f->get("type") : nullptr;
+            if (!ty || !ty->is_string() || ty->str != "json_schema")
+                return api_fail(e, "output_config.format.type", "output_config.format type must be json_schema", "output_format_not_supported");
+            static const char* const f_keys[] = {"type", "schema", nullptr};
+            if (!api_only_keys(*f, f_keys, "output_config.format", e)) return false;
+            const Json* sc = f->get("schema");
+            if (!sc || !sc->is_object()) return api_fail(e, "output_config.format.schema", "'schema' must be a json schema object");
+            if (r->grammar) return api_fail(e, "output_config.format", "output_config.format cannot be combined with a forced tool call");
+            if (!api_schema_grammar(sc, false, "output_config.format.schema", r, e)) return false;
+        }
         const Json* ef = oc->get("effort");
         if (ef && !ef->is_null()) {
             if (!ef->is_string()) return api_fail(e, "output_config.effort", "'effort' must be a string");
@@ -2125,6 +2230,7 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     rs.set("input", input);
     // tools: flat function definitions
     Json tools_out = Json::array();
+    std::string strict;
     if (const Json* tl = body.get("tools"); tl && !tl->is_null()) {
         if (!tl->is_array()) return api_fail(e, "tools", "'tools' must be an array");
         Json chat_tools = Json::array();
@@ -2139,7 +2245,7 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
                     return api_fail(e, (where + "." + (kv.first.size() <= 64 ? kv.first : "?")).c_str(), "unknown tool field", "unknown_parameter");
             const Json* st = t.get("strict");
             if (st && !st->is_null() && !st->is_bool()) return api_fail(e, (where + ".strict").c_str(), "'strict' must be a boolean");
-            if (st && st->is_bool() && st->b) return api_fail(e, (where + ".strict").c_str(), "strict schemas need constrained decoding, which is not supported; send strict: false");
+            if (st && st->is_bool() && st->b && strict.empty()) strict = where + ".strict";  // kept by a forced call only (below)
             Json fn = Json::object();
             for (const char* k : {"name", "description", "parameters"}) if (const Json* v = t.get(k)) fn.set(k, *v);
             Json ct = Json::object();
@@ -2157,20 +2263,49 @@ static bool responses_parse(const Json& body, const ApiContext& ctx, bool counti
     rs.set("tools", tools_out);
     rs.set("tool_choice", Json::string("auto"));
     if (const Json* tc = body.get("tool_choice"); tc && !tc->is_null()) {
-        if (!tc->is_string() || (tc->str != "auto" && tc->str != "none"))
-            return api_fail(e, "tool_choice", "only tool_choice 'auto' and 'none' are supported", "tool_choice_not_supported");
-        if (tc->str == "none") r->chat.tools = Json();
+        if (!r->chat.tools.is_array() && !(tc->is_string() && (tc->str == "auto" || tc->str == "none")))
+            return api_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
+        if (!api_openai_tool_choice(*tc, true, r, e)) return false;
         rs.set("tool_choice", *tc);
     }
-    if (const Json* v = body.get("parallel_tool_calls"); v && !v->is_null() && !(v->is_bool() && v->b))
-        return api_fail(e, "parallel_tool_calls", "only parallel_tool_calls true is supported (the model may call several tools)");
+    if (!strict.empty() && !r->grammar)
+        return api_fail(e, strict, "strict tool schemas need a forced tool call (tool_choice required or a function); send strict: false", "strict_not_supported");
+    if (const Json* v = body.get("parallel_tool_calls"); v && !v->is_null() && !(v->is_bool() && (v->b || r->grammar)))
+        return api_fail(e, "parallel_tool_calls", "parallel_tool_calls false is supported with a forced tool call only (otherwise the model may call several tools)");
     if (const Json* v = body.get("truncation"); v && !v->is_null() && !(v->is_string() && v->str == "disabled"))
         return api_fail(e, "truncation", "only truncation 'disabled' is supported (a prompt that does not fit is an error)");
+    Json text_fmt = Json::object();
+    text_fmt.set("type", Json::string("text"));
     if (const Json* tx = body.get("text"); tx && !tx->is_null()) {
-        const Json* f = tx->is_object() ? tx->get("format") : nullptr;
-        bool ok = tx->is_object() && tx->size() == (f ? 1u : 0u) && (!f || (f->is_object() && f->size() == 1 && f->get("type") && f->get("type")->is_string() && f->get("type")->str == "text"));
-        if (!ok) return api_fail(e, "text", "only text {\"format\":{\"type\":\"text\"}} is supported", "response_format_not_supported");
+        if (!tx->is_object()) return api_fail(e, "text", "'text' must be an object");
+        static const char* const tx_keys[] = {"format", "verbosity", nullptr};
+        if (!api_only_keys(*tx, tx_keys, "text", e)) return false;
+        if (const Json* v = tx->get("verbosity"); v && !v->is_null() && !(v->is_string() && v->str == "medium"))
+            return api_fail(e, "text.verbosity", "only text.verbosity 'medium' is supported");
+        const Json* f = tx->get("format");
+        const Json* ty = f && f->is_object() ? f->get("type") : nullptr;
+        if (f && !f->is_null()) {
+            if (!ty || !ty->is_string()) return api_fail(e, "text.format", "'text.format' must be an object with a 'type'");
+            if (ty->str == "text" || ty->str == "json_object") {
+                static const char* const f_keys[] = {"type", nullptr};
+                if (!api_only_keys(*f, f_keys, "text.format", e)) return false;
+            } else if (ty->str == "json_schema") {
+                static const char* const f_keys[] = {"type", "name", "description", "schema", "strict", nullptr};
+                if (!api_only_keys(*f, f_keys, "text.format", e)) return false;
+                const Json* nm = f->get("name");
+                if (!nm || !nm->is_string()) return api_fail(e, "text.format.name", "'name' must be a string");
+                const Json* st = f->get("strict");
+                if (st && !st->is_null() && !st->is_bool()) return api_fail(e, "text.format.strict", "'strict' must be a boolean");
+                const Json* sc = f->get("schema");
+                if (!sc || !sc->is_object()) return api_fail(e, "text.format.schema", "'schema' must be a json schema object");
+            } else return api_fail(e, "text.format.type", "text.format type must be text, json_object or json_schema", "response_format_not_supported");
+            if (ty->str != "text" && r->grammar) return api_fail(e, "text.format", "text.format cannot be combined with a forced tool call");
+            if (ty->str == "json_object" && !api_schema_grammar(nullptr, true, "text.format", r, e)) return false;
+            if (ty->str == "json_schema" && !api_schema_grammar(f->get("schema"), false, "text.format.schema", r, e)) return false;
+            text_fmt = *f;
+        }
     }
+    rs.set("text_format", text_fmt);
     // thinking: reasoning.effort, preserve_thinking, chat_template_kwargs (as chat completions)
     int think = -1, preserve = -1, k;
     bool b;
@@ -2978,10 +3113,9 @@ static Json resp_object(ServeGen* g, const char* status, const ServeResult* r) {
     o.set("service_tier", Json::string("default"));
     o.set("store", *g->resp.get("store"));
     o.set("temperature", *g->resp.get("temperature"));
-    Json fmt = Json::object();
-    fmt.set("type", Json::string("text"));
     Json text = Json::object();
-    text.set("format", fmt);
+    if (const Json* tf = g->resp.get("text_format")) text.set("format", *tf);
+    else { Json fmt = Json::object(); fmt.set("type", Json::string("text")); text.set("format", fmt); }
     o.set("text", text);
     for (const char* k : {"tool_choice", "tools"}) o.set(k, *g->resp.get(k));
     o.set("top_logprobs", Json::integer(0));
@@ -3399,6 +3533,7 @@ static ServeSampling serve_resolve_sampling(const ApiRequest& ar, int max_tokens
     if (o.greedy) { s.temperature = 0; s.top_k = 1; s.top_p = 1; s.min_p = 0; }
     s.stop = ar.stop;
     s.logit_bias = ar.logit_bias;
+    s.grammar = ar.grammar;
     s.max_tokens = max_tokens;
     return s;
 }
@@ -3502,6 +3637,16 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     if (ar.logprobs >= 0 && !s.eng->logprobs) {
         serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "logprobs are not supported by this engine setup (not with --spec)",
                                                         "logprobs"), keep, lg);
+        return keep;
+    }
+    if (ar.grammar && !s.eng->structured) {
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "structured output and forced tool calls are not supported by "
+                                                        "this engine setup (not with --spec)", ar.grammar_param), keep, lg);
+        return keep;
+    }
+    if (ar.grammar && !ar.stop.empty()) {  // a stop string could end the output inside the structure
+        serve_conn_send_error(c, anth, serve_make_error(400, "invalid_request_error", "stop strings cannot be combined with structured output or a "
+                                                        "forced tool call", anth ? "stop_sequences" : "stop"), keep, lg);
         return keep;
     }
     if ((ar.logprobs >= 0 || (ar.echo && ar.raw_is_ids)) && !s.eng->token_bytes) {

@@ -11,6 +11,7 @@ for line in open(req):
     if not line:
         continue
     name, _, want = line.partition("==")
+    name = name.split("[")[0]  # extras: the distribution's name without them
     try:
         have = md.version(name.strip())
     except md.PackageNotFoundError:

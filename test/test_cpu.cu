@@ -799,3 +799,64 @@ static std::string golden_case_name(const ::testing::TestParamInfo<GoldenCase>& 
 }
 INSTANTIATE_TEST_SUITE_P(Hf, Golden, ::testing::ValuesIn(kGoldenCases), golden_case_name);
 INSTANTIATE_TEST_SUITE_P(Hf, GoldenPpl, ::testing::Values(kGoldenCases[0], kGoldenCases[1]), golden_case_name);
+
+// ---- constrained generation (GenConstraint) -------------------------------------------------
+//
+// greedy on kjv: a constraint that opens after a given id (as it opens after </think>) leaves
+// the tokens up to that id exactly as plain decoding has them, and from there each id is one
+// the grammar allows (constraint_take checks it), the text is a document of the schema, and
+// generation ends when it is complete (never on a stop id it could not take).
+TEST(Generation, ConstraintOpensAfterItsIdAndHoldsTheOutput) {
+    if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP();
+    TextModel t;
+    std::string err;
+    ASSERT_TRUE(text_model_open(&t, "models/kjv/kjv.ninfer", &err)) << err;
+    GpuOpts o; o.max_context = 512; o.prefill_chunk = 128;
+    ASSERT_TRUE(text_model_start(&t, true, o, "test", &err)) << err;
+    std::vector<int> prompt;
+    tokenizer_encode(&t.tok, "And God said", &prompt);
+    SamplerParams sp; sp.temperature = 0;
+    auto run = [&](GenConstraint* gc, int n, GenStats* st) {
+        Sampler smp; sampler_build(&smp, sp, t.fr.domain);
+        engine_reset(&t.en);
+        std::vector<int> out;
+        *st = engine_generate(&t.en, &smp, prompt, n, t.fr.stops, nullptr, [&](int id) { out.push_back(id); }, GenCancel(), nullptr, gc);
+        return out;
+    };
+    GenStats st;
+    std::vector<int> free_ids = run(nullptr, 8, &st);
+    ASSERT_EQ(free_ids.size(), 8u);
+    const int open = free_ids[2];
+    const size_t k = std::find(free_ids.begin(), free_ids.end(), open) - free_ids.begin();  // its first place
+    Json schema;
+    ASSERT_TRUE(json_parse(R"({"type":"object","properties":{"v":{"type":"integer","minimum":1,"maximum":9},"w":{"enum":["light","dark"]}},
+                               "required":["v","w"],"additionalProperties":false})", &schema, &err));
+    auto g = std::make_shared<Grammar>();
+    ASSERT_TRUE(schema_compile(schema, g.get(), &err)) << err;
+    TextRequest rq;
+    rq.grammar = g;
+    GrammarMatcher gm;
+    GenConstraint gc;
+    ASSERT_TRUE(text_constraint(&t, rq, &gm, &gc, &err)) << err;
+    gc.open_id = open;
+    std::vector<int> out = run(&gc, 300, &st);
+    ASSERT_GT(out.size(), k + 1);
+    EXPECT_EQ(std::vector<int>(out.begin(), out.begin() + k + 1), std::vector<int>(free_ids.begin(), free_ids.begin() + k + 1));
+    EXPECT_TRUE(st.complete && !st.stopped);
+    std::string text;
+    for (size_t i = k + 1; i < out.size(); i++) text += tokenizer_token_bytes(&t.tok, out[i]);
+    Json doc;
+    ASSERT_TRUE(json_parse(text, &doc, &err)) << text;
+    ASSERT_TRUE(doc.get("v") && doc.get("v")->is_int && doc.get("w") && doc.get("w")->is_string()) << text;
+    EXPECT_TRUE(doc.get("v")->i >= 1 && doc.get("v")->i <= 9) << text;
+    // a constraint that is open from the start: the first id is already the grammar's
+    GrammarMatcher gm2;
+    GenConstraint gc2;
+    ASSERT_TRUE(text_constraint(&t, rq, &gm2, &gc2, &err)) << err;
+    out = run(&gc2, 300, &st);
+    text.clear();
+    for (int id : out) text += tokenizer_token_bytes(&t.tok, id);
+    EXPECT_TRUE(st.complete) << text;
+    EXPECT_TRUE(json_parse(text, &doc, &err)) << text;
+    text_model_close(&t);
+}

@@ -1052,6 +1052,56 @@ TEST(Sampling, MatchesCpuSampler) {
     }
 }
 
+// a constraint's mask (Sampler.mask): mask_logits on the device, then the argmax or
+// sample_gpu, picks what sample() picks with the mask on the host, and never a masked id.
+// masks keep ~1/2, ~1/1000 and exactly 3 ids (fewer than top_k: -inf candidates are kept
+// with weight 0, and the rounding-edge fallback must skip them); poisoned logits first.
+TEST(Sampling, MaskMatchesCpuSampler) {
+    NEED_GPU();
+    Rng r = rng();
+    const int n = 248077, V = 248320, W = CEIL_DIV(n, 32);
+    DevSampler ds(n);
+    Dev dl((size_t)V * 4), dm((size_t)W * 4), dout(4), scr(argmax_scratch_bytes(1));
+    for (int style = 0; style < 3; style++)
+        for (int keep : {2, 1000, 0}) {
+            std::vector<float> l = sample_logits(r, n, V, style);
+            std::vector<uint32_t> mask(W, 0);
+            std::vector<int> kept;
+            if (keep) { for (int i = 0; i < n; i++) if (r.below(keep) == 0) kept.push_back(i); }
+            else kept = {(int)r.below(n), (int)r.below(n), (int)r.below(n)};
+            for (int i : kept) mask[i >> 5] |= 1u << (i & 31);
+            Sampler smp;
+            sampler_build(&smp, SamplerParams(), n);
+            sample_counts(r, &smp, l, n);
+            for (const SampleCase& c : kSampleCases) {
+                if (!(c.T <= 0.0f || (c.top_k > 0 && c.top_k <= SAMPLE_SEQ_MAX))) continue;  // the exact paths
+                smp.p.temperature = c.T; smp.p.top_k = c.top_k; smp.p.top_p = c.top_p; smp.p.min_p = c.min_p;
+                smp.p.presence = c.presence; smp.p.frequency = c.frequency; smp.p.seed = r.u64();
+                smp.p.logit_bias = c.bias ? sample_bias(r, l, n) : std::vector<std::pair<int, float>>();
+                ds.mem.poison();
+                sample_upload(&ds.s, &smp, 0);
+                up(dm, mask);
+                for (int j = 0; j < 8; j++) {
+                    uint64_t pos = r.below(1 << 20);
+                    up(dl, l);  // the kernel masks in place
+                    mask_logits(dl.as<float>(), dm.as<uint32_t>(), n, 0);
+                    int got;
+                    if (c.T <= 0.0f && !c.bias) {
+                        cudaCheck(cudaMemset(dout.p, 0xFF, 4));
+                        argmax<float>(dl.as<float>(), V, n, 1, scr.p, dout.as<int>(), 0);
+                        got = down<int>(dout, 1)[0];
+                    } else got = ds.pick(dl.as<float>(), smp, pos, j & 1);
+                    smp.mask = mask.data();
+                    int want = sample(&smp, l.data(), pos, j & 1);
+                    smp.mask = nullptr;
+                    ASSERT_TRUE(got >= 0 && got < n) << got;
+                    EXPECT_TRUE((mask[got >> 5] >> (got & 31)) & 1) << "a masked id was picked: " << got;
+                    EXPECT_EQ(got, want) << "style " << style << " keep " << keep << " T " << c.T << " top_k " << c.top_k << " bias " << c.bias;
+                }
+            }
+        }
+}
+
 // speculative sampling of a verification column on the device (sample_spec_kernel) against
 // the cpu's sample_spec / sample(): the same token and the same accept decision, bit for bit,
 // on the top-k path (every sampler the gpu round draws on the device), with drafts that are the

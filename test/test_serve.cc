@@ -463,12 +463,14 @@ TEST(OpenAI, RefusedByName) {
         {std::string("{") + U + R"(,"chat_template_kwargs":{"add_vision_id":true}})", "chat_template_kwargs.add_vision_id", "unknown_parameter"},
         {std::string("{") + U + R"(,"store":true})", "store", "invalid_request_error"},
         {std::string("{") + U + R"(,"service_tier":"flex"})", "service_tier", "invalid_request_error"},
-        {std::string("{") + U + R"(,"response_format":{"type":"text","json_schema":{}}})", "response_format", "response_format_not_supported"},
+        {std::string("{") + U + R"(,"response_format":{"type":"text","json_schema":{}}})", "response_format.json_schema", "unknown_parameter"},
         {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"tool","content":"r"}]})", "messages[1].tool_call_id", "invalid_request_error"},
         {R"({"model":"m","messages":[{"role":"user","content":"x","name":"bob"}]})", "messages[0].name", "unknown_parameter"},
         {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]}]})", "messages[1].tool_calls[0].function.arguments", "invalid_request_error"},
         {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"[1]"}}]}]})", "messages[1].tool_calls[0].function.arguments", "invalid_request_error"},
-        {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","cache":1}]}]})", "messages[0].content[0].cache", "unknown_parameter"},
+        {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","cache":1}]}]})", "messages[0].content[0].cache", "unknown_parameter"},        {std::string("{") + U + R"(,"response_format":{"type":"xml"}})", "response_format.type", "response_format_not_supported"},
+        {std::string("{") + U + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"array","contains":{}}}}})",
+         "response_format.json_schema.schema", "schema_not_supported"},
     };
     for (const auto& c : cases) {
         ApiRequest r; ServeError e;
@@ -497,7 +499,8 @@ TEST(Anthropic, RefusedByName) {
     const char* T = R"("tools":[{"name":"f","input_schema":{"type":"object"}}])";
     struct { std::string body; const char* param; } cases[] = {
         {R"({"model":"a","messages":[{"role":"user","content":"x"}]})", "max_tokens"},
-        {std::string("{") + U + R"(,"output_config":{"format":{"type":"json_schema","schema":{}}}})", "output_config.format"},
+        {std::string("{") + U + R"(,"output_config":{"format":{"type":"json_schema"}}})", "output_config.format.schema"},
+        {std::string("{") + U + R"(,"output_config":{"format":{"type":"json_schema","schema":{"type":"object","maxProperties":2}}}})", "output_config.format.schema"},
         {std::string("{") + U + R"(,"output_config":{"verbosity":"low"}})", "output_config.verbosity"},
         {std::string("{") + U + R"(,"metadata":"x"})", "metadata"},
         {std::string("{") + U + R"(,"metadata":{"tenant":"x"}})", "metadata.tenant"},

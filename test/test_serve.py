@@ -587,10 +587,13 @@ def test_openai_errors(oai, mid):
         ({"n": 2}, "n_not_supported", "n"),
         ({"max_completion_tokens": 0}, "invalid_request_error", "max_completion_tokens"),
         ({"extra_body": {"bogus_field": 1}}, "unknown_parameter", "bogus_field"),
-        ({"response_format": {"type": "json_object"}}, "response_format_not_supported", "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format_not_supported", "response_format.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": 1}}}},
+         "schema_not_supported", "response_format.json_schema.schema"),
         ({"tools": [{"type": "web_search"}]}, "tool_type_not_supported", "tools[0].type"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "invalid_request_error", "tools[0].function.name"),
-        ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice_not_supported", "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]},
+         "invalid_request_error", "tool_choice"),
         ({"extra_body": {"reasoning_effort": "bogus"}}, "invalid_request_error", "reasoning_effort"),
         ({"stop": [""]}, "invalid_request_error", "stop"),
         ({"extra_body": {"preserve_thinking": "yes"}}, "invalid_request_error", "preserve_thinking"),
@@ -722,7 +725,7 @@ def test_anthropic_stop_sequences(ant, mid):
 def test_anthropic_errors(ant, mid):
     msgs = [{"role": "user", "content": "hi"}]
     for kw in ({"max_tokens": 0}, {"max_tokens": 8, "extra_body": {"temperature": 5}}, {"max_tokens": 8, "extra_body": {"nope": 1}},
-               {"max_tokens": 8, "tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}):
+               {"max_tokens": 8, "tool_choice": {"type": "tool", "name": "g"}, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}):
         with pytest.raises(anthropic.BadRequestError) as e:
             ant.messages.create(model=mid, messages=msgs, **kw)
         assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
@@ -1322,7 +1325,7 @@ def test_fields_refused_by_name(lim):
         assert st == 400 and json.loads(body)["error"]["param"] == param, (extra, body)
     a = {"model": "m", "max_tokens": 4, "messages": u}
     for body_, param in (({"model": "m", "messages": u}, "max_tokens"),
-                         (dict(a, output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}), "output_config.format"),
+                         (dict(a, output_config={"format": {"type": "text"}}), "output_config.format.type"),
                          (dict(a, metadata="x"), "metadata"), (dict(a, tool_choice={"type": "auto"}), "tool_choice"),
                          (dict(a, tools=[{"name": "f", "input_schema": {"type": 12}}]), "tools[0].input_schema.type")):
         st, _, body = request(lim.port, "POST", "/v1/messages", body_)
