@@ -6872,6 +6872,11 @@ static void gpu_kv_rows_host(GpuEngine* e, int a, int b, int n, uint8_t* host, b
         planes((uint8_t*)e->kc[l], code); planes((uint8_t*)e->vc[l], code);
         if (e->o.kv != KV_BF16) { planes((uint8_t*)e->ksc[l], scale); planes((uint8_t*)e->vsc[l], scale); }
     }
+    if (e->mtp.K) {  // the mtp layer's own rows (--spec)
+        const KvCache& c = e->mtp.kv;
+        planes((uint8_t*)c.kc, code); planes((uint8_t*)c.vc, code);
+        if (e->o.kv != KV_BF16) { planes((uint8_t*)c.ksc, scale); planes((uint8_t*)c.vsc, scale); }
+    }
     cudaCheck(cudaStreamSynchronize(e->stream));
 }
 
@@ -7609,6 +7614,8 @@ struct PrefixEntry {
     uint8_t* kv = nullptr;        // host copy of kv rows [0, n), n * row_bytes; null: live-backed
     int lane = -1;                // live-backed: the lane whose live rows hold them
     std::vector<float> bridge;    // cpu --spec: main hidden row n-1 (the mtp row n-1 waits for token n)
+    std::vector<uint16_t> gbridge;  // gpu --spec: the same row in bf16 when the row is pending (else empty:
+                                  // the entry was kept after a response, its mtp rows complete)
     uint64_t used = 0;            // lru clock
 };
 
@@ -7706,7 +7713,7 @@ static void prefix_reset_live(Engine* en) {
             cudaCheck(cudaMemsetAsync(e->conv[l], 0, e->conv_slot * 2, e->stream));
             cudaCheck(cudaMemsetAsync(e->rec[l], 0, e->rec_slot * 4, e->stream));
         }
-        e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr;
+        e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr; e->mtp.pos = 0;
         return;
     }
     SeqState* st = &en->st;
@@ -7732,7 +7739,7 @@ static bool prefix_build(PrefixCache* pc, const std::vector<Engine*>& lanes, con
     if (!o.on) return true;
     if (en->gpu) {
         pc->image_bytes = gpu_gdn_bytes(g, 1);
-        pc->row_bytes = gpu_kv_bytes_per_row(g, en->g->o.kv);
+        pc->row_bytes = gpu_kv_bytes_per_row(g, en->g->o.kv) * (g.n_full + (en->g->mtp.K ? 1 : 0)) / g.n_full;
         pc->first_dev_slot = en->g->o.gdn_slots - o.dev_slots;
         CHECK(pc->first_dev_slot >= GPU_LIVE_SLOTS, "%d gdn slots for %d device state slots", en->g->o.gdn_slots, o.dev_slots);
     } else {
@@ -7840,14 +7847,19 @@ static int prefix_begin(PrefixCache* pc, int lane, const std::vector<int>& promp
     prefix_seek(en, n);
     prefix_image_load(pc, en, *best);
     if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge[lane] = best->bridge; }
+    if (en->gpu && en->spec.K) {
+        if (best->gbridge.empty()) en->g->mtp.pos = n;
+        else { gpu_spec_bridge_host(en->g, best->gbridge.data(), false); en->g->mtp.pos = n - 1; }
+    }
     best->used = ++pc->clock;
     *tier = best->dev >= 0 ? "device" : "host";
     return n;
 }
 
-// cpu --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
+// --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
 static void prefix_bridge(PrefixCache* pc, int lane, int next) {
     Engine* en = pc->lanes[lane];
+    if (en->gpu && en->spec.K) { gpu_spec_bridge(en->g, next); return; }
     if (en->gpu || !en->spec.K || en->st.mtp_pos != en->st.pos - 1) return;
     CHECK((int)pc->bridge[lane].size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
     mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge[lane].data(), nullptr, 1, nullptr, false, nullptr);
@@ -7863,7 +7875,8 @@ static bool prefix_prefill(PrefixCache* pc, int lane, const int* ids, int T, con
         if (en->gpu && i > 0 && cancel.fn) cudaCheck(cudaStreamSynchronize(en->g->stream));
         if (cancel()) return false;
         const int t = std::min(piece, T - i);
-        if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
+        if (en->gpu && en->spec.K) gpu_spec_prefill(en->g, ids + i, t);  // the mtp rows too, the last one pending
+        else if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
         else if (!en->spec.K) forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, nullptr);
         else {  // the mtp rows of the same positions, all but the last (its token is the next piece's first)
             prefix_bridge(pc, lane, ids[i]);
@@ -7958,6 +7971,10 @@ static void prefix_capture(PrefixCache* pc, int lane) {
     }
     if (ne.dev < 0) ne.host = free_host();
     if (!en->gpu && en->spec.K) ne.bridge = pc->bridge[lane];
+    if (en->gpu && en->spec.K && en->g->mtp.pos == en->g->pos - 1) {
+        ne.gbridge.resize(en->m->geo.H);
+        gpu_spec_bridge_host(en->g, ne.gbridge.data(), true);
+    }
     ne.used = ++pc->clock;
     prefix_image_save(pc, en, ne);
     pc->entries.push_back(std::move(ne));
@@ -8399,7 +8416,6 @@ struct ServedModel {
     LaneRing ring;
     PrefixCache pc;   // retained prefixes (the lane with the turn)
     int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
-    std::string reuse_note;  // why reuse is off when no flag turned it off
 };
 
 // take a free lane (the one whose sequence already holds the longest part of the prompt) and
@@ -8593,13 +8609,13 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     PrefixCache* pc = &s->pc;
     Engine* en = s->lanes[turn.lane];
     rq.engine = en;
-    const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;  // (off on the gpu with --spec: served_load)
+    const bool reuse = pc->o.on && !p.media && !smp.prompt_logprobs;
     const double t0 = now_s();
     const char* tier = "off";
     int start = 0, at = 0;
     rq.keep = true;
     std::vector<int> splits;  // every turn opener (prefix_prepare says why); none where the prefill must stay whole
-    if (!p.media && !smp.prompt_logprobs && !p.raw && !(en->gpu && en->spec.K))  // the gpu round prefills its own mtp rows
+    if (!p.media && !smp.prompt_logprobs && !p.raw)
         for (int i = 1; i < (int)p.tokens.size(); i++) if (p.tokens[i] == s->im_start) splits.push_back(i);
     const bool placed = prefix_prepare(pc, turn.lane, p.tokens, splits, p.reuse_boundary, reuse, rq.cancel, &start, &at, &tier);
     res->cache = tier;
@@ -8676,8 +8692,7 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
     const PrefixCache& pc = s->pc;
     const double mib = 1048576.0;
     char reuse[256];
-    if (!s->reuse_note.empty()) snprintf(reuse, sizeof reuse, "%s", s->reuse_note.c_str());
-    else if (!pc.o.on) snprintf(reuse, sizeof reuse, "prefix reuse off (--no-prefix-reuse)");
+    if (!pc.o.on) snprintf(reuse, sizeof reuse, "prefix reuse off (--no-prefix-reuse)");
     else snprintf(reuse, sizeof reuse, "prefix reuse: %d device state slots + %d pinned host state slots of %.1f MiB, host kv up to %d MiB (pinned as needed)",
                   pc.o.dev_slots, pc.o.host_slots, pc.image_bytes / mib, o.host_kv_mib);
     if (en.gpu) {
@@ -8721,17 +8736,6 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
         if (!text_vision_open(&s->t, v, err)) { text_model_close(&s->t); delete s; return nullptr; }
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
-    if (s->t.en.gpu && s->t.spec.K && po.on) {
-        // the gpu round keeps mtp kv rows and a hidden row that a retained prefix does not
-        // carry yet: no reuse there (said in the memory plan), and asked for by name, refused
-        for (const char* f : {"--device-state-slots", "--host-state-slots", "--host-kv-mib"})
-            if (o.has(f)) {
-                *err = std::string(f) + " with --spec mtp on the gpu is not supported yet (prefix reuse does not carry the mtp round's rows)";
-                text_model_close(&s->t); delete s; return nullptr;
-            }
-        po = PrefixOpts();
-        s->reuse_note = "prefix reuse off: --spec mtp on the gpu (the retained prefixes do not carry the mtp rows yet)";
-    }
     s->lanes.push_back(&s->t.en);
     if (o.max_concurrency > 1 && s->t.en.gpu) {
         *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " needs the gpu's batched decode, which is not built yet "
