@@ -8697,11 +8697,15 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
                   pc.o.dev_slots, pc.o.host_slots, pc.image_bytes / mib, o.host_kv_mib);
     if (en.gpu) {
         const GpuEngine* e = en.g;
-        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB), deltanet state %d slots of %.1f MiB "
-                "(the live pair + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
-                e->device, e->arena_bytes / mib, e->capacity, kv_dtype_name(e->o.kv), (double)e->capacity * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) / mib,
-                e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, pc.o.dev_slots, e->work_bytes / mib,
-                e->o.graphs ? "per decode bucket" : "off", reuse);
+        const int live = e->o.gdn_slots - pc.o.dev_slots;
+        char spec[96] = "";
+        if (e->mtp.K) snprintf(spec, sizeof spec, " (with the mtp layer's)");
+        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s), deltanet state %d slots of %.1f MiB "
+                "(%d live%s + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
+                e->device, e->arena_bytes / mib, e->capacity, kv_dtype_name(e->o.kv),
+                (double)e->capacity * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) * (e->m->geo.n_full + (e->mtp.K ? 1 : 0)) / e->m->geo.n_full / mib, spec,
+                e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, live, e->mtp.K ? ": the mtp round's K+1" : "", pc.o.dev_slots,
+                e->work_bytes / mib, e->o.graphs ? "per decode bucket" : "off", reuse);
     } else {
         fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): %zu lane(s), each a sequence state of %.1f MiB (kv %d tokens, fp32); %s\n",
                 s->lanes.size(), en.st.n_floats * 4 / mib, en.st.capacity, reuse);
