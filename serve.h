@@ -3696,11 +3696,14 @@ static bool serve_handle_generate(ServeConn* c, const HttpRequest& rq, int route
     g.created = (long)time(nullptr);
     g.prompt_tokens = n;
     lg->id = g.id;
-    // admission: a bounded fifo
+    // admission: a bounded fifo. the queue's requests beyond the free lanes wait; refused when
+    // this one would make more than --max-pending-requests wait (requests queued a moment ago
+    // that an idle engine thread has not taken yet are not waiting)
     {
         std::lock_guard<std::mutex> lk(s.mu);
+        const int free_lanes = std::max(0, s.opt.max_concurrency - s.running);
         if (serve_stopping()) { e = serve_make_error(503, "server_shutting_down", "the server is shutting down"); ok = false; }
-        else if ((int)s.queue.size() >= s.opt.max_pending_requests && (s.running >= s.opt.max_concurrency || !s.queue.empty())) {
+        else if ((int)s.queue.size() + 1 > s.opt.max_pending_requests + free_lanes) {
             e = serve_make_error(429, "server_overloaded", "too many pending requests; retry later"); ok = false;
         } else {
             job->t_enqueue = serve_now();

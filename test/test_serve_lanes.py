@@ -86,6 +86,10 @@ def test_concurrent_greedy_equals_one_at_a_time(one, four):
     for a, b in zip(got, ref):
         same_output(a, b)
     assert ref[0]["completion"] < 24 and ref[2]["completion"] < 30  # they did end on the stop strings
+    # the request log line is written after the response: wait for the last ones
+    deadline = time.time() + 10
+    while time.time() < deadline and len([l for l in four.log[since:] if " POST /v1/chat" in l]) < len(reqs):
+        time.sleep(0.05)
     lines = [l for l in four.log[since:] if " POST /v1/chat" in l]
     assert len(lines) == len(reqs) and all(" 200 " in l for l in lines)
 
@@ -149,6 +153,9 @@ def test_streams_interleave_and_cancelled_lanes_free(one):
         for a, b in zip(after, run_all(one, requests_mix()[:3], False)):
             same_output(a, b)
         s.wait_log(r" 499 POST /v1/chat/completions", since=since, timeout=20)
+        deadline = time.time() + 10  # the log lines come after the responses
+        while time.time() < deadline and len([l for l in s.log[since:] if " POST /v1/chat" in l]) < 5:
+            time.sleep(0.05)
         lines = [l for l in s.log[since:] if " POST /v1/chat" in l]
         assert sum(" 499 " in l for l in lines) == 2 and sum(" 200 " in l for l in lines) == 3, lines
     finally:
