@@ -2762,6 +2762,17 @@ static bool sse_write(ServeConn* c, const std::string& data) {
     return serve_conn_write(c, h + data + "\r\n");
 }
 static bool sse_end(ServeConn* c) { return c->chunked_out ? serve_conn_write(c, "0\r\n\r\n") : true; }
+// the end of an openai stream: with stream_options.include_usage, `chunk` (a last chunk, not
+// null) goes out with no choices and the usage; then [DONE]
+static void sse_finish_openai(ServeConn* c, Json chunk, const Json& usage) {
+    if (!chunk.is_null()) {
+        chunk.set("choices", Json::array());
+        chunk.set("usage", usage);
+        sse_write(c, sse_data(json_dump(chunk)));
+    }
+    sse_write(c, "data: [DONE]\n\n");
+    sse_end(c);
+}
 
 // memory for request bodies is shared: a connection accounts for what it buffers, and
 // when all connections together would pass the budget the request gets 503. (one request
@@ -3180,14 +3191,7 @@ static void apix_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bool ke
         if (g->stream) {
             compl_flush_echo(c, g);
             sse_write(c, sse_data(json_dump(compl_chunk(g, "", finish.c_str()))));
-            if (g->include_usage) {
-                Json o = compl_chunk(g, "", nullptr);
-                o.set("choices", Json::array());
-                o.set("usage", usage);
-                sse_write(c, sse_data(json_dump(o)));
-            }
-            sse_write(c, "data: [DONE]\n\n");
-            sse_end(c);
+            sse_finish_openai(c, g->include_usage ? compl_chunk(g, "", nullptr) : Json(), usage);
             return;
         }
         Json o = compl_chunk(g, g->echo_text + g->text[1], finish.c_str());
@@ -3383,14 +3387,7 @@ static void serve_gen_finish(ServeConn* c, ServeGen* g, const ServeResult& r, bo
             Json last = openai_chunk(g, Json::object(), finish.c_str());
             chat_chunk_logprobs(g, &last);  // tokens whose text was held back
             sse_write(c, sse_data(json_dump(last)));
-            if (g->include_usage) {
-                Json o = openai_chunk(g, Json::object(), nullptr);
-                o.set("choices", Json::array());
-                o.set("usage", usage);
-                sse_write(c, sse_data(json_dump(o)));
-            }
-            sse_write(c, "data: [DONE]\n\n");
-            sse_end(c);
+            sse_finish_openai(c, g->include_usage ? openai_chunk(g, Json::object(), nullptr) : Json(), usage);
             return;
         }
         Json msg = Json::object();

@@ -88,6 +88,22 @@ class Server:
             time.sleep(0.02)
         raise AssertionError(f"no log line matching {pattern!r} in:\n{self.text()}")
 
+    def request_lines(self, since=0, n=None, timeout=10.0, pattern=" POST /v1/"):
+        """the request log lines (pattern) from index `since` on. a line is written just after its
+        response, so this waits: for n lines, or (n None) until none has come for 0.3 s"""
+        get = lambda: [l for l in list(self.log)[since:] if pattern in l]
+        deadline, last, t_last = time.time() + timeout, -1, time.time()
+        while time.time() < deadline:
+            k = len(get())
+            if n is not None and k >= n:
+                break
+            if k != last:
+                last, t_last = k, time.time()
+            elif n is None and time.time() - t_last > 0.3:
+                break
+            time.sleep(0.05)
+        return get()
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

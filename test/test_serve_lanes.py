@@ -13,8 +13,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_serve import Server  # noqa: E402
-from test_serve_reuse import KJV, MODEL, SERVE, SYSTEM, oai, same_output, chat  # noqa: E402
+from test_serve_reuse import KJV, MODEL, SERVE, SYSTEM, oai, same_output, chat, start as reuse_start  # noqa: E402
 
 NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -27,9 +26,7 @@ def words(n, seed):
 
 
 def start(*args):
-    if not os.path.exists(SERVE):
-        pytest.skip(f"{SERVE} is not built (make build/test/ninfer-serve)")
-    return Server("--max-context", "2048", "--prefill-chunk", "128", *args, cmd=[SERVE, KJV])
+    return reuse_start("--prefill-chunk", "128", *args)  # small pieces: prefills interleave with decode steps
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +83,7 @@ def test_concurrent_greedy_equals_one_at_a_time(one, four):
     for a, b in zip(got, ref):
         same_output(a, b)
     assert ref[0]["completion"] < 24 and ref[2]["completion"] < 30  # they did end on the stop strings
-    # the request log line is written after the response: wait for the last ones
-    deadline = time.time() + 10
-    while time.time() < deadline and len([l for l in four.log[since:] if " POST /v1/chat" in l]) < len(reqs):
-        time.sleep(0.05)
-    lines = [l for l in four.log[since:] if " POST /v1/chat" in l]
+    lines = four.request_lines(since, n=len(reqs), pattern=" POST /v1/chat")
     assert len(lines) == len(reqs) and all(" 200 " in l for l in lines)
 
 
@@ -153,10 +146,7 @@ def test_streams_interleave_and_cancelled_lanes_free(one):
         for a, b in zip(after, run_all(one, requests_mix()[:3], False)):
             same_output(a, b)
         s.wait_log(r" 499 POST /v1/chat/completions", since=since, timeout=20)
-        deadline = time.time() + 10  # the log lines come after the responses
-        while time.time() < deadline and len([l for l in s.log[since:] if " POST /v1/chat" in l]) < 5:
-            time.sleep(0.05)
-        lines = [l for l in s.log[since:] if " POST /v1/chat" in l]
+        lines = s.request_lines(since, n=5, pattern=" POST /v1/chat")
         assert sum(" 499 " in l for l in lines) == 2 and sum(" 200 " in l for l in lines) == 3, lines
     finally:
         assert s.stop() == 0

@@ -94,18 +94,7 @@ def same_output(a, b):
 
 
 def log_lines(s, since):
-    """the request log lines from index since on; a line is written just after its response, so
-    wait until no new one has come for 0.3 s (at most 5 s)"""
-    get = lambda: [l for l in s.log[since:] if " POST /v1/" in l]
-    deadline, last, t_last = time.time() + 5, -1, time.time()
-    while time.time() < deadline:
-        n = len(get())
-        if n != last:
-            last, t_last = n, time.time()
-        elif time.time() - t_last > 0.3:
-            break
-        time.sleep(0.05)
-    return get()
+    return s.request_lines(since, timeout=5.0)
 
 
 def test_five_turn_chat_reuses_every_turn(plain, oracle, tmp_path):
