@@ -3545,6 +3545,7 @@ struct ConvStepArgs {
     const int* slots;                  // [2C], see the header
     bf16_t* y; int ldy;                // [C][conv_dim]
     int C, conv_dim;
+    int lanes = 0;                     // every column its own sequence: slots[c], slots[C + c] >= 0
 };
 // decode: one thread per channel runs the C columns in order
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
@@ -3571,8 +3572,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
     }
 }
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
-                      bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream) {
-    ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim};
+                      bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream, bool lanes = false) {
+    ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim, lanes ? 1 : 0};
     launch_k(conv_step_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
@@ -3666,6 +3667,7 @@ struct GdnStepArgs {
     const int* slots;                             // [2C]
     bf16_t* out; int ldo;                         // [C][Hv*dv]
     int C, Hk, Hv;
+    bool lanes = false;                           // every column its own sequence: slots[c], slots[C + c] >= 0
 };
 __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
     pdl_entry_small();
@@ -3758,7 +3760,16 @@ static const char* kv_dtype_name(int kv) { return kv == KV_INT8 ? "int8" : kv ==
 static int kv_elem_bytes(int kv) { return kv == KV_BF16 ? 2 : 1; }
 // one attention layer's cache on the device: codes [Hkv][cap][256] in the KvDtype, and for
 // int8 / fp8 fp16 scales [Hkv][cap][KV_GROUPS] (null for bf16)
-struct KvCache { int kv = KV_BF16; void* kc = nullptr; void* vc = nullptr; __half* ksc = nullptr; __half* vsc = nullptr; int64_t cap = 0; };
+// paging (the --max-concurrency lanes share one pool of cap rows in pages of KV_PAGE rows):
+// column c's logical row p lives at physical row pages[c * page_ld + p / KV_PAGE] * KV_PAGE +
+// p % KV_PAGE (page_ld 0: every column reads the one table at pages); pages null: physical =
+// logical. KV_PAGE is a multiple of the decode (ATT_KEYS) and prefill (FA_BK) key tiles, so a
+// tile never straddles pages.
+enum { KV_PAGE = 128 };
+struct KvCache {
+    int kv = KV_BF16; void* kc = nullptr; void* vc = nullptr; __half* ksc = nullptr; __half* vsc = nullptr; int64_t cap = 0;
+    const int* pages = nullptr; int page_ld = 0;  // device page table (above), nullable
+};
 
 // 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
 template <int KV> struct KvVec;
@@ -4045,9 +4056,10 @@ __global__ void __launch_bounds__(ATT_HD) attn_combine_kernel(AttnArgs a, const 
     y[(int64_t)c * ldy + hq * ATT_HD + d] = f2bf(out);
 }
 
-// scratch floats attn_decode needs for (Hkv, n_splits, queries per launch)
-static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits) {
-    int G = Hq / Hkv, cols = ATT_MAX_Q / G;
+// scratch floats attn_decode needs for (Hkv, n_splits, queries per launch); lanes > 0: for
+// that many independent columns (AttnDecodeArgs::lanes)
+static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) {
+    int G = Hq / Hkv, cols = lanes > 0 ? lanes : ATT_MAX_Q / G;
     return (size_t)Hkv * n_splits * (G * cols) * (ATT_HD + 2);
 }
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
@@ -4065,6 +4077,9 @@ struct AttnDecodeArgs {
     const int* pos = nullptr;                // [C] device: the last visible key of each column
     int C = 0, Hq = 0, Hkv = 0;
     int n_splits = 0, split_keys = 0;        // the split plan (split_keys a multiple of ATT_KEYS)
+    // lanes: every column is its own sequence (its own page table row, keys 0..pos[c]) with its
+    // own plan: split_keys_col[c] keys per split (device [C]), n_splits the most any column needs
+    bool lanes = false; const int* split_keys_col = nullptr;
     float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits)
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
@@ -5429,6 +5444,7 @@ static const size_t FA_SMEM = (size_t)3 * 64 * FA_LDS * 2;
 struct FlashArgs {
     const bf16_t* q; int ldq;            // token t, head hq at q + t*ldq + hq*256
     const void* kc; const void* vc; const __half* ksc; const __half* vsc; int64_t cap;
+    const int* pages = nullptr;          // the sequence's page table (KvCache), nullable
     int pos0;                            // kv row of token 0 of the piece
     int T, Hq, Hkv;
     const bf16_t* gate; int ldg;         // [T][Hq*256]
@@ -6565,7 +6581,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         } else {
             FlashArgs fa;
             fa.q = e->qk; fa.ldq = ld; fa.kc = kv.kc; fa.vc = kv.vc; fa.ksc = kv.ksc; fa.vsc = kv.vsc;
-            fa.cap = kv.cap; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
+            fa.cap = kv.cap; fa.pages = kv.pages; fa.pos0 = pos0; fa.T = T; fa.Hq = g.Hq; fa.Hkv = g.Hkv;
             fa.gate = e->gv; fa.ldg = ld; fa.y = e->att; fa.ldy = qd;
             flash_prefill(e->o.kv, fa, s);
         }
