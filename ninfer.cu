@@ -3545,9 +3545,11 @@ struct ConvStepArgs {
     const int* slots;                  // [2C], see the header
     bf16_t* y; int ldy;                // [C][conv_dim]
     int C, conv_dim;
-    int lanes = 0;                     // every column its own sequence: slots[c], slots[C + c] >= 0
+    int lanes = 0;                     // every column its own sequence: slots[c], slots[C + c] >= 0,
+                                       // no slot shared by two columns (they run concurrently)
 };
-// decode: one thread per channel runs the C columns in order
+// decode: one thread per channel runs the C columns in order (a chain: the mtp verify's
+// columns continue each other); lanes: grid.z = column, each column its own chain of one
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
     pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
@@ -3555,7 +3557,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
     int D = a.conv_dim;
     float w0 = bf2f(a.w[ch]), w1 = bf2f(a.w[D + ch]), w2 = bf2f(a.w[2 * D + ch]), w3 = bf2f(a.w[3 * D + ch]);
     float s0 = 0.f, s1 = 0.f, s2 = 0.f;  // u_{t-3}, u_{t-2}, u_{t-1}
-    for (int c = 0; c < a.C; c++) {
+    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;
+    for (int c = c0; c < c1; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const bf16_t* st = a.state + sin * a.slot_stride;
@@ -3574,7 +3577,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
                       bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream, bool lanes = false) {
     ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim, lanes ? 1 : 0};
-    launch_k(conv_step_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, a);
+    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? C : 1), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -3652,7 +3655,9 @@ static void gdn_gates(const bf16_t* a, int lda, const bf16_t* b, int ldb, const 
 
 // recurrent gated delta rule, C columns of decode (model.md 3.5), fused with the l2 norm and
 // q scaling of q, k (3.4) and the gates (3.3). state fp32 [Hv][dk][dv] per slot (dk = dv =
-// 128), read and written through the slot map (header).
+// 128), read and written through the slot map (header). the C columns run in order in each
+// block (the mtp verify's chain); lanes: grid.z = column, so C independent sequences step at
+// once with each column's arithmetic that of a lone launch.
 // parallelisation: the dv columns of a head are independent (m_j, delta_j, o_j only need
 // column j of S), so block (head h, 32 columns) keeps its 128 x 32 slice of S in registers:
 // warp w holds rows [32w, 32w+32) of column j0 + lane (32 floats per thread, coalesced 128-byte
@@ -3667,7 +3672,8 @@ struct GdnStepArgs {
     const int* slots;                             // [2C]
     bf16_t* out; int ldo;                         // [C][Hv*dv]
     int C, Hk, Hv;
-    bool lanes = false;                           // every column its own sequence: slots[c], slots[C + c] >= 0
+    bool lanes = false;                           // every column its own sequence: slots[c], slots[C + c] >= 0,
+                                                  // no slot shared by two columns (they run concurrently)
 };
 __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
     pdl_entry_small();
@@ -3679,7 +3685,8 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
 #pragma unroll
     for (int r = 0; r < 32; r++) s[r] = 0.f;
     const float a_log = a.a_log[h], dt_bias = a.dt_bias[h];
-    for (int c = 0; c < a.C; c++) {
+    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;  // lanes: grid.z = column
+    for (int c = c0; c < c1; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const float* S = a.state + sin * a.slot_stride + ((int64_t)h * GDN_D + i0) * GDN_D + j;
@@ -3722,7 +3729,7 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
 }
 static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     CHECK(a.Hv % a.Hk == 0, "gdn_step: Hv %d not a multiple of Hk %d", a.Hv, a.Hk);
-    dim3 grid(a.Hv, GDN_D / GDN_COLS);
+    dim3 grid(a.Hv, GDN_D / GDN_COLS, a.lanes ? a.C : 1);
     launch_k(gdn_step_kernel, grid, GDN_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
@@ -3770,6 +3777,11 @@ struct KvCache {
     int kv = KV_BF16; void* kc = nullptr; void* vc = nullptr; __half* ksc = nullptr; __half* vsc = nullptr; int64_t cap = 0;
     const int* pages = nullptr; int page_ld = 0;  // device page table (above), nullable
 };
+static_assert(KV_PAGE % ATT_KEYS == 0, "a decode key tile must not straddle kv pages");
+// the physical cache row of logical row p through one sequence's page table (null: identity)
+__device__ __forceinline__ int64_t kv_row(const int* pages, int64_t p) {
+    return pages ? (int64_t)pages[p / KV_PAGE] * KV_PAGE + p % KV_PAGE : p;
+}
 
 // 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
 template <int KV> struct KvVec;
@@ -3816,16 +3828,18 @@ template <> struct KvVec<KV_FP8> {
 
 // the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
 // block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
-// place. kv heads: the same for k, then k and v appended at kvpos[c] (int8 / fp8 quantized
-// per 64 elements). the roundings are those of the separate kernels (rmsnorm, and
-// test/dev_kernels.cuh's mrope and kv_append): y = bf16(x * inv * (1+w)); rotated dims
-// bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+// place. kv heads: the same for k, then k and v appended at logical row kvpos[c] through
+// column c's page table (int8 / fp8 quantized per 64 elements). the roundings are those of
+// the separate kernels (rmsnorm, and test/dev_kernels.cuh's mrope and kv_append):
+// y = bf16(x * inv * (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded
+// to bf16.
 struct AttnPrepParams {
     bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
     const bf16_t* v; int ldv;           // [C][Hkv*256]
     const bf16_t* qw; const bf16_t* kw; // norm weights (256)
     const int* pos3; const int* kvpos;  // [C][3], [C]
     void* kc; void* vc; __half* ksc; __half* vsc; int64_t cap;
+    const int* pages; int page_ld;      // column c's page table at pages + c*page_ld (KvCache)
     int Hq, Hkv, half, sec_h, sec_w;
     float eps;
     float inv_freq[64];
@@ -3858,8 +3872,10 @@ __global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepParams a) {
     row[d] = ob;
     if (!isk) return;
     const int h = hh - a.Hq;
-    const int64_t p = a.kvpos[c];
-    if (p < 0 || p >= a.cap) return;  // uniform over the block
+    const int64_t lp = a.kvpos[c];
+    if (lp < 0) return;  // uniform over the block
+    const int64_t p = kv_row(a.pages ? a.pages + (int64_t)c * a.page_ld : nullptr, lp);
+    if (p >= a.cap) return;
     const int64_t crow = (int64_t)h * a.cap + p;
     const float xv = bf2f(a.v[(int64_t)c * a.ldv + h * ATT_HD + d]);
     if constexpr (KV == KV_BF16) {
@@ -3903,7 +3919,8 @@ static void attn_prep(const AttnPrepArgs& in, cudaStream_t stream) {
     CHECK(rot % 2 == 0 && rot / 2 <= 64 && rot <= ATT_HD, "attn_prep: rotary dims %d", rot);
     AttnPrepParams a;
     a.qk = in.qk; a.ldqk = in.ldqk; a.v = in.v; a.ldv = in.ldv; a.qw = in.qw; a.kw = in.kw; a.pos3 = in.pos3; a.kvpos = in.kvpos;
-    a.kc = in.c.kc; a.vc = in.c.vc; a.ksc = in.c.ksc; a.vsc = in.c.vsc; a.cap = in.c.cap; a.Hq = in.Hq; a.Hkv = in.Hkv; a.half = rot / 2;
+    a.kc = in.c.kc; a.vc = in.c.vc; a.ksc = in.c.ksc; a.vsc = in.c.vsc; a.cap = in.c.cap; a.pages = in.c.pages; a.page_ld = in.c.page_ld;
+    a.Hq = in.Hq; a.Hkv = in.Hkv; a.half = rot / 2;
     a.sec_h = in.sections[1]; a.sec_w = in.sections[2]; a.eps = in.eps;
     rope_inv_freq(in.theta, rot, a.inv_freq);
     const unsigned blocks = (unsigned)(in.C * (in.Hq + in.Hkv));
@@ -3920,6 +3937,8 @@ struct AttnArgs {
     const int* pos;                   // [C] device
     int C, Hq, Hkv;
     int n_splits, split_keys;         // split_keys a multiple of ATT_KEYS
+    const int* pages; int page_ld;    // KvCache's page table; shared-kv columns read the one at pages
+    bool lanes; const int* split_keys_col;  // AttnDecodeArgs: grid.z = column, each its own table and plan
     float* part_acc;                  // [Hkv][n_splits][G*C][256]
     float* part_ml;                   // [Hkv][n_splits][G*C][2]
     float scale;
@@ -3929,19 +3948,26 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
     constexpr int NQ = 4 * QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int G = a.Hq / a.Hkv, nq = G * a.C;
+    // the block's columns: all C (one sequence), or lanes: column blockIdx.z alone, with the
+    // same arithmetic as a lone launch of that column (only the partials' slots differ)
+    const int z = a.lanes ? (int)blockIdx.z : 0, C = a.lanes ? 1 : a.C;
+    const bf16_t* qz = a.q + (int64_t)z * a.ldq;
+    const int* pos = a.pos + z;
+    const int* pages = a.pages ? a.pages + (int64_t)z * a.page_ld : nullptr;
+    const int split_keys = a.lanes ? a.split_keys_col[z] : a.split_keys;
+    const int G = a.Hq / a.Hkv, nq = G * C, nq_all = G * a.C, q_first = z * G;
     __shared__ __align__(16) float qs[NQ][ATT_HD];
     __shared__ float ps[NQ][ATT_KEYS];
     __shared__ int vis[NQ];
     int lmax = 0;
-    for (int c = 0; c < a.C; c++) lmax = max(lmax, a.pos[c] + 1);
+    for (int c = 0; c < C; c++) lmax = max(lmax, pos[c] + 1);
     for (int i = tid; i < NQ * ATT_HD; i += ATT_THREADS) {
         int qi = i / ATT_HD, d = i % ATT_HD;
         float v = 0.f;
-        if (qi < nq) v = bf2f(a.q[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
+        if (qi < nq) v = bf2f(qz[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
         qs[qi][d] = v;
     }
-    if (tid < NQ) vis[tid] = tid < nq ? a.pos[tid / G] : -1;
+    if (tid < NQ) vis[tid] = tid < nq ? pos[tid / G] : -1;
     // running softmax state of the queries this warp owns (qi = warp + 4k), replicated in lanes
     float m_run[QPW], l_run[QPW], acc[QPW][8];
 #pragma unroll
@@ -3950,12 +3976,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll
         for (int d = 0; d < 8; d++) acc[k][d] = 0.f;
     }
-    const int64_t hrow = (int64_t)h * a.cap;  // cache row of position 0 of this kv head
-    const int kbeg = sp * a.split_keys;
-    const int kend = min(kbeg + a.split_keys, lmax);
+    const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
+    const int kbeg = sp * split_keys;
+    const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
     __syncthreads();
     for (int k0 = kbeg; k0 < kend; k0 += ATT_KEYS) {
         const int nk = min(ATT_KEYS, kend - k0);
+        const int64_t trow = hrow + kv_row(pages, k0);  // the tile's keys are consecutive rows of one page
         // (1) scores, thread = key
         {
             int key = k0 + tid;
@@ -3966,7 +3993,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll 8
                 for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
                     KvVec<KV> raw;
-                    raw.load(a.kc, a.ksc, hrow + key, d8 * 8);
+                    raw.load(a.kc, a.ksc, trow + tid, d8 * 8);
                     float kf[8];
                     raw.get(kf);
 #pragma unroll
@@ -4004,7 +4031,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
             KvVec<KV> raw[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, hrow + k0 + t0 + j, lane * 8);
+                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j, lane * 8);
                 else raw[j].zero();
             }
 #pragma unroll
@@ -4025,7 +4052,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     for (int k = 0; k < QPW; k++) {
         int qi = warp + 4 * k;
         if (qi >= nq) continue;
-        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq + qi;
+        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
         float* pa = a.part_acc + slot * ATT_HD + lane * 8;
         *(float4*)pa = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
         *(float4*)(pa + 4) = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
@@ -4064,7 +4091,13 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 }
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
 // n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
-// gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
+// gate: nullable [C][Hq*256] (ldg). shared-kv mode (the columns are one sequence, the mtp
+// verify): columns go in launches of ATT_MAX_Q / G, reading each key once for all of them
+// through the one page table at c.pages. lanes mode (every column its own sequence, up to the
+// batch's C): one launch of grid (Hkv, n_splits, C) and one combine; column c reads its page
+// row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
+// cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
+// is bit for bit that of a lone shared-kv launch of it with the same split_keys.
 template <int KV>
 static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
     if (nq <= 4) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
@@ -4080,7 +4113,7 @@ struct AttnDecodeArgs {
     // lanes: every column is its own sequence (its own page table row, keys 0..pos[c]) with its
     // own plan: split_keys_col[c] keys per split (device [C]), n_splits the most any column needs
     bool lanes = false; const int* split_keys_col = nullptr;
-    float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits)
+    float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits[, C when lanes])
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
 };
@@ -4092,17 +4125,23 @@ static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
     CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
+    CHECK(!in.lanes || in.split_keys_col, "attn_decode: lanes without a split plan per column");
+    CHECK(in.lanes || !in.c.pages || in.c.page_ld == 0 || C == 1, "attn_decode: shared-kv columns read one page table (page_ld %d)",
+          in.c.page_ld);
+    if (in.lanes) cols = C;  // one launch: the block's queries are one column's G
     for (int c0 = 0; c0 < C; c0 += cols) {
         AttnArgs a;
         a.q = in.q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
         a.ksc = in.c.ksc; a.vsc = in.c.vsc;
         a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
         a.n_splits = n_splits; a.split_keys = split_keys;
+        a.pages = in.c.pages; a.page_ld = in.lanes ? in.c.page_ld : 0;
+        a.lanes = in.lanes; a.split_keys_col = in.split_keys_col;
         a.part_acc = scratch;
         a.part_ml = scratch + (size_t)Hkv * n_splits * (G * cols) * ATT_HD;
         a.scale = 1.0f / sqrtf((float)ATT_HD);
-        int nq = G * a.C;
-        dim3 grid(Hkv, n_splits);
+        int nq = in.lanes ? G : G * a.C;
+        dim3 grid(Hkv, n_splits, in.lanes ? C : 1);
         if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
         else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
         else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
@@ -5430,10 +5469,11 @@ static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, in
 // attention over a prefill piece (model.md 2.4): flash attention with tensor cores
 //
 // block = (64 queries, one query head); 4 warps of 16 queries. the keys come from the cache
-// (the piece's own rows were appended first), 64 at a time: S = Q K^T by mma (q and k bf16,
-// fp32 sums, scale 1/16 exact), causal mask by kv row (query t sees rows <= pos0 + t), online
-// softmax in fp32 per row (FA2: the score fragment becomes the A operand of P V in bf16), O in
-// fp32 registers (16 rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
+// (the piece's own rows were appended first; logical rows through the sequence's page
+// table), 64 at a time: S = Q K^T by mma (q and k bf16, fp32 sums, scale 1/16 exact),
+// causal mask by kv row (query t sees rows <= pos0 + t), online softmax in fp32 per row
+// (FA2: the score fragment becomes the A operand of P V in bf16), O in fp32 registers (16
+// rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
 // (V's copy lands while S is computed); int8 / fp8 are decoded to bf16 on the way into
 // shared memory. rows past the last written key are zero-filled (never nan times 0). the
 // output is gated like attn_combine: y = bf16( bf16(o) * bf16(sigmoid(gate)) ).
@@ -5441,6 +5481,7 @@ static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, in
 
 enum { FA_BQ = 64, FA_BK = 64, FA_THREADS = 128, FA_LDS = ATT_HD + 8 };
 static const size_t FA_SMEM = (size_t)3 * 64 * FA_LDS * 2;
+static_assert(KV_PAGE % FA_BK == 0, "a prefill key tile must not straddle kv pages");
 struct FlashArgs {
     const bf16_t* q; int ldq;            // token t, head hq at q + t*ldq + hq*256
     const void* kc; const void* vc; const __half* ksc; const __half* vsc; int64_t cap;
@@ -5451,18 +5492,18 @@ struct FlashArgs {
     bf16_t* y; int ldy;                  // [T][Hq*256]
 };
 template <int KV>
-__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t hrow, int key0, int nvalid, int tid) {
-    // 64 rows x 32 chunks of 8 elements; rows >= nvalid are zeros
+__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t trow, int nvalid, int tid) {
+    // 64 rows x 32 chunks of 8 elements from cache row trow on (one page); rows >= nvalid are zeros
 #pragma unroll 4
     for (int i = 0; i < 64 * 32 / FA_THREADS; i++) {
         const int c = tid + i * FA_THREADS, r = c >> 5, c8 = c & 31;
         bf16_t* d = dst + r * FA_LDS + c8 * 8;
         if (r >= nvalid) { *(uint4*)d = make_uint4(0, 0, 0, 0); continue; }
         if constexpr (KV == KV_BF16) {
-            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (hrow + key0 + r) * ATT_HD + c8 * 8);
+            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (trow + r) * ATT_HD + c8 * 8);
         } else {
             KvVec<KV> v;
-            v.load(cache, sc, hrow + key0 + r, c8 * 8);
+            v.load(cache, sc, trow + r, c8 * 8);
             float f[8];
             v.get(f);
             *(uint4*)d = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
@@ -5501,9 +5542,10 @@ __global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) 
     for (int k0 = 0; k0 < n_keys; k0 += FA_BK) {
         __syncthreads();  // the previous tile is consumed (and the q tile is written)
         const int nvalid = min(FA_BK, kv_len - k0);
-        fa_load_tile<KV>(Ks, a.kc, a.ksc, hrow, k0, nvalid, tid);
+        const int64_t trow = hrow + kv_row(a.pages, k0);  // the tile's rows are consecutive in one page
+        fa_load_tile<KV>(Ks, a.kc, a.ksc, trow, nvalid, tid);
         if constexpr (KV == KV_BF16) cp_async_commit_m();
-        fa_load_tile<KV>(Vs, a.vc, a.vsc, hrow, k0, nvalid, tid);
+        fa_load_tile<KV>(Vs, a.vc, a.vsc, trow, nvalid, tid);
         if constexpr (KV == KV_BF16) { cp_async_commit_m(); cp_async_wait_m<1>(); }
         __syncthreads();
         // S = Q K^T for the warp's 16 rows x 64 keys
