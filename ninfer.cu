@@ -6077,7 +6077,8 @@ struct GpuMtp {
     bool draft_head = false;   // drafts scored by text/draft_head (its id map: draft_ids)
     int pos = 0;               // mtp kv rows that pair a token with its hidden: the sequence's pos between
                                // rounds, or pos - 1 after a prefill without sampling (gpu_spec_prefill)
-    bf16_t* bridge = nullptr;  // [H] then: the main hidden row pos - 1, whose mtp row waits for token pos
+    bf16_t* bridge = nullptr;  // [H] then: the main hidden row pos - 1, whose mtp row waits for token pos (the current lane's row of bridges)
+    bf16_t* bridges = nullptr; // [lanes][H]
     KvCache kv;                // the mtp layer's own kv cache, capacity rows, the --kv-dtype format
     const int32_t* draft_ids = nullptr;  // device copy of text/draft_head_token_ids
     bf16_t* hid = nullptr;     // [T_max][H] the main model's final-normed hidden rows (the verify columns, a prefill piece)
@@ -6329,7 +6330,8 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
         mt.in = (bf16_t*)take(T * 2 * g.H * 2);
         mt.mh = (bf16_t*)take(T * g.H * 2);
         mt.row = (bf16_t*)take((size_t)g.H * 2);
-        mt.bridge = (bf16_t*)take((size_t)g.H * 2);
+        mt.bridges = (bf16_t*)take((size_t)std::max(1, e->o.lanes) * g.H * 2);
+        mt.bridge = mt.bridges;
         mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 2) * 4);
     }
     return align_up(off, 256);
@@ -6816,6 +6818,7 @@ static void gpu_lane_select(GpuEngine* e, int l) {
     const GpuLane& b = e->lanes[l];
     e->lane = l; e->slot0 = l * e->lane_slots;
     e->pos = b.pos; e->rope_delta = b.rope_delta; e->slot = b.slot; e->mtp.pos = b.mtp_pos;
+    if (e->mtp.bridges) e->mtp.bridge = e->mtp.bridges + (size_t)l * e->m->geo.H;
     e->last_logits = nullptr;
     gpu_lane_pages_upload(e);
 }
@@ -7512,7 +7515,14 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
         mt.pos = e->pos;
     }
     while (go) {
+        // a round boundary polls the cancel (the server's lanes hand the device to other lanes
+        // there: the state between rounds is the lane's own, the drafts on the host); another
+        // lane's sampler may have taken the device sampler meanwhile
+        if (cancel.fn && cancel()) { s.cancelled = true; break; }
+        if (sampled && e->smp_bound != smp) gpu_sampler_bind(e, smp);
         const int n0 = e->pos, b = gpu_bucket_of(n0 + 1);
+        CHECK(gpu_lane_reserve(e, e->lane, std::min(e->capacity, n0 + 2 * K + 1)), "lane %d: no free kv pages for the round at %d (the caller reserves first)",
+              e->lane, n0);
         int T = std::min(K + 1, e->capacity - n0);
         while (T > 1 && gpu_bucket_of(n0 + T) != b) T--;
         int ids[SPEC_COLS], snap[SPEC_COLS];
@@ -7788,7 +7798,7 @@ struct Engine {
     SeqState st;
     SpecState sp;          // cpu path with spec
     GpuEngine* g = nullptr;  // gpu path
-    int lane = 0;            // gpu lanes: the lane of g this Engine is (g is lane 0's; the others share it)
+    int lane = 0;            // lanes: its index (gpu: the lane of g it is; g is lane 0's, the others share it)
     LaneSched* sched = nullptr;  // --max-concurrency > 1: the lanes' scheduler (engine_generate takes its steps)
 };
 // the gpu engine with this Engine's lane current (every gpu call of sections 9 and 11 goes
@@ -7891,6 +7901,7 @@ static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     for (size_t k = 0; k < n; k++) {
         if (!lanes[k]->gpu) ls->rows[k].assign(lanes[k]->m->geo.vocab, 0.f);
         lanes[k]->sched = ls;
+        lanes[k]->lane = (int)k;  // the scheduler's index (on the gpu also the GpuEngine's lane)
     }
 }
 // a decode step may start: someone waits, and the lanes of the last step are back (or late)
@@ -8985,7 +8996,11 @@ struct LaneTurn {  // a request's lane for the scope of its generation; C = 1: n
 struct LanePoll { ServedModel* s; int lane; const ServeSink* sink; };
 static bool lane_poll(void* ctx) {
     LanePoll* p = (LanePoll*)ctx;
-    if (p->s->lanes.size() > 1) sched_yield(&p->s->sched, p->lane);
+    if (p->s->lanes.size() > 1) {
+        sched_yield(&p->s->sched, p->lane);
+        Engine* en = p->s->lanes[p->lane];
+        if (en->gpu) engine_gpu(en);  // ours again after the other lanes' steps
+    }
     return p->sink->cancelled(p->sink->ctx);
 }
 
@@ -9104,12 +9119,14 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
     rq.grammar = smp.grammar;
-    const int64_t want_rows = std::min<int64_t>((int64_t)p.tokens.size() + std::max(0, smp.max_tokens), engine_capacity(&s->t.en));
+    const int64_t want_rows = std::min<int64_t>((int64_t)p.tokens.size() + std::max(0, smp.max_tokens) + 2 * s->t.spec.K + 1, engine_capacity(&s->t.en));
     LaneTurn turn(s, p.tokens, (int)want_rows);
     LanePoll poll{s, turn.lane, &sink};
     rq.cancel = GenCancel{lane_poll, &poll};  // a client that leaves during the prefill frees the lane within a piece
     ServedTokens tk{s, &sink, &p.tokens};
-    if (s->lanes.size() > 1 && s->t.spec.K) { tk.lanes = s; tk.lane = turn.lane; }  // --spec: rounds are exclusive steps
+    // --spec lanes: the rounds are exclusive steps, handed over at round boundaries (the cancel
+    // poll) on the gpu, at every token on the cpu (its lanes' states are their own)
+    if (s->lanes.size() > 1 && s->t.spec.K && !s->t.en.gpu) { tk.lanes = s; tk.lane = turn.lane; }
     tk.top_n = smp.logprobs;
     GenTap tap;
     if (smp.logprobs >= 0) {
@@ -9270,11 +9287,6 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
     s->lanes.push_back(&s->t.en);
-    if (o.max_concurrency > 1 && s->t.en.gpu && s->t.spec.K) {
-        *err = "--spec mtp with --max-concurrency " + std::to_string(o.max_concurrency) + " on the gpu: the lanes' mtp rounds are not built "
-               "(--max-concurrency 1 runs the rounds; the cpu reference path runs them per lane)";
-        text_model_close(&s->t); delete s; return nullptr;
-    }
     for (int k = 1; k < o.max_concurrency; k++) {
         s->extra.emplace_back(new Engine());
         Engine* en = s->extra.back().get();
