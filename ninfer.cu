@@ -6323,7 +6323,7 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
     e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
     e->attn_scr = (float*)take(std::max(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max),
                                         e->o.lanes > 1 ? attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max, LANES_MAX) : 0) * 4);
-    e->amax_scr = take(argmax_scratch_bytes(e->o.lanes > 1 ? LANES_MAX : DEC_COLS));
+    e->amax_scr = take(argmax_scratch_bytes(e->o.lanes > 1 ? (int)LANES_MAX : (int)DEC_COLS));
     if (e->o.spec.K) {
         GpuMtp& mt = e->mtp;
         mt.hid = (bf16_t*)take(T * g.H * 2);
@@ -6410,9 +6410,9 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     const GpuOpts& o = e->o;
     const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv) * (g.n_full + (o.spec.K ? 1 : 0)) / g.n_full, gdn = gpu_gdn_bytes(g, e->n_slots);
     const bool lanes = o.lanes > 1;
-    const int min_cols = lanes ? LANES_MAX : DEC_COLS;  // a lanes step is one forward call of up to LANES_MAX columns
-    e->T_max = std::max(lanes ? LANES_MAX : 1, o.prefill_chunk);
-    e->logit_rows = std::max<int>(min_cols, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
+    const int min_cols = lanes ? LANES_MAX : 1;  // a lanes step is one forward call of up to LANES_MAX columns
+    e->T_max = std::max(min_cols, o.prefill_chunk);
+    e->logit_rows = std::max<int>(lanes ? (int)LANES_MAX : (int)DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
     // one lane: the sequence's rows are the cache's. lanes: a sequence holds up to
     // --max-context rows, the pool (--kv-capacity; default one full sequence per lane) is shared
     int rows = o.kv_capacity > 0 ? o.kv_capacity : lanes ? o.lanes * o.max_context : o.max_context;
@@ -6420,7 +6420,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
         int b, ns, sk;
         b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk, o.tune.attn_splits, o.tune.attn_min_keys);
         e->n_splits_max = ns;
-        int tm = e->T_max; e->T_max = std::min(tm, cap);
+        int tm = e->T_max; e->T_max = std::min(tm, std::max(cap, min_cols));  // as below
         size_t w = gpu_work_layout(e, nullptr);
         e->T_max = tm;
         return w;

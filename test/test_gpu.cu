@@ -1338,7 +1338,10 @@ static void lanes_case(const char* path, bool graphs) {
             gpu_lane_select(e, l);
             gpu_lane_reset(e);
             ASSERT_TRUE(gpu_lane_reserve(e, l, (int)jb.prompt.size() + jb.n));
-            gpu_forward(e, jb.prompt.data(), nullptr, nullptr, (int)jb.prompt.size(), row.data(), false);
+            for (int i = 0; i < (int)jb.prompt.size(); i += e->T_max) {
+                const int T = std::min(e->T_max, (int)jb.prompt.size() - i);
+                gpu_forward(e, jb.prompt.data() + i, nullptr, nullptr, T, i + T == (int)jb.prompt.size() ? row.data() : nullptr, false);
+            }
             jb.got.push_back(argmax(row.data(), domain));
         }
         std::vector<int> ls, ids;

@@ -1,6 +1,7 @@
 """--max-concurrency C through the real server (issue 14): models/kjv on the cpu reference path,
-the real template, the openai sdk. the lanes take turns a step each (a decode token or a
-prefill piece); every request keeps its own sampler, limits and stop strings, so N requests
+the real template, the openai sdk. the lanes' steps go through the scheduler (LaneSched: prefill
+pieces alone, decode tokens batched; on the cpu the batch's tokens run one after another); every
+request keeps its own sampler, limits and stop strings, so N requests
 running at once give what the same requests give one at a time (greedy, and seeded sampling),
 with mixed prompt lengths, some ending on stop strings and some cancelled mid-stream (their lane
 frees for the next). the reference is a --max-concurrency 1 server fed the same requests in turn."""

@@ -18,8 +18,11 @@ cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
 t0=$(date +%s)
-python3 convert.py --synthetic tiny -o build/models/tiny-hf >/dev/null 2>&1 &&
-  python3 convert.py build/models/tiny-hf -o build/models/tiny.ninfer --weights groupwise-int >/dev/null 2>&1 &
+for n in tiny tiny-gqa3; do
+  python3 convert.py --synthetic $n -o build/models/$n-hf >/dev/null 2>&1 &&
+  python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
+  python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
+done
 if has load || has bench; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
 wait; echo "models $(( $(date +%s) - t0 )) s"
 run() {  # name timeout binary args...
