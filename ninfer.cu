@@ -3249,11 +3249,11 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 // NW * D groups, so each warp's iterations never straddle a slice.
 enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 tiles)
        GEMV_WIDE_S = 3,                        // weight stages per warp
-       GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32)
-       GEMV_WIDE_SMEM_GOAL = 110 * 1024,       // per block where the slice allows: two blocks an sm
+       GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32; 128 registers: one block an sm)
        GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
-       GEMV_WIDE_MIN_BLOCKS = 264 };           // RT shrinks until the grid has this many blocks (2 per h200 sm)
+       GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
+static int g_gemv_wide_blocks = 132;           // RT shrinks until the grid has this many blocks (the h200's sms)
 
 // the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
 // formats STEPS x 4 pairs in mma order; w8 the lo pairs then the hi pairs (2 * STEPS x 4)
@@ -3397,49 +3397,70 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     for (int u0 = 0; u0 < units; u0 += su) {
         const int sn = units - u0 < su ? units - u0 : su;
         if (u0) __syncthreads();  // every warp is done with the previous slice
-        // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]
+        // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
+        // GEMV_WIDE_ILP entries load first, then convert (the loop is latency-bound otherwise)
         const int n_x = C * sn * 4;
-        for (int i0 = 0; i0 < n_x; i0 += blockDim.x) {
-            const int i = i0 + threadIdx.x;
-            float part = 0.f;
-            if (i < n_x) {
-                const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
-                const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
-                const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
-                uint4 xr[2];
+        constexpr int NQ = Fm::LPT / 8, U = GEMV_WIDE_ILP;
+        for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
+            uint4 xv[U][NQ], av[U][NQ];
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
-                    uint4 v = __ldg((const uint4*)src + q);
-                    if (a.xmode != GEMV_X_PLAIN) {
-                        bf16_t* e = (bf16_t*)&v;
-                        if (a.xmode == GEMV_X_RMS) {
-                            uint4 wv = __ldg((const uint4*)(a.xw + k0) + q);
-                            const bf16_t* we = (const bf16_t*)&wv;
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
 #pragma unroll
-                            for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
-                        } else {
-                            uint4 uv = __ldg((const uint4*)(src + w.cols) + q);
-                            const bf16_t* ue = (const bf16_t*)&uv;
+                for (int q = 0; q < NQ; q++) xv[uu][q] = av[uu][q] = make_uint4(0, 0, 0, 0);
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
+                    const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
 #pragma unroll
-                            for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
-                        }
+                    for (int q = 0; q < NQ; q++) {
+                        xv[uu][q] = __ldg((const uint4*)src + q);
+                        if (a.xmode == GEMV_X_RMS) av[uu][q] = __ldg((const uint4*)(a.xw + k0) + q);
+                        else if (a.xmode == GEMV_X_SWIGLU) av[uu][q] = __ldg((const uint4*)(src + w.cols) + q);
                     }
-                    xr[q] = v;
                 }
-                uint32_t bw[W];
-#pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
-                uint4* dst = (uint4*)(xs + ((size_t)(c * su + ul) * 4 + tt) * W);
-#pragma unroll
-                for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
-                const bf16_t* xe = (const bf16_t*)xr;
-#pragma unroll
-                for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
             }
-            part += __shfl_xor_sync(0xffffffffu, part, 1);
-            part += __shfl_xor_sync(0xffffffffu, part, 2);
-            if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
+#pragma unroll
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
+                float part = 0.f;
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    uint4 xr[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
+                        uint4 v = xv[uu][q];
+                        if (a.xmode != GEMV_X_PLAIN) {
+                            bf16_t* e = (bf16_t*)&v;
+                            if (a.xmode == GEMV_X_RMS) {
+                                const uint4 wv = av[uu][q];
+                                const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
+                            } else {
+                                const uint4 uv = av[uu][q];
+                                const bf16_t* ue = (const bf16_t*)&uv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
+                            }
+                        }
+                        xr[q] = v;
+                    }
+                    uint32_t bw[W];
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
+                    uint4* dst = (uint4*)(xs + ((size_t)(c * su + ul) * 4 + tt) * W);
+#pragma unroll
+                    for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
+                    const bf16_t* xe = (const bf16_t*)xr;
+#pragma unroll
+                    for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
+                }
+                part += __shfl_xor_sync(0xffffffffu, part, 1);
+                part += __shfl_xor_sync(0xffffffffu, part, 2);
+                if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
+            }
         }
         __syncthreads();
 
@@ -3594,18 +3615,20 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 
 // the wide kernel for a product of a.C columns on a matrix whose kernel is the x-staged one
 // of NW warps a tile: NT tiles for the columns, RT row tiles a block while the grid keeps
-// GEMV_WIDE_MIN_BLOCKS blocks (the staged x is then shared by more rows), and the longest
-// slice of x that keeps a block within GEMV_WIDE_SMEM_GOAL (else the one of NW * D groups)
+// g_gemv_wide_blocks blocks (the staged x is then shared by more rows), and the longest
+// slice of x that keeps a block within its share of the sm (else the one of NW * D groups)
 template <int F, int NW>
 static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
     const int NT = a.C <= 16 ? 2 : a.C <= 32 ? 4 : 8, units = (int)a.w.gpr, step = NW * 2;
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
     int rt = GEMV_WIDE_THREADS / (NW * 32);
-    while (rt > 1 && CEIL_DIV(tiles, (int64_t)rt) < GEMV_WIDE_MIN_BLOCKS) rt /= 2;
+    while (rt > 1 && CEIL_DIV(tiles, (int64_t)rt) < g_gemv_wide_blocks) rt /= 2;
+    // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's share
+    const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
     const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
     const size_t per_unit = (size_t)a.C * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
-    size_t su = stages < GEMV_WIDE_SMEM_GOAL ? (GEMV_WIDE_SMEM_GOAL - stages) / per_unit / step * step : 0;
+    size_t su = stages < goal ? (goal - stages) / per_unit / step * step : 0;
     if (su < (size_t)step) su = step;
     if (su > (size_t)units) su = units;
     const size_t smem = std::max(stages + su * per_unit, (size_t)rt * NW * NT * 32 * 16);

@@ -1807,7 +1807,7 @@ TEST(Bench, DISABLED_GemvWide) {
     Dev dx((size_t)Cmax * 12288 * 2), dy((size_t)Cmax * 248320 * 4);
     bench_fill(dx.p, dx.n, 7);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s\n", "gemv", "shape", "C", "wide", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (wide: 0 chunks, else the wide kernel's g_gemv_wide_blocks)\n", "gemv", "shape", "C", "wide", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -1817,9 +1817,9 @@ TEST(Bench, DISABLED_GemvWide) {
         for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
         int reps = std::max(copies, 8);
         for (int C : {1, 8, 16, 32, 64})
-            for (int wide : {0, 1}) {
+            for (int wide : {0, 132, 264}) {
                 if (C == 1 && wide) continue;
-                g_gemv_wide = wide;
+                g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
                 double ms = time_graph_ms([&](cudaStream_t s, int i) {
                     gemv(mats[i % copies], dx.as<bf16_t>(), (int)sh.cols, C, dy.p, (int)sh.rows, false, nullptr, 0, s);
                 }, reps);
@@ -1844,9 +1844,9 @@ TEST(Bench, DISABLED_GemvWide) {
     std::vector<Mat> mats;
     for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
     for (int C : {1, 8, 16, 32, 64})
-        for (int wide : {0, 1}) {
+        for (int wide : {0, 132, 264}) {
             if (C == 1 && wide) continue;
-            g_gemv_wide = wide;
+            g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
             double ms = time_graph_ms([&](cudaStream_t s, int) {
                 for (size_t i = 0; i < seq.size(); i++)
                     gemv(mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
@@ -1854,7 +1854,7 @@ TEST(Bench, DISABLED_GemvWide) {
             BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d wide %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
                         seq.size(), total / 1e9, C, wide, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
         }
-    g_gemv_wide = 1;
+    g_gemv_wide = 1; g_gemv_wide_blocks = 132;
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
