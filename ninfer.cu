@@ -3312,7 +3312,8 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
 }
 
 // RT = blockDim.x / (NW * 32) row tiles a block. dynamic shared memory: the weight stages
-// [RT*NW][S][BYTES], then the slice's x [C][su][4 t][W] words and its sums [su][8 NT] fp32;
+// [RT*NW][S][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad) and its
+// sums [su][8 NT] fp32;
 // after the main loop the warps' partial sums [RT*NW][NT][32] float4 reuse it from the start.
 template <int F, int NW, int NT>
 __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su) {
@@ -3328,7 +3329,8 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     extern __shared__ __align__(16) uint8_t wide_smem[];
     uint8_t* sm_w = wide_smem + (size_t)warp * S * Ly::BYTES;
     uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
-    float* xsum = (float*)(xs + (size_t)C * su * 4 * W);
+    const int CS = su * 4 * W + 4;  // words a column: + 16 bytes, so the 8 columns of a tile load from other banks
+    float* xsum = (float*)(xs + (size_t)C * CS);
     auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
 
     // this lane's copy duties, as gemv_xs_kernel's
@@ -3388,7 +3390,7 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
         __syncthreads();
     }
 
-    const uint32_t* xw = xs + (size_t)g * su * 4 * W + t * W;  // this lane's column of tile 0 (+ (8 nt su + u - u0) * 4 * W)
+    const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
@@ -3400,7 +3402,7 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
         // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
         // GEMV_WIDE_ILP entries load first, then convert (the loop is latency-bound otherwise)
         const int n_x = C * sn * 4;
-        constexpr int NQ = Fm::LPT / 8, U = GEMV_WIDE_ILP;
+        constexpr int NQ = Fm::LPT / 8, U = NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
         for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
             uint4 xv[U][NQ], av[U][NQ];
 #pragma unroll
@@ -3450,7 +3452,7 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
                     uint32_t bw[W];
 #pragma unroll
                     for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
-                    uint4* dst = (uint4*)(xs + ((size_t)(c * su + ul) * 4 + tt) * W);
+                    uint4* dst = (uint4*)(xs + (size_t)c * CS + (size_t)(ul * 4 + tt) * W);
 #pragma unroll
                     for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
                     const bf16_t* xe = (const bf16_t*)xr;
@@ -3477,24 +3479,50 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
                 uint32_t A[GemvWideA<F>::N][4];
                 gemv_afrag<F>(raw[d], A);
                 const float s0 = f16bits2f(raw[d][0][3]), s1 = f16bits2f(raw[d][1][3]);
+                if constexpr (F == FMT_W8) {
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b[Fm::STEPS][2];
-                    if (nt * 8 + g < C) {
-                        const uint4* p = (const uint4*)(xw + (size_t)(nt * 8 * su + ul) * 4 * W);
-#pragma unroll
-                        for (int q = 0; q < W / 4; q++) {
-                            uint4 v = p[q];
-                            b[2 * q][0] = v.x; b[2 * q][1] = v.y;
-                            if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v.z; b[2 * q + 1][1] = v.w; }
-                        }
-                    } else {
-#pragma unroll
-                        for (int s = 0; s < Fm::STEPS; s++) b[s][0] = b[s][1] = 0;
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint32_t b[Fm::STEPS][2];
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (nt * 8 + g < C) v = *(const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W);
+                        b[0][0] = v.x; b[0][1] = v.y; b[1][0] = v.z; b[1][1] = v.w;
+                        const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
+                        const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                        gemv_tile<F>(A, s0, s1, acc[nt], b, sx);
                     }
-                    const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
-                    const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-                    gemv_tile<F>(A, s0, s1, acc[nt], b, sx);
+                } else {
+                    // gemv_tile's arithmetic with the tiles' chains interleaved (steps 0, 1 of
+                    // every tile, then 2, 3): each tile's chain keeps its order, and the
+                    // independent chains hide the mma latency
+                    constexpr int NI = NT < 4 ? NT : 4;  // tiles interleaved (registers)
+#pragma unroll
+                    for (int n0 = 0; n0 < NT; n0 += NI) {
+                        float dd[NI][4];
+#pragma unroll
+                        for (int n = 0; n < NI; n++) dd[n][0] = dd[n][1] = dd[n][2] = dd[n][3] = 0.f;
+#pragma unroll
+                        for (int q = 0; q < W / 4; q++)
+#pragma unroll
+                            for (int n = 0; n < NI; n++) {
+                                const int nt = n0 + n;
+                                uint4 v = make_uint4(0, 0, 0, 0);
+                                if (nt * 8 + g < C) v = *((const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W) + q);
+                                mma_bf16_16816(dd[n], A[2 * q][0], A[2 * q][1], A[2 * q][2], A[2 * q][3], v.x, v.y);
+                                mma_bf16_16816(dd[n], A[2 * q + 1][0], A[2 * q + 1][1], A[2 * q + 1][2], A[2 * q + 1][3], v.z, v.w);
+                            }
+#pragma unroll
+                        for (int n = 0; n < NI; n++) {
+                            const int nt = n0 + n;
+                            const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
+                            const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+#pragma unroll
+                            for (int j = 0; j < 4; j++) dd[n][j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[n][j]);
+                            acc[nt][0] = fmaf(s0, dd[n][0], acc[nt][0]);
+                            acc[nt][1] = fmaf(s0, dd[n][1], acc[nt][1]);
+                            acc[nt][2] = fmaf(s1, dd[n][2], acc[nt][2]);
+                            acc[nt][3] = fmaf(s1, dd[n][3], acc[nt][3]);
+                        }
+                    }
                 }
             }
             if (it + S - 1 < n_it) issue();
@@ -3628,10 +3656,11 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
     const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
     const size_t per_unit = (size_t)a.C * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
-    size_t su = stages < goal ? (goal - stages) / per_unit / step * step : 0;
+    const size_t pad = (size_t)a.C * 16;  // the kernel's column padding
+    size_t su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
     if (su < (size_t)step) su = step;
     if (su > (size_t)units) su = units;
-    const size_t smem = std::max(stages + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
+    const size_t smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
     CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, a.C,
           format_name((NumFormat)F), (long long)a.w.cols);
     const unsigned grid = (unsigned)CEIL_DIV(tiles, (int64_t)rt), block = rt * NW * 32;
