@@ -3253,7 +3253,7 @@ enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 ti
        GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
-static int g_gemv_wide_blocks = 132;           // RT shrinks until the grid has this many blocks (the h200's sms)
+static int g_gemv_wide_blocks = 264;           // the grid's blocks the launch aims at (2 per h200 sm; gemv_wide_launch)
 
 // the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
 // formats STEPS x 4 pairs in mma order; w8 the lo pairs then the hi pairs (2 * STEPS x 4)
@@ -3316,7 +3316,17 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
 // sums [su][8 NT] fp32;
 // after the main loop the warps' partial sums [RT*NW][NT][32] float4 reuse it from the start.
 template <int F, int NW, int NT>
-__global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su) {
+__global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
+    // block b: columns [cg * (b % groups), + cg) of row block b / groups (the blocks that run
+    // together share their rows, so the column groups read the weights from l2)
+    const int64_t rblk = blockIdx.x / groups;
+    {
+        const int c0 = (int)(blockIdx.x % groups) * cg;
+        a.x += (int64_t)c0 * a.ldx;
+        a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+        if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+        a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    }
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
     constexpr int D = 2, W = gemv_xs_words(F), S = GEMV_WIDE_S, CW = 8 * NT;
@@ -3325,7 +3335,7 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     const Mat& w = a.w;
     const int64_t rows = w.rows;
     const int units = (int)w.gpr, C = a.C;
-    const int64_t rowb = (int64_t)blockIdx.x * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
+    const int64_t rowb = rblk * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
     extern __shared__ __align__(16) uint8_t wide_smem[];
     uint8_t* sm_w = wide_smem + (size_t)warp * S * Ly::BYTES;
     uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
@@ -3642,32 +3652,41 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 }
 
 // the wide kernel for a product of a.C columns on a matrix whose kernel is the x-staged one
-// of NW warps a tile: NT tiles for the columns, RT row tiles a block while the grid keeps
-// g_gemv_wide_blocks blocks (the staged x is then shared by more rows), and the longest
-// slice of x that keeps a block within its share of the sm (else the one of NW * D groups)
+// of NW warps a tile: NT tiles for a block's columns, and the longest slice of x that keeps a
+// block within its share of the sm (else the one of NW * D groups)
 template <int F, int NW>
 static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
-    const int NT = a.C <= 16 ? 2 : a.C <= 32 ? 4 : 8, units = (int)a.w.gpr, step = NW * 2;
+    const int units = (int)a.w.gpr, step = NW * 2;
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    int rt = GEMV_WIDE_THREADS / (NW * 32);
-    while (rt > 1 && CEIL_DIV(tiles, (int64_t)rt) < g_gemv_wide_blocks) rt /= 2;
+    // blocks: row tiles rt a block and column groups of cg; below g_gemv_wide_blocks blocks the
+    // column groups shrink first (16 at the least; they cost l2 reads of the weights), then rt
+    // (which costs l2 reads of x: each block stages its columns' whole x)
+    int rt = GEMV_WIDE_THREADS / (NW * 32), cg = a.C;
+    auto blocks = [&]() { return CEIL_DIV(tiles, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
+    while (blocks() < g_gemv_wide_blocks && (cg > 16 || rt > 1)) {
+        if (cg > 16) cg = std::max(16, (cg + 1) / 2 + 7) / 8 * 8;
+        else rt /= 2;
+    }
+    const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
+    const int NT = cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    cg = cc;
     // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's share
     const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
     const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
-    const size_t per_unit = (size_t)a.C * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
-    const size_t pad = (size_t)a.C * 16;  // the kernel's column padding
+    const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
+    const size_t pad = (size_t)cc * 16;  // the kernel's column padding
     size_t su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
     if (su < (size_t)step) su = step;
     if (su > (size_t)units) su = units;
     const size_t smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
-    CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, a.C,
+    CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
           format_name((NumFormat)F), (long long)a.w.cols);
-    const unsigned grid = (unsigned)CEIL_DIV(tiles, (int64_t)rt), block = rt * NW * 32;
+    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rt) * groups), block = rt * NW * 32;
     switch (NT) {
-        case 2: launch_k(gemv_wide_kernel<F, NW, 2>, grid, block, smem, stream, a, (int)su); break;
-        case 4: launch_k(gemv_wide_kernel<F, NW, 4>, grid, block, smem, stream, a, (int)su); break;
-        default: launch_k(gemv_wide_kernel<F, NW, 8>, grid, block, smem, stream, a, (int)su); break;
+        case 2: launch_k(gemv_wide_kernel<F, NW, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        case 4: launch_k(gemv_wide_kernel<F, NW, 4>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        default: launch_k(gemv_wide_kernel<F, NW, 8>, grid, block, smem, stream, a, (int)su, cg, groups); break;
     }
     cudaCheck(cudaGetLastError());
 }

@@ -1817,7 +1817,7 @@ TEST(Bench, DISABLED_GemvWide) {
         for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
         int reps = std::max(copies, 8);
         for (int C : {1, 8, 16, 32, 64})
-            for (int wide : {0, 132, 264}) {
+            for (int wide : {0, 132, 264, 528}) {
                 if (C == 1 && wide) continue;
                 g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
                 double ms = time_graph_ms([&](cudaStream_t s, int i) {
@@ -1844,7 +1844,7 @@ TEST(Bench, DISABLED_GemvWide) {
     std::vector<Mat> mats;
     for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
     for (int C : {1, 8, 16, 32, 64})
-        for (int wide : {0, 132, 264}) {
+        for (int wide : {0, 132, 264, 528}) {
             if (C == 1 && wide) continue;
             g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
             double ms = time_graph_ms([&](cudaStream_t s, int) {
@@ -1854,7 +1854,7 @@ TEST(Bench, DISABLED_GemvWide) {
             BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d wide %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
                         seq.size(), total / 1e9, C, wide, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
         }
-    g_gemv_wide = 1; g_gemv_wide_blocks = 132;
+    g_gemv_wide = 1; g_gemv_wide_blocks = 264;
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
