@@ -1804,9 +1804,10 @@ TEST(Bench, DISABLED_GemvWide) {
         {FMT_Q4, 24576, 4096, "mlp gate_up q4"}, {FMT_Q5, 4096, 12288, "mlp down q5"}, {FMT_Q6, 248320, 4096, "output head q6"},
     };
     const int Cmax = 64;
-    Dev dx((size_t)Cmax * 12288 * 2), dy((size_t)Cmax * 248320 * 4);
-    bench_fill(dx.p, dx.n, 7);
+    Dev dx((size_t)Cmax * 2 * 12288 * 2), dy((size_t)Cmax * 248320 * 4), dn(12288 * 2);
+    bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
+    bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
     BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (wide: 0 chunks, else the wide kernel's g_gemv_wide_blocks)\n", "gemv", "shape", "C", "wide", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
@@ -1816,17 +1817,23 @@ TEST(Bench, DISABLED_GemvWide) {
         std::vector<Mat> mats;
         for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
         int reps = std::max(copies, 8);
-        for (int C : {1, 8, 16, 32, 64})
-            for (int wide : {0, 132, 264, 528}) {
-                if (C == 1 && wide) continue;
-                g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
-                double ms = time_graph_ms([&](cudaStream_t s, int i) {
-                    gemv(mats[i % copies], dx.as<bf16_t>(), (int)sh.cols, C, dy.p, (int)sh.rows, false, nullptr, 0, s);
-                }, reps);
-                double gbs = (double)mb / (ms * 1e-3) / 1e9;
-                char shape[32]; snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.rows, (long long)sh.cols);
-                BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape, C, wide, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
-            }
+        // the product's x transform as the 9b decode fuses it: the input norm into gate_up, swiglu into down
+        const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        for (int fused : {0, 1})
+            for (int C : {1, 8, 16, 32, 64})
+                for (int wide : {0, 132, 264}) {
+                    if ((C == 1 && wide) || (fused && xmode == GEMV_X_PLAIN) || (wide == 0 && C > 1 && (fused || C != 16))) continue;
+                    g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
+                    GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                    const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
+                    double ms = time_graph_ms([&](cudaStream_t s, int i) {
+                        gemv(mats[i % copies], dx.as<bf16_t>(), ldx, C, dy.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                    }, reps);
+                    double gbs = (double)mb / (ms * 1e-3) / 1e9;
+                    char shape[40]; snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)sh.rows, (long long)sh.cols,
+                                             !fused ? "" : xmode == GEMV_X_RMS ? "+rms" : "+swiglu");
+                    BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape, C, wide, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
+                }
     }
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
     struct M { NumFormat f; int64_t rows, cols; };
@@ -1844,8 +1851,8 @@ TEST(Bench, DISABLED_GemvWide) {
     std::vector<Mat> mats;
     for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
     for (int C : {1, 8, 16, 32, 64})
-        for (int wide : {0, 132, 264, 528}) {
-            if (C == 1 && wide) continue;
+        for (int wide : {0, 132, 264}) {
+            if ((C == 1 && wide) || (wide == 0 && C != 1 && C != 16 && C != 64)) continue;
             g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
             double ms = time_graph_ms([&](cudaStream_t s, int) {
                 for (size_t i = 0; i < seq.size(); i++)
@@ -1854,7 +1861,7 @@ TEST(Bench, DISABLED_GemvWide) {
             BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d wide %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
                         seq.size(), total / 1e9, C, wide, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
         }
-    g_gemv_wide = 1; g_gemv_wide_blocks = 264;
+    g_gemv_wide = 1; g_gemv_wide_blocks = 132;
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
