@@ -2532,7 +2532,8 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // ---- 7.2 gemv (decode products) -------------------------------------------------------------
-// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch), decode's matrix op
+// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch; the wide kernel below: up
+// to 64), decode's matrix op
 //
 // batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
 // the target is the copy bandwidth. the design, and why:
@@ -2570,7 +2571,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 // bf16 weights need cols % 8 == 0. x[c][k] for k >= cols is never read, so a padded tail
 // of any content (even nan) is safe; padding groups of the row-split layout have scale 0.
 
-enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run in chunks
+enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the wide kernel, or in chunks
 
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
@@ -3311,29 +3312,9 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
     acc[3] = fmaf(s1, dd[3], acc[3]);
 }
 
-// the x slices' bulk copies (the tma engine's 1-d form) and their mbarrier
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-}
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
 // RT = blockDim.x / (NW * 32) row tiles a block. dynamic shared memory: the weight stages
-// [RT*NW][S][BYTES], then two slice buffers, each x [C][su * 4 * W + 4] words ([u][t][W] and a
-// pad) and its sums [su][8 NT] fp32, then (swiglu) the up half [C][su * 4 * W + 4];
+// [RT*NW][S][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad) and its
+// sums [su][8 NT] fp32;
 // after the main loop the warps' partial sums [RT*NW][NT][32] float4 reuse it from the start.
 template <int F, int NW, int NT>
 __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
@@ -3358,12 +3339,9 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     const int64_t rowb = rblk * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
     extern __shared__ __align__(16) uint8_t wide_smem[];
     uint8_t* sm_w = wide_smem + (size_t)warp * S * Ly::BYTES;
+    uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
     const int CS = su * 4 * W + 4;  // words a column: + 16 bytes, so the 8 columns of a tile load from other banks
-    const bool sw = a.xmode == GEMV_X_SWIGLU;
-    // two slice buffers [C][CS] words + sums [su][CW], then (swiglu) the up half of the slice in flight
-    uint32_t* xbuf0 = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
-    const size_t xbuf_words = (size_t)C * CS + (size_t)su * CW;
-    uint32_t* ubuf = xbuf0 + 2 * xbuf_words;
+    float* xsum = (float*)(xs + (size_t)C * CS);
     auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
 
     // this lane's copy duties, as gemv_xs_kernel's
@@ -3396,24 +3374,6 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     }
     pdl_entry();
 
-    // the slices come in by bulk copies (the raw bf16 of a column's slice is one run of bytes,
-    // which the staged layout keeps in place: entry (c, u, t) is the 32 bytes of its own lanes),
-    // one slice ahead: slice s+1 is in flight while slice s is computed. a slice is converted in
-    // place (gemv_xs_kernel's math: transform, b-fragment order, sums) once it has landed.
-    __shared__ __align__(8) uint64_t xbar;
-    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&xbar);
-    auto issue_x = [&](int u0, uint32_t* dst) {  // one thread
-        const int sn = units - u0 < su ? units - u0 : su;
-        const uint32_t bytes = (uint32_t)sn * Fm::G * 2;
-        mbar_expect_tx(bar, bytes * C * (sw ? 2 : 1));
-        for (int c = 0; c < C; c++) {
-            const bf16_t* xc = a.x + (int64_t)c * a.ldx + (int64_t)u0 * Fm::G;
-            bulk_copy_g2s((uint32_t)__cvta_generic_to_shared(dst + (size_t)c * CS), xc, bytes, bar);
-            if (sw) bulk_copy_g2s((uint32_t)__cvta_generic_to_shared(ubuf + (size_t)c * CS), xc + w.cols, bytes, bar);
-        }
-    };
-    if (threadIdx.x == 0) { mbar_init(bar, 1); issue_x(0, xbuf0); }
-
     // 1 / rms per column: block_sum's tree of gemv_xs_kernel (warps 0..NW-1 of a tile sum with
     // the strides of its first NW * 32 threads; the butterfly over [warp sums, zeros]), the
     // columns spread over the block's row tiles
@@ -3438,68 +3398,84 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
             v = warp_sum(v);
             if (lane == 0) inv_rms[c] = rsqrtf(v / (float)K + a.eps);
         }
+        __syncthreads();
     }
-    __syncthreads();  // inv_rms; the barrier's init
 
+    const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    uint32_t rslot = 0, phase = 0;
+    uint32_t rslot = 0;
     int it = 0, ub = wt * D;
-    for (int u0 = 0, sl = 0; u0 < units; u0 += su, sl++) {
+    for (int u0 = 0; u0 < units; u0 += su) {
         const int sn = units - u0 < su ? units - u0 : su;
-        uint32_t* xs = xbuf0 + (sl & 1) * xbuf_words;
-        float* xsum = (float*)(xs + (size_t)C * CS);
-        mbar_wait(bar, phase);
-        phase ^= 1;
-        // convert the slice in place: entry (c, u, t) as gemv_xs_kernel's
+        if (u0) __syncthreads();  // every warp is done with the previous slice
+        // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
+        // GEMV_WIDE_ILP entries load first, then convert (the loop is latency-bound otherwise)
         const int n_x = C * sn * 4;
-        for (int i0 = 0; i0 < n_x; i0 += blockDim.x) {
-            const int i = i0 + threadIdx.x;
-            float part = 0.f;
-            if (i < n_x) {
-                const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
-                const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
-                const size_t off = (size_t)c * CS + (size_t)(ul * 4 + tt) * W;
-                uint4 xr[2];
+        constexpr int NQ = Fm::LPT / 8, U = NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
+        for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
+            uint4 xv[U][NQ], av[U][NQ];
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
-                    uint4 v = *((const uint4*)(xs + off) + q);
-                    if (a.xmode != GEMV_X_PLAIN) {
-                        bf16_t* e = (bf16_t*)&v;
-                        if (a.xmode == GEMV_X_RMS) {
-                            uint4 wv = __ldg((const uint4*)(a.xw + k0) + q);
-                            const bf16_t* we = (const bf16_t*)&wv;
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
 #pragma unroll
-                            for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
-                        } else {
-                            uint4 uv = *((const uint4*)(ubuf + off) + q);
-                            const bf16_t* ue = (const bf16_t*)&uv;
+                for (int q = 0; q < NQ; q++) xv[uu][q] = av[uu][q] = make_uint4(0, 0, 0, 0);
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
+                    const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
 #pragma unroll
-                            for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
-                        }
+                    for (int q = 0; q < NQ; q++) {
+                        xv[uu][q] = __ldg((const uint4*)src + q);
+                        if (a.xmode == GEMV_X_RMS) av[uu][q] = __ldg((const uint4*)(a.xw + k0) + q);
+                        else if (a.xmode == GEMV_X_SWIGLU) av[uu][q] = __ldg((const uint4*)(src + w.cols) + q);
                     }
-                    xr[q] = v;
                 }
-                uint32_t bw[W];
-#pragma unroll
-                for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
-                uint4* dst = (uint4*)(xs + off);
-#pragma unroll
-                for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
-                const bf16_t* xe = (const bf16_t*)xr;
-#pragma unroll
-                for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
             }
-            part += __shfl_xor_sync(0xffffffffu, part, 1);
-            part += __shfl_xor_sync(0xffffffffu, part, 2);
-            if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
+#pragma unroll
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
+                float part = 0.f;
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    uint4 xr[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
+                        uint4 v = xv[uu][q];
+                        if (a.xmode != GEMV_X_PLAIN) {
+                            bf16_t* e = (bf16_t*)&v;
+                            if (a.xmode == GEMV_X_RMS) {
+                                const uint4 wv = av[uu][q];
+                                const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
+                            } else {
+                                const uint4 uv = av[uu][q];
+                                const bf16_t* ue = (const bf16_t*)&uv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
+                            }
+                        }
+                        xr[q] = v;
+                    }
+                    uint32_t bw[W];
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
+                    uint4* dst = (uint4*)(xs + (size_t)c * CS + (size_t)(ul * 4 + tt) * W);
+#pragma unroll
+                    for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
+                    const bf16_t* xe = (const bf16_t*)xr;
+#pragma unroll
+                    for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
+                }
+                part += __shfl_xor_sync(0xffffffffu, part, 1);
+                part += __shfl_xor_sync(0xffffffffu, part, 2);
+                if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
+            }
         }
-        fence_proxy_async();  // these generic accesses before the bulk copies that reuse the buffers
-        __syncthreads();      // the slice is converted, and every warp is done with the previous one
-        if (threadIdx.x == 0 && u0 + su < units) issue_x(u0 + su, xbuf0 + ((sl + 1) & 1) * xbuf_words);
-        const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
+        __syncthreads();
 
         for (; it < n_it && ub < u0 + sn; it++, ub += NW * D) {
             cp_async_wait<S - 2>();
@@ -3606,7 +3582,8 @@ static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.c
 // alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
 // variant 9 does), and a product of C columns gives each column bit for bit what a one-column
 // product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
-// a batched lane a lone sequence. columns the staged x cannot hold in one launch run in chunks.
+// a batched lane a lone sequence. columns the staged x cannot hold in one launch run on the
+// wide kernel (gemv_wide_kernel: the same sums, 8-column tiles against one weight fragment).
 enum GemvKernel {
     GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
@@ -3696,17 +3673,20 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
     const int NT = cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
     cg = cc;
-    // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's share
-    const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
-    const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
-    // two slice buffers (x and its sums) and, with swiglu, the up half of the slice in flight
-    const int nb = a.xmode == GEMV_X_SWIGLU ? 3 : 2;
-    const size_t per_unit = (size_t)nb * cc * 4 * gemv_xs_words(F) * 4 + (size_t)2 * 8 * NT * 4;
-    const size_t pad = (size_t)nb * cc * 16;  // the kernel's column padding
-    size_t su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
-    if (su < (size_t)step) su = step;
-    if (su > (size_t)units) su = units;
-    const size_t smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
+    // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's
+    // share; where even the shortest slice does not fit, fewer row tiles
+    const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
+    const size_t pad = (size_t)cc * 16;  // the kernel's column padding
+    size_t su = 0, smem = 0;
+    for (;; rt /= 2) {
+        const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
+        const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
+        su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
+        if (su < (size_t)step) su = step;
+        if (su > (size_t)units) su = units;
+        smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
+        if (smem <= GEMV_WIDE_SMEM_MAX || rt == 1) break;
+    }
     CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
           format_name((NumFormat)F), (long long)a.w.cols);
     const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rt) * groups), block = rt * NW * 32;
