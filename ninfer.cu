@@ -3947,9 +3947,11 @@ struct ConvStepArgs {
     const int* slots;                  // [2C], see the header
     bf16_t* y; int ldy;                // [C][conv_dim]
     int C, conv_dim;
-    int lanes = 0;                     // every column its own sequence: slots[c], slots[C + c] >= 0
+    int lanes = 0;                     // every column its own sequence: slots[c], slots[C + c] >= 0,
+                                       // no slot shared by two columns (they run concurrently)
 };
-// decode: one thread per channel runs the C columns in order
+// decode: one thread per channel runs the C columns in order (a chain: the mtp verify's
+// columns continue each other); lanes: grid.z = column, each column its own chain of one
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
     pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
@@ -3957,7 +3959,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
     int D = a.conv_dim;
     float w0 = bf2f(a.w[ch]), w1 = bf2f(a.w[D + ch]), w2 = bf2f(a.w[2 * D + ch]), w3 = bf2f(a.w[3 * D + ch]);
     float s0 = 0.f, s1 = 0.f, s2 = 0.f;  // u_{t-3}, u_{t-2}, u_{t-1}
-    for (int c = 0; c < a.C; c++) {
+    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;
+    for (int c = c0; c < c1; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const bf16_t* st = a.state + sin * a.slot_stride;
@@ -3976,7 +3979,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
                       bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream, bool lanes = false) {
     ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim, lanes ? 1 : 0};
-    launch_k(conv_step_kernel, CEIL_DIV(conv_dim, CONV_THREADS), CONV_THREADS, 0, stream, a);
+    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? C : 1), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4054,7 +4057,9 @@ static void gdn_gates(const bf16_t* a, int lda, const bf16_t* b, int ldb, const 
 
 // recurrent gated delta rule, C columns of decode (model.md 3.5), fused with the l2 norm and
 // q scaling of q, k (3.4) and the gates (3.3). state fp32 [Hv][dk][dv] per slot (dk = dv =
-// 128), read and written through the slot map (header).
+// 128), read and written through the slot map (header). the C columns run in order in each
+// block (the mtp verify's chain); lanes: grid.z = column, so C independent sequences step at
+// once with each column's arithmetic that of a lone launch.
 // parallelisation: the dv columns of a head are independent (m_j, delta_j, o_j only need
 // column j of S), so block (head h, 32 columns) keeps its 128 x 32 slice of S in registers:
 // warp w holds rows [32w, 32w+32) of column j0 + lane (32 floats per thread, coalesced 128-byte
@@ -4069,7 +4074,8 @@ struct GdnStepArgs {
     const int* slots;                             // [2C]
     bf16_t* out; int ldo;                         // [C][Hv*dv]
     int C, Hk, Hv;
-    bool lanes = false;                           // every column its own sequence: slots[c], slots[C + c] >= 0
+    bool lanes = false;                           // every column its own sequence: slots[c], slots[C + c] >= 0,
+                                                  // no slot shared by two columns (they run concurrently)
 };
 __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
     pdl_entry_small();
@@ -4081,7 +4087,8 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
 #pragma unroll
     for (int r = 0; r < 32; r++) s[r] = 0.f;
     const float a_log = a.a_log[h], dt_bias = a.dt_bias[h];
-    for (int c = 0; c < a.C; c++) {
+    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;  // lanes: grid.z = column
+    for (int c = c0; c < c1; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const float* S = a.state + sin * a.slot_stride + ((int64_t)h * GDN_D + i0) * GDN_D + j;
@@ -4124,7 +4131,7 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_step_kernel(GdnStepArgs a) {
 }
 static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     CHECK(a.Hv % a.Hk == 0, "gdn_step: Hv %d not a multiple of Hk %d", a.Hv, a.Hk);
-    dim3 grid(a.Hv, GDN_D / GDN_COLS);
+    dim3 grid(a.Hv, GDN_D / GDN_COLS, a.lanes ? a.C : 1);
     launch_k(gdn_step_kernel, grid, GDN_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
@@ -4172,6 +4179,11 @@ struct KvCache {
     int kv = KV_BF16; void* kc = nullptr; void* vc = nullptr; __half* ksc = nullptr; __half* vsc = nullptr; int64_t cap = 0;
     const int* pages = nullptr; int page_ld = 0;  // device page table (above), nullable
 };
+static_assert(KV_PAGE % ATT_KEYS == 0, "a decode key tile must not straddle kv pages");
+// the physical cache row of logical row p through one sequence's page table (null: identity)
+__device__ __forceinline__ int64_t kv_row(const int* pages, int64_t p) {
+    return pages ? (int64_t)pages[p / KV_PAGE] * KV_PAGE + p % KV_PAGE : p;
+}
 
 // 8 consecutive elements (dims d0..d0+7) of one cache row (row = kv_head * cap + position)
 template <int KV> struct KvVec;
@@ -4218,16 +4230,18 @@ template <> struct KvVec<KV_FP8> {
 
 // the attention inputs of C columns in one kernel (instead of rmsnorm x2, mrope x2, kv_append):
 // block = (column, head), thread = dim. q heads: zero-centred rmsnorm (1+w), then m-rope, in
-// place. kv heads: the same for k, then k and v appended at kvpos[c] (int8 / fp8 quantized
-// per 64 elements). the roundings are those of the separate kernels (rmsnorm, and
-// test/dev_kernels.cuh's mrope and kv_append): y = bf16(x * inv * (1+w)); rotated dims
-// bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded to bf16.
+// place. kv heads: the same for k, then k and v appended at logical row kvpos[c] through
+// column c's page table (int8 / fp8 quantized per 64 elements). the roundings are those of
+// the separate kernels (rmsnorm, and test/dev_kernels.cuh's mrope and kv_append):
+// y = bf16(x * inv * (1+w)); rotated dims bf16(bf16(x1 c) -+ bf16(x2 s)) with c, s rounded
+// to bf16.
 struct AttnPrepParams {
     bf16_t* qk; int ldqk;               // [C][(Hq+Hkv)*256]: q heads then k heads
     const bf16_t* v; int ldv;           // [C][Hkv*256]
     const bf16_t* qw; const bf16_t* kw; // norm weights (256)
     const int* pos3; const int* kvpos;  // [C][3], [C]
     void* kc; void* vc; __half* ksc; __half* vsc; int64_t cap;
+    const int* pages; int page_ld;      // column c's page table at pages + c*page_ld (KvCache)
     int Hq, Hkv, half, sec_h, sec_w;
     float eps;
     float inv_freq[64];
@@ -4260,8 +4274,10 @@ __global__ void __launch_bounds__(ATT_HD) attn_prep_kernel(AttnPrepParams a) {
     row[d] = ob;
     if (!isk) return;
     const int h = hh - a.Hq;
-    const int64_t p = a.kvpos[c];
-    if (p < 0 || p >= a.cap) return;  // uniform over the block
+    const int64_t lp = a.kvpos[c];
+    if (lp < 0) return;  // uniform over the block
+    const int64_t p = kv_row(a.pages ? a.pages + (int64_t)c * a.page_ld : nullptr, lp);
+    if (p >= a.cap) return;
     const int64_t crow = (int64_t)h * a.cap + p;
     const float xv = bf2f(a.v[(int64_t)c * a.ldv + h * ATT_HD + d]);
     if constexpr (KV == KV_BF16) {
@@ -4305,7 +4321,8 @@ static void attn_prep(const AttnPrepArgs& in, cudaStream_t stream) {
     CHECK(rot % 2 == 0 && rot / 2 <= 64 && rot <= ATT_HD, "attn_prep: rotary dims %d", rot);
     AttnPrepParams a;
     a.qk = in.qk; a.ldqk = in.ldqk; a.v = in.v; a.ldv = in.ldv; a.qw = in.qw; a.kw = in.kw; a.pos3 = in.pos3; a.kvpos = in.kvpos;
-    a.kc = in.c.kc; a.vc = in.c.vc; a.ksc = in.c.ksc; a.vsc = in.c.vsc; a.cap = in.c.cap; a.Hq = in.Hq; a.Hkv = in.Hkv; a.half = rot / 2;
+    a.kc = in.c.kc; a.vc = in.c.vc; a.ksc = in.c.ksc; a.vsc = in.c.vsc; a.cap = in.c.cap; a.pages = in.c.pages; a.page_ld = in.c.page_ld;
+    a.Hq = in.Hq; a.Hkv = in.Hkv; a.half = rot / 2;
     a.sec_h = in.sections[1]; a.sec_w = in.sections[2]; a.eps = in.eps;
     rope_inv_freq(in.theta, rot, a.inv_freq);
     const unsigned blocks = (unsigned)(in.C * (in.Hq + in.Hkv));
@@ -4322,6 +4339,8 @@ struct AttnArgs {
     const int* pos;                   // [C] device
     int C, Hq, Hkv;
     int n_splits, split_keys;         // split_keys a multiple of ATT_KEYS
+    const int* pages; int page_ld;    // KvCache's page table; shared-kv columns read the one at pages
+    bool lanes; const int* split_keys_col;  // AttnDecodeArgs: grid.z = column, each its own table and plan
     float* part_acc;                  // [Hkv][n_splits][G*C][256]
     float* part_ml;                   // [Hkv][n_splits][G*C][2]
     float scale;
@@ -4331,19 +4350,26 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
     constexpr int NQ = 4 * QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int G = a.Hq / a.Hkv, nq = G * a.C;
+    // the block's columns: all C (one sequence), or lanes: column blockIdx.z alone, with the
+    // same arithmetic as a lone launch of that column (only the partials' slots differ)
+    const int z = a.lanes ? (int)blockIdx.z : 0, C = a.lanes ? 1 : a.C;
+    const bf16_t* qz = a.q + (int64_t)z * a.ldq;
+    const int* pos = a.pos + z;
+    const int* pages = a.pages ? a.pages + (int64_t)z * a.page_ld : nullptr;
+    const int split_keys = a.lanes ? a.split_keys_col[z] : a.split_keys;
+    const int G = a.Hq / a.Hkv, nq = G * C, nq_all = G * a.C, q_first = z * G;
     __shared__ __align__(16) float qs[NQ][ATT_HD];
     __shared__ float ps[NQ][ATT_KEYS];
     __shared__ int vis[NQ];
     int lmax = 0;
-    for (int c = 0; c < a.C; c++) lmax = max(lmax, a.pos[c] + 1);
+    for (int c = 0; c < C; c++) lmax = max(lmax, pos[c] + 1);
     for (int i = tid; i < NQ * ATT_HD; i += ATT_THREADS) {
         int qi = i / ATT_HD, d = i % ATT_HD;
         float v = 0.f;
-        if (qi < nq) v = bf2f(a.q[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
+        if (qi < nq) v = bf2f(qz[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
         qs[qi][d] = v;
     }
-    if (tid < NQ) vis[tid] = tid < nq ? a.pos[tid / G] : -1;
+    if (tid < NQ) vis[tid] = tid < nq ? pos[tid / G] : -1;
     // running softmax state of the queries this warp owns (qi = warp + 4k), replicated in lanes
     float m_run[QPW], l_run[QPW], acc[QPW][8];
 #pragma unroll
@@ -4352,12 +4378,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll
         for (int d = 0; d < 8; d++) acc[k][d] = 0.f;
     }
-    const int64_t hrow = (int64_t)h * a.cap;  // cache row of position 0 of this kv head
-    const int kbeg = sp * a.split_keys;
-    const int kend = min(kbeg + a.split_keys, lmax);
+    const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
+    const int kbeg = sp * split_keys;
+    const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
     __syncthreads();
     for (int k0 = kbeg; k0 < kend; k0 += ATT_KEYS) {
         const int nk = min(ATT_KEYS, kend - k0);
+        const int64_t trow = hrow + kv_row(pages, k0);  // the tile's keys are consecutive rows of one page
         // (1) scores, thread = key
         {
             int key = k0 + tid;
@@ -4368,7 +4395,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll 8
                 for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
                     KvVec<KV> raw;
-                    raw.load(a.kc, a.ksc, hrow + key, d8 * 8);
+                    raw.load(a.kc, a.ksc, trow + tid, d8 * 8);
                     float kf[8];
                     raw.get(kf);
 #pragma unroll
@@ -4406,7 +4433,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
             KvVec<KV> raw[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, hrow + k0 + t0 + j, lane * 8);
+                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j, lane * 8);
                 else raw[j].zero();
             }
 #pragma unroll
@@ -4427,7 +4454,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     for (int k = 0; k < QPW; k++) {
         int qi = warp + 4 * k;
         if (qi >= nq) continue;
-        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq + qi;
+        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
         float* pa = a.part_acc + slot * ATT_HD + lane * 8;
         *(float4*)pa = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
         *(float4*)(pa + 4) = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
@@ -4466,7 +4493,13 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 }
 // y[c] = gate-scaled attention of the C columns (q heads of column c at q + c*ldq), keys 0..pos[c].
 // n_splits * split_keys must cover the longest visible context. scratch: attn_scratch_floats.
-// gate: nullable [C][Hq*256] (ldg). columns go in launches of ATT_MAX_Q / G.
+// gate: nullable [C][Hq*256] (ldg). shared-kv mode (the columns are one sequence, the mtp
+// verify): columns go in launches of ATT_MAX_Q / G, reading each key once for all of them
+// through the one page table at c.pages. lanes mode (every column its own sequence, up to the
+// batch's C): one launch of grid (Hkv, n_splits, C) and one combine; column c reads its page
+// row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
+// cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
+// is bit for bit that of a lone shared-kv launch of it with the same split_keys.
 template <int KV>
 static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
     if (nq <= 4) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
@@ -4482,7 +4515,7 @@ struct AttnDecodeArgs {
     // lanes: every column is its own sequence (its own page table row, keys 0..pos[c]) with its
     // own plan: split_keys_col[c] keys per split (device [C]), n_splits the most any column needs
     bool lanes = false; const int* split_keys_col = nullptr;
-    float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits)
+    float* scratch = nullptr;                // attn_scratch_floats(Hq, Hkv, n_splits[, C when lanes])
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
 };
@@ -4494,17 +4527,23 @@ static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
     CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
+    CHECK(!in.lanes || in.split_keys_col, "attn_decode: lanes without a split plan per column");
+    CHECK(in.lanes || !in.c.pages || in.c.page_ld == 0 || C == 1, "attn_decode: shared-kv columns read one page table (page_ld %d)",
+          in.c.page_ld);
+    if (in.lanes) cols = C;  // one launch: the block's queries are one column's G
     for (int c0 = 0; c0 < C; c0 += cols) {
         AttnArgs a;
         a.q = in.q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
         a.ksc = in.c.ksc; a.vsc = in.c.vsc;
         a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
         a.n_splits = n_splits; a.split_keys = split_keys;
+        a.pages = in.c.pages; a.page_ld = in.lanes ? in.c.page_ld : 0;
+        a.lanes = in.lanes; a.split_keys_col = in.split_keys_col;
         a.part_acc = scratch;
         a.part_ml = scratch + (size_t)Hkv * n_splits * (G * cols) * ATT_HD;
         a.scale = 1.0f / sqrtf((float)ATT_HD);
-        int nq = G * a.C;
-        dim3 grid(Hkv, n_splits);
+        int nq = in.lanes ? G : G * a.C;
+        dim3 grid(Hkv, n_splits, in.lanes ? C : 1);
         if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
         else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
         else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
@@ -5832,10 +5871,11 @@ static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, in
 // attention over a prefill piece (model.md 2.4): flash attention with tensor cores
 //
 // block = (64 queries, one query head); 4 warps of 16 queries. the keys come from the cache
-// (the piece's own rows were appended first), 64 at a time: S = Q K^T by mma (q and k bf16,
-// fp32 sums, scale 1/16 exact), causal mask by kv row (query t sees rows <= pos0 + t), online
-// softmax in fp32 per row (FA2: the score fragment becomes the A operand of P V in bf16), O in
-// fp32 registers (16 rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
+// (the piece's own rows were appended first; logical rows through the sequence's page
+// table), 64 at a time: S = Q K^T by mma (q and k bf16, fp32 sums, scale 1/16 exact),
+// causal mask by kv row (query t sees rows <= pos0 + t), online softmax in fp32 per row
+// (FA2: the score fragment becomes the A operand of P V in bf16), O in fp32 registers (16
+// rows x 256 dims per warp). K and V tiles: cp.async for bf16 caches
 // (V's copy lands while S is computed); int8 / fp8 are decoded to bf16 on the way into
 // shared memory. rows past the last written key are zero-filled (never nan times 0). the
 // output is gated like attn_combine: y = bf16( bf16(o) * bf16(sigmoid(gate)) ).
@@ -5843,6 +5883,7 @@ static void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, in
 
 enum { FA_BQ = 64, FA_BK = 64, FA_THREADS = 128, FA_LDS = ATT_HD + 8 };
 static const size_t FA_SMEM = (size_t)3 * 64 * FA_LDS * 2;
+static_assert(KV_PAGE % FA_BK == 0, "a prefill key tile must not straddle kv pages");
 struct FlashArgs {
     const bf16_t* q; int ldq;            // token t, head hq at q + t*ldq + hq*256
     const void* kc; const void* vc; const __half* ksc; const __half* vsc; int64_t cap;
@@ -5853,18 +5894,18 @@ struct FlashArgs {
     bf16_t* y; int ldy;                  // [T][Hq*256]
 };
 template <int KV>
-__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t hrow, int key0, int nvalid, int tid) {
-    // 64 rows x 32 chunks of 8 elements; rows >= nvalid are zeros
+__device__ __forceinline__ void fa_load_tile(bf16_t* dst, const void* cache, const __half* sc, int64_t trow, int nvalid, int tid) {
+    // 64 rows x 32 chunks of 8 elements from cache row trow on (one page); rows >= nvalid are zeros
 #pragma unroll 4
     for (int i = 0; i < 64 * 32 / FA_THREADS; i++) {
         const int c = tid + i * FA_THREADS, r = c >> 5, c8 = c & 31;
         bf16_t* d = dst + r * FA_LDS + c8 * 8;
         if (r >= nvalid) { *(uint4*)d = make_uint4(0, 0, 0, 0); continue; }
         if constexpr (KV == KV_BF16) {
-            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (hrow + key0 + r) * ATT_HD + c8 * 8);
+            cp_async16_m(smem_u32(d), (const bf16_t*)cache + (trow + r) * ATT_HD + c8 * 8);
         } else {
             KvVec<KV> v;
-            v.load(cache, sc, hrow + key0 + r, c8 * 8);
+            v.load(cache, sc, trow + r, c8 * 8);
             float f[8];
             v.get(f);
             *(uint4*)d = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
@@ -5903,9 +5944,10 @@ __global__ void __launch_bounds__(FA_THREADS) flash_prefill_kernel(FlashArgs a) 
     for (int k0 = 0; k0 < n_keys; k0 += FA_BK) {
         __syncthreads();  // the previous tile is consumed (and the q tile is written)
         const int nvalid = min(FA_BK, kv_len - k0);
-        fa_load_tile<KV>(Ks, a.kc, a.ksc, hrow, k0, nvalid, tid);
+        const int64_t trow = hrow + kv_row(a.pages, k0);  // the tile's rows are consecutive in one page
+        fa_load_tile<KV>(Ks, a.kc, a.ksc, trow, nvalid, tid);
         if constexpr (KV == KV_BF16) cp_async_commit_m();
-        fa_load_tile<KV>(Vs, a.vc, a.vsc, hrow, k0, nvalid, tid);
+        fa_load_tile<KV>(Vs, a.vc, a.vsc, trow, nvalid, tid);
         if constexpr (KV == KV_BF16) { cp_async_commit_m(); cp_async_wait_m<1>(); }
         __syncthreads();
         // S = Q K^T for the warp's 16 rows x 64 keys
@@ -6284,7 +6326,8 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 //
 // loading, sequence state, the forward pass, cuda graphs, generation
 //
-// GpuEngine is one model resident on one gpu with one sequence:
+// GpuEngine is one model resident on one gpu with one sequence, or with --max-concurrency
+// lanes (GpuOpts::lanes > 1) several (below: lanes):
 //   * weights: every tensor the chosen features need (text; not the draft head, mtp or vision
 //     until those features run on the gpu) is copied into one device allocation, in file
 //     order at 256-byte alignment, streamed from the mmap'd artifact through two pinned
@@ -6320,8 +6363,23 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 // (powers of two from 512 keys: at most ~10 graphs), captured the first time a step lands in
 // the bucket. eager decode (--no-cuda-graph) launches the same kernels with the same plan, so
 // graph and eager decode give bit-identical logits.
+//
+// lanes (GpuOpts::lanes > 1, the server's --max-concurrency): one weight arena and workspace,
+// several sequences. each lane has its own group of gdn slots (its live pair, or the mtp
+// round's K+1) and its kv rows in one pool of kv_rows rows shared by all lanes, in pages of
+// KV_PAGE rows that a lane takes as it grows (gpu_lane_reserve) and gives back when it is
+// reset; every kernel reads kv rows through the lane's page table (section 7's KvCache). the
+// single-sequence functions (gpu_forward, generate_gpu, the snapshots, ...) act on the
+// current lane (gpu_lane_select). gpu_decode_lanes runs one decode token of up to LANES_MAX
+// lanes as one forward call: every column its own sequence (lanes mode of attn_decode,
+// conv_step, gdn_step), the products gemv over all the columns (weights read once a step),
+// each column bit for bit the one-token step its lane would take alone (the gemv is column-
+// count invariant, attention takes each column's own split plan), so batching is lossless.
+// graphs per (batch bucket: 1, 2, 4, .. LANES_MAX columns, context bucket of the longest lane);
+// padding columns embed token 0, write no kv row (kvpos -1) and use the trash gdn slot.
 
 enum { DEC_COLS = 8, GPU_BUCKET0 = 512, GPU_MAX_BUCKETS = 24 };
+enum { LANES_MAX = 64, LANE_BUCKETS = 7 };  // batch buckets 1, 2, 4, .. 64
 enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 
 // the gpu path's measurement and test knobs, in one place (GpuOpts::tune). the cli and the
@@ -6390,7 +6448,8 @@ struct GpuOpts {
     int kv_capacity = 0;       // --kv-capacity: kv rows allocated (0: = max_context, -1: auto)
     int prefill_chunk = 1024;  // --prefill-chunk: tokens per prefill call
     bool graphs = true;        // --no-cuda-graph turns them off
-    int gdn_slots = GPU_LIVE_SLOTS;  // the live pair, then snapshots (mtp verification, prefix reuse) from slot 2 on
+    int gdn_slots = GPU_LIVE_SLOTS;  // one lane's slots (the live pair or the mtp round's K+1), then shared snapshots (prefix reuse)
+    int lanes = 1;             // --max-concurrency: sequences (lanes > 1: the paged kv pool, gpu_decode_lanes)
     bool quiet = false;        // no load progress / summary on stderr (tests)
     SpecOpts spec;             // --spec mtp: the mtp module (and --lm-head-draft's head) resident, its kv cache, K+1 gdn slots
     GpuTuning tune;            // measurement / test knobs (above)
@@ -6403,6 +6462,16 @@ struct StepPtrs {
     int* kvpos;  // [T] kv row of each column
     int* slots;  // [2T] gdn slot map (decode path)
     int* out;    // [T] argmax of each column's logits (decode path)
+    int* skeys = nullptr;  // lanes: [T] each column's attention split (its lane's plan); non-null = lanes mode
+    int* pages = nullptr;  // lanes: [T][page_ld] each column's page table
+    int page_ld = 0;
+};
+
+// one sequence of a lanes engine (the current lane's live in GpuEngine's pos / slot / ...)
+struct GpuLane {
+    int pos = 0, rope_delta = 0, slot = 0, mtp_pos = 0;
+    float* last_logits = nullptr;
+    std::vector<int> pages;    // its pool pages in order: logical row p is in pages[p / KV_PAGE]
 };
 
 // the mtp round's device state (generate_spec_gpu), only with --spec mtp
@@ -6411,7 +6480,8 @@ struct GpuMtp {
     bool draft_head = false;   // drafts scored by text/draft_head (its id map: draft_ids)
     int pos = 0;               // mtp kv rows that pair a token with its hidden: the sequence's pos between
                                // rounds, or pos - 1 after a prefill without sampling (gpu_spec_prefill)
-    bf16_t* bridge = nullptr;  // [H] then: the main hidden row pos - 1, whose mtp row waits for token pos
+    bf16_t* bridge = nullptr;  // [H] then: the main hidden row pos - 1, whose mtp row waits for token pos (the current lane's row of bridges)
+    bf16_t* bridges = nullptr; // [lanes][H]
     KvCache kv;                // the mtp layer's own kv cache, capacity rows, the --kv-dtype format
     const int32_t* draft_ids = nullptr;  // device copy of text/draft_head_token_ids
     bf16_t* hid = nullptr;     // [T_max][H] the main model's final-normed hidden rows (the verify columns, a prefill piece)
@@ -6440,6 +6510,21 @@ struct GpuEngine {
     int logit_rows = 0; // rows of fp32 logits the workspace holds
     int domain = 0;     // sampled ids [0, domain)
     int pos = 0, rope_delta = 0, slot = 0;  // the sequence: tokens in it, m-rope offset, live gdn slot
+    // lanes (the header): the current lane, its slot group [slot0, slot0 + lane_slots), the
+    // gdn slots in all (lanes' groups, the trash slot, then the shared snapshots from
+    // shared_slot0), the pool's rows (kv_rows = capacity with one lane), its free pages
+    int lane = 0, slot0 = 0, lane_slots = 0, n_slots = 0, trash_slot = -1, shared_slot0 = 0;
+    int64_t kv_rows = 0;
+    int max_pages = 0;                    // pages of a full sequence (capacity rows)
+    std::vector<GpuLane> lanes;           // [o.lanes] (empty with one lane)
+    std::vector<int> free_pages;
+    int* d_pages = nullptr;               // the current lane's page table [max_pages] (lanes; null: identity)
+    int* d_lin = nullptr;                 // lanes step inputs (device): StepPtrs of LANES_MAX columns
+    int* h_lin = nullptr;                 // its pinned mirror
+    size_t lin_ints = 0;
+    StepPtrs lin;
+    float* h_lane_logits = nullptr;       // pinned [LANES_MAX][vocab]: rows a lanes step copies out
+    cudaGraphExec_t lane_graph[LANE_BUCKETS][GPU_MAX_BUCKETS] = {};
     // weights
     uint8_t* arena = nullptr; size_t arena_bytes = 0;
     Weights w;          // device views
@@ -6639,15 +6724,17 @@ static size_t gpu_work_layout(GpuEngine* e, uint8_t* base) {
     e->gg = (float*)take(T * g.Hv * 4);
     e->gdn_scr = (float*)take(gdn_chunked_scratch_floats((int)T, g.Hv) * 4);
     e->logits = (float*)take((size_t)e->logit_rows * g.vocab * 4);
-    e->attn_scr = (float*)take(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max) * 4);
-    e->amax_scr = take(argmax_scratch_bytes(DEC_COLS));
+    e->attn_scr = (float*)take(std::max(attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max),
+                                        e->o.lanes > 1 ? attn_scratch_floats(g.Hq, g.Hkv, e->n_splits_max, LANES_MAX) : 0) * 4);
+    e->amax_scr = take(argmax_scratch_bytes(e->o.lanes > 1 ? LANES_MAX : DEC_COLS));
     if (e->o.spec.K) {
         GpuMtp& mt = e->mtp;
         mt.hid = (bf16_t*)take(T * g.H * 2);
         mt.in = (bf16_t*)take(T * 2 * g.H * 2);
         mt.mh = (bf16_t*)take(T * g.H * 2);
         mt.row = (bf16_t*)take((size_t)g.H * 2);
-        mt.bridge = (bf16_t*)take((size_t)g.H * 2);
+        mt.bridges = (bf16_t*)take((size_t)std::max(1, e->o.lanes) * g.H * 2);
+        mt.bridge = mt.bridges;
         mt.blk = (int*)take((SPEC_BLK_INTS + 2 * 8 * DEC_COLS + 2) * 4);
     }
     return align_up(off, 256);
@@ -6667,6 +6754,11 @@ static void gpu_free(GpuEngine* e) {
     if (e->state) cudaFree(e->state);
     if (e->work) cudaFree(e->work);
     if (e->d_in) cudaFree(e->d_in);
+    if (e->d_pages) cudaFree(e->d_pages);
+    if (e->d_lin) cudaFree(e->d_lin);
+    if (e->h_lin) cudaFreeHost(e->h_lin);
+    if (e->h_lane_logits) cudaFreeHost(e->h_lane_logits);
+    for (auto& row : e->lane_graph) for (auto& gx : row) if (gx) cudaGraphExecDestroy(gx);
     for (int i = 0; i < 2; i++) {
         if (e->h_in[i]) cudaFreeHost(e->h_in[i]);
         if (e->in_done[i]) cudaEventDestroy(e->in_done[i]);
@@ -6685,11 +6777,18 @@ static void gpu_free(GpuEngine* e) {
 }
 
 // forget the sequence: position 0, zero deltanet states in every slot (kv rows are position-
-// addressed and overwritten)
+// addressed and overwritten). lanes: every lane, each back at its group's first slot with no
+// pages, lane 0 current
 static void gpu_reset(GpuEngine* e) {
     cudaCheck(cudaMemsetAsync(e->state + e->gdn_state_off, 0, e->state_bytes - e->gdn_state_off, e->stream));
-    e->pos = 0; e->rope_delta = 0; e->slot = 0; e->mtp.pos = 0;
+    e->pos = 0; e->rope_delta = 0; e->slot = 0; e->mtp.pos = 0; e->lane = 0; e->slot0 = 0;
     e->last_logits = nullptr;
+    if (e->o.lanes > 1) {
+        e->lanes.assign(e->o.lanes, GpuLane());
+        for (int l = 0; l < e->o.lanes; l++) e->lanes[l].slot = l * e->lane_slots;
+        e->free_pages.clear();
+        for (int p = (int)(e->kv_rows / KV_PAGE) - 1; p >= 0; p--) e->free_pages.push_back(p);
+    }
 }
 
 // the arena's layout: resident tensors in file order at 256-byte alignment (e->spans)
@@ -6712,10 +6811,14 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     const GpuOpts& o = e->o;
-    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv) * (g.n_full + (o.spec.K ? 1 : 0)) / g.n_full, gdn = gpu_gdn_bytes(g, o.gdn_slots);
-    e->T_max = std::max(1, o.prefill_chunk);
-    e->logit_rows = std::max<int>(DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
-    int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
+    const size_t kv_row = gpu_kv_bytes_per_row(g, o.kv) * (g.n_full + (o.spec.K ? 1 : 0)) / g.n_full, gdn = gpu_gdn_bytes(g, e->n_slots);
+    const bool lanes = o.lanes > 1;
+    const int min_cols = lanes ? LANES_MAX : DEC_COLS;  // a lanes step is one forward call of up to LANES_MAX columns
+    e->T_max = std::max(lanes ? LANES_MAX : 1, o.prefill_chunk);
+    e->logit_rows = std::max<int>(min_cols, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
+    // one lane: the sequence's rows are the cache's. lanes: a sequence holds up to
+    // --max-context rows, the pool (--kv-capacity; default one full sequence per lane) is shared
+    int rows = o.kv_capacity > 0 ? o.kv_capacity : lanes ? o.lanes * o.max_context : o.max_context;
     auto work_for = [&](int cap) {
         int b, ns, sk;
         b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk, o.tune.attn_splits, o.tune.attn_min_keys);
@@ -6727,14 +6830,17 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     };
     if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
         size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
-        if (fixed >= free_b) rows = o.max_context;
-        else rows = std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64);
-        rows = (int)std::min<int64_t>(rows, INT32_MAX / 2);
+        const int64_t least = lanes ? (int64_t)o.lanes * o.max_context : o.max_context;
+        if (fixed >= free_b) rows = (int)least;
+        else rows = (int)std::min<int64_t>(std::max<int64_t>(least, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
     }
-    e->capacity = rows;
-    e->T_max = std::min(e->T_max, e->capacity);
+    if (lanes) rows = (int)std::min<int64_t>(CEIL_DIV((int64_t)rows, (int64_t)KV_PAGE) * KV_PAGE, INT32_MAX / 2 / KV_PAGE * KV_PAGE);
+    e->kv_rows = rows;
+    e->capacity = lanes ? o.max_context : rows;
+    e->max_pages = (int)CEIL_DIV(e->capacity, KV_PAGE);
+    e->T_max = std::min(e->T_max, std::max(e->capacity, min_cols));
     e->work_bytes = work_for(e->capacity);
-    e->state_bytes = align_up((size_t)e->capacity * kv_row + (size_t)(g.n_full + 1) * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
+    e->state_bytes = align_up((size_t)e->kv_rows * kv_row + (size_t)(g.n_full + 1) * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
     size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + headroom;
     if (need > free_b) {
         char buf[512];
@@ -6742,7 +6848,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
                  "not enough gpu memory on device %d: need %.2f GiB (weights %.2f, kv cache %.2f for %d tokens of %s, deltanet state %.2f, "
                  "workspace %.2f for --prefill-chunk %d), %.2f GiB free of %.2f; lower --max-context / --kv-capacity, use --kv-dtype int8 or fp8, "
                  "or a smaller --prefill-chunk",
-                 o.device, gib(need), gib(e->arena_bytes), gib((double)e->capacity * kv_row), e->capacity, kv_dtype_name(o.kv), gib(gdn),
+                 o.device, gib(need), gib(e->arena_bytes), gib((double)e->kv_rows * kv_row), (int)e->kv_rows, kv_dtype_name(o.kv), gib(gdn),
                  gib(e->work_bytes), e->T_max, gib(free_b), gib(total_b));
         *err = buf;
         return false;
@@ -6806,8 +6912,8 @@ static void gpu_state_layout(GpuEngine* e) {
     const GpuOpts& o = e->o;
     size_t so = 0;
     auto take = [&](size_t bytes) { so = align_up(so, 256); uint8_t* p = e->state + so; so += bytes; return p; };
-    const size_t plane = (size_t)g.Hkv * e->capacity * ATT_HD * kv_elem_bytes(o.kv);
-    const size_t splane = (size_t)g.Hkv * e->capacity * KV_GROUPS * 2;
+    const size_t plane = (size_t)g.Hkv * e->kv_rows * ATT_HD * kv_elem_bytes(o.kv);
+    const size_t splane = (size_t)g.Hkv * e->kv_rows * KV_GROUPS * 2;
     for (int l = 0; l < g.L; l++) {
         if (!g.full[l]) continue;
         e->kc[l] = take(plane); e->vc[l] = take(plane);
@@ -6815,7 +6921,7 @@ static void gpu_state_layout(GpuEngine* e) {
     }
     if (o.spec.K) {
         KvCache& c = e->mtp.kv;
-        c.kv = o.kv; c.cap = e->capacity; c.kc = take(plane); c.vc = take(plane);
+        c.kv = o.kv; c.cap = e->kv_rows; c.kc = take(plane); c.vc = take(plane);
         if (o.kv != KV_BF16) { c.ksc = (__half*)take(splane); c.vsc = (__half*)take(splane); }
     }
     so = align_up(so, 256);
@@ -6824,8 +6930,8 @@ static void gpu_state_layout(GpuEngine* e) {
     e->rec_slot = (int64_t)g.Hv * g.dk * g.dv;
     for (int l = 0; l < g.L; l++) {
         if (g.full[l]) continue;
-        e->conv[l] = (bf16_t*)take((size_t)o.gdn_slots * e->conv_slot * 2);
-        e->rec[l] = (float*)take((size_t)o.gdn_slots * e->rec_slot * 4);
+        e->conv[l] = (bf16_t*)take((size_t)e->n_slots * e->conv_slot * 2);
+        e->rec[l] = (float*)take((size_t)e->n_slots * e->rec_slot * 4);
     }
     CHECK(so <= e->state_bytes, "state layout %zu > %zu", so, e->state_bytes);
     cudaCheck(cudaMemsetAsync(e->state, 0, e->state_bytes, e->stream));  // no nan in never-written kv rows
@@ -6867,6 +6973,20 @@ static void gpu_steps_alloc(GpuEngine* e) {
         cudaCheck(cudaEventRecord(mt.staged, e->stream));
         cudaCheck(cudaMemsetAsync(mt.blk, 0, (SPEC_BLK_INTS + 16 * DEC_COLS + 2) * sizeof(int), e->stream));
     }
+    if (e->o.lanes > 1) {  // the current lane's page table; a lanes step's inputs [LANES_MAX] with every column's table
+        const size_t B = LANES_MAX;
+        cudaCheck(cudaMalloc(&e->d_pages, (size_t)e->max_pages * sizeof(int)));
+        cudaCheck(cudaMemsetAsync(e->d_pages, 0, (size_t)e->max_pages * sizeof(int), e->stream));
+        e->mtp.kv.pages = e->d_pages;
+        e->lin_ints = 9 * B + B * e->max_pages;
+        cudaCheck(cudaMalloc(&e->d_lin, e->lin_ints * sizeof(int)));
+        cudaCheck(cudaHostAlloc((void**)&e->h_lin, e->lin_ints * sizeof(int), cudaHostAllocDefault));
+        StepPtrs& p = e->lin;
+        int* d = e->d_lin;
+        p.ids = d; p.pos3 = d + B; p.kvpos = d + 4 * B; p.slots = d + 5 * B; p.out = d + 7 * B; p.skeys = d + 8 * B; p.pages = d + 9 * B;
+        p.page_ld = e->max_pages;
+        cudaCheck(cudaHostAlloc((void**)&e->h_lane_logits, (size_t)e->o.lanes * g.vocab * 4, cudaHostAllocDefault));
+    }
 }
 
 // the device sampler: ~4.5 MB for a 248k domain, inside the workspace headroom
@@ -6884,6 +7004,7 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     if (o.device < 0 || o.device >= ndev) { *err = "--device " + std::to_string(o.device) + ": there are " + std::to_string(ndev) + " cuda device(s)"; return nullptr; }
     if (!gpu_check_formats(m, o.spec, err)) return nullptr;
     if (o.spec.K && o.gdn_slots < o.spec.K + 1) { *err = "--spec mtp needs K+1 deltanet slots"; return nullptr; }
+    if (o.lanes < 1 || o.lanes > LANES_MAX) { *err = "--max-concurrency " + std::to_string(o.lanes) + ": the gpu batches 1 to " + std::to_string((int)LANES_MAX) + " lanes"; return nullptr; }
     if (o.kv_capacity > 0 && o.kv_capacity < o.max_context) {
         *err = "--kv-capacity " + std::to_string(o.kv_capacity) + " is smaller than --max-context " + std::to_string(o.max_context) + " (one sequence holds max-context rows)";
         return nullptr;
@@ -6902,6 +7023,12 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     FrontendIds fr;
     if (!frontend_ids(m, &fr, err)) { gpu_free(e); return nullptr; }
     e->domain = fr.domain;
+    // gdn slots: each lane's group, the trash slot of a lanes step's padding columns, then the
+    // shared snapshots (what o.gdn_slots has past one lane's group)
+    e->lane_slots = std::max<int>(GPU_LIVE_SLOTS, o.spec.K + 1);
+    e->trash_slot = o.lanes > 1 ? o.lanes * e->lane_slots : -1;
+    e->shared_slot0 = o.lanes * e->lane_slots + (o.lanes > 1 ? 1 : 0);
+    e->n_slots = e->shared_slot0 + std::max(0, o.gdn_slots - e->lane_slots);
     gpu_arena_layout(e);
     if (!gpu_size_state(e, err)) { gpu_free(e); return nullptr; }
     cudaCheck(cudaMalloc(&e->arena, e->arena_bytes));
@@ -6942,7 +7069,8 @@ static bool gpu_head_fuse(const GpuEngine* e, int rows, bool decode) {
 // layer l's kv cache
 static KvCache gpu_kv_cache(const GpuEngine* e, int l) {
     KvCache c;
-    c.kv = e->o.kv; c.kc = e->kc[l]; c.vc = e->vc[l]; c.ksc = e->ksc[l]; c.vsc = e->vsc[l]; c.cap = e->capacity;
+    c.kv = e->o.kv; c.kc = e->kc[l]; c.vc = e->vc[l]; c.ksc = e->ksc[l]; c.vsc = e->vsc[l]; c.cap = e->kv_rows;
+    c.pages = e->d_pages;
     return c;
 }
 
@@ -6956,8 +7084,9 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     const GpuTuning& tu = e->o.tune;
     cudaStream_t s = e->stream;
     const int H = g.H, hd = g.head_dim;
+    const bool lanes = P.skeys != nullptr;  // a lanes step: every column its own sequence, every product a gemv
     auto linear = [&](const Mat& m, const bf16_t* x, int ldx, void* y, int ldy, const bf16_t* resid, cudaStream_t st, GemvX xt = GemvX()) {
-        ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv);
+        ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv || lanes);
     };
     const LayerFuse fu = gpu_layer_fuse(e, w, T, decode);
     const bool fin = fu.input_norm;
@@ -6970,7 +7099,8 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, e->gv, ld, nullptr, s2, nin); });
         linear(w.attn.query_key, xin, H, e->qk, ld, nullptr, s, nin);
         gpu_join(e);  // v
-        const KvCache kv = kvo ? *kvo : gpu_kv_cache(e, l);
+        KvCache kv = kvo ? *kvo : gpu_kv_cache(e, l);
+        if (lanes) { kv.pages = P.pages; kv.page_ld = P.page_ld; }
         AttnPrepArgs ap;
         ap.qk = e->qk; ap.ldqk = ld; ap.v = e->gv + qd; ap.ldv = ld; ap.qw = (const bf16_t*)w.attn.query_norm.p;
         ap.kw = (const bf16_t*)w.attn.key_norm.p; ap.pos3 = P.pos3; ap.kvpos = P.kvpos; ap.c = kv; ap.C = T; ap.Hq = g.Hq;
@@ -6980,6 +7110,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             AttnDecodeArgs ad;
             ad.c = kv; ad.q = e->qk; ad.ldq = ld; ad.pos = P.kvpos; ad.C = T; ad.Hq = g.Hq; ad.Hkv = g.Hkv; ad.n_splits = n_splits;
             ad.split_keys = split_keys; ad.scratch = e->attn_scr; ad.gate = e->gv; ad.ldg = ld; ad.y = e->att; ad.ldy = qd;
+            ad.lanes = lanes; ad.split_keys_col = P.skeys;
             attn_decode(ad, s);
         } else {
             FlashArgs fa;
@@ -7010,7 +7141,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
         if (decode) {
-            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s);
+            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s, lanes);
         } else {
             conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
         }
@@ -7019,7 +7150,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             a.qkv = e->cy; a.ldqkv = C; a.a = pa; a.b = pb; a.ldab = Hv2;
             a.a_log = (const float*)d.a_log.p; a.dt_bias = (const float*)d.dt_bias.p;
             a.state = e->rec[l]; a.slot_stride = e->rec_slot; a.slots = P.slots;
-            a.out = e->core; a.ldo = vd; a.C = T; a.Hk = g.Hk; a.Hv = g.Hv;
+            a.out = e->core; a.ldo = vd; a.C = T; a.Hk = g.Hk; a.Hv = g.Hv; a.lanes = lanes;
             gdn_step(a, s);
         } else {
             l2norm(e->cy, C, e->qn, kd, g.dk, T, g.Hk, 1e-6f, 1.0f / sqrtf((float)g.dk), s);
@@ -7061,8 +7192,72 @@ static void gpu_model(GpuEngine* e, int T, const StepPtrs& P, bool decode, int p
     GemvX nf;
     if (gpu_head_fuse(e, rows, decode)) { nf.mode = GEMV_X_RMS; nf.w = (const bf16_t*)e->w.final_norm.p; nf.eps = g.eps; }
     else rmsnorm(xr, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, rows, 1, g.eps, false, s);
-    linear(e->w.output_head, nf.mode ? xr : e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s, nf, e->o.tune.force_gemv);
+    linear(e->w.output_head, nf.mode ? xr : e->xb, g.H, rows, e->logits, g.vocab, true, nullptr, 0, s, nf, e->o.tune.force_gemv || P.skeys);
     if (amax) argmax<float>(e->logits, g.vocab, e->domain, rows, e->amax_scr, P.out, s);
+}
+
+// ---- lanes (the header): the current lane, kv pages ---------------------------------------
+
+// the current lane's page table to the device (stream-ordered: the kernels queued before it
+// read the previous lane's)
+static void gpu_lane_pages_upload(GpuEngine* e) {
+    const std::vector<int>& pg = e->lanes[e->lane].pages;
+    if (!pg.empty()) cudaCheck(cudaMemcpyAsync(e->d_pages, pg.data(), pg.size() * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));  // pg is a pageable vector the host may change next
+}
+// the current lane's live fields back into its GpuLane
+static void gpu_lane_store(GpuEngine* e) {
+    if (e->o.lanes <= 1) return;
+    GpuLane& a = e->lanes[e->lane];
+    a.pos = e->pos; a.rope_delta = e->rope_delta; a.slot = e->slot; a.mtp_pos = e->mtp.pos;
+}
+// make lane l the one the single-sequence functions act on (its logits are not kept across a
+// switch: other lanes' calls overwrite the rows)
+static void gpu_lane_select(GpuEngine* e, int l) {
+    if (e->o.lanes <= 1) return;
+    CHECK(l >= 0 && l < e->o.lanes, "lane %d of %d", l, e->o.lanes);
+    if (l == e->lane) return;
+    gpu_lane_store(e);
+    const GpuLane& b = e->lanes[l];
+    e->lane = l; e->slot0 = l * e->lane_slots;
+    e->pos = b.pos; e->rope_delta = b.rope_delta; e->slot = b.slot; e->mtp.pos = b.mtp_pos;
+    if (e->mtp.bridges) e->mtp.bridge = e->mtp.bridges + (size_t)l * e->m->geo.H;
+    e->last_logits = nullptr;
+    gpu_lane_pages_upload(e);
+}
+// lane l holds pages for `rows` rows (taking free ones); false when the pool has too few or
+// rows > capacity. one lane: the cache is the sequence's, nothing to take
+static bool gpu_lane_reserve(GpuEngine* e, int l, int rows) {
+    if (rows > e->capacity) return false;
+    if (e->o.lanes <= 1) return true;
+    GpuLane& ln = e->lanes[l];
+    const size_t need = (size_t)CEIL_DIV(rows, KV_PAGE);
+    if (need <= ln.pages.size()) return true;
+    if (need - ln.pages.size() > e->free_pages.size()) return false;
+    while (ln.pages.size() < need) { ln.pages.push_back(e->free_pages.back()); e->free_pages.pop_back(); }
+    if (l == e->lane) gpu_lane_pages_upload(e);
+    return true;
+}
+// lane l keeps the pages of its first `rows` rows, the rest go back to the pool
+static void gpu_lane_trim(GpuEngine* e, int l, int rows) {
+    if (e->o.lanes <= 1) return;
+    GpuLane& ln = e->lanes[l];
+    const size_t keep = (size_t)CEIL_DIV(std::max(rows, 0), KV_PAGE);
+    while (ln.pages.size() > keep) { e->free_pages.push_back(ln.pages.back()); ln.pages.pop_back(); }
+}
+
+// the current lane forgets its sequence: zero deltanet state in its group's first slot, which
+// becomes live, position 0, its pages back to the pool (the other slots and lanes stay)
+static void gpu_lane_reset(GpuEngine* e) {
+    const Geometry& g = e->m->geo;
+    e->slot = e->slot0;
+    for (int l = 0; l < g.L; l++) {
+        if (g.full[l]) continue;
+        cudaCheck(cudaMemsetAsync(e->conv[l] + (int64_t)e->slot * e->conv_slot, 0, e->conv_slot * 2, e->stream));
+        cudaCheck(cudaMemsetAsync(e->rec[l] + (int64_t)e->slot * e->rec_slot, 0, e->rec_slot * 4, e->stream));
+    }
+    e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr; e->mtp.pos = 0;
+    gpu_lane_trim(e, e->lane, 0);
 }
 
 // fill the host mirror of a step block for T columns at kv rows e->pos.., upload it
@@ -7101,6 +7296,7 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
     CHECK(T >= 1 && T <= e->T_max, "gpu forward of %d tokens (at most %d per call)", T, e->T_max);
     CHECK(e->pos + T <= e->capacity, "context overflow: %d + %d > %d", e->pos, T, e->capacity);
     CHECK(!all_logits || T <= e->logit_rows, "all logits of %d rows: at most %d per call", T, e->logit_rows);
+    CHECK(gpu_lane_reserve(e, e->lane, e->pos + T), "lane %d: no free kv pages for rows up to %d (the caller reserves first)", e->lane, e->pos + T);
     const bool decode = T <= DEC_COLS;
     CHECK(!snap_slots || decode, "per-column state snapshots need a decode-path call (T <= %d)", DEC_COLS);
     std::vector<int> idv;
@@ -7127,6 +7323,22 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
     e->pos += T;
 }
 
+// body() from its captured graph *gx (captured the first time), or eagerly
+template <typename F>
+static void gpu_replay(GpuEngine* e, cudaGraphExec_t* gx, bool graph, F body) {
+    if (!graph) { body(); return; }
+    if (!*gx) {
+        cudaGraph_t gr;
+        cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        body();
+        cudaCheck(cudaStreamEndCapture(e->stream, &gr));
+        cudaCheck(cudaGraphInstantiate(gx, gr, 0));
+        cudaCheck(cudaGraphDestroy(gr));
+    }
+    cudaCheck(cudaGraphLaunch(*gx, e->stream));
+    e->graph_used = true;
+}
+
 // one decode token at e->pos: the captured graph of its bucket (or the same kernels eagerly).
 // the logits stay on the device (e->last_logits), the greedy id in e->dec.out[0].
 // id_dev (non-null): the token is the id the device just picked, read from there, and the
@@ -7134,30 +7346,69 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
 // commits it or not); else `id`, and the live slot is updated in place.
 static void gpu_decode_step(GpuEngine* e, int id, const int* id_dev, int to) {
     CHECK(e->pos < e->capacity, "context overflow at %d", e->pos);
+    CHECK(gpu_lane_reserve(e, e->lane, e->pos + 1), "lane %d: no free kv pages for row %d (the caller reserves first)", e->lane, e->pos);
     CHECK(id_dev || (id >= 0 && id < e->m->geo.vocab), "token id %d outside the embedding", id);
     gpu_stage_inputs(e, true, &id, nullptr, 1, &to);
     if (id_dev) cudaCheck(cudaMemcpyAsync(e->dec.ids, id_dev, sizeof(int), cudaMemcpyDeviceToDevice, e->stream));
     const int b = gpu_bucket_of(e->pos + 1);
     CHECK(b < GPU_MAX_BUCKETS, "bucket %d", b);
-    if (e->o.graphs) {
-        if (!e->graph[b]) {
-            cudaGraph_t gr;
-            cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-            gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
-            cudaCheck(cudaStreamEndCapture(e->stream, &gr));
-            cudaCheck(cudaGraphInstantiate(&e->graph[b], gr, 0));
-            cudaCheck(cudaGraphDestroy(gr));
-        }
-        cudaCheck(cudaGraphLaunch(e->graph[b], e->stream));
-        e->graph_used = true;
-    } else {
-        gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true);
-    }
+    gpu_replay(e, &e->graph[b], e->o.graphs, [&] { gpu_model(e, 1, e->dec, true, 0, b, HEAD_ALL, true); });
 }
 static void gpu_decode(GpuEngine* e, int id) {
     gpu_decode_step(e, id, nullptr, e->slot);
     e->last_logits = e->logits;
     e->pos += 1;
+}
+
+// one decode token for each of n lanes as one forward call (the header): lane ls[i] takes
+// token ids[i] at its pos, column i. row_out[i]: its logits row goes to the lane's host row
+// (h_lane_logits + ls[i] * vocab: the host samples, or the tap reads it); amax[i] is the row's
+// argmax over the domain either way. every lane's pos += 1, the live slot updated in place.
+// the caller reserved each lane's pages for pos + 1 (gpu_lane_reserve).
+static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out, int* amax) {
+    const Geometry& g = e->m->geo;
+    CHECK(e->o.lanes > 1 && n >= 1 && n <= e->o.lanes, "a lanes step of %d lanes on an engine of %d lanes", n, e->o.lanes);
+    gpu_lane_store(e);
+    int bi = 0;
+    while ((1 << bi) < n) bi++;
+    const int B = 1 << bi, LB = LANES_MAX;
+    int b = 0;
+    for (int i = 0; i < n; i++) {
+        const GpuLane& ln = e->lanes[ls[i]];
+        CHECK(ids[i] >= 0 && ids[i] < g.vocab, "token id %d outside the embedding", ids[i]);
+        CHECK(gpu_lane_reserve(e, ls[i], ln.pos + 1), "lane %d: no free kv page for row %d (the caller reserves first)", ls[i], ln.pos);
+        for (int j = 0; j < i; j++) CHECK(ls[j] != ls[i], "lane %d twice in a lanes step", ls[i]);
+        b = std::max(b, gpu_bucket_of(ln.pos + 1));
+    }
+    CHECK(b < GPU_MAX_BUCKETS, "bucket %d", b);
+    int* h = e->h_lin;
+    int ns, sk_pad;
+    gpu_attn_plan(b, &ns, &sk_pad, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
+    for (int c = 0; c < B; c++) {
+        const GpuLane* ln = c < n ? &e->lanes[ls[c]] : nullptr;
+        h[c] = ln ? ids[c] : 0;
+        for (int a = 0; a < 3; a++) h[LB + 3 * c + a] = ln ? ln->pos + ln->rope_delta : 0;
+        h[4 * LB + c] = ln ? ln->pos : -1;                    // padding: no kv row, no keys
+        h[5 * LB + c] = h[5 * LB + B + c] = ln ? ln->slot : e->trash_slot;
+        int sk = sk_pad;
+        if (ln) gpu_attn_plan(gpu_bucket_of(ln->pos + 1), &ns, &sk, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
+        h[8 * LB + c] = sk;                                   // the column's own plan: its lone step's
+        int* pg = h + 9 * LB + (size_t)c * e->max_pages;
+        const int np = ln ? (int)ln->pages.size() : 0;
+        for (int k = 0; k < e->max_pages; k++) pg[k] = k < np ? ln->pages[k] : 0;
+    }
+    cudaCheck(cudaMemcpyAsync(e->d_lin, h, ((size_t)9 * LB + (size_t)B * e->max_pages) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    gpu_replay(e, &e->lane_graph[bi][b], e->o.graphs, [&] { gpu_model(e, B, e->lin, true, 0, b, HEAD_ALL, true); });
+    cudaCheck(cudaMemcpyAsync(h + 7 * LB, e->lin.out, n * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    for (int i = 0; i < n; i++)
+        if (row_out && row_out[i])
+            cudaCheck(cudaMemcpyAsync(e->h_lane_logits + (size_t)ls[i] * g.vocab, e->logits + (size_t)i * g.vocab, (size_t)g.vocab * 4,
+                                      cudaMemcpyDeviceToHost, e->stream));
+    cudaCheck(cudaStreamSynchronize(e->stream));
+    for (int i = 0; i < n; i++) { amax[i] = h[7 * LB + i]; e->lanes[ls[i]].pos += 1; }
+    const GpuLane& cur = e->lanes[e->lane];
+    e->pos = cur.pos;
+    e->last_logits = nullptr;
 }
 
 // the device sampler mirrors one Sampler: its counts (the penalties) and its logit_bias table.
@@ -7230,8 +7481,8 @@ static int gpu_pick(GpuEngine* e, Sampler* smp, uint64_t position, int purpose, 
 // step ahead into the other one), so snapshots take slots from 2 on.
 static void gpu_snapshot(GpuEngine* e, int to) {
     const Geometry& g = e->m->geo;
-    CHECK(to >= GPU_LIVE_SLOTS && to < e->o.gdn_slots && to != e->slot, "snapshot slot %d: slots 0 and 1 are the live pair, %d slots",
-          to, e->o.gdn_slots);
+    CHECK(to >= e->shared_slot0 && to < e->n_slots && to != e->slot, "snapshot slot %d: the shared slots are %d..%d",
+          to, e->shared_slot0, e->n_slots - 1);
     for (int l = 0; l < g.L; l++) {
         if (g.full[l]) continue;
         cudaCheck(cudaMemcpyAsync(e->conv[l] + to * e->conv_slot, e->conv[l] + e->slot * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
@@ -7240,7 +7491,7 @@ static void gpu_snapshot(GpuEngine* e, int to) {
 }
 static void gpu_restore(GpuEngine* e, int from, int pos) {
     const Geometry& g = e->m->geo;
-    CHECK(from >= 0 && from < e->o.gdn_slots && pos >= 0 && pos <= e->capacity, "restore slot %d pos %d", from, pos);
+    CHECK(from >= 0 && from < e->n_slots && pos >= 0 && pos <= e->capacity, "restore slot %d pos %d", from, pos);
     for (int l = 0; l < g.L && from != e->slot; l++) {  // into the live slot; the snapshot stays
         if (g.full[l]) continue;
         cudaCheck(cudaMemcpyAsync(e->conv[l] + e->slot * e->conv_slot, e->conv[l] + from * e->conv_slot, e->conv_slot * 2, cudaMemcpyDeviceToDevice, e->stream));
@@ -7272,31 +7523,66 @@ static void gpu_image_host(GpuEngine* e, int slot, uint8_t* host, bool to_host) 
     }
     cudaCheck(cudaStreamSynchronize(e->stream));  // the host buffer is read or reused right after
 }
+// every kv plane of the sequence state: f(plane, bytes per row) for each full layer's k and v
+// codes, then (int8 / fp8) scales, then the mtp layer's (--spec)
+template <typename F>
+static void gpu_kv_planes(GpuEngine* e, F f) {
+    const Geometry& g = e->m->geo;
+    const size_t code = (size_t)ATT_HD * kv_elem_bytes(e->o.kv), scale = (size_t)KV_GROUPS * 2;
+    auto layer = [&](void* kc, void* vc, void* ksc, void* vsc) {
+        f((uint8_t*)kc, code); f((uint8_t*)vc, code);
+        if (e->o.kv != KV_BF16) { f((uint8_t*)ksc, scale); f((uint8_t*)vsc, scale); }
+    };
+    for (int l = 0; l < g.L; l++) if (g.full[l]) layer(e->kc[l], e->vc[l], e->ksc[l], e->vsc[l]);
+    if (e->mtp.K) layer(e->mtp.kv.kc, e->mtp.kv.vc, e->mtp.kv.ksc, e->mtp.kv.vsc);
+}
+// logical rows [a, b) of lane l (one lane: of the sequence) in runs that stay inside a page:
+// f(first row, end row, physical row of the first)
+template <typename F>
+static void gpu_row_runs(const GpuEngine* e, int l, int a, int b, F f) {
+    if (e->o.lanes <= 1) { if (b > a) f(a, b, (int64_t)a); return; }
+    const std::vector<int>& pg = e->lanes[l].pages;
+    CHECK((int64_t)pg.size() * KV_PAGE >= b, "lane %d: kv rows up to %d on %zu pages", l, b, pg.size());
+    for (int r = a; r < b;) {
+        const int r1 = std::min(b, (r / KV_PAGE + 1) * KV_PAGE);
+        f(r, r1, (int64_t)pg[r / KV_PAGE] * KV_PAGE + r % KV_PAGE);
+        r = r1;
+    }
+}
 static void gpu_kv_rows_host(GpuEngine* e, int a, int b, int n, uint8_t* host, bool to_host) {
     const Geometry& g = e->m->geo;
     CHECK(0 <= a && a <= b && b <= n && n <= e->capacity, "kv rows [%d, %d) of %d", a, b, n);
     if (a == b) return;
     const cudaMemcpyKind k = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    gpu_lane_store(e);
     size_t off = 0;
-    auto planes = [&](uint8_t* dev, size_t row) {  // one [Hkv][rows][row bytes] plane
-        uint8_t* d = dev + (size_t)a * row; uint8_t* h = host + off + (size_t)a * row;
-        const size_t dp = (size_t)e->capacity * row, hp = (size_t)n * row, w = (size_t)(b - a) * row;
-        if (to_host) cudaCheck(cudaMemcpy2DAsync(h, hp, d, dp, w, g.Hkv, k, e->stream));
-        else cudaCheck(cudaMemcpy2DAsync(d, dp, h, hp, w, g.Hkv, k, e->stream));
+    gpu_kv_planes(e, [&](uint8_t* dev, size_t row) {  // one [Hkv][rows][row bytes] plane
+        const size_t dp = (size_t)e->kv_rows * row, hp = (size_t)n * row;
+        gpu_row_runs(e, e->lane, a, b, [&](int r0, int r1, int64_t phys) {
+            uint8_t* d = dev + phys * row; uint8_t* h = host + off + (size_t)r0 * row;
+            const size_t w = (size_t)(r1 - r0) * row;
+            if (to_host) cudaCheck(cudaMemcpy2DAsync(h, hp, d, dp, w, g.Hkv, k, e->stream));
+            else cudaCheck(cudaMemcpy2DAsync(d, dp, h, hp, w, g.Hkv, k, e->stream));
+        });
         off += hp * g.Hkv;
-    };
-    const size_t code = (size_t)ATT_HD * kv_elem_bytes(e->o.kv), scale = (size_t)KV_GROUPS * 2;
-    for (int l = 0; l < g.L; l++) {
-        if (!g.full[l]) continue;
-        planes((uint8_t*)e->kc[l], code); planes((uint8_t*)e->vc[l], code);
-        if (e->o.kv != KV_BF16) { planes((uint8_t*)e->ksc[l], scale); planes((uint8_t*)e->vsc[l], scale); }
-    }
-    if (e->mtp.K) {  // the mtp layer's own rows (--spec)
-        const KvCache& c = e->mtp.kv;
-        planes((uint8_t*)c.kc, code); planes((uint8_t*)c.vc, code);
-        if (e->o.kv != KV_BF16) { planes((uint8_t*)c.ksc, scale); planes((uint8_t*)c.vsc, scale); }
-    }
+    });
     cudaCheck(cudaStreamSynchronize(e->stream));
+}
+// kv rows [a, b) of lane src into lane dst's pages (both reserved for b rows): prefix reuse
+// across lanes
+static void gpu_kv_lane_copy(GpuEngine* e, int dst, int src, int a, int b) {
+    const Geometry& g = e->m->geo;
+    CHECK(e->o.lanes > 1 && dst != src, "kv rows between lanes %d and %d", dst, src);
+    const std::vector<int>& sp = e->lanes[src].pages;
+    CHECK((int64_t)sp.size() * KV_PAGE >= b, "lane %d: kv rows up to %d on %zu pages", src, b, sp.size());
+    gpu_kv_planes(e, [&](uint8_t* dev, size_t row) {
+        const size_t dp = (size_t)e->kv_rows * row;
+        gpu_row_runs(e, dst, a, b, [&](int r0, int r1, int64_t phys) {  // a run of dst is inside one page of src too
+            const int64_t sphys = (int64_t)sp[r0 / KV_PAGE] * KV_PAGE + r0 % KV_PAGE;
+            cudaCheck(cudaMemcpy2DAsync(dev + phys * row, dp, dev + sphys * row, dp, (size_t)(r1 - r0) * row, g.Hkv,
+                                        cudaMemcpyDeviceToDevice, e->stream));
+        });
+    });
 }
 
 // ---- generation ----------------------------------------------------------------------------
@@ -7357,7 +7643,7 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         smp->mask = constraint_mask(gc);  // overlaps the forward queued last step
         const int* did = gpu_pick_device(e, smp, e->pos, n == 0 ? RNG_PREFILL : RNG_DECODE, n > 0);
         const bool ahead = did && !per_token && n + 1 < max_new && e->pos < e->capacity;
-        const int spare = e->slot == 0 ? 1 : 0;
+        const int spare = e->slot == e->slot0 ? e->slot0 + 1 : e->slot0;  // the other slot of the lane's live pair
         int id;
         if (did) {
             cudaCheck(cudaMemcpyAsync(e->h_out, did, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
@@ -7528,21 +7814,6 @@ static void gpu_spec_realign(GpuEngine* e, int T, int b) {
     cudaCheck(cudaGetLastError());
     gpu_spec_drafts(e, bm);
 }
-// body() from its captured graph *gx (captured the first time), or eagerly
-template <typename F>
-static void gpu_replay(GpuEngine* e, cudaGraphExec_t* gx, bool graph, F body) {
-    if (!graph) { body(); return; }
-    if (!*gx) {
-        cudaGraph_t gr;
-        cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        body();
-        cudaCheck(cudaStreamEndCapture(e->stream, &gr));
-        cudaCheck(cudaGraphInstantiate(gx, gr, 0));
-        cudaCheck(cudaGraphDestroy(gr));
-    }
-    cudaCheck(cudaGraphLaunch(*gx, e->stream));
-    e->graph_used = true;
-}
 // the result block to the host (after everything queued so far)
 static const int* gpu_spec_read(GpuEngine* e) {
     cudaCheck(cudaMemcpyAsync(e->mtp.h_blk, e->mtp.blk, SPEC_BLK_INTS * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
@@ -7588,7 +7859,7 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     const Geometry& g = e->m->geo;
     GpuMtp& mt = e->mtp;
     const int K = mt.K, n = (int)prompt.size(), H = g.H;
-    CHECK(K >= 1 && e->o.gdn_slots >= K + 1, "the engine was built without --spec mtp");
+    CHECK(K >= 1 && e->lane_slots >= K + 1, "the engine was built without --spec mtp");
     if (n > 0) gpu_spec_bridge(e, prompt[0]);  // a prefill that sampled nothing left the last row pending
     CHECK(mt.pos == e->pos, "mtp rows %d, sequence %d", mt.pos, e->pos);
     GenStats s;
@@ -7647,13 +7918,20 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
         mt.pos = e->pos;
     }
     while (go) {
+        // a round boundary polls the cancel (the server's lanes hand the device to other lanes
+        // there: the state between rounds is the lane's own, the drafts on the host); another
+        // lane's sampler may have taken the device sampler meanwhile
+        if (cancel.fn && cancel()) { s.cancelled = true; break; }
+        if (sampled && e->smp_bound != smp) gpu_sampler_bind(e, smp);
         const int n0 = e->pos, b = gpu_bucket_of(n0 + 1);
+        CHECK(gpu_lane_reserve(e, e->lane, std::min(e->capacity, n0 + 2 * K + 1)), "lane %d: no free kv pages for the round at %d (the caller reserves first)",
+              e->lane, n0);
         int T = std::min(K + 1, e->capacity - n0);
         while (T > 1 && gpu_bucket_of(n0 + T) != b) T--;
         int ids[SPEC_COLS], snap[SPEC_COLS];
         ids[0] = x;
         for (int t = 1; t < T; t++) ids[t] = drafts[t - 1];
-        for (int t = 0, sl = 0; t < T; t++) {  // the live slot, then the others in order
+        for (int t = 0, sl = e->slot0; t < T; t++) {  // the live slot, then the others of the lane's group in order
             if (t == 0) { snap[0] = e->slot; continue; }
             if (sl == e->slot) sl++;
             snap[t] = sl++;
@@ -7914,6 +8192,7 @@ static bool gpu_vision_rows(GpuVision* v, const VisionInput& in, float* out, std
 // one sequence on either path: the interface the cli (and the server) drive; then the
 // server's retained prefixes over one or more such sequences (PrefixCache)
 
+struct LaneSched;
 struct Engine {
     const Model* m = nullptr;
     bool gpu = false;
@@ -7922,7 +8201,15 @@ struct Engine {
     SeqState st;
     SpecState sp;          // cpu path with spec
     GpuEngine* g = nullptr;  // gpu path
+    int lane = 0;            // lanes: its index (gpu: the lane of g it is; g is lane 0's, the others share it)
+    LaneSched* sched = nullptr;  // --max-concurrency > 1: the lanes' scheduler (engine_generate takes its steps)
 };
+// the gpu engine with this Engine's lane current (every gpu call of sections 9 and 11 goes
+// through it: lanes take turns on the one GpuEngine)
+static GpuEngine* engine_gpu(const Engine* en) {
+    gpu_lane_select(en->g, en->lane);
+    return en->g;
+}
 
 // cpu: max_context rows, prefill pieces of prefill_chunk; gpu: everything in o. with spec: the
 // artifact must have what it needs (spec_check); the cpu sequence gets K+1 deltanet slots and
@@ -7958,13 +8245,232 @@ static bool engine_start(Engine* en, const Model* m, bool cpu, const GpuOpts& o,
     return engine_build(en, m, gpu, o, err, spec);
 }
 static void engine_free(Engine* en) {
-    if (en->gpu) gpu_free(en->g);
+    if (en->gpu) { if (en->lane == 0) gpu_free(en->g); }
     else if (en->st.block) { run_free(&en->rs); seq_free(&en->st); }
     *en = Engine();
 }
-static void engine_reset(Engine* en) { if (en->gpu) gpu_reset(en->g); else seq_reset(&en->st); }
-static int engine_pos(const Engine* en) { return en->gpu ? en->g->pos : en->st.pos; }
-static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }
+// a lanes engine resets the Engine's lane only
+static void engine_reset(Engine* en) {
+    if (!en->gpu) seq_reset(&en->st);
+    else if (en->g->o.lanes > 1) gpu_lane_reset(engine_gpu(en));
+    else gpu_reset(en->g);
+}
+static int engine_pos(const Engine* en) { return en->gpu ? engine_gpu(en)->pos : en->st.pos; }
+static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity : en->st.capacity; }  // every lane's
+
+// ---- lanes: many sequences taking their steps together (--max-concurrency) -------------------
+//
+// the server runs each request on its own thread and its own lane (an Engine: on the cpu a
+// sequence state per lane, on the gpu a lane of the one GpuEngine). the device is one
+// resource, so the lanes' work goes through LaneSched in steps of two kinds:
+//   * an exclusive step: the lane's own work on the device, from its first turn (admission,
+//     the media tower, prefix reuse, the prompt's prefill) in pieces of at most --prefill-chunk
+//     tokens: the lane holds the turn and hands it back between pieces (sched_yield, the
+//     prefill's cancel poll), and once more around prefix_finish; mtp rounds (--spec) too
+//   * a decode step: one token for every lane that waits for one, batched. on the gpu one
+//     forward call of all of them (gpu_decode_lanes: the weights read once a step); on the cpu
+//     their forwards one after another.
+// policy: a waiting exclusive piece goes after each decode step (a budget of one prefill piece
+// per decode step), so a long prompt entering stalls the running streams by one piece at a
+// time and is itself never starved; a decode step waits for the lanes of the previous one to
+// ask again (each does host work between tokens: the sampler, the detokenizer, the stream)
+// for at most LANE_WAIT_MS, so the batch does not split in two. a lane that ends leaves the
+// step at once; its next request, or another, may take the lane.
+enum { LANE_WAIT_US = 5000 };
+struct LaneSched {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Engine*> lanes;
+    std::vector<char> busy;          // [lanes] a request holds the lane
+    std::vector<char> held;          // [lanes] the lane holds the exclusive turn
+    std::deque<int> turns;           // lanes waiting for an exclusive step, in order
+    std::vector<int> want;           // [lanes] the token a lane waits to decode (-1: none)
+    std::vector<char> row;           // [lanes] ... and wants its logits row
+    std::vector<int> amax;           // [lanes] the argmax of its last decode step
+    std::vector<uint64_t> steps;     // [lanes] decode steps done
+    std::vector<char> expected;      // [lanes] in the last decode step and not back yet
+    std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
+    bool running = false;            // a step is on the device
+    bool piece_due = false;          // an exclusive piece goes before the next decode step
+    double last_end = 0;             // when the last decode step ended
+    uint64_t decode_steps = 0, decode_tokens = 0;  // statistics: lanes per decode step
+};
+static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
+    const size_t n = lanes.size();
+    ls->lanes = lanes;
+    ls->busy.assign(n, 0); ls->held.assign(n, 0); ls->want.assign(n, -1); ls->row.assign(n, 0);
+    ls->amax.assign(n, 0); ls->steps.assign(n, 0); ls->expected.assign(n, 0);
+    ls->rows.assign(n, {});
+    for (size_t k = 0; k < n; k++) {
+        if (!lanes[k]->gpu) ls->rows[k].assign(lanes[k]->m->geo.vocab, 0.f);
+        lanes[k]->sched = ls;
+        lanes[k]->lane = (int)k;  // the scheduler's index (on the gpu also the GpuEngine's lane)
+    }
+}
+// a decode step may start: someone waits, and the lanes of the last step are back (or late)
+static bool sched_decode_ready(const LaneSched* ls) {
+    bool any = false, late = false;
+    for (size_t k = 0; k < ls->want.size(); k++) {
+        if (ls->want[k] >= 0) any = true;
+        else if (ls->expected[k]) late = true;
+    }
+    return any && (!late || (now_s() - ls->last_end) * 1e6 >= LANE_WAIT_US);
+}
+// the lane's logits row of its last step, on the host
+static float* sched_row(LaneSched* ls, int lane) {
+    Engine* en = ls->lanes[lane];
+    return en->gpu ? en->g->h_lane_logits + (size_t)lane * en->m->geo.vocab : ls->rows[lane].data();
+}
+// take the exclusive turn (in order; after a decode step's piece budget)
+static void sched_turn(LaneSched* ls, int lane) {
+    std::unique_lock<std::mutex> lk(ls->mu);
+    if (ls->held[lane]) return;
+    ls->turns.push_back(lane);
+    ls->cv.wait(lk, [&] { return !ls->running && ls->turns.front() == lane && (ls->piece_due || !sched_decode_ready(ls)); });
+    ls->turns.pop_front();
+    ls->running = true; ls->held[lane] = 1;
+}
+static void sched_turn_end(LaneSched* ls, int lane) {
+    std::lock_guard<std::mutex> lk(ls->mu);
+    if (!ls->held[lane]) return;
+    ls->held[lane] = 0; ls->running = false; ls->piece_due = false;
+    ls->cv.notify_all();
+}
+// between two pieces of exclusive work: a decode step may run
+static void sched_yield(LaneSched* ls, int lane) {
+    sched_turn_end(ls, lane);
+    sched_turn(ls, lane);
+}
+// the decode step of the lanes batch (the caller holds the device: running)
+static void sched_run_decode(LaneSched* ls, const std::vector<int>& batch) {
+    Engine* en0 = ls->lanes[batch[0]];
+    const int n = (int)batch.size();
+    if (en0->gpu) {
+        std::vector<int> ids(n), amax(n);
+        std::unique_ptr<bool[]> rows(new bool[n]);
+        for (int i = 0; i < n; i++) { ids[i] = ls->want[batch[i]]; rows[i] = ls->row[batch[i]]; }
+        gpu_decode_lanes(en0->g, n, batch.data(), ids.data(), rows.get(), amax.data());
+        for (int i = 0; i < n; i++) ls->amax[batch[i]] = amax[i];
+        return;
+    }
+    for (int lane : batch) {  // the cpu reference: the lanes one after another
+        Engine* en = ls->lanes[lane];
+        int id = ls->want[lane];
+        forward_cpu(en->m, &en->rs, &en->st, &id, nullptr, nullptr, 1, ls->rows[lane].data(), false, nullptr);
+    }
+}
+// one decode token for the lane (its turn not held): wait for the step that takes it; the
+// step's argmax is returned, the logits row (row, or always on the cpu) is at sched_row
+static int sched_decode(LaneSched* ls, int lane, int id, bool row) {
+    std::unique_lock<std::mutex> lk(ls->mu);
+    CHECK(!ls->held[lane], "lane %d decodes while it holds the turn", lane);
+    const uint64_t mine = ls->steps[lane];
+    ls->want[lane] = id; ls->row[lane] = row; ls->expected[lane] = 0;
+    ls->cv.notify_all();
+    for (;;) {
+        if (ls->steps[lane] != mine) return ls->amax[lane];
+        const bool pieces = ls->piece_due && !ls->turns.empty();
+        if (!ls->running && !pieces && sched_decode_ready(ls)) {
+            std::vector<int> batch;
+            for (int k = 0; k < (int)ls->want.size(); k++) if (ls->want[k] >= 0) batch.push_back(k);
+            ls->running = true;
+            lk.unlock();
+            sched_run_decode(ls, batch);
+            lk.lock();
+            for (int k : batch) { ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; }
+            ls->decode_steps++; ls->decode_tokens += batch.size();
+            ls->running = false; ls->piece_due = true; ls->last_end = now_s();
+            ls->cv.notify_all();
+            continue;
+        }
+        // a late lane of the last step: look again when its wait runs out
+        ls->cv.wait_for(lk, std::chrono::microseconds(LANE_WAIT_US));
+    }
+}
+// the lane is done decoding: the next step does not wait for it
+static void sched_done(LaneSched* ls, int lane) {
+    std::lock_guard<std::mutex> lk(ls->mu);
+    ls->expected[lane] = 0;
+    ls->cv.notify_all();
+}
+
+// generate_cpu's contract for a lane of a LaneSched, on either path: the caller holds the
+// lane's turn (the prefill's pieces hand it back between them through the cancel poll, as
+// sched_yield); after the prompt the turn goes back and every token is a decode step. the
+// sampler runs on the host on the step's logits row, except greedy without a bias, a mask or a
+// tap on the gpu, which takes the step's argmax (sample()'s pick, without the row's copy).
+template <typename Emit>
+static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
+                              const GenTap* tap, Emit emit, const GenCancel& cancel, const MmPrompt* mm, GenConstraint* gc) {
+    LaneSched* ls = en->sched;
+    const int lane = en->lane;
+    const Geometry& g = en->m->geo;
+    GenStats s;
+    s.prompt = (int)prompt.size();
+    const bool all_rows = tap && tap->prompt_rows;
+    const int piece = en->gpu ? (all_rows ? gpu_logits_piece(en->g) : en->g->T_max) : all_rows ? logits_piece(&en->rs, g.vocab) : en->rs.T_max;
+    std::vector<float> logits(all_rows ? (size_t)piece * g.vocab : 0);
+    float* row = sched_row(ls, lane);
+    double t0 = now_s();
+    sched_turn(ls, lane);
+    const int base = engine_pos(en);
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, g.H);
+    for (int i = 0; i < s.prompt; i += piece) {
+        if (i > 0 && cancel.fn && cancel()) { s.cancelled = true; break; }
+        const int T = std::min(piece, s.prompt - i);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        const bool last = i + T == s.prompt;
+        float* out = all_rows ? logits.data() : last ? row : nullptr;
+        if (en->gpu) {
+            GpuEngine* e = engine_gpu(en);
+            gpu_forward(e, ids, rows, pos3, T, all_rows ? out : nullptr, all_rows);
+            if (last && !all_rows) {
+                cudaCheck(cudaMemcpyAsync(row, e->last_logits, (size_t)g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+                cudaCheck(cudaStreamSynchronize(e->stream));
+            }
+        } else {
+            forward_cpu(en->m, &en->rs, &en->st, ids, rows, pos3, T, out, all_rows, nullptr);
+        }
+        if (!all_rows) continue;
+        tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
+        if (last) memcpy(row, logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
+    }
+    if (mm && !s.cancelled) { if (en->gpu) engine_gpu(en)->rope_delta = mm->rope_delta; else en->st.rope_delta = mm->rope_delta; }
+    int pos = engine_pos(en);  // from here on the lane's pos is kept here: the gpu's current lane is not ours between turns
+    sched_turn_end(ls, lane);
+    s.prefill_s = now_s() - t0;
+    if (s.cancelled) return s;
+    t0 = now_s();
+    constraint_start(gc);
+    const bool greedy = smp->p.temperature <= 0.0f && smp->p.logit_bias.empty() && !gc && !(tap && tap->sampled);
+    const bool fast = en->gpu && greedy;  // the step's argmax is the pick: no row to the host
+    int amax = -1;
+    for (int n = 0; n < max_new; n++) {
+        int id;
+        if (fast && n > 0) id = amax;
+        else {
+            smp->mask = constraint_mask(gc);
+            id = sample(smp, row, pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
+            smp->mask = nullptr;
+        }
+        if (tap && tap->sampled) tap->sampled(tap->ctx, row, g.vocab, id);
+        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
+        sampler_accept(smp, id);
+        s.generated++;
+        s.complete = constraint_take(gc, id);
+        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
+        if (s.complete) break;
+        if (n + 1 == max_new || pos == engine_capacity(en)) break;
+        amax = sched_decode(ls, lane, id, !fast);
+        pos++;
+    }
+    sched_done(ls, lane);
+    s.decode_s = now_s() - t0;
+    return s;
+}
+
 // mm: a multimodal prompt (mm_prepare_cpu), of which `prompt` is the part not yet in the sequence
 // gc: a constraint (GenConstraint); not with --spec: there is no constrained round (the server
 // and the cli refuse the pair)
@@ -7973,8 +8479,9 @@ static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>
                                 const GenTap* tap, Emit emit, const GenCancel& cancel = GenCancel(), const MmPrompt* mm = nullptr,
                                 GenConstraint* gc = nullptr) {
     CHECK(!en->spec.K || !(gc && gc->m), "a constraint with --spec");
+    if (en->sched && !en->spec.K) return generate_lane(en, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
     if (en->spec.K && !tap && !mm) {
-        if (en->gpu) return generate_spec_gpu(en->g, smp, prompt, max_new, stop_ids, emit, cancel);
+        if (en->gpu) return generate_spec_gpu(engine_gpu(en), smp, prompt, max_new, stop_ids, emit, cancel);
         return generate_spec_cpu(en->m, &en->rs, &en->st, &en->sp, smp, prompt, max_new, stop_ids, emit, cancel);
     }
     // a multimodal prompt decodes one token at a time even with --spec: the mtp rows of vision
@@ -7983,13 +8490,13 @@ static GenStats engine_generate(Engine* en, Sampler* smp, const std::vector<int>
     // (a tap has no per-id rows in a round: the server refuses logprobs with --spec, the cli
     // --logits-out.)
     CHECK(!en->spec.K || !tap, "--logits-out or logprobs with --spec");
-    GenStats s = en->gpu ? generate_gpu(en->g, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc)
+    GenStats s = en->gpu ? generate_gpu(engine_gpu(en), smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc)
                          : generate_cpu(en->m, &en->rs, &en->st, smp, prompt, max_new, stop_ids, tap, emit, cancel, mm, gc);
     if (en->spec.K) { s.spec.K = en->spec.K; s.spec.fallback_steps = s.generated; }
     return s;
 }
 static double engine_perplexity(Engine* en, const std::vector<int>& ids, int window, int64_t* scored) {
-    if (en->gpu) return perplexity_gpu(en->g, ids, window, scored);
+    if (en->gpu) return perplexity_gpu(engine_gpu(en), ids, window, scored);
     return perplexity_cpu(en->m, &en->rs, &en->st, ids, window, scored);
 }
 
@@ -8091,29 +8598,29 @@ static void cpu_kv_rows(SeqState* st, const Geometry& g, int a, int b, int n, ui
 }
 static void prefix_image_save(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // live -> e's slot
     if (en->gpu) {
-        if (e.dev >= 0) gpu_snapshot(en->g, pc->first_dev_slot + e.dev);
-        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], true);
+        if (e.dev >= 0) gpu_snapshot(engine_gpu(en), pc->first_dev_slot + e.dev);
+        else gpu_image_host(engine_gpu(en), engine_gpu(en)->slot, pc->host_img[e.host], true);
     } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], true);
 }
 static void prefix_image_load(PrefixCache* pc, Engine* en, const PrefixEntry& e) {  // e's slot -> live
     if (e.host >= 0) pc->host_restores++;
     if (en->gpu) {
-        if (e.dev >= 0) gpu_restore(en->g, pc->first_dev_slot + e.dev, en->g->pos);
-        else gpu_image_host(en->g, en->g->slot, pc->host_img[e.host], false);
+        if (e.dev >= 0) gpu_restore(engine_gpu(en), pc->first_dev_slot + e.dev, engine_gpu(en)->pos);
+        else gpu_image_host(engine_gpu(en), engine_gpu(en)->slot, pc->host_img[e.host], false);
     } else cpu_image(&en->st, en->m->geo, e.dev >= 0 ? pc->dev_img + e.dev * pc->image_bytes : pc->host_img[e.host], false);
 }
 static void prefix_image_spill(PrefixCache* pc, Engine* en, int dev, int host) {  // device image -> host slot
-    if (en->gpu) gpu_image_host(en->g, pc->first_dev_slot + dev, pc->host_img[host], true);
+    if (en->gpu) gpu_image_host(engine_gpu(en), pc->first_dev_slot + dev, pc->host_img[host], true);
     else memcpy(pc->host_img[host], pc->dev_img + dev * pc->image_bytes, pc->image_bytes);
     pc->spills++;
 }
 static void prefix_kv_rows(Engine* en, int a, int b, int n, uint8_t* host, bool to_host) {
-    if (en->gpu) gpu_kv_rows_host(en->g, a, b, n, host, to_host);
+    if (en->gpu) gpu_kv_rows_host(engine_gpu(en), a, b, n, host, to_host);
     else cpu_kv_rows(&en->st, en->m->geo, a, b, n, host, to_host);
 }
-// kv rows [a, b) from one lane's sequence to another's (cpu lanes: the gpu runs one)
+// kv rows [a, b) from one lane's sequence to another's (dst holds pages for b rows)
 static void prefix_kv_lane_copy(Engine* dst, Engine* src, int a, int b) {
-    CHECK(!dst->gpu && !src->gpu, "kv rows between gpu lanes");
+    if (dst->gpu) { gpu_kv_lane_copy(dst->g, dst->lane, src->lane, a, b); return; }
     const Geometry& g = dst->m->geo;
     const size_t row = (size_t)g.Hkv * g.head_dim * 4;
     auto plane = [&](float* d, const float* s) { if (b > a) memcpy((uint8_t*)d + (size_t)a * row, (const uint8_t*)s + (size_t)a * row, (size_t)(b - a) * row); };
@@ -8125,14 +8632,7 @@ static void prefix_kv_lane_copy(Engine* dst, Engine* src, int a, int b) {
 static void prefix_reset_live(Engine* en) {
     const Geometry& g = en->m->geo;
     if (en->gpu) {
-        GpuEngine* e = en->g;
-        e->slot = 0;
-        for (int l = 0; l < g.L; l++) {
-            if (g.full[l]) continue;
-            cudaCheck(cudaMemsetAsync(e->conv[l], 0, e->conv_slot * 2, e->stream));
-            cudaCheck(cudaMemsetAsync(e->rec[l], 0, e->rec_slot * 4, e->stream));
-        }
-        e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr; e->mtp.pos = 0;
+        gpu_lane_reset(engine_gpu(en));
         return;
     }
     SeqState* st = &en->st;
@@ -8142,7 +8642,7 @@ static void prefix_reset_live(Engine* en) {
     seq_set_slot(st, 0);
 }
 static void prefix_seek(Engine* en, int pos) {
-    if (en->gpu) { en->g->pos = pos; en->g->rope_delta = 0; en->g->last_logits = nullptr; }
+    if (en->gpu) { GpuEngine* e = engine_gpu(en); e->pos = pos; e->rope_delta = 0; e->last_logits = nullptr; }
     else { en->st.pos = pos; en->st.rope_delta = 0; }
 }
 
@@ -8159,8 +8659,8 @@ static bool prefix_build(PrefixCache* pc, const std::vector<Engine*>& lanes, con
     if (en->gpu) {
         pc->image_bytes = gpu_gdn_bytes(g, 1);
         pc->row_bytes = gpu_kv_bytes_per_row(g, en->g->o.kv) * (g.n_full + (en->g->mtp.K ? 1 : 0)) / g.n_full;
-        pc->first_dev_slot = en->g->o.gdn_slots - o.dev_slots;
-        CHECK(pc->first_dev_slot >= GPU_LIVE_SLOTS, "%d gdn slots for %d device state slots", en->g->o.gdn_slots, o.dev_slots);
+        pc->first_dev_slot = en->g->n_slots - o.dev_slots;
+        CHECK(pc->first_dev_slot >= en->g->shared_slot0, "%d gdn slots for %d device state slots", en->g->n_slots, o.dev_slots);
     } else {
         pc->image_bytes = (size_t)g.n_gdn * (en->st.conv_n + en->st.rec_n) * 4;
         pc->row_bytes = (size_t)(g.n_full + (en->st.mtp_key ? 1 : 0)) * 2 * g.Hkv * g.head_dim * 4;
@@ -8267,8 +8767,8 @@ static int prefix_begin(PrefixCache* pc, int lane, const std::vector<int>& promp
     prefix_image_load(pc, en, *best);
     if (!en->gpu && en->spec.K) { en->st.mtp_pos = n - 1; pc->bridge[lane] = best->bridge; }
     if (en->gpu && en->spec.K) {
-        if (best->gbridge.empty()) en->g->mtp.pos = n;
-        else { gpu_spec_bridge_host(en->g, best->gbridge.data(), false); en->g->mtp.pos = n - 1; }
+        if (best->gbridge.empty()) engine_gpu(en)->mtp.pos = n;
+        else { gpu_spec_bridge_host(engine_gpu(en), best->gbridge.data(), false); engine_gpu(en)->mtp.pos = n - 1; }
     }
     best->used = ++pc->clock;
     *tier = best->dev >= 0 ? "device" : "host";
@@ -8278,7 +8778,7 @@ static int prefix_begin(PrefixCache* pc, int lane, const std::vector<int>& promp
 // --spec: the mtp row pos-1 (token pos with the main hidden row pos-1) once token pos is known
 static void prefix_bridge(PrefixCache* pc, int lane, int next) {
     Engine* en = pc->lanes[lane];
-    if (en->gpu && en->spec.K) { gpu_spec_bridge(en->g, next); return; }
+    if (en->gpu && en->spec.K) { gpu_spec_bridge(engine_gpu(en), next); return; }
     if (en->gpu || !en->spec.K || en->st.mtp_pos != en->st.pos - 1) return;
     CHECK((int)pc->bridge[lane].size() == en->m->geo.H, "the mtp row %d has no hidden row", en->st.mtp_pos);
     mtp_forward_cpu(en->m, &en->rs, &en->st, &next, nullptr, pc->bridge[lane].data(), nullptr, 1, nullptr, false, nullptr);
@@ -8289,13 +8789,13 @@ static void prefix_bridge(PrefixCache* pc, int lane, int next) {
 static bool prefix_prefill(PrefixCache* pc, int lane, const int* ids, int T, const GenCancel& cancel) {
     Engine* en = pc->lanes[lane];
     const Geometry& g = en->m->geo;
-    const int piece = en->gpu ? en->g->T_max : en->rs.T_max;
+    const int piece = en->gpu ? engine_gpu(en)->T_max : en->rs.T_max;
     for (int i = 0; i < T; i += piece) {
-        if (en->gpu && i > 0 && cancel.fn) cudaCheck(cudaStreamSynchronize(en->g->stream));
+        if (en->gpu && i > 0 && cancel.fn) cudaCheck(cudaStreamSynchronize(engine_gpu(en)->stream));
         if (cancel()) return false;
         const int t = std::min(piece, T - i);
-        if (en->gpu && en->spec.K) gpu_spec_prefill(en->g, ids + i, t);  // the mtp rows too, the last one pending
-        else if (en->gpu) gpu_forward(en->g, ids + i, nullptr, nullptr, t, nullptr, false);
+        if (en->gpu && en->spec.K) gpu_spec_prefill(engine_gpu(en), ids + i, t);  // the mtp rows too, the last one pending
+        else if (en->gpu) gpu_forward(engine_gpu(en), ids + i, nullptr, nullptr, t, nullptr, false);
         else if (!en->spec.K) forward_cpu(en->m, &en->rs, &en->st, ids + i, nullptr, nullptr, t, pc->logits.data(), false, nullptr);
         else {  // the mtp rows of the same positions, all but the last (its token is the next piece's first)
             prefix_bridge(pc, lane, ids[i]);
@@ -8306,7 +8806,7 @@ static bool prefix_prefill(PrefixCache* pc, int lane, const int* ids, int T, con
         }
         pc->live[lane].insert(pc->live[lane].end(), ids + i, ids + i + t);
     }
-    if (en->gpu) cudaCheck(cudaStreamSynchronize(en->g->stream));
+    if (en->gpu) cudaCheck(cudaStreamSynchronize(engine_gpu(en)->stream));
     return true;
 }
 
@@ -8390,9 +8890,9 @@ static void prefix_capture(PrefixCache* pc, int lane) {
     }
     if (ne.dev < 0) ne.host = free_host();
     if (!en->gpu && en->spec.K) ne.bridge = pc->bridge[lane];
-    if (en->gpu && en->spec.K && en->g->mtp.pos == en->g->pos - 1) {
+    if (en->gpu && en->spec.K && engine_gpu(en)->mtp.pos == engine_gpu(en)->pos - 1) {
         ne.gbridge.resize(en->m->geo.H);
-        gpu_spec_bridge_host(en->g, ne.gbridge.data(), true);
+        gpu_spec_bridge_host(engine_gpu(en), ne.gbridge.data(), true);
     }
     ne.used = ++pc->clock;
     prefix_image_save(pc, en, ne);
@@ -8813,75 +9313,97 @@ static TextResult generate_text(TextModel* t, const TextRequest& rq, OnEvent on_
 // ---- the server's engine (serve.h's interface) --------------------------------
 
 // --max-concurrency lanes: serve.h calls generate on up to C threads at once; each request
-// takes a free lane (its own sequence: on the cpu path an Engine per lane, sharing the weights)
-// and the running lanes take turns one step each, round robin: a step is one decode token or
-// one prefill piece (at most --prefill-chunk tokens), so a long prompt entering never stalls
-// the streams already running for more than a piece, and a lane that ends (done, stop string,
-// cancelled) leaves the ring at once, freeing its lane for the next queued request. the lanes
-// run one after another, not batched: the gpu's batched decode (one step for all lanes) is not
-// built, so the gpu runs one lane.
-struct LaneRing {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<int> ring;         // the running lanes; the front one has the turn
-    std::vector<char> busy;       // [lanes]
-};
-
+// takes a free lane (the one whose sequence already holds the longest part of the prompt) and
+// its steps go through the lanes' scheduler (LaneSched, section 9: exclusive pieces and
+// batched decode steps). on the gpu a lane first reserves the kv pages its request can fill
+// (prompt + max_tokens, at most --max-context rows: admission by free pages, so a running lane
+// never waits for a page); pages short, it takes them from idle lanes (their retained prefixes
+// are dropped or copied to the host tier first) or waits for a lane to end.
 struct ServedModel {
     ServeEngine api;  // what serve.h sees; api.self points back here
     TextModel t;
-    std::vector<std::unique_ptr<Engine>> extra;  // cpu lanes 1..C-1 (lane 0 is t.en)
+    std::vector<std::unique_ptr<Engine>> extra;  // lanes 1..C-1 (lane 0 is t.en)
     std::vector<Engine*> lanes;
-    LaneRing ring;
+    LaneSched sched;  // C > 1
+    std::vector<double> idle_since;  // [lanes] when the lane's last request ended (reclaim order)
     PrefixCache pc;   // retained prefixes (the lane with the turn)
     int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
 };
 
-// take a free lane (the one whose sequence already holds the longest part of the prompt) and
-// wait for its first turn
-static int lane_enter(ServedModel* s, const std::vector<int>& prompt) {
-    LaneRing& r = s->ring;
-    std::unique_lock<std::mutex> lk(r.mu);
-    int lane = -1, best = -1;
-    for (int k = 0; k < (int)r.busy.size(); k++) {
-        if (r.busy[k]) continue;
-        const int c = s->pc.o.on ? prefix_common(s->pc.live[k], prompt) : 0;
-        if (c > best) { best = c; lane = k; }
+// kv pages for `rows` rows of the lane, from the pool or from idle lanes (least recently used
+// first); false when the pool cannot hold them now. under the scheduler's lock
+static bool lane_pages(ServedModel* s, int lane, int rows) {
+    Engine* en = s->lanes[lane];
+    if (!en->gpu || en->g->o.lanes <= 1) return true;
+    GpuEngine* e = en->g;
+    for (;;) {
+        if (gpu_lane_reserve(e, lane, rows)) return true;
+        int victim = -1;
+        for (int k = 0; k < (int)s->lanes.size(); k++)
+            if (k != lane && !s->sched.busy[k] && !e->lanes[k].pages.empty() && (victim < 0 || s->idle_since[k] < s->idle_since[victim])) victim = k;
+        if (victim < 0) return false;
+        // the victim's live rows go: the prefixes they back are copied to the host tier or dropped
+        const int cur = e->lane;
+        prefix_protect(&s->pc, victim, 0, s->pc.entries.end());
+        prefix_reset_live(s->lanes[victim]);
+        gpu_lane_trim(e, victim, 0);
+        s->pc.live[victim].clear(); s->pc.bridge[victim].clear();
+        gpu_lane_select(e, cur);
     }
-    CHECK(lane >= 0, "more generations than lanes (%zu)", r.busy.size());
-    r.busy[lane] = 1;
-    r.ring.push_back(lane);
-    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
-    return lane;
 }
-// the end of a step: the next lane's turn, then ours again
-static void lane_yield(ServedModel* s, int lane) {
-    LaneRing& r = s->ring;
-    std::unique_lock<std::mutex> lk(r.mu);
-    if (r.ring.size() < 2) return;
-    CHECK(r.ring.front() == lane, "lane %d stepped out of turn", lane);
-    r.ring.pop_front();
-    r.ring.push_back(lane);
-    r.cv.notify_all();
-    r.cv.wait(lk, [&] { return r.ring.front() == lane; });
+// take a free lane and its first turn (and, on the gpu, its pages). serve.h admits at most
+// C generations, so a lane is free; pages may not be: then wait for a lane to end
+static int lane_enter(ServedModel* s, const std::vector<int>& prompt, int rows) {
+    LaneSched& r = s->sched;
+    int lane = -1;
+    {
+        std::unique_lock<std::mutex> lk(r.mu);
+        int best = -1;
+        for (int k = 0; k < (int)r.busy.size(); k++) {
+            if (r.busy[k]) continue;
+            const int c = s->pc.o.on ? prefix_common(s->pc.live[k], prompt) : 0;
+            if (c > best) { best = c; lane = k; }
+        }
+        CHECK(lane >= 0, "more generations than lanes (%zu)", r.busy.size());
+        r.busy[lane] = 1;
+    }
+    for (;;) {
+        sched_turn(&r, lane);
+        if (lane_pages(s, lane, rows)) return lane;
+        sched_turn_end(&r, lane);
+        std::unique_lock<std::mutex> lk(r.mu);
+        r.cv.wait_for(lk, std::chrono::milliseconds(20));  // a lane that ends gives its pages back under its turn
+    }
 }
-static void lane_leave(ServedModel* s, int lane) {
-    LaneRing& r = s->ring;
+static void lane_leave(ServedModel* s, int lane, int keep_rows) {
+    LaneSched& r = s->sched;
+    sched_turn(&r, lane);
+    Engine* en = s->lanes[lane];
+    if (en->gpu) gpu_lane_trim(en->g, lane, keep_rows);  // the rows its retained prefix needs stay
+    sched_turn_end(&r, lane);
     std::lock_guard<std::mutex> lk(r.mu);
-    r.ring.erase(std::find(r.ring.begin(), r.ring.end(), lane));
     r.busy[lane] = 0;
+    s->idle_since[lane] = now_s();
     r.cv.notify_all();
 }
-struct LaneTurn {  // a request's lane for the scope of its generation
-    ServedModel* s; int lane;
-    LaneTurn(ServedModel* s_, const std::vector<int>& prompt) : s(s_), lane(lane_enter(s_, prompt)) {}
-    ~LaneTurn() { lane_leave(s, lane); }
+struct LaneTurn {  // a request's lane for the scope of its generation; C = 1: none
+    ServedModel* s; int lane = 0;
+    LaneTurn(ServedModel* s_, const std::vector<int>& prompt, int rows) : s(s_) {
+        if (s->lanes.size() > 1) lane = lane_enter(s, prompt, rows);
+    }
+    ~LaneTurn() {
+        if (s->lanes.size() > 1) lane_leave(s, lane, s->pc.o.on ? (int)s->pc.live[lane].size() : 0);
+    }
 };
 // the prefill's cancel poll: a step boundary too
 struct LanePoll { ServedModel* s; int lane; const ServeSink* sink; };
 static bool lane_poll(void* ctx) {
     LanePoll* p = (LanePoll*)ctx;
-    lane_yield(p->s, p->lane);
+    if (p->s->lanes.size() > 1) {
+        sched_yield(&p->s->sched, p->lane);
+        Engine* en = p->s->lanes[p->lane];
+        if (en->gpu) engine_gpu(en);  // ours again after the other lanes' steps
+    }
     return p->sink->cancelled(p->sink->ctx);
 }
 
@@ -8950,7 +9472,7 @@ struct ServedTokens {
     int reasoning = 0;         // tokens that started on the reasoning channel
     ServeLogprob pending;      // the entry of the id about to be emitted
     std::vector<int>* ids = nullptr;  // every emitted id in order (what the sequence holds after the prompt)
-    ServedModel* lanes = nullptr; int lane = 0;  // every token ends a step (lane_yield)
+    ServedModel* lanes = nullptr; int lane = 0;  // --spec lanes: every token ends an exclusive step (sched_yield)
 };
 static void served_tap_sampled(void* ctx, const float* lg, int vocab, int id) {
     ServedTokens* t = (ServedTokens*)ctx;
@@ -8974,7 +9496,7 @@ static void served_tap_rows(void* ctx, const float* lg, int T, int vocab) {
 }
 static void served_on_token(void* ctx, int id, int channel) {
     ServedTokens* t = (ServedTokens*)ctx;
-    if (t->lanes) lane_yield(t->lanes, t->lane);
+    if (t->lanes) sched_yield(&t->lanes->sched, t->lane);
     if (t->ids) t->ids->push_back(id);
     if (channel == OUT_REASONING) t->reasoning++;
     if (t->top_n < 0 || t->pending.id != id) return;
@@ -9000,11 +9522,14 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     rq.sp.presence = smp.presence_penalty; rq.sp.frequency = smp.frequency_penalty; rq.sp.seed = smp.seed;
     rq.sp.logit_bias = smp.logit_bias;
     rq.grammar = smp.grammar;
-    LaneTurn turn(s, p.tokens);
+    const int64_t want_rows = std::min<int64_t>((int64_t)p.tokens.size() + std::max(0, smp.max_tokens) + 2 * s->t.spec.K + 1, engine_capacity(&s->t.en));
+    LaneTurn turn(s, p.tokens, (int)want_rows);
     LanePoll poll{s, turn.lane, &sink};
     rq.cancel = GenCancel{lane_poll, &poll};  // a client that leaves during the prefill frees the lane within a piece
     ServedTokens tk{s, &sink, &p.tokens};
-    tk.lanes = s; tk.lane = turn.lane;
+    // --spec lanes: the rounds are exclusive steps, handed over at round boundaries (the cancel
+    // poll) on the gpu, at every token on the cpu (its lanes' states are their own)
+    if (s->lanes.size() > 1 && s->t.spec.K && !s->t.en.gpu) { tk.lanes = s; tk.lane = turn.lane; }
     tk.top_n = smp.logprobs;
     GenTap tap;
     if (smp.logprobs >= 0) {
@@ -9061,6 +9586,7 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
     }
     // what the live rows hold now: the prompt, then the ids fed back; a media sequence's rows
     // are no one's prefix
+    if (s->lanes.size() > 1) sched_turn(&s->sched, turn.lane);  // prefix_finish works on the lane's state (held until the lane leaves)
     prefix_finish(pc, turn.lane, p.tokens, out_ids, !p.media, reuse && p.reuse_replay);
     res->prompt_tokens = (int)p.tokens.size();
     res->cached_tokens = start;
@@ -9116,15 +9642,18 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
                   pc.o.dev_slots, pc.o.host_slots, pc.image_bytes / mib, o.host_kv_mib);
     if (en.gpu) {
         const GpuEngine* e = en.g;
-        const int live = e->o.gdn_slots - pc.o.dev_slots;
-        char spec[96] = "";
+        const int live = e->o.lanes * e->lane_slots;
+        char spec[96] = "", lanes[160] = "";
         if (e->mtp.K) snprintf(spec, sizeof spec, " (with the mtp layer's)");
-        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s), deltanet state %d slots of %.1f MiB "
+        if (e->o.lanes > 1)
+            snprintf(lanes, sizeof lanes, ", %d lanes of up to %d tokens in a pool of %d pages of %d tokens (batched decode)", e->o.lanes, e->capacity,
+                     (int)(e->kv_rows / KV_PAGE), (int)KV_PAGE);
+        fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s%s), deltanet state %d slots of %.1f MiB "
                 "(%d live%s + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
-                e->device, e->arena_bytes / mib, e->capacity, kv_dtype_name(e->o.kv),
-                (double)e->capacity * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) * (e->m->geo.n_full + (e->mtp.K ? 1 : 0)) / e->m->geo.n_full / mib, spec,
-                e->o.gdn_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, live, e->mtp.K ? ": the mtp round's K+1" : "", pc.o.dev_slots,
-                e->work_bytes / mib, e->o.graphs ? "per decode bucket" : "off", reuse);
+                e->device, e->arena_bytes / mib, (int)e->kv_rows, kv_dtype_name(e->o.kv),
+                (double)e->kv_rows * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) * (e->m->geo.n_full + (e->mtp.K ? 1 : 0)) / e->m->geo.n_full / mib, spec,
+                lanes, e->n_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, live, e->mtp.K ? ": the mtp round's K+1" : "", pc.o.dev_slots,
+                e->work_bytes / mib, e->o.graphs ? (e->o.lanes > 1 ? "per decode bucket and batch size" : "per decode bucket") : "off", reuse);
     } else {
         fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): %zu lane(s), each a sequence state of %.1f MiB (kv %d tokens, fp32); %s\n",
                 s->lanes.size(), en.st.n_floats * 4 / mib, en.st.capacity, reuse);
@@ -9141,6 +9670,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     g.prefill_chunk = o.prefill_chunk;
     g.kv_capacity = o.kv_capacity.empty() ? 0 : o.kv_capacity == "auto" ? -1 : atoi(o.kv_capacity.c_str());
     g.tune = gpu_tuning_from_env();
+    g.lanes = std::max(1, o.max_concurrency);
     PrefixOpts po;
     po.on = !o.no_prefix_reuse;
     po.dev_slots = po.on ? (o.device_state_slots < 0 ? o.max_concurrency : o.device_state_slots) : 0;
@@ -9160,17 +9690,19 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     }
     if (!text_model_start(&s->t, false, g, "ninfer-serve", err) || !text_vision_start(&s->t, err)) { text_model_close(&s->t); delete s; return nullptr; }
     s->lanes.push_back(&s->t.en);
-    if (o.max_concurrency > 1 && s->t.en.gpu) {
-        *err = "--max-concurrency " + std::to_string(o.max_concurrency) + " needs the gpu's batched decode, which is not built yet "
-               "(the cpu reference path runs several lanes)";
-        text_model_close(&s->t); delete s; return nullptr;
-    }
-    for (int k = 1; k < o.max_concurrency; k++) {  // cpu lanes: a sequence and a workspace each, the weights shared
+    for (int k = 1; k < o.max_concurrency; k++) {
         s->extra.emplace_back(new Engine());
-        if (!engine_build(s->extra.back().get(), &s->t.m, false, g, err, s->t.spec)) { served_close(s); return nullptr; }
-        s->lanes.push_back(s->extra.back().get());
+        Engine* en = s->extra.back().get();
+        if (s->t.en.gpu) {  // a lane of the one GpuEngine (built with g.lanes)
+            *en = s->t.en; en->lane = k;
+        } else if (!engine_build(en, &s->t.m, false, g, err, s->t.spec)) {  // a sequence and a workspace each, the weights shared
+            served_close(s); return nullptr;
+        }
+        s->lanes.push_back(en);
     }
-    s->ring.busy.assign(s->lanes.size(), 0);
+    s->idle_since.assign(s->lanes.size(), 0.0);
+    if (s->lanes.size() > 1) sched_build(&s->sched, s->lanes);
+    else s->sched.busy.assign(1, 0);
     if (!prefix_build(&s->pc, s->lanes, po, err)) { served_close(s); return nullptr; }
     for (const AddedToken& a : s->t.tok.added) if (a.content == "<|im_start|>") s->im_start = a.id;
     served_memory_plan(s, o);

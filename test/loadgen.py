@@ -7,9 +7,12 @@ gpu machine as it is). measurements, not tests: timings go to test/bench-notes.m
           server (e.g. --no-prefix-reuse) and exits 1 when a greedy output differs.
   decode: C concurrent streams of P-token prompts and N output tokens each; aggregate and
           per-stream decode tok/s, ttft p50 / p99. --concurrency 1,2,4 runs each level in turn.
+  poisson: --requests streams arriving as a poisson process of --rate requests a second (a fixed
+          seed): ttft p50 / p99, the aggregate and the mean per-stream decode tok/s.
 
   python3 test/loadgen.py chat --url http://127.0.0.1:8080 --turns 10 --user-words 600
   python3 test/loadgen.py decode --url http://127.0.0.1:8080 --concurrency 1,2,4,8 --prompt-words 400 --max-tokens 256
+  python3 test/loadgen.py poisson --url http://127.0.0.1:8080 --rate 4 --requests 64 --prompt-words 400 --max-tokens 128
 """
 import argparse
 import json
@@ -112,9 +115,36 @@ def decode(a):
     return 0
 
 
+def poisson(a):
+    model = model_of(a.url)
+    r = random.Random(7)
+    gaps = [r.expovariate(a.rate) for _ in range(a.requests)]
+    out = [None] * a.requests
+
+    def one(i):
+        msgs = [{"role": "user", "content": text_of(a.prompt_words, 2000 + i)}]
+        out[i] = stream_chat(a.url, model, msgs, a.max_tokens, {"chat_template_kwargs": {"enable_thinking": False}})
+    th = []
+    t0 = time.time()
+    for i in range(a.requests):
+        time.sleep(gaps[i])
+        th.append(threading.Thread(target=one, args=(i,)))
+        th[-1].start()
+    for x in th:
+        x.join()
+    wall = time.time() - t0
+    ttfts = sorted(o[3] for o in out)
+    per = [(o[2]["completion_tokens"] - 1) / max(o[5][-1] - o[5][0], 1e-9) for o in out if len(o[5]) > 1]
+    agg = sum(o[2]["completion_tokens"] for o in out) / wall
+    p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
+    print("rate %.1f/s  %d requests  ttft_p50_ms %.1f  ttft_p99_ms %.1f  tokens_per_s %.1f  per_stream_tok_s %.1f  wall_s %.2f" %
+          (a.rate, a.requests, p(0.5), p(0.99), agg, sum(per) / max(len(per), 1), wall), flush=True)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["chat", "decode"])
+    ap.add_argument("mode", choices=["chat", "decode", "poisson"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--compare")
     ap.add_argument("--turns", type=int, default=10)
@@ -123,8 +153,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1")
     ap.add_argument("--prompt-words", type=int, default=400)
+    ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--requests", type=int, default=64)
     a = ap.parse_args()
-    sys.exit(chat(a) if a.mode == "chat" else decode(a))
+    sys.exit({"chat": chat, "decode": decode, "poisson": poisson}[a.mode](a))
 
 
 if __name__ == "__main__":

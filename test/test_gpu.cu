@@ -1291,3 +1291,222 @@ TEST(GpuPrefix, InterleavedConversationsWithSpecMatchFreshKjv) {
     }
     model_close(&m);
 }
+
+// ---- lanes: batched decode (issue 14) ------------------------------------------------------
+//
+// gpu_decode_lanes runs every lane's token as a column of one forward call; each column must
+// be bit for bit the one-token step its lane takes alone (gemv column-count invariant,
+// attention and deltanet per column, each column's own split plan), so greedy outputs of
+// lanes that join and leave at different steps equal generate_gpu's on a one-sequence engine,
+// token for token: no tolerance. the pool is half the lanes' worst case, so lanes wait for
+// pages and take pages others gave back (page tables out of order).
+static void lanes_case(const char* path, bool graphs) {
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    GpuOpts o1; o1.max_context = 1024; o1.prefill_chunk = 256; o1.quiet = true; o1.graphs = graphs;
+    GpuEngine* one = gpu_build(&m, o1, &err);
+    ASSERT_TRUE(one) << err;
+    GpuOpts ol = o1; ol.lanes = 12; ol.kv_capacity = 12 * 1024 / 2;
+    GpuEngine* e = gpu_build(&m, ol, &err);
+    ASSERT_TRUE(e) << err;
+    const int domain = one->domain, V = m.geo.vocab;
+    struct Job { std::vector<int> prompt; int n = 0, start = 0, lane = -1; std::vector<int> ref, got; };
+    std::vector<Job> jobs;
+    const int lens[] = {1, 5, 64, 127, 128, 129, 300, 511, 600, 9};
+    const int gens[] = {1, 17, 60, 200, 420, 90, 33, 8, 300, 140};
+    for (int j = 0; j < 24; j++) {
+        Job jb;
+        jb.prompt = random_ids(lens[j % 10], domain, 1000 + j);
+        jb.n = std::min(gens[(j * 3) % 10], 1024 - (int)jb.prompt.size());
+        jb.start = j * 5;
+        gpu_reset(one);
+        jb.ref = gpu_greedy(one, jb.prompt, jb.n);
+        jobs.push_back(jb);
+    }
+    std::vector<float> row(V);
+    std::vector<int> free_lanes;
+    for (int l = ol.lanes - 1; l >= 0; l--) free_lanes.push_back(l);
+    size_t done = 0;
+    int step = 0, max_batch = 0, waited = 0;
+    while (done < jobs.size()) {
+        for (Job& jb : jobs) {  // admissions: a lane and the pages of the whole request
+            if (jb.lane >= 0 || !jb.got.empty() || jb.start > step || free_lanes.empty()) continue;
+            const int l = free_lanes.back();
+            if (!gpu_lane_reserve(e, l, (int)jb.prompt.size() + jb.n)) { waited++; continue; }
+            free_lanes.pop_back();
+            jb.lane = l;
+            gpu_lane_select(e, l);
+            gpu_lane_reset(e);
+            ASSERT_TRUE(gpu_lane_reserve(e, l, (int)jb.prompt.size() + jb.n));
+            gpu_forward(e, jb.prompt.data(), nullptr, nullptr, (int)jb.prompt.size(), row.data(), false);
+            jb.got.push_back(argmax(row.data(), domain));
+        }
+        std::vector<int> ls, ids;
+        std::vector<Job*> in;
+        for (Job& jb : jobs)
+            if (jb.lane >= 0 && (int)jb.got.size() < jb.n) { ls.push_back(jb.lane); ids.push_back(jb.got.back()); in.push_back(&jb); }
+        if (!ls.empty()) {
+            std::vector<int> amax(ls.size());
+            std::unique_ptr<bool[]> rows(new bool[ls.size()]);
+            for (size_t i = 0; i < ls.size(); i++) rows[i] = (step % 7) == 3;  // now and then the rows too
+            gpu_decode_lanes(e, (int)ls.size(), ls.data(), ids.data(), rows.get(), amax.data());
+            for (size_t i = 0; i < ls.size(); i++) {
+                in[i]->got.push_back(amax[i]);
+                if (rows[i]) EXPECT_EQ(argmax(e->h_lane_logits + (size_t)ls[i] * V, domain), amax[i]) << "lane " << ls[i] << "'s row";
+            }
+            max_batch = std::max(max_batch, (int)ls.size());
+        }
+        for (Job& jb : jobs)
+            if (jb.lane >= 0 && (int)jb.got.size() == jb.n) {  // done: the lane's pages back to the pool
+                gpu_lane_select(e, jb.lane);
+                gpu_lane_reset(e);
+                free_lanes.push_back(jb.lane);
+                jb.lane = -1;
+                done++;
+            }
+        step++;
+        ASSERT_LT(step, 5000);
+    }
+    int equal = 0;
+    for (size_t j = 0; j < jobs.size(); j++) {
+        EXPECT_EQ(jobs[j].got, jobs[j].ref) << "job " << j << " (prompt " << jobs[j].prompt.size() << ", " << jobs[j].n
+                                            << " tokens), first difference at " << first_difference(jobs[j].got, jobs[j].ref);
+        equal += jobs[j].got == jobs[j].ref;
+    }
+    fprintf(stderr, "  %s (%s): %d of %zu lanes' outputs equal one-at-a-time, %d steps, up to %d lanes a step, %d admissions waited for pages\n",
+            path, graphs ? "graphs" : "eager", equal, jobs.size(), step, max_batch, waited);
+    EXPECT_EQ((int)e->free_pages.size(), (int)(e->kv_rows / KV_PAGE));  // every page back
+    gpu_free(e); gpu_free(one);
+    model_close(&m);
+}
+TEST(GpuLanes, BatchedGreedyMatchesOneAtATimeKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); lanes_case("models/kjv/kjv.ninfer", true); }
+TEST(GpuLanes, BatchedGreedyMatchesOneAtATimeTinyEager) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); lanes_case("build/models/tiny.ninfer", false); }
+
+// the scheduler on the gpu: requests on threads, as the server runs them (LaneSched,
+// generate_lane): greedy and sampled lanes (the host's sampler on the step's row equals the
+// device sampler of generate_gpu: test_kernels Sampling.*), a stop id and a cancel inside the
+// batch; every output equals the request run alone on a one-sequence engine
+TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
+    Engine one;
+    ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
+    const int N = 6;
+    GpuOpts ol = o; ol.lanes = N;
+    Engine base;
+    ASSERT_TRUE(engine_build(&base, &m, true, ol, &err)) << err;
+    std::vector<Engine> lanes(N, base);
+    std::vector<Engine*> lp;
+    for (int k = 0; k < N; k++) { lanes[k].lane = k; lp.push_back(&lanes[k]); }
+    LaneSched ls;
+    sched_build(&ls, lp);
+    const int domain = one.g->domain;
+    struct Req { std::vector<int> prompt; int n; float T; int cancel_at; std::vector<int> stop, ref, got; };
+    std::vector<Req> rq(N);
+    for (int k = 0; k < N; k++) {
+        Req& r = rq[k];
+        r.prompt = random_ids(3 + 97 * k, domain, 77 + k);
+        r.n = 40 + 30 * k; r.T = k % 3 == 2 ? 0.8f : 0.0f; r.cancel_at = k == 4 ? 15 : -1;
+    }
+    auto sampler = [&](const Req& r, Sampler* smp) {
+        SamplerParams sp; sp.temperature = r.T; sp.top_k = 40; sp.top_p = 0.95f; sp.seed = 5;
+        sampler_build(smp, sp, domain);
+    };
+    for (int k = 0; k < N; k++) {  // alone (one with a stop id: its 10th token's)
+        Req& r = rq[k];
+        Sampler smp; sampler(r, &smp);
+        engine_reset(&one);
+        engine_generate(&one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
+        if (k == 1) { r.stop = {r.ref[10]}; r.ref.resize(std::find(r.ref.begin(), r.ref.end(), r.ref[10]) - r.ref.begin()); }
+        if (r.cancel_at >= 0) r.ref.resize(r.cancel_at);
+    }
+    std::vector<std::thread> th;
+    for (int k = 0; k < N; k++)
+        th.emplace_back([&, k] {
+            Req& r = rq[k];
+            Sampler smp; sampler(r, &smp);
+            sched_turn(&ls, k);
+            engine_reset(&lanes[k]);
+            CHECK(gpu_lane_reserve(engine_gpu(&lanes[k]), k, (int)r.prompt.size() + r.n), "pages");
+            engine_generate(&lanes[k], &smp, r.prompt, r.n, r.stop, nullptr, [&](int id) {
+                r.got.push_back(id);
+                return r.cancel_at < 0 || (int)r.got.size() < r.cancel_at;
+            });
+            sched_turn_end(&ls, k);
+        });
+    for (auto& t : th) t.join();
+    for (int k = 0; k < N; k++) EXPECT_EQ(rq[k].got, rq[k].ref) << "request " << k << ", first difference at " << first_difference(rq[k].got, rq[k].ref);
+    fprintf(stderr, "  scheduler: %llu decode steps, %.2f lanes a step\n", (unsigned long long)ls.decode_steps,
+            ls.decode_steps ? (double)ls.decode_tokens / ls.decode_steps : 0.0);
+    EXPECT_GT(ls.decode_tokens, ls.decode_steps);  // the steps were batched
+    engine_free(&base); engine_free(&one);
+    model_close(&m);
+}
+
+// --spec mtp with lanes on the gpu: each lane's rounds are exclusive steps handed over at round
+// boundaries (the cancel poll yields, as the server's lane_poll does), the lanes' states
+// (slot groups, paged kv and mtp kv, pending rows) their own, so every lane's greedy output is
+// plain decoding's (speculation is lossless), with K = 3 and rounds of 4 lanes interleaved
+TEST(GpuLanes, SpecRoundsPerLaneMatchPlainKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
+    Engine one;
+    ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
+    const int N = 4;
+    GpuOpts ol = o; ol.lanes = N;
+    SpecOpts sp; sp.K = 3;
+    Engine base;
+    ASSERT_TRUE(engine_build(&base, &m, true, ol, &err, sp)) << err;
+    std::vector<Engine> lanes(N, base);
+    std::vector<Engine*> lp;
+    for (int k = 0; k < N; k++) lp.push_back(&lanes[k]);
+    LaneSched ls;
+    sched_build(&ls, lp);
+    const int domain = one.g->domain;
+    std::vector<std::vector<int>> prompt(N), ref(N), got(N);
+    std::vector<GenStats> st(N);
+    for (int k = 0; k < N; k++) {
+        prompt[k] = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323};
+        for (int j = 0; j < 150 * k; j++) prompt[k].push_back(prompt[k][j % 12]);  // 12 .. 462 tokens: several pieces
+        ref[k] = gpu_greedy(one.g, prompt[k], 120);
+        gpu_reset(one.g);
+    }
+    struct Poll { LaneSched* ls; Engine* en; int polls = 0; };
+    auto poll = [](void* c) {
+        Poll* p = (Poll*)c;
+        p->polls++;
+        sched_yield(p->ls, p->en->lane);
+        engine_gpu(p->en);
+        return false;
+    };
+    std::vector<Poll> polls(N);
+    std::vector<std::thread> th;
+    for (int k = 0; k < N; k++)
+        th.emplace_back([&, k] {
+            polls[k] = Poll{&ls, &lanes[k]};
+            Sampler smp; SamplerParams p; p.temperature = 0;
+            sampler_build(&smp, p, domain);
+            sched_turn(&ls, k);
+            engine_reset(&lanes[k]);
+            CHECK(gpu_lane_reserve(engine_gpu(&lanes[k]), k, (int)prompt[k].size() + 120 + 2 * sp.K + 1), "pages");
+            st[k] = engine_generate(&lanes[k], &smp, prompt[k], 120, {}, nullptr, [&](int id) { got[k].push_back(id); }, GenCancel{poll, &polls[k]});
+            sched_turn_end(&ls, k);
+        });
+    for (auto& t : th) t.join();
+    for (int k = 0; k < N; k++) {
+        EXPECT_EQ(got[k], ref[k]) << "lane " << k << ", first difference at " << first_difference(got[k], ref[k]);
+        EXPECT_GT(st[k].spec.rounds, 0) << "lane " << k;
+        fprintf(stderr, "  spec lane %d: %zu tokens, %ld rounds, %ld of %ld drafts accepted, %d polls\n", k, got[k].size(), st[k].spec.rounds,
+                st[k].spec.accepted, st[k].spec.drafted, polls[k].polls);
+    }
+    engine_free(&base); engine_free(&one);
+    model_close(&m);
+}

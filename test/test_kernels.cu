@@ -746,6 +746,123 @@ TEST(Gdn, RecurrentStep) {
     gdn_step_case(16, 48, 3, true);   // 27b grouping (3 value heads per key head)
 }
 
+// ---- deltanet decode lanes (7.5; attention's paging and lanes follow 7.13) -----------------------
+// the lanes modes must be bit for bit the lone launches of their columns (the engine's batched
+// step is lossless only then), so these compare bits, never a tolerance; the lone launches are
+// held to the cpu twins by the tests above.
+
+// a random permutation of 0..n-1 (fisher-yates on the test's rng)
+static std::vector<int> shuffled(Rng& r, int n) {
+    std::vector<int> v(n);
+    for (int i = 0; i < n; i++) v[i] = i;
+    for (int i = n - 1; i > 0; i--) std::swap(v[i], v[r.below(i + 1)]);
+    return v;
+}
+// deterministic device fills for the big buffers (host generation of hundreds of MB is slow)
+__device__ __forceinline__ uint32_t test_hash(uint64_t i, uint32_t seed) {
+    uint32_t z = (uint32_t)i * 0x9E3779B9u ^ (uint32_t)(i >> 32) * 0x85EBCA6Bu ^ seed;
+    z ^= z >> 16; z *= 0x85EBCA6Bu; z ^= z >> 13; z *= 0xC2B2AE35u; z ^= z >> 16;
+    return z;
+}
+__device__ __forceinline__ float test_uniform(uint64_t i, uint32_t seed) { return (float)(test_hash(i, seed) >> 8) * (1.f / 16777216.f) - 0.5f; }
+__global__ void fill_f32_kernel(float* p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = scale * test_uniform(i, seed);
+}
+static void fill_f32(float* p, size_t n, uint32_t seed, float scale) {
+    fill_f32_kernel<<<1024, 256>>>(p, n, seed, scale);
+    cudaCheck(cudaGetLastError());
+}
+// slots of C independent columns: every column reads its own slot, a third of them step in
+// place, the rest write a fresh slot (a snapshot), no slot shared by two columns
+static std::vector<int> lane_slots(Rng& r, int C, int nslots) {
+    auto perm = shuffled(r, nslots);
+    std::vector<int> s(2 * C);
+    for (int c = 0; c < C; c++) { s[c] = perm[c]; s[C + c] = c % 3 == 0 ? perm[c] : perm[C + c]; }
+    return s;
+}
+
+TEST(Gdn, ConvStepLanesEqualLoneColumns) {
+    NEED_GPU();
+    Rng r = rng();
+    for (int C : {1, 5, 64}) for (int conv_dim : {8192, 6144}) {
+        SCOPED_TRACE("conv lanes C " + std::to_string(C) + " conv_dim " + std::to_string(conv_dim));
+        const int ld = conv_dim + 16, nslots = 2 * C + 1;
+        const int64_t slot = 3 * conv_dim;
+        auto u = rand_bf16(r, (size_t)C * ld, 1.f), w = rand_bf16(r, (size_t)4 * conv_dim, 0.5f), st = rand_bf16(r, (size_t)nslots * slot, 1.f);
+        auto slots = lane_slots(r, C, nslots);
+        std::vector<int> pairs(2 * C);  // the lone launches' maps: column c's {in, out} at 2c
+        for (int c = 0; c < C; c++) { pairs[2 * c] = slots[c]; pairs[2 * c + 1] = slots[C + c]; }
+        Dev du(u.size() * 2), dw(w.size() * 2), dsa(st.size() * 2), dsb(st.size() * 2), dsl(slots.size() * 4), dpr(pairs.size() * 4);
+        up(du, u); up(dw, w); up(dsa, st); up(dsb, st); up(dsl, slots); up(dpr, pairs);
+        Dev dya((size_t)C * ld * 2), dyb((size_t)C * ld * 2);
+        dya.poison(); dyb.poison();
+        conv_step(du.as<bf16_t>(), ld, dw.as<bf16_t>(), dsa.as<bf16_t>(), slot, dsl.as<int>(), dya.as<bf16_t>(), ld, C, conv_dim, 0, true);
+        for (int c = 0; c < C; c++)
+            conv_step(du.as<bf16_t>() + (size_t)c * ld, ld, dw.as<bf16_t>(), dsb.as<bf16_t>(), slot, dpr.as<int>() + 2 * c,
+                      dyb.as<bf16_t>() + (size_t)c * ld, ld, 1, conv_dim, 0);
+        auto ya = down<uint16_t>(dya, (size_t)C * ld), yb = down<uint16_t>(dyb, (size_t)C * ld);
+        auto sa = down<uint16_t>(dsa, st.size()), sb = down<uint16_t>(dsb, st.size());
+        size_t bad = 0, nonfinite = 0;
+        for (int c = 0; c < C; c++) for (int ch = 0; ch < conv_dim; ch++) {
+            const size_t i = (size_t)c * ld + ch;
+            bad += ya[i] != yb[i]; nonfinite += !bf16_finite(ya[i]);
+        }
+        EXPECT_EQ(bad, 0u) << "conv lanes outputs differ from the lone launches";
+        EXPECT_EQ(nonfinite, 0u) << "conv lanes outputs not written";
+        EXPECT_TRUE(sa == sb) << "conv lanes states differ from the lone launches";
+        size_t changed = 0;  // the snapshot slots were written at all
+        for (int c = 0; c < C; c++) if (slots[C + c] != slots[c]) changed += memcmp(&sa[slots[C + c] * slot], &st[slots[C + c] * slot], slot * 2) != 0;
+        EXPECT_EQ(changed, (size_t)(C - CEIL_DIV(C, 3))) << "snapshot slots not written";
+    }
+}
+
+TEST(Gdn, RecurrentStepLanesEqualLoneColumns) {
+    NEED_GPU();
+    Rng r = rng();
+    struct { int Hk, Hv, C; } cases[] = {{16, 32, 64}, {16, 32, 3}, {16, 16, 17}, {16, 48, 8}};  // 9b, 0.8b, 27b groupings
+    for (auto& k : cases) {
+        SCOPED_TRACE("gdn lanes Hk " + std::to_string(k.Hk) + " Hv " + std::to_string(k.Hv) + " C " + std::to_string(k.C));
+        const int D = 128, C = k.C, conv_dim = 2 * k.Hk * D + k.Hv * D, ld = conv_dim + 8, ldo = k.Hv * D, nslots = 2 * C + 1;
+        const int64_t slot = (int64_t)k.Hv * D * D;
+        auto qkv = rand_bf16(r, (size_t)C * ld, 1.f), ab = rand_bf16(r, (size_t)C * 2 * k.Hv, 2.f);
+        std::vector<float> alog(k.Hv), dtb(k.Hv);
+        for (int h = 0; h < k.Hv; h++) { alog[h] = r.uniform(-4.f, 1.f); dtb[h] = r.uniform(-1.f, 1.f); }
+        auto slots = lane_slots(r, C, nslots);
+        std::vector<int> pairs(2 * C);
+        for (int c = 0; c < C; c++) { pairs[2 * c] = slots[c]; pairs[2 * c + 1] = slots[C + c]; }
+        Dev dq(qkv.size() * 2), dab(ab.size() * 2), dal(k.Hv * 4), ddt(k.Hv * 4), dsl(slots.size() * 4), dpr(pairs.size() * 4);
+        up(dq, qkv); up(dab, ab); up(dal, alog); up(ddt, dtb); up(dsl, slots); up(dpr, pairs);
+        const size_t sn = (size_t)nslots * slot;
+        Dev dsa(sn * 4), dsb(sn * 4);
+        fill_f32(dsa.as<float>(), sn, (uint32_t)r.u64(), 0.6f);
+        cudaCheck(cudaMemcpy(dsb.p, dsa.p, sn * 4, cudaMemcpyDeviceToDevice));
+        auto st0 = down<float>(dsa, sn);
+        Dev doa((size_t)C * ldo * 2), dob((size_t)C * ldo * 2);
+        doa.poison(); dob.poison();
+        GdnStepArgs a;
+        a.qkv = dq.as<bf16_t>(); a.ldqkv = ld; a.a = dab.as<bf16_t>(); a.b = dab.as<bf16_t>() + k.Hv; a.ldab = 2 * k.Hv;
+        a.a_log = dal.as<float>(); a.dt_bias = ddt.as<float>(); a.state = dsa.as<float>(); a.slot_stride = slot; a.slots = dsl.as<int>();
+        a.out = doa.as<bf16_t>(); a.ldo = ldo; a.C = C; a.Hk = k.Hk; a.Hv = k.Hv; a.lanes = true;
+        gdn_step(a, 0);
+        for (int c = 0; c < C; c++) {
+            GdnStepArgs b = a;
+            b.lanes = false; b.C = 1; b.qkv = a.qkv + (size_t)c * ld; b.a = a.a + (size_t)c * a.ldab; b.b = a.b + (size_t)c * a.ldab;
+            b.state = dsb.as<float>(); b.slots = dpr.as<int>() + 2 * c; b.out = dob.as<bf16_t>() + (size_t)c * ldo;
+            gdn_step(b, 0);
+        }
+        auto oa = down<uint16_t>(doa, (size_t)C * ldo), ob = down<uint16_t>(dob, (size_t)C * ldo);
+        size_t nonfinite = 0;
+        for (auto v : oa) nonfinite += !bf16_finite(v);
+        EXPECT_EQ(nonfinite, 0u) << "gdn lanes outputs not written";
+        EXPECT_TRUE(oa == ob) << "gdn lanes outputs differ from the lone launches";
+        auto sa = down<float>(dsa, sn), sb = down<float>(dsb, sn);
+        EXPECT_EQ(memcmp(sa.data(), sb.data(), sn * 4), 0) << "gdn lanes states differ from the lone launches";
+        size_t changed = 0;
+        for (int c = 0; c < C; c++) changed += memcmp(&sa[slots[C + c] * slot], &st0[slots[C + c] * slot], slot * 4) != 0;
+        EXPECT_EQ(changed, (size_t)C) << "states not written";
+    }
+}
+
 // ---- attention decode (7.6) -------------------------------------------------------------------
 
 // float64 twin on the same bf16 cache; the output rounds to bf16 and the gate multiplies
@@ -1617,6 +1734,255 @@ TEST(FlashPrefill, MatchesDecode) {
     for (int kv : {KV_BF16, KV_INT8, KV_FP8}) check_flash(kv, 16, 4, 100, 150);
     check_flash(KV_BF16, 6, 1, 0, 70);
     check_flash(KV_BF16, 2, 1, 37, 9);
+}
+
+// ---- kv paging and attention lanes (7.6, 7.13) -------------------------------------------------
+// paging only moves rows: attn_prep, attn_decode and flash_prefill through a shuffled page
+// table must give the bits of the identity layout (pages null), which the tests above hold to
+// the cpu twins. lanes: every column its own sequence on its own pages, bit for bit its lone
+// launch (the engine's batched step is lossless only then); one size also against the float64 twin.
+
+// one layout's cache planes: codes [Hkv][cap][256], fp16 scales [Hkv][cap][4]; poisoned (0xff)
+struct KvPlanes {
+    int kv; int64_t cap; size_t plane, splane;
+    Dev kc, vc, ks, vs;
+    KvPlanes(int kv_, int Hkv, int64_t cap_)
+        : kv(kv_), cap(cap_), plane((size_t)Hkv * cap_ * ATT_HD * kv_elem_bytes(kv_)), splane((size_t)Hkv * cap_ * KV_GROUPS * 2),
+          kc(plane), vc(plane), ks(splane), vs(splane) {}
+    KvCache cache() const {
+        KvCache c; c.kv = kv; c.kc = kc.p; c.vc = vc.p; c.cap = cap;
+        if (kv != KV_BF16) { c.ksc = ks.as<__half>(); c.vsc = vs.as<__half>(); }
+        return c;
+    }
+};
+
+// every row of a pool: rows of used pages random (bf16 in [-2, 2); int8 / fp8 codes with scales
+// that keep |x| below ~2), rows of the other pages 0xff (nan in every format: a read shows)
+__global__ void fill_pool_kernel(int kv, void* codes, uint16_t* scales, int64_t rows, int64_t cap, const uint8_t* used, uint32_t seed) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (size_t i = t0; i < (size_t)rows * ATT_HD; i += stride) {
+        const bool u = used[(i / ATT_HD) % cap / KV_PAGE];
+        const uint32_t h = test_hash(i, seed);
+        if (kv == KV_BF16) ((uint16_t*)codes)[i] = u ? __bfloat16_as_ushort(__float2bfloat16(4.f * test_uniform(i, seed))) : 0xFFFF;
+        else if (kv == KV_INT8) ((uint8_t*)codes)[i] = u ? (uint8_t)(int8_t)((int)(h % 255) - 127) : 0xFF;
+        else ((uint8_t*)codes)[i] = u ? (uint8_t)((h & 0x7F) == 0x7F ? (h & 0xFF) ^ 1 : h & 0xFF) : 0xFF;  // never the e4m3 nan
+    }
+    if (kv == KV_BF16) return;
+    const float lo = kv == KV_INT8 ? 1.f / 256 : 1.f / 1024, hi = 4 * lo;
+    for (size_t i = t0; i < (size_t)rows * KV_GROUPS; i += stride) {
+        const bool u = used[(i / KV_GROUPS) % cap / KV_PAGE];
+        scales[i] = u ? __half_as_ushort(__float2half(lo + (hi - lo) * (test_uniform(i, seed ^ 0x5CA1E) + 0.5f))) : 0xFFFF;
+    }
+}
+// element d of cache row `row` of a downloaded plane, decoded as the kernels decode it
+static float host_kv(int kv, const std::vector<uint8_t>& codes, const std::vector<uint16_t>& sc, size_t row, int d) {
+    const size_t i = row * ATT_HD + d;
+    if (kv == KV_BF16) return bf16_to_f32((uint16_t)(codes[2 * i] | codes[2 * i + 1] << 8));
+    const float s = f16_to_f32(sc[row * KV_GROUPS + d / KV_GROUP]);
+    if (kv == KV_INT8) return (float)(int8_t)codes[i] * s;
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)codes[i], __NV_E4M3))) * s;
+}
+static size_t count_nonfinite(const std::vector<uint16_t>& v) { size_t n = 0; for (auto x : v) n += !bf16_finite(x); return n; }
+
+// one sequence of n rows written by attn_prep (kvpos 0..n-1), then the decode of its last C
+// columns and the prefill of its last T rows, in the identity layout and through a shuffled
+// table over a pool with spare (poisoned) pages: the q / k heads, the rows (moved by the table,
+// codes and scales) and both outputs must be the same bits
+static void paged_case(Rng& r, int kv, int Hq, int Hkv, int n, int C, int T) {
+    SCOPED_TRACE(std::string("paged ") + kv_dtype_name(kv) + " Hq " + std::to_string(Hq) + " n " + std::to_string(n) + " C " +
+                 std::to_string(C) + " T " + std::to_string(T));
+    const int HD = ATT_HD, ld = (Hq + Hkv) * HD, qd = Hq * HD, ldv = Hkv * HD;
+    const int sec[3] = {11, 11, 10};
+    const int used = CEIL_DIV(n, KV_PAGE), npool = used + 3;
+    const int64_t cap = (int64_t)npool * KV_PAGE;
+    auto perm = shuffled(r, npool);
+    std::vector<int> table(perm.begin(), perm.begin() + used);
+    auto qk = rand_bf16(r, (size_t)n * ld, 2.f), v = rand_bf16(r, (size_t)n * ldv, 1.f), gate = rand_bf16(r, (size_t)n * qd, 1.f);
+    auto qw = rand_bf16(r, HD, 0.3f), kw = rand_bf16(r, HD, 0.3f);
+    std::vector<int> kvpos(n), pos3(3 * n);
+    for (int i = 0; i < n; i++) { kvpos[i] = i; for (int a = 0; a < 3; a++) pos3[3 * i + a] = i; }
+    Dev dv(v.size() * 2), dg(gate.size() * 2), dqw(HD * 2), dkw(HD * 2), dkvpos(n * 4), dp3(3 * n * 4), dtab(used * 4);
+    up(dv, v); up(dg, gate); up(dqw, qw); up(dkw, kw); up(dkvpos, kvpos); up(dp3, pos3); up(dtab, table);
+    const int n_splits = 5, split_keys = attn_split_keys(n, n_splits);
+    struct Out { std::vector<uint16_t> qk, yd, yf, ks, vs; std::vector<uint8_t> k, v; } o[2];
+    for (int paged = 0; paged < 2; paged++) {
+        KvPlanes P(kv, Hkv, cap);
+        KvCache c = P.cache();
+        if (paged) c.pages = dtab.as<int>();
+        Dev dqk(qk.size() * 2); up(dqk, qk);
+        AttnPrepArgs ap;
+        ap.qk = dqk.as<bf16_t>(); ap.ldqk = ld; ap.v = dv.as<bf16_t>(); ap.ldv = ldv; ap.qw = dqw.as<bf16_t>(); ap.kw = dkw.as<bf16_t>();
+        ap.pos3 = dp3.as<int>(); ap.kvpos = dkvpos.as<int>(); ap.c = c; ap.C = n; ap.Hq = Hq; ap.Hkv = Hkv;
+        ap.rot = 64; ap.theta = 1e7f; ap.sections = sec; ap.eps = 1e-6f;
+        attn_prep(ap, 0);
+        Dev scr(attn_scratch_floats(Hq, Hkv, n_splits) * 4), yd((size_t)C * qd * 2), yf((size_t)T * qd * 2);  // poisoned
+        AttnDecodeArgs ad;
+        ad.c = c; ad.q = dqk.as<bf16_t>() + (size_t)(n - C) * ld; ad.ldq = ld; ad.pos = dkvpos.as<int>() + n - C; ad.C = C; ad.Hq = Hq;
+        ad.Hkv = Hkv; ad.n_splits = n_splits; ad.split_keys = split_keys; ad.scratch = scr.as<float>();
+        ad.gate = dg.as<bf16_t>() + (size_t)(n - C) * qd; ad.ldg = qd; ad.y = yd.as<bf16_t>(); ad.ldy = qd;
+        attn_decode(ad, 0);
+        FlashArgs fa;
+        fa.q = dqk.as<bf16_t>() + (size_t)(n - T) * ld; fa.ldq = ld; fa.kc = c.kc; fa.vc = c.vc; fa.ksc = c.ksc; fa.vsc = c.vsc; fa.cap = cap;
+        fa.pages = c.pages; fa.pos0 = n - T; fa.T = T; fa.Hq = Hq; fa.Hkv = Hkv;
+        fa.gate = dg.as<bf16_t>() + (size_t)(n - T) * qd; fa.ldg = qd; fa.y = yf.as<bf16_t>(); fa.ldy = qd;
+        flash_prefill(kv, fa, 0);
+        o[paged].qk = down<uint16_t>(dqk, qk.size());
+        o[paged].yd = down<uint16_t>(yd, (size_t)C * qd);
+        o[paged].yf = down<uint16_t>(yf, (size_t)T * qd);
+        o[paged].k = down<uint8_t>(P.kc, P.plane); o[paged].v = down<uint8_t>(P.vc, P.plane);
+        o[paged].ks = down<uint16_t>(P.ks, P.splane / 2); o[paged].vs = down<uint16_t>(P.vs, P.splane / 2);
+    }
+    EXPECT_TRUE(o[0].qk == o[1].qk) << "attn_prep's q / k heads depend on the layout";
+    // the paged planes are the identity planes with logical row p of head h moved to physical
+    // row table[p / KV_PAGE] * KV_PAGE + p % KV_PAGE; every other row stays poisoned
+    const size_t rb = (size_t)HD * kv_elem_bytes(kv);
+    auto moved = [&](const std::vector<uint8_t>& id, size_t row_bytes) {
+        std::vector<uint8_t> m(id.size(), 0xFF);
+        for (int h = 0; h < Hkv; h++) for (int p = 0; p < n; p++) {
+            const size_t src = (size_t)h * cap + p, dst = (size_t)h * cap + (size_t)table[p / KV_PAGE] * KV_PAGE + p % KV_PAGE;
+            memcpy(&m[dst * row_bytes], &id[src * row_bytes], row_bytes);
+        }
+        return m;
+    };
+    auto bytes = [](const std::vector<uint16_t>& v) { std::vector<uint8_t> b(v.size() * 2); memcpy(b.data(), v.data(), b.size()); return b; };
+    // the identity layout: rows 0..n-1 written (no bf16 nan code, no nan scale: attn_prep's
+    // inputs are finite), rows past n untouched
+    size_t unwritten = 0, stray = 0;
+    for (int which = 0; which < 2; which++) {
+        const auto& pl = which ? o[0].v : o[0].k;
+        const auto& sc = which ? o[0].vs : o[0].ks;
+        for (size_t row = 0; row < (size_t)Hkv * cap; row++) {
+            const bool valid = (int64_t)(row % cap) < n;
+            for (size_t b = 0; b < rb; b++) stray += !valid && pl[row * rb + b] != 0xFF;
+            if (kv == KV_BF16) for (int d = 0; d < HD; d++) unwritten += valid && pl[row * rb + 2 * d] == 0xFF && pl[row * rb + 2 * d + 1] == 0xFF;
+            else for (int g = 0; g < KV_GROUPS; g++) {
+                const uint16_t x = sc[row * KV_GROUPS + g];
+                unwritten += valid && x == 0xFFFF; stray += !valid && x != 0xFFFF;
+            }
+        }
+    }
+    EXPECT_EQ(unwritten, 0u) << "attn_prep left rows of the identity layout unwritten";
+    EXPECT_EQ(stray, 0u) << "attn_prep wrote rows past the sequence";
+    EXPECT_TRUE(moved(o[0].k, rb) == o[1].k) << "paged k rows are not the identity rows moved by the table";
+    EXPECT_TRUE(moved(o[0].v, rb) == o[1].v) << "paged v rows are not the identity rows moved by the table";
+    if (kv != KV_BF16) {
+        EXPECT_TRUE(moved(bytes(o[0].ks), KV_GROUPS * 2) == bytes(o[1].ks)) << "paged k scales";
+        EXPECT_TRUE(moved(bytes(o[0].vs), KV_GROUPS * 2) == bytes(o[1].vs)) << "paged v scales";
+    }
+    EXPECT_EQ(count_nonfinite(o[0].yd), 0u) << "decode output not finite";
+    EXPECT_EQ(count_nonfinite(o[0].yf), 0u) << "prefill output not finite";
+    EXPECT_TRUE(o[0].yd == o[1].yd) << "paged decode differs from the identity layout";
+    EXPECT_TRUE(o[0].yf == o[1].yf) << "paged prefill differs from the identity layout";
+}
+TEST(Attention, PagedEqualsIdentity) {
+    NEED_GPU();
+    Rng r = rng();
+    for (int kv : {(int)KV_BF16, (int)KV_INT8, (int)KV_FP8})
+        for (auto hg : {std::pair<int, int>{16, 4}, std::pair<int, int>{24, 4}}) {  // G = 4 (0.8b-9b), G = 6 (27b)
+            const int n = 3 * KV_PAGE + 2;  // the decode columns straddle a page boundary; the piece starts mid-page
+            paged_case(r, kv, hg.first, hg.second, n, 4, n - 5);
+            const int m = 200 + r.below(800);
+            paged_case(r, kv, hg.first, hg.second, m, 1 + r.below(3), 1 + r.below(m));
+        }
+}
+
+// C sequences of random lengths (1 .. 5000; page multiples and one past them among them) on
+// disjoint shuffled pages of one pool, each with the split plan of its own length's bucket
+// (gpu_attn_plan with a target of 24 splits, so the columns' split sizes differ): the lanes
+// launch against C lone launches, bitwise. cpu: also against the float64 twin with
+// attn_case's tolerance (rtol 2^-7 + atol 1e-5 max|v|), on the rows as the kernel decodes them.
+static void lanes_case(Rng& r, int kv, int Hq, int Hkv, int C, bool cpu) {
+    SCOPED_TRACE(std::string("lanes ") + kv_dtype_name(kv) + " Hq " + std::to_string(Hq) + " C " + std::to_string(C));
+    const int HD = ATT_HD, G = Hq / Hkv, ldq = (Hq + Hkv) * HD, ldg = Hq * HD + 128, ldy = Hq * HD;
+    std::vector<int> len(C), np(C), ns(C), sk(C), pos(C);
+    int page_ld = 0, total = 0, ns_max = 0;
+    for (int c = 0; c < C; c++) {
+        const int kind = r.below(4);
+        len[c] = kind == 0 ? 1 + r.below(5000) : kind == 1 ? KV_PAGE * (1 + r.below(39)) : kind == 2 ? KV_PAGE * r.below(39) + 1 : 1 + r.below(300);
+        if (c == 1) len[c] = 1;  // a first token
+        pos[c] = len[c] - 1;
+        np[c] = CEIL_DIV(len[c], KV_PAGE); page_ld = std::max(page_ld, np[c]); total += np[c];
+        gpu_attn_plan(gpu_bucket_of(len[c]), &ns[c], &sk[c], 24, GPU_ATT_MIN_KEYS);
+        ns_max = std::max(ns_max, ns[c]);
+    }
+    const int npool = total + 2;
+    const int64_t cap = (int64_t)npool * KV_PAGE;
+    auto perm = shuffled(r, npool);
+    std::vector<int> table((size_t)C * page_ld, perm[npool - 1]);  // unused entries: a spare (poisoned) page
+    std::vector<uint8_t> used(npool, 0);
+    for (int c = 0, k = 0; c < C; c++) for (int j = 0; j < np[c]; j++, k++) { table[(size_t)c * page_ld + j] = perm[k]; used[perm[k]] = 1; }
+    KvPlanes P(kv, Hkv, cap);
+    Dev dused(npool);
+    up(dused, used);
+    fill_pool_kernel<<<2048, 256>>>(kv, P.kc.p, P.ks.as<uint16_t>(), Hkv * cap, cap, dused.as<uint8_t>(), (uint32_t)r.u64());
+    fill_pool_kernel<<<2048, 256>>>(kv, P.vc.p, P.vs.as<uint16_t>(), Hkv * cap, cap, dused.as<uint8_t>(), (uint32_t)r.u64());
+    cudaCheck(cudaGetLastError());
+    auto q = rand_bf16(r, (size_t)C * ldq, 1.f), gate = rand_bf16(r, (size_t)C * ldg, 1.f);
+    Dev dq(q.size() * 2), dgate(gate.size() * 2), dpos(C * 4), dsk(C * 4), dtab(table.size() * 4);
+    up(dq, q); up(dgate, gate); up(dpos, pos); up(dsk, sk); up(dtab, table);
+    KvCache cache = P.cache();
+    cache.pages = dtab.as<int>(); cache.page_ld = page_ld;
+    Dev scr(attn_scratch_floats(Hq, Hkv, ns_max, C) * 4), ya((size_t)C * ldy * 2), yb((size_t)C * ldy * 2);  // poisoned
+    AttnDecodeArgs ad;
+    ad.c = cache; ad.q = dq.as<bf16_t>(); ad.ldq = ldq; ad.pos = dpos.as<int>(); ad.C = C; ad.Hq = Hq; ad.Hkv = Hkv;
+    ad.n_splits = ns_max; ad.lanes = true; ad.split_keys_col = dsk.as<int>(); ad.scratch = scr.as<float>();
+    ad.gate = dgate.as<bf16_t>(); ad.ldg = ldg; ad.y = ya.as<bf16_t>(); ad.ldy = ldy;
+    attn_decode(ad, 0);
+    Dev scr1(attn_scratch_floats(Hq, Hkv, ns_max) * 4);
+    for (int c = 0; c < C; c++) {
+        scr1.poison();
+        AttnDecodeArgs b = ad;
+        b.lanes = false; b.split_keys_col = nullptr; b.c.pages = dtab.as<int>() + (size_t)c * page_ld; b.c.page_ld = 0;
+        b.q = dq.as<bf16_t>() + (size_t)c * ldq; b.pos = dpos.as<int>() + c; b.C = 1; b.n_splits = ns[c]; b.split_keys = sk[c];
+        b.scratch = scr1.as<float>(); b.gate = dgate.as<bf16_t>() + (size_t)c * ldg; b.y = yb.as<bf16_t>() + (size_t)c * ldy;
+        attn_decode(b, 0);
+    }
+    auto ga = down<uint16_t>(ya, (size_t)C * ldy), gb = down<uint16_t>(yb, (size_t)C * ldy);
+    EXPECT_EQ(count_nonfinite(ga), 0u) << "lanes output not finite";
+    size_t diff = 0;
+    for (size_t i = 0; i < ga.size(); i++) diff += ga[i] != gb[i];
+    EXPECT_EQ(diff, 0u) << "lanes decode differs from the lone launches in " << diff << " of " << ga.size() << " elements";
+    int lmax = 0; for (int l : len) lmax = std::max(lmax, l);
+    fprintf(stderr, "  lanes %-4s Hq %2d C %2d: longest %4d, splits up to %d, %zu elements differ from lone launches\n", kv_dtype_name(kv), Hq, C,
+            lmax, ns_max, diff);
+    if (!cpu) return;
+    auto kc = down<uint8_t>(P.kc, P.plane), vc = down<uint8_t>(P.vc, P.plane);
+    auto ks = down<uint16_t>(P.ks, P.splane / 2), vs = down<uint16_t>(P.vs, P.splane / 2);
+    std::vector<double> ref((size_t)C * ldy), atol((size_t)C * ldy);
+    std::vector<float> got((size_t)C * ldy);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int c = 0; c < C; c++) for (int hq = 0; hq < Hq; hq++) {
+        const int h = hq / G, L = len[c];
+        std::vector<size_t> rows(L);
+        for (int t = 0; t < L; t++) rows[t] = (size_t)h * cap + (size_t)table[(size_t)c * page_ld + t / KV_PAGE] * KV_PAGE + t % KV_PAGE;
+        std::vector<double> s(L), o(HD, 0.0);
+        double mx = -1e300, vmax = 0, l = 0;
+        for (int t = 0; t < L; t++) {
+            double d = 0;
+            for (int e = 0; e < HD; e++) d += (double)bf16_to_f32(q[(size_t)c * ldq + hq * HD + e]) * host_kv(kv, kc, ks, rows[t], e);
+            s[t] = d / 16.0; mx = std::max(mx, s[t]);
+        }
+        for (int t = 0; t < L; t++) { s[t] = exp(s[t] - mx); l += s[t]; }
+        for (int t = 0; t < L; t++) for (int e = 0; e < HD; e++) {
+            const double x = host_kv(kv, vc, vs, rows[t], e);
+            o[e] += s[t] * x; vmax = std::max(vmax, fabs(x));
+        }
+        for (int e = 0; e < HD; e++) {
+            const float gg = bf16_to_f32(gate[(size_t)c * ldg + hq * HD + e]);
+            const size_t i = (size_t)c * ldy + hq * HD + e;
+            ref[i] = (double)bfr((float)(o[e] / l)) * bfr(1.f / (1.f + expf(-gg)));
+            atol[i] = 1e-5 * vmax;
+            got[i] = bf16_to_f32(ga[i]);
+        }
+    }
+    expect_close("attention lanes vs float64", got, ref, atol, 1.0 / 128);
+}
+TEST(Attention, LanesEqualLoneColumns) {
+    NEED_GPU();
+    Rng r = rng();
+    for (int kv : {(int)KV_BF16, (int)KV_INT8, (int)KV_FP8})
+        for (auto hg : {std::pair<int, int>{16, 4}, std::pair<int, int>{24, 4}})
+            for (int C : {1, 3, 8, 17, 64}) lanes_case(r, kv, hg.first, hg.second, C, C == 8);
 }
 
 // ---- benches (disabled by default; run on the gpu machine) ------------------------------

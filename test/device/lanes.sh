@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# issue 14's device run for the gpu lanes: unpack the binaries built here, make the test models,
+# run test_gpu (GpuLanes: batched greedy equal to one-at-a-time, the scheduler on threads) and the
+# gpu mtp tests (the slot groups changed under them), then the 9b synthetic served with
+# --max-concurrency 64 under test/loadgen.py decode at C = 1..64 (512-token prompts, 256 tokens)
+# and two poisson arrival rates, and the single-stream ninfer-bench tg128 beside it.
+# usage (from the repo root on the device): bash .carry-lanes/lanes.sh [stages], stages a comma
+# list of: tests,spec,load,bench (default all)
+set -u
+cd "$(dirname "$0")/.."
+C=.carry-lanes
+STAGES=${1:-tests,spec,load,bench}
+mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
+export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
+mkdir -p build/test build/models build/apps
+tar -xJf $C/bins.tar.xz -C build/test
+cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve && ln -sf ninfer build/apps/ninfer-bench
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
+t0=$(date +%s)
+python3 convert.py --synthetic tiny -o build/models/tiny-hf >/dev/null 2>&1 &&
+  python3 convert.py build/models/tiny-hf -o build/models/tiny.ninfer --weights groupwise-int >/dev/null 2>&1 &
+if has load || has bench; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
+wait; echo "models $(( $(date +%s) - t0 )) s"
+run() {  # name timeout binary args...
+  local n=$1 to=$2; shift 2
+  local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
+  echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|lanes|scheduler' $OUT/$n.log | head -30
+}
+has tests && run test_gpu 300 build/test/test_gpu
+has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'
+up() { for i in $(seq 1 900); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.2; done; return 1; }
+if has load; then
+  build/apps/ninfer-serve /tmp/9b.ninfer --port 18090 --max-concurrency 64 --max-context 1024 --log-stats-interval-ms 0 2>$OUT/serve64.log & S=$!
+  if up 18090; then
+    grep "memory plan" $OUT/serve64.log | cut -c1-400
+    timeout 300 python3 test/loadgen.py decode --url http://127.0.0.1:18090 --concurrency 1,2,4,8,16,32,64 --prompt-words 480 --max-tokens 256
+    for r in 4 16; do timeout 120 python3 test/loadgen.py poisson --url http://127.0.0.1:18090 --rate $r --requests 64 --prompt-words 480 --max-tokens 128; done
+  else echo "serve64 did not come up"; tail -3 $OUT/serve64.log; fi
+  kill $S; wait $S 2>/dev/null
+fi
+has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
+true
