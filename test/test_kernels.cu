@@ -2117,26 +2117,37 @@ TEST(Bench, DISABLED_Gemv) {
     }
 }
 
+// the products of one 9b decode token (every layer's matrices, then the head), each matrix its
+// own memory as in the real model
+struct Chain9B {
+    struct M { NumFormat f; int64_t rows, cols; };
+    std::vector<M> seq;
+    uint64_t total = 0;
+    std::unique_ptr<Dev> w;
+    std::vector<Mat> mats;
+    Chain9B() {
+        for (int l = 0; l < 32; l++) {
+            if ((l + 1) % 4 == 0) { seq.push_back({FMT_Q4, 5120, 4096}); seq.push_back({FMT_Q5, 5120, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
+            else { seq.push_back({FMT_Q4, 4096, 4096}); seq.push_back({FMT_Q5, 8192, 4096}); seq.push_back({FMT_BF16, 32, 4096});
+                   seq.push_back({FMT_BF16, 32, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
+            seq.push_back({FMT_Q4, 24576, 4096}); seq.push_back({FMT_Q5, 4096, 12288});
+        }
+        seq.push_back({FMT_Q6, 248320, 4096});
+        std::vector<uint64_t> off;
+        for (auto& m : seq) { off.push_back(total); total += align_up(mat_bytes(m.f, m.rows, m.cols), 256); }
+        w.reset(new Dev(total));
+        for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w->as<uint8_t>() + off[i], 1000 + (uint32_t)i));
+    }
+};
+
 // the gemv work of one 9b decode token (every layer's matrices, then the head), each matrix
 // its own memory as in the real model, replayed from one graph: the ceiling gemv alone sets
 // on tok/s (norms, gdn, attention and launch gaps of the other ops come on top)
 TEST(Bench, DISABLED_DecodeGemvChain9B) {
     NEED_GPU();
     double bw = copy_bandwidth();
-    struct M { NumFormat f; int64_t rows, cols; };
-    std::vector<M> seq;
-    for (int l = 0; l < 32; l++) {
-        if ((l + 1) % 4 == 0) { seq.push_back({FMT_Q4, 5120, 4096}); seq.push_back({FMT_Q5, 5120, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
-        else { seq.push_back({FMT_Q4, 4096, 4096}); seq.push_back({FMT_Q5, 8192, 4096}); seq.push_back({FMT_BF16, 32, 4096});
-               seq.push_back({FMT_BF16, 32, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
-        seq.push_back({FMT_Q4, 24576, 4096}); seq.push_back({FMT_Q5, 4096, 12288});
-    }
-    seq.push_back({FMT_Q6, 248320, 4096});
-    uint64_t total = 0; std::vector<uint64_t> off;
-    for (auto& m : seq) { off.push_back(total); total += align_up(mat_bytes(m.f, m.rows, m.cols), 256); }
-    Dev w(total);
-    std::vector<Mat> mats;
-    for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
+    Chain9B ch;
+    const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
     Dev dx(8 * 12288 * 2), dy(8 * 248320 * 4);
     bench_fill(dx.p, dx.n, 9);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
@@ -2202,20 +2213,8 @@ TEST(Bench, DISABLED_GemvWide) {
                 }
     }
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
-    struct M { NumFormat f; int64_t rows, cols; };
-    std::vector<M> seq;
-    for (int l = 0; l < 32; l++) {
-        if ((l + 1) % 4 == 0) { seq.push_back({FMT_Q4, 5120, 4096}); seq.push_back({FMT_Q5, 5120, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
-        else { seq.push_back({FMT_Q4, 4096, 4096}); seq.push_back({FMT_Q5, 8192, 4096}); seq.push_back({FMT_BF16, 32, 4096});
-               seq.push_back({FMT_BF16, 32, 4096}); seq.push_back({FMT_Q5, 4096, 4096}); }
-        seq.push_back({FMT_Q4, 24576, 4096}); seq.push_back({FMT_Q5, 4096, 12288});
-    }
-    seq.push_back({FMT_Q6, 248320, 4096});
-    uint64_t total = 0; std::vector<uint64_t> off;
-    for (auto& m : seq) { off.push_back(total); total += align_up(mat_bytes(m.f, m.rows, m.cols), 256); }
-    Dev w(total);
-    std::vector<Mat> mats;
-    for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w.as<uint8_t>() + off[i], 1000 + (uint32_t)i));
+    Chain9B ch;
+    const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
     for (int C : {1, 8, 16, 32, 64})
         for (int wide : {0, 132, 264}) {
             if ((C == 1 && wide) || (wide == 0 && C != 1 && C != 16 && C != 64)) continue;
