@@ -2532,7 +2532,8 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // ---- 7.2 gemv (decode products) -------------------------------------------------------------
-// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch), decode's matrix op
+// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch; the wide kernel below: up
+// to 64), decode's matrix op
 //
 // batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
 // the target is the copy bandwidth. the design, and why:
@@ -2570,7 +2571,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 // bf16 weights need cols % 8 == 0. x[c][k] for k >= cols is never read, so a padded tail
 // of any content (even nan) is safe; padding groups of the row-split layout have scale 0.
 
-enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run in chunks
+enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the wide kernel, or in chunks
 
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
@@ -3234,6 +3235,339 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
     gemv_epilogue<NW, RT>(a, acc, rowb, warp, lane);
 }
 
+// ---- wide products: more columns than the staged x of gemv_xs_kernel holds ------------------
+// a batched decode step runs up to 64 columns (one per lane) through each matrix. in launches
+// of <= 8 columns every launch streams all the weights again; this kernel converts a weight
+// fragment once and runs it against NT 8-column tiles (one mma chain per tile), with x staged
+// in k-slices of su groups (all C columns of a slice, then the next), so one pass over the
+// weights serves all the columns. the bits: a tile's columns see exactly the arithmetic of the
+// x-staged kernel of the same NW (the same warp split of k, D = 2 groups a stage in the same
+// order, per group dd = mma chain from zero, the offset fma, acc = fma(scale, dd, acc), the
+// warps meeting in order v = 0..NW-1, the same staged x and sums, and the same 1 / rms from
+// the same reduction tree), and the mma columns are independent: column c of a C-column
+// product is bit for bit its one-column product. the pipeline depth S and the row tiles per
+// block RT change no bit (each tile's warps are a one-tile block's); slices are multiples of
+// NW * D groups, so each warp's iterations never straddle a slice.
+enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 tiles)
+       GEMV_WIDE_S = 3,                        // weight stages per warp
+       GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32; 128 registers: one block an sm)
+       GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
+       GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
+static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
+static int g_gemv_wide_blocks = 132;           // the grid's blocks the launch aims at (the h200's sms; gemv_wide_launch)
+
+// the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
+// formats STEPS x 4 pairs in mma order; w8 the lo pairs then the hi pairs (2 * STEPS x 4)
+template <int F> struct GemvWideA { static constexpr int N = F == FMT_W8 ? 2 * GemvFmt<F>::STEPS : GemvFmt<F>::STEPS; };
+template <int F>
+__device__ __forceinline__ void gemv_afrag(const uint32_t (&raw)[2][GemvFmt<F>::RAW], uint32_t (&A)[GemvWideA<F>::N][4]) {
+    using Fm = GemvFmt<F>;
+    const uint32_t (&r0)[Fm::RAW] = raw[0];
+    const uint32_t (&r1)[Fm::RAW] = raw[1];
+    if constexpr (F == FMT_W8) {
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) {
+            gemv_pair_w8(r0[s], 0, A[s][0], A[Fm::STEPS + s][0]);
+            gemv_pair_w8(r1[s], 0, A[s][1], A[Fm::STEPS + s][1]);
+            gemv_pair_w8(r0[s], 1, A[s][2], A[Fm::STEPS + s][2]);
+            gemv_pair_w8(r1[s], 1, A[s][3], A[Fm::STEPS + s][3]);
+        }
+    } else {
+        uint32_t hs[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) gemv_spread_high<F>((h ? r1 : r0)[2], hs[h][0], hs[h][1]);
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) {
+            A[s][0] = gemv_pair<F>(r0, hs[0][0], hs[0][1], 2 * s);
+            A[s][1] = gemv_pair<F>(r1, hs[1][0], hs[1][1], 2 * s);
+            A[s][2] = gemv_pair<F>(r0, hs[0][0], hs[0][1], 2 * s + 1);
+            A[s][3] = gemv_pair<F>(r1, hs[1][0], hs[1][1], 2 * s + 1);
+        }
+    }
+}
+// one column tile of one group: gemv_group's arithmetic on converted fragments
+template <int F>
+__device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4], float s0, float s1, float (&acc)[4],
+                                          const uint32_t (&b)[GemvFmt<F>::STEPS][2], const float (&sx)[4]) {
+    using Fm = GemvFmt<F>;
+    float dd[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (F == FMT_W8) {
+        float dh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) {
+            mma_bf16_16816(dd, A[s][0], A[s][1], A[s][2], A[s][3], b[s][0], b[s][1]);
+            mma_bf16_16816(dh, A[Fm::STEPS + s][0], A[Fm::STEPS + s][1], A[Fm::STEPS + s][2], A[Fm::STEPS + s][3], b[s][0], b[s][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) dd[j] = fmaf(16.f, dh[j], fmaf(-2304.f, sx[j & 1], dd[j]));
+    } else {
+#pragma unroll
+        for (int s = 0; s < Fm::STEPS; s++) mma_bf16_16816(dd, A[s][0], A[s][1], A[s][2], A[s][3], b[s][0], b[s][1]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) dd[j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[j]);
+    }
+    acc[0] = fmaf(s0, dd[0], acc[0]);
+    acc[1] = fmaf(s0, dd[1], acc[1]);
+    acc[2] = fmaf(s1, dd[2], acc[2]);
+    acc[3] = fmaf(s1, dd[3], acc[3]);
+}
+
+// RT = blockDim.x / (NW * 32) row tiles a block. dynamic shared memory: the weight stages
+// [RT*NW][S][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad) and its
+// sums [su][8 NT] fp32;
+// after the main loop the warps' partial sums [RT*NW][NT][32] float4 reuse it from the start.
+template <int F, int NW, int NT>
+__global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
+    // block b: columns [cg * (b % groups), + cg) of row block b / groups (the blocks that run
+    // together share their rows, so the column groups read the weights from l2)
+    const int64_t rblk = blockIdx.x / groups;
+    {
+        const int c0 = (int)(blockIdx.x % groups) * cg;
+        a.x += (int64_t)c0 * a.ldx;
+        a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+        if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+        a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    }
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = gemv_xs_words(F), S = GEMV_WIDE_S, CW = 8 * NT;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int RT = blockDim.x / (NW * 32), wt = warp % NW;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t rowb = rblk * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
+    extern __shared__ __align__(16) uint8_t wide_smem[];
+    uint8_t* sm_w = wide_smem + (size_t)warp * S * Ly::BYTES;
+    uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
+    const int CS = su * 4 * W + 4;  // words a column: + 16 bytes, so the 8 columns of a tile load from other banks
+    float* xsum = (float*)(xs + (size_t)C * CS);
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+
+    // this lane's copy duties, as gemv_xs_kernel's
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)wt * D * 32;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)wt * D * Ly::HB;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
+    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)wt * D * 2;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    const int n_it = wt * D < units ? (units - wt * D + NW * D - 1) / (NW * D) : 0;
+    uint32_t wslot = 0;
+    auto issue = [&]() {
+        const uint32_t slot = sbase + wslot;
+        cp_async16(slot + dst_b0, src_b0);
+        cp_async16(slot + dst_b1, src_b1);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s);
+        src_b0 += NW * D * 32; src_b1 += NW * D * 32; src_s += NW * D * 2;
+        if (Ly::HB) src_h += NW * D * Ly::HB;
+        wslot = wslot + Ly::BYTES == S * Ly::BYTES ? 0 : wslot + Ly::BYTES;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_entry();
+
+    // 1 / rms per column: block_sum's tree of gemv_xs_kernel (warps 0..NW-1 of a tile sum with
+    // the strides of its first NW * 32 threads; the butterfly over [warp sums, zeros]), the
+    // columns spread over the block's row tiles
+    __shared__ float inv_rms[GEMV_WIDE_COLS], rms_part[GEMV_WIDE_COLS][8];
+    if (a.xmode == GEMV_X_RMS) {
+        const int K = (int)w.cols, tid = wt * 32 + lane;
+        for (int c = warp / NW; c < C; c += RT) {
+            const bf16_t* xc = a.x + (int64_t)c * a.ldx;
+            float ss = 0.f;
+            for (int k = tid * 8; k < K; k += NW * 32 * 8) {
+                uint4 v = __ldg((const uint4*)(xc + k));
+                const bf16_t* e = (const bf16_t*)&v;
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) rms_part[c][wt] = ss;
+        }
+        __syncthreads();
+        for (int c = warp; c < C; c += RT * NW) {
+            float v = lane < NW ? rms_part[c][lane] : 0.f;
+            v = warp_sum(v);
+            if (lane == 0) inv_rms[c] = rsqrtf(v / (float)K + a.eps);
+        }
+        __syncthreads();
+    }
+
+    const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    uint32_t rslot = 0;
+    int it = 0, ub = wt * D;
+    for (int u0 = 0; u0 < units; u0 += su) {
+        const int sn = units - u0 < su ? units - u0 : su;
+        if (u0) __syncthreads();  // every warp is done with the previous slice
+        // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
+        // GEMV_WIDE_ILP entries load first, then convert (the loop is latency-bound otherwise)
+        const int n_x = C * sn * 4;
+        constexpr int NQ = Fm::LPT / 8, U = NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
+        for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
+            uint4 xv[U][NQ], av[U][NQ];
+#pragma unroll
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
+#pragma unroll
+                for (int q = 0; q < NQ; q++) xv[uu][q] = av[uu][q] = make_uint4(0, 0, 0, 0);
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
+                    const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
+#pragma unroll
+                    for (int q = 0; q < NQ; q++) {
+                        xv[uu][q] = __ldg((const uint4*)src + q);
+                        if (a.xmode == GEMV_X_RMS) av[uu][q] = __ldg((const uint4*)(a.xw + k0) + q);
+                        else if (a.xmode == GEMV_X_SWIGLU) av[uu][q] = __ldg((const uint4*)(src + w.cols) + q);
+                    }
+                }
+            }
+#pragma unroll
+            for (int uu = 0; uu < U; uu++) {
+                const int i = i0 + uu * blockDim.x + threadIdx.x;
+                float part = 0.f;
+                if (i < n_x) {
+                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
+                    uint4 xr[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
+                        uint4 v = xv[uu][q];
+                        if (a.xmode != GEMV_X_PLAIN) {
+                            bf16_t* e = (bf16_t*)&v;
+                            if (a.xmode == GEMV_X_RMS) {
+                                const uint4 wv = av[uu][q];
+                                const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
+                            } else {
+                                const uint4 uv = av[uu][q];
+                                const bf16_t* ue = (const bf16_t*)&uv;
+#pragma unroll
+                                for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
+                            }
+                        }
+                        xr[q] = v;
+                    }
+                    uint32_t bw[W];
+#pragma unroll
+                    for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
+                    uint4* dst = (uint4*)(xs + (size_t)c * CS + (size_t)(ul * 4 + tt) * W);
+#pragma unroll
+                    for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
+                    const bf16_t* xe = (const bf16_t*)xr;
+#pragma unroll
+                    for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
+                }
+                part += __shfl_xor_sync(0xffffffffu, part, 1);
+                part += __shfl_xor_sync(0xffffffffu, part, 2);
+                if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
+            }
+        }
+        __syncthreads();
+
+        for (; it < n_it && ub < u0 + sn; it++, ub += NW * D) {
+            cp_async_wait<S - 2>();
+            __syncwarp();
+            const uint8_t* st = sm_w + rslot;
+            rslot = rslot + Ly::BYTES == S * Ly::BYTES ? 0 : rslot + Ly::BYTES;
+            uint32_t raw[D][2][Fm::RAW];
+            gemv_stage_read<F>(raw, st, g, t);
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int ul = ub - u0 + d;
+                uint32_t A[GemvWideA<F>::N][4];
+                gemv_afrag<F>(raw[d], A);
+                const float s0 = f16bits2f(raw[d][0][3]), s1 = f16bits2f(raw[d][1][3]);
+                if constexpr (F == FMT_W8) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint32_t b[Fm::STEPS][2];
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (nt * 8 + g < C) v = *(const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W);
+                        b[0][0] = v.x; b[0][1] = v.y; b[1][0] = v.z; b[1][1] = v.w;
+                        const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
+                        const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                        gemv_tile<F>(A, s0, s1, acc[nt], b, sx);
+                    }
+                } else {
+                    // gemv_tile's arithmetic with the tiles' chains interleaved (steps 0, 1 of
+                    // every tile, then 2, 3): each tile's chain keeps its order, and the
+                    // independent chains hide the mma latency
+                    constexpr int NI = NT < 4 ? NT : 4;  // tiles interleaved (registers)
+#pragma unroll
+                    for (int n0 = 0; n0 < NT; n0 += NI) {
+                        float dd[NI][4];
+#pragma unroll
+                        for (int n = 0; n < NI; n++) dd[n][0] = dd[n][1] = dd[n][2] = dd[n][3] = 0.f;
+#pragma unroll
+                        for (int q = 0; q < W / 4; q++)
+#pragma unroll
+                            for (int n = 0; n < NI; n++) {
+                                const int nt = n0 + n;
+                                uint4 v = make_uint4(0, 0, 0, 0);
+                                if (nt * 8 + g < C) v = *((const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W) + q);
+                                mma_bf16_16816(dd[n], A[2 * q][0], A[2 * q][1], A[2 * q][2], A[2 * q][3], v.x, v.y);
+                                mma_bf16_16816(dd[n], A[2 * q + 1][0], A[2 * q + 1][1], A[2 * q + 1][2], A[2 * q + 1][3], v.z, v.w);
+                            }
+#pragma unroll
+                        for (int n = 0; n < NI; n++) {
+                            const int nt = n0 + n;
+                            const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
+                            const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+#pragma unroll
+                            for (int j = 0; j < 4; j++) dd[n][j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[n][j]);
+                            acc[nt][0] = fmaf(s0, dd[n][0], acc[nt][0]);
+                            acc[nt][1] = fmaf(s0, dd[n][1], acc[nt][1]);
+                            acc[nt][2] = fmaf(s1, dd[n][2], acc[nt][2]);
+                            acc[nt][3] = fmaf(s1, dd[n][3], acc[nt][3]);
+                        }
+                    }
+                }
+            }
+            if (it + S - 1 < n_it) issue();
+            cp_async_commit();
+        }
+    }
+    pdl_release();
+    cp_async_wait<0>();
+    __syncthreads();  // the partial sums take the shared memory over
+
+    // the warps meet as gemv_epilogue's (per tile and column: s = 0, += warp v = 0..NW-1)
+    float4* red = (float4*)wide_smem;  // [RT*NW][NT][32]
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) red[((size_t)warp * NT + nt) * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RT * NT * 128; idx += blockDim.x) {
+        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
+        const int64_t row = rowb + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < C) {
+            if (a.y_f32) {
+                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
+                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
+            } else {
+                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
+                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+            }
+        }
+    }
+}
+
 // k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
 // count (two groups per stage; 4-byte aligned scale pairs)
 static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.cols % 128 == 0; }
@@ -3248,7 +3582,8 @@ static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.c
 // alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
 // variant 9 does), and a product of C columns gives each column bit for bit what a one-column
 // product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
-// a batched lane a lone sequence. columns the staged x cannot hold in one launch run in chunks.
+// a batched lane a lone sequence. columns the staged x cannot hold in one launch run on the
+// wide kernel (gemv_wide_kernel: the same sums, 8-column tiles against one weight fragment).
 enum GemvKernel {
     GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
@@ -3318,6 +3653,60 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
+// the wide kernel for a product of a.C columns on a matrix whose kernel is the x-staged one
+// of NW warps a tile: NT tiles for a block's columns, and the longest slice of x that keeps a
+// block within its share of the sm (else the one of NW * D groups)
+template <int F, int NW>
+static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
+    CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
+    const int units = (int)a.w.gpr, step = NW * 2;
+    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
+    // blocks: row tiles rt a block and column groups of cg; below g_gemv_wide_blocks blocks the
+    // column groups shrink first (16 at the least; they cost l2 reads of the weights), then rt
+    // (which costs l2 reads of x: each block stages its columns' whole x)
+    int rt = GEMV_WIDE_THREADS / (NW * 32), cg = a.C;
+    auto blocks = [&]() { return CEIL_DIV(tiles, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
+    while (blocks() < g_gemv_wide_blocks && (cg > 16 || rt > 1)) {
+        if (cg > 16) cg = std::max(16, (cg + 1) / 2 + 7) / 8 * 8;
+        else rt /= 2;
+    }
+    const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
+    const int NT = cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    cg = cc;
+    // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's
+    // share; where even the shortest slice does not fit, fewer row tiles
+    const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
+    const size_t pad = (size_t)cc * 16;  // the kernel's column padding
+    size_t su = 0, smem = 0;
+    for (;; rt /= 2) {
+        const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
+        const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
+        su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
+        if (su < (size_t)step) su = step;
+        if (su > (size_t)units) su = units;
+        smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
+        if (smem <= GEMV_WIDE_SMEM_MAX || rt == 1) break;
+    }
+    CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
+          format_name((NumFormat)F), (long long)a.w.cols);
+    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rt) * groups), block = rt * NW * 32;
+    switch (NT) {
+        case 2: launch_k(gemv_wide_kernel<F, NW, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        case 4: launch_k(gemv_wide_kernel<F, NW, 4>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        default: launch_k(gemv_wide_kernel<F, NW, 8>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+    }
+    cudaCheck(cudaGetLastError());
+}
+template <int F>
+static void gemv_wide_init() {
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+}
+
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
@@ -3333,7 +3722,7 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     CHECK(w.rows > 0 && w.cols > 0 && C >= 1, "gemv: empty shape");
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
-    CHECK(cols >= 1 && cols <= GEMV_MAX_COLS, "gemv: %d columns per launch", cols);
+    CHECK(cols >= 1 && cols <= GEMV_WIDE_COLS, "gemv: %d columns per launch", cols);
     for (int c0 = 0; c0 < C; c0 += cols) {
         GemvArgs a;
         a.w = w;
@@ -3347,7 +3736,8 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     }
 }
 
-// y[c][r] (+)= W x[c] for c < C; C > gemv_launch_cols(w) runs in chunks. y_f32 picks fp32 output;
+// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) runs on the
+// wide kernel (64 columns a launch); on the others in chunks of 8. y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
@@ -3355,6 +3745,18 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
           format_name(w.format), (long long)w.cols);
     GemvKernel k = gemv_pick(w);
     if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
+    if (g_gemv_wide && gemv_xs_kernel_k(k) && C > gemv_launch_cols(w, k)) {
+        const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+        gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+            switch (w.format) {
+                case FMT_Q4: nw8 ? gemv_wide_launch<FMT_Q4, 8>(a, stream) : gemv_wide_launch<FMT_Q4, 4>(a, stream); break;
+                case FMT_Q5: nw8 ? gemv_wide_launch<FMT_Q5, 8>(a, stream) : gemv_wide_launch<FMT_Q5, 4>(a, stream); break;
+                case FMT_Q6: nw8 ? gemv_wide_launch<FMT_Q6, 8>(a, stream) : gemv_wide_launch<FMT_Q6, 4>(a, stream); break;
+                default: nw8 ? gemv_wide_launch<FMT_W8, 8>(a, stream) : gemv_wide_launch<FMT_W8, 4>(a, stream); break;
+            }
+        });
+        return;
+    }
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, gemv_launch_cols(w, k), [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
@@ -5660,6 +6062,7 @@ static void gpu_kernels_init(bool pdl = true) {
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     g_launch_pdl = major >= 9 && pdl;
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
+    gemv_wide_init<FMT_Q4>(); gemv_wide_init<FMT_Q5>(); gemv_wide_init<FMT_Q6>(); gemv_wide_init<FMT_W8>();
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
