@@ -5,11 +5,11 @@
 # --max-concurrency 64 under test/loadgen.py decode at C = 1..64 (512-token prompts, 256 tokens)
 # and two poisson arrival rates, and the single-stream ninfer-bench tg128 beside it.
 # usage (from the repo root on the device): bash .carry-lanes/lanes.sh [stages], stages a comma
-# list of: tests,spec,load,bench (default all)
+# list of: kernels,tests,spec,load,bench (default all)
 set -u
 cd "$(dirname "$0")/.."
 C=.carry-lanes
-STAGES=${1:-tests,spec,load,bench}
+STAGES=${1:-kernels,tests,spec,load,bench}
 mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
 export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
 mkdir -p build/test build/models build/apps
@@ -30,6 +30,7 @@ run() {  # name timeout binary args...
   local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
   echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|lanes|scheduler' $OUT/$n.log | head -30
 }
+has kernels && run test_kernels 300 build/test/test_kernels --gtest_filter='Gemv*:Attention*:Gdn*'
 has tests && run test_gpu 300 build/test/test_gpu
 has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'
 up() { for i in $(seq 1 900); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.2; done; return 1; }
@@ -43,4 +44,5 @@ if has load; then
   kill $S; wait $S 2>/dev/null
 fi
 has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
+has bench && timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
 true
