@@ -3255,6 +3255,7 @@ enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 ti
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
 static int g_gemv_wide_rw = 2;                 // row tiles a warp: 1, or 2 where the grid allows (gemv_wide_launch)
 static int g_gemv_wide_rw2_cols = 32;          // the most columns a block with two row tiles a warp (16 or 32: NT <= 4, registers)
+static int g_gemv_wide_from = 0;               // > 1: products of at least this many columns take the wide kernel even where the staged x holds them
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
 static int g_gemv_wide_blocks = 132;           // the grid's blocks the launch aims at (the h200's sms; gemv_wide_launch)
 
@@ -3726,7 +3727,7 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
         else rt /= 2;
     }
     const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
-    const int NT = cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
     cg = cc;
     // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's
     // share; where even the shortest slice does not fit, fewer warp sets
@@ -3747,10 +3748,14 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
           format_name((NumFormat)F), (long long)a.w.cols);
     const unsigned grid = (unsigned)(CEIL_DIV(sets, (int64_t)rt) * groups), block = rt * NW * 32;
     if (rw == 2) {
-        if (NT == 2) launch_k(gemv_wide_kernel<F, NW, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups);
-        else launch_k(gemv_wide_kernel<F, NW, 4, 2>, grid, block, smem, stream, a, (int)su, cg, groups);
+        switch (NT) {
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            default: launch_k(gemv_wide_kernel<F, NW, 4, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        }
     } else {
         switch (NT) {
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
             case 2: launch_k(gemv_wide_kernel<F, NW, 2, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
             case 4: launch_k(gemv_wide_kernel<F, NW, 4, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
             default: launch_k(gemv_wide_kernel<F, NW, 8, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
@@ -3760,6 +3765,8 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
 }
 template <int F, int NW>
 static void gemv_wide_init_nw() {
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
@@ -3807,7 +3814,7 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
           format_name(w.format), (long long)w.cols);
     GemvKernel k = gemv_pick(w);
     if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
-    if (g_gemv_wide && gemv_xs_kernel_k(k) && C > gemv_launch_cols(w, k)) {
+    if (g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (g_gemv_wide_from > 1 && C >= g_gemv_wide_from))) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
             switch (w.format) {

@@ -366,20 +366,23 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         auto ref = down<uint8_t>(dref, ysz);
         // the wide kernel's forms: one row tile a warp; two where the grid allows (the shipped
         // rule); two everywhere (a target of one block: also the largest column groups)
-        const struct { int rw, cols, blocks; } forms[] = {{1, 32, 132}, {2, 32, 132}, {2, 16, 132}, {2, 32, 1}};
+        // (from 2: the columns the staged x holds on the wide kernel too)
+        const struct { int rw, cols, blocks, from; } forms[] = {{1, 32, 132, 0}, {2, 32, 132, 0}, {2, 16, 132, 0}, {2, 32, 1, 0},
+                                                                {1, 32, 132, 2}, {2, 32, 132, 2}};
         for (const auto& fm : forms)
             for (int n : counts) {
-                g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks;
+                if (fm.from && n > 8) continue;  // as without
+                g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; g_gemv_wide_from = fm.from;
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
-                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132;
+                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 0;
                 auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
                 int bad = 0;
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -2180,6 +2183,13 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 // kernel with one row tile a warp against two where the grid allows (g_gemv_wide_rw 1, 2; the
 // launches of <= 8 columns it replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
 // of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
+// the wide kernel's forms the bench compares: 1 one row tile a warp; 2 two where the grid
+// allows (<= 32 columns a block); 3 the same with <= 16; 4, 5: 1 and 2 from 2 columns
+static void bench_wide_form(int f) {
+    g_gemv_wide_rw = f == 1 || f == 4 ? 1 : 2;
+    g_gemv_wide_rw2_cols = f == 3 ? 16 : 32;
+    g_gemv_wide_from = f >= 4 ? 2 : 0;
+}
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -2206,9 +2216,9 @@ TEST(Bench, DISABLED_GemvWide) {
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
-                for (int rw : {1, 2, 3}) {  // 3: two row tiles a warp, <= 16 columns a block
-                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
-                    g_gemv_wide_rw = rw > 1 ? 2 : 1; g_gemv_wide_rw2_cols = rw == 3 ? 16 : 32;
+                for (int rw : {1, 2, 3, 4, 5}) {  // 3: two row tiles a warp, <= 16 columns a block; 4, 5: rw 1, 2 from 2 columns
+                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN) || (rw >= 4 && C > 8)) continue;
+                    bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
                     double ms = time_graph_ms([&](cudaStream_t s, int i) {
@@ -2224,9 +2234,9 @@ TEST(Bench, DISABLED_GemvWide) {
     Chain9B ch;
     const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
     for (int C : {1, 4, 8, 16, 32, 64})
-        for (int rw : {1, 2, 3}) {
-            if (C == 1 && rw > 1) continue;
-            g_gemv_wide_rw = rw > 1 ? 2 : 1; g_gemv_wide_rw2_cols = rw == 3 ? 16 : 32;
+        for (int rw : {1, 2, 3, 4, 5}) {
+            if ((C == 1 && rw > 1) || (rw >= 4 && C > 8)) continue;
+            bench_wide_form(rw);
             double ms = time_graph_ms([&](cudaStream_t s, int) {
                 for (size_t i = 0; i < seq.size(); i++)
                     gemv(mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
@@ -2234,7 +2244,7 @@ TEST(Bench, DISABLED_GemvWide) {
             BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d rw %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
                         seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
         }
-    g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32;
+    bench_wide_form(2);
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
