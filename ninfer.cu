@@ -2921,8 +2921,20 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
 // for it = 0, 1, ...: the loads of a stage are all issued, then the stage is computed (the
 // other warps of the sm keep the memory busy meanwhile). x is loaded when a group is computed
 // (an l1 hit once one warp of the sm has touched it).
+// the register and async kernels take up to GEMV_WIDE_COLS columns a launch: block row y runs
+// columns [8y, 8y + 8) exactly as a launch of those columns alone (g_gemv_ychunks)
+__device__ __forceinline__ GemvArgs gemv_col_chunk(const GemvArgs& a0) {
+    GemvArgs a = a0;
+    const int c0 = (int)blockIdx.y * GEMV_MAX_COLS;
+    a.x += (int64_t)c0 * a.ldx;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < GEMV_MAX_COLS ? a.C - c0 : GEMV_MAX_COLS;
+    return a;
+}
 template <int F, int NW, int D, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a0) {
+    const GemvArgs a = gemv_col_chunk(a0);
     pdl_entry();
     using Fm = GemvFmt<F>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -3004,7 +3016,8 @@ __device__ __forceinline__ void gemv_stage_read(uint32_t (&raw)[2][2][GemvFmt<F>
 }
 
 template <int F, int NW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a0) {
+    const GemvArgs a = gemv_col_chunk(a0);
     pdl_entry();
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
@@ -3131,20 +3144,46 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
     // rmsnorm'd x: each column's 1 / rms first (the same fp32 math as rmsnorm_kernel; the sum
     // runs in another order, so a bf16 of x can differ in the last place now and then). the
     // first tile's threads sum, as a one-tile block's do (the others add zeros: the same bits)
+    // (C > 1: 4 columns' loads in flight together, each column's sum in its order: the same bits)
     __shared__ float inv_rms[GEMV_MAX_COLS];
-    if (a.xmode == GEMV_X_RMS) {
+    if (a.xmode == GEMV_X_RMS && C == 1) {
         const int K = (int)w.cols;
-        for (int c = 0; c < C; c++) {
-            const bf16_t* xc = a.x + (int64_t)c * a.ldx;
-            float ss = 0.f;
-            for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
-                uint4 v = __ldg((const uint4*)(xc + k));
-                const bf16_t* e = (const bf16_t*)&v;
+        const bf16_t* xc = a.x;
+        float ss = 0.f;
+        for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
+            uint4 v = __ldg((const uint4*)(xc + k));
+            const bf16_t* e = (const bf16_t*)&v;
 #pragma unroll
-                for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+            for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+        }
+        ss = block_sum(ss);
+        if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ss / (float)K + a.eps);
+        __syncthreads();
+    } else if (a.xmode == GEMV_X_RMS) {
+        constexpr int RC = 4;
+        const int K = (int)w.cols;
+        for (int c0 = 0; c0 < C; c0 += RC) {
+            float ss[RC];
+            const bf16_t* xc[RC];
+#pragma unroll
+            for (int j = 0; j < RC; j++) { ss[j] = 0.f; xc[j] = a.x + (int64_t)(c0 + j < C ? c0 + j : c0) * a.ldx; }
+            for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
+                uint4 v[RC];
+#pragma unroll
+                for (int j = 0; j < RC; j++) v[j] = __ldg((const uint4*)(xc[j] + k));
+#pragma unroll
+                for (int j = 0; j < RC; j++) {
+                    const bf16_t* e = (const bf16_t*)&v[j];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) ss[j] += bf2f(e[q]) * bf2f(e[q]);
+                }
             }
-            ss = block_sum(ss);
-            if (threadIdx.x == 0) inv_rms[c] = rsqrtf(ss / (float)K + a.eps);
+#pragma unroll
+            for (int j = 0; j < RC; j++)
+                if (c0 + j < C) {
+                    const float sum = block_sum(ss[j]);
+                    if (threadIdx.x == 0) inv_rms[c0 + j] = rsqrtf(sum / (float)K + a.eps);
+                }
         }
         __syncthreads();
     }
@@ -3255,7 +3294,8 @@ enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 ti
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
 static int g_gemv_wide_rw = 2;                 // row tiles a warp: 1, or 2 where the grid allows (gemv_wide_launch)
 static int g_gemv_wide_rw2_cols = 32;          // the most columns a block with two row tiles a warp (16 or 32: NT <= 4, registers)
-static int g_gemv_wide_from = 0;               // > 1: products of at least this many columns take the wide kernel even where the staged x holds them
+static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
+static int g_gemv_wide_from = 4;               // > 1: gemv_wide_early's products of at least this many columns (0: none)
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
 static int g_gemv_wide_blocks = 132;           // the grid's blocks the launch aims at (the h200's sms; gemv_wide_launch)
 
@@ -3687,12 +3727,15 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
     if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
+    // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
+    CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
+    const dim3 rgrid(tiles, (unsigned)CEIL_DIV(a.C, (int)GEMV_MAX_COLS));
     if constexpr (F == FMT_BF16) {
-        launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
+        launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a);
     } else {
         switch (k) {
-            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a); break;
-            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, tiles, 8 * 32, 0, stream, a); break;
+            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a); break;
+            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, rgrid, 8 * 32, 0, stream, a); break;
             case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
             case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
             case GEMV_XS_4X4_R4:
@@ -3722,6 +3765,14 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     // (which costs l2 reads of x: each block stages its columns' whole x)
     int rt = rt_max, cg = rw == 2 ? std::min(a.C, g_gemv_wide_rw2_cols) : a.C;
     auto blocks = [&]() { return CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
+    if (rw == 2 && cg > 16) {
+        // 32 columns a block or 16, by waves of one block an sm: a 32-column block took 1.8x
+        // the time of a 16-column one (gate_up, h200: bench-notes v6), so 16 where the waves
+        // of 32 cost more (gate_up at C = 32: 192 blocks, 2 waves, against 384 in 3)
+        const int64_t w32 = CEIL_DIV(blocks(), (int64_t)g_gemv_wide_blocks);
+        const int64_t w16 = CEIL_DIV(CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)16), (int64_t)g_gemv_wide_blocks);
+        if (w32 * 9 > w16 * 5) cg = 16;
+    }
     while (blocks() < g_gemv_wide_blocks && (cg > 16 || rt > 1)) {
         if (cg > 16) cg = std::max(16, (cg + 1) / 2 + 7) / 8 * 8;
         else rt /= 2;
@@ -3805,6 +3856,14 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     }
 }
 
+// the products that take the wide kernel at column counts the staged x holds: the long rows
+// (k > 8192, 8 warps a tile) and the many rows (the head). at C = 4 (h200, bench-notes v6):
+// down 31.3 -> 25.1 us, with swiglu 56.3 -> 40.7, the head 344 -> 287; the others slower there
+// (qk 8.6 -> 9.9, gate_up 25.6 -> 27.9), and at C = 8 all of them but the fused norms
+static bool gemv_wide_early(const Mat& w, int C) {
+    return g_gemv_wide_from > 1 && C >= g_gemv_wide_from && (w.cols > 8192 || w.rows >= 65536);
+}
+
 // y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) runs on the
 // wide kernel (64 columns a launch); on the others in chunks of 8. y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
@@ -3814,7 +3873,7 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
           format_name(w.format), (long long)w.cols);
     GemvKernel k = gemv_pick(w);
     if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
-    if (g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (g_gemv_wide_from > 1 && C >= g_gemv_wide_from))) {
+    if (g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C))) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
             switch (w.format) {
@@ -3826,7 +3885,8 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
         });
         return;
     }
-    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, gemv_launch_cols(w, k), [&](const GemvArgs& a) {
+    const int cols = gemv_xs_kernel_k(k) ? gemv_launch_cols(w, k) : g_gemv_ychunks ? (int)GEMV_WIDE_COLS : (int)GEMV_MAX_COLS;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, cols, [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
             case FMT_Q5: gemv_launch<FMT_Q5>(k, a, stream); break;

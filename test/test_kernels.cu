@@ -366,23 +366,25 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         auto ref = down<uint8_t>(dref, ysz);
         // the wide kernel's forms: one row tile a warp; two where the grid allows (the shipped
         // rule); two everywhere (a target of one block: also the largest column groups)
-        // (from 2: the columns the staged x holds on the wide kernel too)
-        const struct { int rw, cols, blocks, from; } forms[] = {{1, 32, 132, 0}, {2, 32, 132, 0}, {2, 16, 132, 0}, {2, 32, 1, 0},
-                                                                {1, 32, 132, 2}, {2, 32, 132, 2}};
+        // (from: gemv_wide_early's threshold, 2 and 4 differ only below 4 columns; ych: the
+        // register and async kernels' column chunks in one launch)
+        const struct { int rw, cols, blocks, from, ych; } forms[] = {
+            {1, 32, 132, 0, 0}, {2, 32, 132, 4, 1}, {2, 16, 132, 4, 1}, {2, 32, 1, 4, 1}, {1, 32, 132, 2, 1}, {2, 32, 132, 2, 1}};
         for (const auto& fm : forms)
             for (int n : counts) {
-                if (fm.from && n > 8) continue;  // as without
+                if (fm.from == 2 && n > 8) continue;  // as from 4
                 g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; g_gemv_wide_from = fm.from;
+                g_gemv_ychunks = fm.ych;
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
-                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 0;
+                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
                 auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
                 int bad = 0;
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -2180,15 +2182,16 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 }
 
 // the batched decode's products (issue 14): gemv() at C columns over the 9b shapes, the wide
-// kernel with one row tile a warp against two where the grid allows (g_gemv_wide_rw 1, 2; the
-// launches of <= 8 columns it replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
+// paths in the v4 structure against the shipped ones (bench_wide_form; the launches of <= 8
+// columns the wide kernel replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
 // of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
-// the wide kernel's forms the bench compares: 1 one row tile a warp; 2 two where the grid
-// allows (<= 32 columns a block); 3 the same with <= 16; 4, 5: 1 and 2 from 2 columns
+// the forms the bench compares: 1 the v4 structure (one row tile a warp, the wide kernel only
+// past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults
 static void bench_wide_form(int f) {
-    g_gemv_wide_rw = f == 1 || f == 4 ? 1 : 2;
-    g_gemv_wide_rw2_cols = f == 3 ? 16 : 32;
-    g_gemv_wide_from = f >= 4 ? 2 : 0;
+    g_gemv_wide_rw = f == 1 ? 1 : 2;
+    g_gemv_wide_rw2_cols = 32;
+    g_gemv_wide_from = f == 1 ? 0 : 4;
+    g_gemv_ychunks = f == 1 ? 0 : 1;
 }
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
@@ -2203,7 +2206,7 @@ TEST(Bench, DISABLED_GemvWide) {
     bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
     bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: the wide kernel's row tiles a warp, g_gemv_wide_rw)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 the v4 structure, 2 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -2216,8 +2219,8 @@ TEST(Bench, DISABLED_GemvWide) {
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
-                for (int rw : {1, 2, 3, 4, 5}) {  // 3: two row tiles a warp, <= 16 columns a block; 4, 5: rw 1, 2 from 2 columns
-                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN) || (rw >= 4 && C > 8)) continue;
+                for (int rw : {1, 2}) {  // bench_wide_form
+                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
@@ -2233,17 +2236,32 @@ TEST(Bench, DISABLED_GemvWide) {
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
     Chain9B ch;
     const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
-    for (int C : {1, 4, 8, 16, 32, 64})
-        for (int rw : {1, 2, 3, 4, 5}) {
-            if ((C == 1 && rw > 1) || (rw >= 4 && C > 8)) continue;
-            bench_wide_form(rw);
-            double ms = time_graph_ms([&](cudaStream_t s, int) {
-                for (size_t i = 0; i < seq.size(); i++)
-                    gemv(mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
-            }, 1, 7);
-            BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d rw %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
-                        seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
-        }
+    // fused: the 9b decode's x transforms (the input norm into a layer's first grouped
+    // products, the post-attention norm into gate_up, swiglu into down, the final norm into
+    // the head; bf16 gates and the output projections plain)
+    std::vector<int> modes;
+    for (size_t i = 0; i < seq.size(); i++) {
+        const auto& m = seq[i];
+        const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
+        modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
+    }
+    for (int fused : {0, 1})
+        for (int C : {1, 2, 4, 8, 16, 32, 64})
+            for (int rw : {1, 2}) {
+                if (C == 1 && rw > 1) continue;
+                bench_wide_form(rw);
+                double ms = time_graph_ms([&](cudaStream_t s, int) {
+                    for (size_t i = 0; i < seq.size(); i++) {
+                        GemvX xt;
+                        if (fused) { xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                        const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
+                        gemv(mats[i], dx.as<bf16_t>(), ldx, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    }
+                }, 1, 7);
+                BENCH_PRINT("decode gemv chain 9b%s: %zu gemvs, %.2f GB, C=%d rw %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
+                            fused ? " fused" : "", seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9,
+                            100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
+            }
     bench_wide_form(2);
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
