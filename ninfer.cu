@@ -7188,7 +7188,10 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     LayerFuse f;
     f.input_norm = w.full ? ok(w.attn.query_key) && ok(w.attn.gate_value) : ok(w.gdn.query_key) && ok(w.gdn.value_z);
     f.post_norm = ok(w.gate_up);
-    f.swiglu = ok(w.down);
+    // swiglu staged inside down's product is swiglu_kernel's math element for element, so the
+    // product's bits are the same either way: fused while the x-staged kernel takes all T
+    // columns (a launch saved), separate past that (the wide kernel would make it per block)
+    f.swiglu = ok(w.down) && T <= gemv_launch_cols(w.down, gemv_pick(w.down));
     return f;
 }
 // the head reads rmsnorm(x) of its rows

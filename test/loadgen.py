@@ -90,7 +90,7 @@ def chat(a):
 
 def decode(a):
     model = model_of(a.url)
-    print("C  aggregate_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s")
+    print("C  aggregate_tok_s  steady_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s")
     for C in [int(x) for x in a.concurrency.split(",")]:
         out = [None] * C
 
@@ -110,8 +110,14 @@ def decode(a):
         first = min(o[5][0] for o in out if o[5])
         last = max(o[5][-1] for o in out if o[5])
         agg = sum(o[2]["completion_tokens"] - 1 for o in out) / max(last - first, 1e-9)
+        # steady: while every stream decodes (after the last first token, before the first last
+        # one), the tokens of all streams over that window: the batched decode without the
+        # prefills of streams joining and the tails of streams ending
+        w0 = max(o[5][0] for o in out if o[5])
+        w1 = min(o[5][-1] for o in out if o[5])
+        steady = sum(sum(1 for t in o[5] if w0 < t <= w1) for o in out) / (w1 - w0) if w1 > w0 else float("nan")
         p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
-        print("%d  %15.1f  %16.1f  %11.1f  %11.1f  %6.2f" % (C, agg, sum(per) / max(len(per), 1), p(0.5), p(0.99), wall), flush=True)
+        print("%d  %15.1f  %12.1f  %16.1f  %11.1f  %11.1f  %6.2f" % (C, agg, steady, sum(per) / max(len(per), 1), p(0.5), p(0.99), wall), flush=True)
     return 0
 
 

@@ -5,11 +5,13 @@
 # --max-concurrency 64 under test/loadgen.py decode at C = 1..64 (512-token prompts, 256 tokens)
 # and two poisson arrival rates, and the single-stream ninfer-bench tg128 beside it.
 # usage (from the repo root on the device): bash .carry-lanes/lanes.sh [stages], stages a comma
-# list of: kernels,tests,spec,load,bench (default all)
+# list of: kernels,tests,spec,load,bench,serve,pytest (default all): serve runs both model cards'
+# serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
+# pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
 set -u
 cd "$(dirname "$0")/.."
 C=.carry-lanes
-STAGES=${1:-kernels,tests,spec,load,bench}
+STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest}
 mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
 export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
 mkdir -p build/test build/models build/apps
@@ -23,7 +25,7 @@ for n in tiny tiny-gqa3; do
   python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
   python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
 done
-if has load || has bench; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
+if has load || has bench || has serve; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
 wait; echo "models $(( $(date +%s) - t0 )) s"
 run() {  # name timeout binary args...
   local n=$1 to=$2; shift 2
@@ -45,4 +47,49 @@ if has load; then
 fi
 has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
 has bench && timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
+if has serve || has pytest; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+if has serve; then
+  ln -sf /tmp/9b.ninfer models/qwen3_5_9b.ninfer
+  ./build/apps/ninfer-serve models/qwen3_5_9b.ninfer \
+    --model-id qwen3.5-9b \
+    --max-context 16384 \
+    --spec mtp --draft-tokens 3 > $OUT/serve.out 2> $OUT/serve.err &
+  sp=$!
+  up 8080; head -3 $OUT/serve.err | cut -c1-300
+  python3 test/device/openai_chat.py 8080 qwen3.5-9b
+  kill $sp; wait $sp; echo "9b card serve exit $?"
+  python3 convert.py --synthetic 4b -o /tmp/4b.ninfer --jobs 12 >/dev/null 2>&1; ln -sf /tmp/4b.ninfer models/qwen3_5_4b.ninfer
+  ./build/apps/ninfer-serve models/qwen3_5_4b.ninfer \
+    --host 0.0.0.0 \
+    --port 8000 \
+    --vision \
+    --max-context 262144 \
+    --kv-capacity 262144 \
+    --default-max-tokens 16384 \
+    --max-concurrency 1 \
+    --device-state-slots 4 \
+    --host-state-slots 4 \
+    --host-kv-mib 8192 \
+    --prefill-chunk 4096 \
+    --kv-dtype fp8 \
+    --spec mtp \
+    --lm-head-draft \
+    --draft-tokens 3 \
+    --top-k 20 \
+    --top-p 0.95 \
+    --temperature 0.01 \
+    --preserve-thinking \
+    --model-id Qwen3.5-4B > $OUT/serve4b.out 2> $OUT/serve4b.err &
+  sp=$!
+  for i in $(seq 1 300); do grep -q listening $OUT/serve4b.err && break; kill -0 $sp 2>/dev/null || break; sleep 0.5; done
+  echo "4b card:"; head -4 $OUT/serve4b.err | cut -c1-300
+  if grep -q listening $OUT/serve4b.err; then python3 test/device/openai_chat.py 8000 Qwen3.5-4B; kill $sp; fi
+  wait $sp; echo "4b card serve exit $?"
+fi
+if has pytest; then
+  s=$(date +%s); NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -p no:cacheprovider test/test_serve_lanes.py > $OUT/pytest_lanes.log 2>&1
+  echo "== pytest test_serve_lanes.py (gpu) rc=$? $(( $(date +%s) - s )) s"; tail -5 $OUT/pytest_lanes.log
+fi
 true
