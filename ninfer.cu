@@ -3293,7 +3293,6 @@ enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 ti
        GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
 static int g_gemv_wide_rw = 2;                 // row tiles a warp: 1, or 2 where the grid allows (gemv_wide_launch)
-static int g_gemv_wide_rw2_stages = 2;         // weight stages a warp with two row tiles (2 or 3: shared memory against bytes in flight)
 static int g_gemv_wide_rw2_cols = 32;          // the most columns a block with two row tiles a warp (16 or 32: NT <= 4, registers)
 static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
 static int g_gemv_wide_from = 4;               // > 1: gemv_wide_early's products of at least this many columns (0: none)
@@ -3362,9 +3361,8 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
 // [RT*NW][S][RW][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad)
 // and its sums [su][8 NT] fp32; after the main loop the warps' partial sums
 // [RT*RW*NW][NT][32] float4 reuse it from the start.
-// S weight stages a warp: RW 1 issues a stage's copies after computing the one before it (S =
-// GEMV_WIDE_S), RW 2 before (into the slot computed last: S - 1 stages in flight meanwhile)
-template <int F, int NW, int NT, int RW, int S>
+template <int RW> struct GemvWideStages { static constexpr int S = RW == 1 ? GEMV_WIDE_S : 2; };  // RW 2: issued before compute
+template <int F, int NW, int NT, int RW>
 __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
     // block b: columns [cg * (b % groups), + cg) of row block b / groups (the blocks that run
     // together share their rows, so the column groups read the weights from l2)
@@ -3378,7 +3376,7 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     }
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = gemv_xs_words(F), CW = 8 * NT, SB = RW * Ly::BYTES;
+    constexpr int D = 2, W = gemv_xs_words(F), S = GemvWideStages<RW>::S, CW = 8 * NT, SB = RW * Ly::BYTES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int RT = blockDim.x / (NW * 32), wt = warp % NW, ti = warp / NW;
     const Mat& w = a.w;
@@ -3786,7 +3784,7 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     // share; where even the shortest slice does not fit, fewer warp sets
     const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
     const size_t pad = (size_t)cc * 16;  // the kernel's column padding
-    const int S = rw == 1 ? (int)GEMV_WIDE_S : g_gemv_wide_rw2_stages;
+    const int S = rw == 1 ? GemvWideStages<1>::S : GemvWideStages<2>::S;
     size_t su = 0, smem = 0;
     for (;; rt /= 2) {
         const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
@@ -3800,35 +3798,31 @@ static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
           format_name((NumFormat)F), (long long)a.w.cols);
     const unsigned grid = (unsigned)(CEIL_DIV(sets, (int64_t)rt) * groups), block = rt * NW * 32;
-    if (rw == 2 && S == 3) {
+    if (rw == 2) {
         switch (NT) {
-            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2, 3>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2, 3>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            default: launch_k(gemv_wide_kernel<F, NW, 4, 2, 3>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-        }
-    } else if (rw == 2) {
-        switch (NT) {
-            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            default: launch_k(gemv_wide_kernel<F, NW, 4, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            default: launch_k(gemv_wide_kernel<F, NW, 4, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
         }
     } else {
         switch (NT) {
-            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 1, GEMV_WIDE_S>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 1, GEMV_WIDE_S>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 4: launch_k(gemv_wide_kernel<F, NW, 4, 1, GEMV_WIDE_S>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            default: launch_k(gemv_wide_kernel<F, NW, 8, 1, GEMV_WIDE_S>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 4: launch_k(gemv_wide_kernel<F, NW, 4, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            default: launch_k(gemv_wide_kernel<F, NW, 8, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
         }
     }
     cudaCheck(cudaGetLastError());
 }
 template <int F, int NW>
 static void gemv_wide_init_nw() {
-    auto opt_in = [](auto kernel) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX)); };
-    opt_in(gemv_wide_kernel<F, NW, 1, 1, GEMV_WIDE_S>); opt_in(gemv_wide_kernel<F, NW, 2, 1, GEMV_WIDE_S>);
-    opt_in(gemv_wide_kernel<F, NW, 4, 1, GEMV_WIDE_S>); opt_in(gemv_wide_kernel<F, NW, 8, 1, GEMV_WIDE_S>);
-    opt_in(gemv_wide_kernel<F, NW, 1, 2, 2>); opt_in(gemv_wide_kernel<F, NW, 2, 2, 2>); opt_in(gemv_wide_kernel<F, NW, 4, 2, 2>);
-    opt_in(gemv_wide_kernel<F, NW, 1, 2, 3>); opt_in(gemv_wide_kernel<F, NW, 2, 2, 3>); opt_in(gemv_wide_kernel<F, NW, 4, 2, 3>);
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
 }
 template <int F>
 static void gemv_wide_init() { gemv_wide_init_nw<F, 4>(); gemv_wide_init_nw<F, 8>(); }

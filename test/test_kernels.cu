@@ -368,25 +368,23 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         // rule); two everywhere (a target of one block: also the largest column groups)
         // (from: gemv_wide_early's threshold, 2 and 4 differ only below 4 columns; ych: the
         // register and async kernels' column chunks in one launch)
-        const struct { int rw, cols, blocks, from, ych, st; } forms[] = {
-            {1, 32, 132, 0, 0, 2}, {2, 32, 132, 4, 1, 2}, {2, 16, 132, 4, 1, 2}, {2, 32, 1, 4, 1, 2}, {1, 32, 132, 2, 1, 2},
-            {2, 32, 132, 2, 1, 2}, {2, 32, 132, 4, 1, 3}, {2, 32, 1, 4, 1, 3}};
+        const struct { int rw, cols, blocks, from, ych; } forms[] = {
+            {1, 32, 132, 0, 0}, {2, 32, 132, 4, 1}, {2, 16, 132, 4, 1}, {2, 32, 1, 4, 1}, {1, 32, 132, 2, 1}, {2, 32, 132, 2, 1}};
         for (const auto& fm : forms)
             for (int n : counts) {
                 if (fm.from == 2 && n > 8) continue;  // as from 4
                 g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; g_gemv_wide_from = fm.from;
-                g_gemv_ychunks = fm.ych; g_gemv_wide_rw2_stages = fm.st;
+                g_gemv_ychunks = fm.ych;
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
                 g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
-                g_gemv_wide_rw2_stages = 2;
                 auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
                 int bad = 0;
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ", stages " << fm.st << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -2188,12 +2186,10 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 // columns the wide kernel replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
 // of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
 // the forms the bench compares: 1 the v4 structure (one row tile a warp, the wide kernel only
-// past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults;
-// 3 those with 3 weight stages a warp of two row tiles
+// past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults
 static void bench_wide_form(int f) {
     g_gemv_wide_rw = f == 1 ? 1 : 2;
     g_gemv_wide_rw2_cols = 32;
-    g_gemv_wide_rw2_stages = f == 3 ? 3 : 2;
     g_gemv_wide_from = f == 1 ? 0 : 4;
     g_gemv_ychunks = f == 1 ? 0 : 1;
 }
@@ -2210,7 +2206,7 @@ TEST(Bench, DISABLED_GemvWide) {
     bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
     bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 the v4 structure, 2 shipped, 3 + 3 stages)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 the v4 structure, 2 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -2223,7 +2219,7 @@ TEST(Bench, DISABLED_GemvWide) {
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
-                for (int rw : {1, 2, 3}) {  // bench_wide_form
+                for (int rw : {1, 2}) {  // bench_wide_form
                     if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
@@ -2251,7 +2247,7 @@ TEST(Bench, DISABLED_GemvWide) {
     }
     for (int fused : {0, 1})
         for (int C : {1, 2, 4, 8, 16, 32, 64})
-            for (int rw : {1, 2, 3}) {
+            for (int rw : {1, 2}) {
                 if (C == 1 && rw > 1) continue;
                 bench_wide_form(rw);
                 double ms = time_graph_ms([&](cudaStream_t s, int) {
