@@ -2532,7 +2532,7 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // ---- 7.2 gemv (decode products) -------------------------------------------------------------
-// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch; the wide kernel below: up
+// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 a block; the wide kernel below: up
 // to 64), decode's matrix op
 //
 // batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
@@ -2576,7 +2576,7 @@ enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the 
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
     const bf16_t* x; int ldx; // x[c*ldx + k]
-    int C;                    // columns, 1..8
+    int C;                    // columns, 1..8 (register / async kernels: up to 64, 8 a block row)
     void* y; int ldy;         // y[c*ldy + r], bf16 or fp32
     int y_f32;
     const bf16_t* resid; int ldr;  // optional residual (may alias y)
@@ -3144,46 +3144,20 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
     // rmsnorm'd x: each column's 1 / rms first (the same fp32 math as rmsnorm_kernel; the sum
     // runs in another order, so a bf16 of x can differ in the last place now and then). the
     // first tile's threads sum, as a one-tile block's do (the others add zeros: the same bits)
-    // (C > 1: 4 columns' loads in flight together, each column's sum in its order: the same bits)
     __shared__ float inv_rms[GEMV_MAX_COLS];
-    if (a.xmode == GEMV_X_RMS && C == 1) {
+    if (a.xmode == GEMV_X_RMS) {
         const int K = (int)w.cols;
-        const bf16_t* xc = a.x;
-        float ss = 0.f;
-        for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
-            uint4 v = __ldg((const uint4*)(xc + k));
-            const bf16_t* e = (const bf16_t*)&v;
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
-        }
-        ss = block_sum(ss);
-        if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ss / (float)K + a.eps);
-        __syncthreads();
-    } else if (a.xmode == GEMV_X_RMS) {
-        constexpr int RC = 4;
-        const int K = (int)w.cols;
-        for (int c0 = 0; c0 < C; c0 += RC) {
-            float ss[RC];
-            const bf16_t* xc[RC];
-#pragma unroll
-            for (int j = 0; j < RC; j++) { ss[j] = 0.f; xc[j] = a.x + (int64_t)(c0 + j < C ? c0 + j : c0) * a.ldx; }
+        for (int c = 0; c < C; c++) {
+            const bf16_t* xc = a.x + (int64_t)c * a.ldx;
+            float ss = 0.f;
             for (int k = threadIdx.x * 8; k < K && threadIdx.x < NW * 32; k += NW * 32 * 8) {
-                uint4 v[RC];
+                uint4 v = __ldg((const uint4*)(xc + k));
+                const bf16_t* e = (const bf16_t*)&v;
 #pragma unroll
-                for (int j = 0; j < RC; j++) v[j] = __ldg((const uint4*)(xc[j] + k));
-#pragma unroll
-                for (int j = 0; j < RC; j++) {
-                    const bf16_t* e = (const bf16_t*)&v[j];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) ss[j] += bf2f(e[q]) * bf2f(e[q]);
-                }
+                for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
             }
-#pragma unroll
-            for (int j = 0; j < RC; j++)
-                if (c0 + j < C) {
-                    const float sum = block_sum(ss[j]);
-                    if (threadIdx.x == 0) inv_rms[c0 + j] = rsqrtf(sum / (float)K + a.eps);
-                }
+            ss = block_sum(ss);
+            if (threadIdx.x == 0) inv_rms[c] = rsqrtf(ss / (float)K + a.eps);
         }
         __syncthreads();
     }
@@ -3864,8 +3838,9 @@ static bool gemv_wide_early(const Mat& w, int C) {
     return g_gemv_wide_from > 1 && C >= g_gemv_wide_from && (w.cols > 8192 || w.rows >= 65536);
 }
 
-// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) runs on the
-// wide kernel (64 columns a launch); on the others in chunks of 8. y_f32 picks fp32 output;
+// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) (and
+// gemv_wide_early's) runs on the wide kernel (64 columns a launch); on the others 64 columns a
+// launch in 8-column block rows (g_gemv_ychunks 0: launches of 8). y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
