@@ -6817,8 +6817,9 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     e->T_max = std::max(min_cols, o.prefill_chunk);
     e->logit_rows = std::max<int>(lanes ? (int)LANES_MAX : (int)DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
     // one lane: the sequence's rows are the cache's. lanes: a sequence holds up to
-    // --max-context rows, the pool (--kv-capacity; default one full sequence per lane) is shared
-    int rows = o.kv_capacity > 0 ? o.kv_capacity : lanes ? o.lanes * o.max_context : o.max_context;
+    // --max-context rows of the pool (--kv-capacity, NInfer's default --max-context, at least a
+    // page a lane), which all lanes share
+    int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
     auto work_for = [&](int cap) {
         int b, ns, sk;
         b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk, o.tune.attn_splits, o.tune.attn_min_keys);
@@ -6830,11 +6831,10 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     };
     if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
         size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
-        const int64_t least = lanes ? (int64_t)o.lanes * o.max_context : o.max_context;
-        if (fixed >= free_b) rows = (int)least;
-        else rows = (int)std::min<int64_t>(std::max<int64_t>(least, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
+        if (fixed >= free_b) rows = o.max_context;
+        else rows = (int)std::min<int64_t>(std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
     }
-    if (lanes) rows = (int)std::min<int64_t>(CEIL_DIV((int64_t)rows, (int64_t)KV_PAGE) * KV_PAGE, INT32_MAX / 2 / KV_PAGE * KV_PAGE);
+    if (lanes) rows = (int)std::min<int64_t>(std::max<int64_t>(CEIL_DIV((int64_t)rows, (int64_t)KV_PAGE), o.lanes) * KV_PAGE, INT32_MAX / 2 / KV_PAGE * KV_PAGE);
     e->kv_rows = rows;
     e->capacity = lanes ? o.max_context : rows;
     e->max_pages = (int)CEIL_DIV(e->capacity, KV_PAGE);
@@ -9333,8 +9333,20 @@ struct ServedModel {
     int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
 };
 
+// lane k's live rows go back to the pool: the prefixes they back are copied to the host tier
+// or dropped (under the turn of the lane that asks)
+static void lane_evict(ServedModel* s, int k) {
+    GpuEngine* e = s->lanes[k]->g;
+    const int cur = e->lane;
+    prefix_protect(&s->pc, k, 0, s->pc.entries.end());
+    prefix_reset_live(s->lanes[k]);
+    gpu_lane_trim(e, k, 0);
+    s->pc.live[k].clear(); s->pc.bridge[k].clear();
+    gpu_lane_select(e, cur);
+}
 // kv pages for `rows` rows of the lane, from the pool or from idle lanes (least recently used
-// first); false when the pool cannot hold them now. under the scheduler's lock
+// first); false when the pool cannot hold them now, and then the lane holds no pages (its own
+// kept rows go too: lanes that wait hold nothing, so they wait only for running ones)
 static bool lane_pages(ServedModel* s, int lane, int rows) {
     Engine* en = s->lanes[lane];
     if (!en->gpu || en->g->o.lanes <= 1) return true;
@@ -9344,14 +9356,8 @@ static bool lane_pages(ServedModel* s, int lane, int rows) {
         int victim = -1;
         for (int k = 0; k < (int)s->lanes.size(); k++)
             if (k != lane && !s->sched.busy[k] && !e->lanes[k].pages.empty() && (victim < 0 || s->idle_since[k] < s->idle_since[victim])) victim = k;
-        if (victim < 0) return false;
-        // the victim's live rows go: the prefixes they back are copied to the host tier or dropped
-        const int cur = e->lane;
-        prefix_protect(&s->pc, victim, 0, s->pc.entries.end());
-        prefix_reset_live(s->lanes[victim]);
-        gpu_lane_trim(e, victim, 0);
-        s->pc.live[victim].clear(); s->pc.bridge[victim].clear();
-        gpu_lane_select(e, cur);
+        if (victim < 0) { if (!e->lanes[lane].pages.empty()) lane_evict(s, lane); return false; }
+        lane_evict(s, victim);
     }
 }
 // take a free lane and its first turn (and, on the gpu, its pages). serve.h admits at most

@@ -1399,7 +1399,7 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     Engine one;
     ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
     const int N = 6;
-    GpuOpts ol = o; ol.lanes = N;
+    GpuOpts ol = o; ol.lanes = N; ol.kv_capacity = N * o.max_context;
     Engine base;
     ASSERT_TRUE(engine_build(&base, &m, true, ol, &err)) << err;
     std::vector<Engine> lanes(N, base);
@@ -1464,7 +1464,7 @@ TEST(GpuLanes, SpecRoundsPerLaneMatchPlainKjv) {
     Engine one;
     ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
     const int N = 4;
-    GpuOpts ol = o; ol.lanes = N;
+    GpuOpts ol = o; ol.lanes = N; ol.kv_capacity = N * o.max_context;
     SpecOpts sp; sp.K = 3;
     Engine base;
     ASSERT_TRUE(engine_build(&base, &m, true, ol, &err, sp)) << err;
