@@ -4819,20 +4819,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs 
 }
 
 // top-k, stage 2 (one block): the best k of the chunks' candidates, sorted, then the finish
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
-    pdl_entry();
-    __shared__ uint64_t top[SAMPLE_KMAX];
-    __shared__ float w[SAMPLE_KMAX];
-    __shared__ SampleSelect sel;
-    __shared__ SampleWalk walk;
-    __shared__ int cnt;
+// stage 2's selection, every thread of the block: the k largest of stage 1's keys (k per chunk)
+// into top[0, k) in descending order, zeros up to the next power of two
+__device__ __forceinline__ void sample_top(const SampleArgs& a, uint64_t* top, SampleSelect& sel, int& cnt) {
     const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
-    const uint64_t* cand = a.cand;
     if (threadIdx.x == 0) cnt = 0;
     __syncthreads();
-    const uint64_t T = sample_block_select([&](int i) { return cand[i]; }, m, k, sel);
+    const uint64_t T = sample_block_select([&](int i) { return a.cand[i]; }, m, k, sel);
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        uint64_t key = cand[i];
+        uint64_t key = a.cand[i];
         if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
     }
     int P = 1;
@@ -4840,6 +4835,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs 
     for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
     __syncthreads();
     sample_block_sort(top, P);
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
+    pdl_entry();
+    __shared__ uint64_t top[SAMPLE_KMAX];
+    __shared__ float w[SAMPLE_KMAX];
+    __shared__ SampleSelect sel;
+    __shared__ SampleWalk walk;
+    __shared__ int cnt;
+    const int k = a.k;
+    sample_top(a, top, sel, cnt);
     if (a.greedy) { if (threadIdx.x == 0) a.out[0] = sample_key_id(top[0]); return; }
     const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
     for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
@@ -4873,19 +4878,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_spec_kernel(SampleArgs 
     __shared__ SampleSelect sel;
     __shared__ int cnt;
     if (*sd.done) return;
-    const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
-    if (threadIdx.x == 0) cnt = 0;
-    __syncthreads();
-    const uint64_t T = sample_block_select([&](int i) { return a.cand[i]; }, m, k, sel);
-    for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        uint64_t key = a.cand[i];
-        if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
-    }
-    int P = 1;
-    while (P < k) P <<= 1;
-    for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
-    __syncthreads();
-    sample_block_sort(top, P);
+    const int k = a.k;
+    sample_top(a, top, sel, cnt);
     if (!a.greedy) {
         const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
         for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
