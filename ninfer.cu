@@ -4923,20 +4923,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs 
 }
 
 // top-k, stage 2 (one block): the best k of the chunks' candidates, sorted, then the finish
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
-    pdl_entry();
-    __shared__ uint64_t top[SAMPLE_KMAX];
-    __shared__ float w[SAMPLE_KMAX];
-    __shared__ SampleSelect sel;
-    __shared__ SampleWalk walk;
-    __shared__ int cnt;
+// stage 2's selection, every thread of the block: the k largest of stage 1's keys (k per chunk)
+// into top[0, k) in descending order, zeros up to the next power of two
+__device__ __forceinline__ void sample_top(const SampleArgs& a, uint64_t* top, SampleSelect& sel, int& cnt) {
     const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
-    const uint64_t* cand = a.cand;
     if (threadIdx.x == 0) cnt = 0;
     __syncthreads();
-    const uint64_t T = sample_block_select([&](int i) { return cand[i]; }, m, k, sel);
+    const uint64_t T = sample_block_select([&](int i) { return a.cand[i]; }, m, k, sel);
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        uint64_t key = cand[i];
+        uint64_t key = a.cand[i];
         if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
     }
     int P = 1;
@@ -4944,6 +4939,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs 
     for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
     __syncthreads();
     sample_block_sort(top, P);
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
+    pdl_entry();
+    __shared__ uint64_t top[SAMPLE_KMAX];
+    __shared__ float w[SAMPLE_KMAX];
+    __shared__ SampleSelect sel;
+    __shared__ SampleWalk walk;
+    __shared__ int cnt;
+    const int k = a.k;
+    sample_top(a, top, sel, cnt);
     if (a.greedy) { if (threadIdx.x == 0) a.out[0] = sample_key_id(top[0]); return; }
     const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
     for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
@@ -4977,19 +4982,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_spec_kernel(SampleArgs 
     __shared__ SampleSelect sel;
     __shared__ int cnt;
     if (*sd.done) return;
-    const int k = a.k, m = CEIL_DIV(a.n, SAMPLE_CHUNK) * k;
-    if (threadIdx.x == 0) cnt = 0;
-    __syncthreads();
-    const uint64_t T = sample_block_select([&](int i) { return a.cand[i]; }, m, k, sel);
-    for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        uint64_t key = a.cand[i];
-        if (key >= T && key) top[atomicAdd(&cnt, 1)] = key;
-    }
-    int P = 1;
-    while (P < k) P <<= 1;
-    for (int i = k + threadIdx.x; i < P; i += blockDim.x) top[i] = 0;
-    __syncthreads();
-    sample_block_sort(top, P);
+    const int k = a.k;
+    sample_top(a, top, sel, cnt);
     if (!a.greedy) {
         const float topv = SMP_FMUL(sample_key_value(top[0]), a.inv_t);
         for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
@@ -6921,8 +6915,9 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     e->T_max = std::max(min_cols, o.prefill_chunk);
     e->logit_rows = std::max<int>(lanes ? (int)LANES_MAX : (int)DEC_COLS, (int)std::min<int64_t>(e->T_max, (256ll << 20) / ((int64_t)g.vocab * 4)));
     // one lane: the sequence's rows are the cache's. lanes: a sequence holds up to
-    // --max-context rows, the pool (--kv-capacity; default one full sequence per lane) is shared
-    int rows = o.kv_capacity > 0 ? o.kv_capacity : lanes ? o.lanes * o.max_context : o.max_context;
+    // --max-context rows of the pool (--kv-capacity, NInfer's default --max-context, at least a
+    // page a lane), which all lanes share
+    int rows = o.kv_capacity > 0 ? o.kv_capacity : o.max_context;
     auto work_for = [&](int cap) {
         int b, ns, sk;
         b = gpu_bucket_of(cap); gpu_attn_plan(b, &ns, &sk, o.tune.attn_splits, o.tune.attn_min_keys);
@@ -6934,11 +6929,10 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     };
     if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
         size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
-        const int64_t least = lanes ? (int64_t)o.lanes * o.max_context : o.max_context;
-        if (fixed >= free_b) rows = (int)least;
-        else rows = (int)std::min<int64_t>(std::max<int64_t>(least, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
+        if (fixed >= free_b) rows = o.max_context;
+        else rows = (int)std::min<int64_t>(std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
     }
-    if (lanes) rows = (int)std::min<int64_t>(CEIL_DIV((int64_t)rows, (int64_t)KV_PAGE) * KV_PAGE, INT32_MAX / 2 / KV_PAGE * KV_PAGE);
+    if (lanes) rows = (int)std::min<int64_t>(std::max<int64_t>(CEIL_DIV((int64_t)rows, (int64_t)KV_PAGE), o.lanes) * KV_PAGE, INT32_MAX / 2 / KV_PAGE * KV_PAGE);
     e->kv_rows = rows;
     e->capacity = lanes ? o.max_context : rows;
     e->max_pages = (int)CEIL_DIV(e->capacity, KV_PAGE);
@@ -9437,8 +9431,20 @@ struct ServedModel {
     int im_start = -1;  // the template's turn opener id: reuse boundaries sit before the open turn's
 };
 
+// lane k's live rows go back to the pool: the prefixes they back are copied to the host tier
+// or dropped (under the turn of the lane that asks)
+static void lane_evict(ServedModel* s, int k) {
+    GpuEngine* e = s->lanes[k]->g;
+    const int cur = e->lane;
+    prefix_protect(&s->pc, k, 0, s->pc.entries.end());
+    prefix_reset_live(s->lanes[k]);
+    gpu_lane_trim(e, k, 0);
+    s->pc.live[k].clear(); s->pc.bridge[k].clear();
+    gpu_lane_select(e, cur);
+}
 // kv pages for `rows` rows of the lane, from the pool or from idle lanes (least recently used
-// first); false when the pool cannot hold them now. under the scheduler's lock
+// first); false when the pool cannot hold them now, and then the lane holds no pages (its own
+// kept rows go too: lanes that wait hold nothing, so they wait only for running ones)
 static bool lane_pages(ServedModel* s, int lane, int rows) {
     Engine* en = s->lanes[lane];
     if (!en->gpu || en->g->o.lanes <= 1) return true;
@@ -9448,14 +9454,8 @@ static bool lane_pages(ServedModel* s, int lane, int rows) {
         int victim = -1;
         for (int k = 0; k < (int)s->lanes.size(); k++)
             if (k != lane && !s->sched.busy[k] && !e->lanes[k].pages.empty() && (victim < 0 || s->idle_since[k] < s->idle_since[victim])) victim = k;
-        if (victim < 0) return false;
-        // the victim's live rows go: the prefixes they back are copied to the host tier or dropped
-        const int cur = e->lane;
-        prefix_protect(&s->pc, victim, 0, s->pc.entries.end());
-        prefix_reset_live(s->lanes[victim]);
-        gpu_lane_trim(e, victim, 0);
-        s->pc.live[victim].clear(); s->pc.bridge[victim].clear();
-        gpu_lane_select(e, cur);
+        if (victim < 0) { if (!e->lanes[lane].pages.empty()) lane_evict(s, lane); return false; }
+        lane_evict(s, victim);
     }
 }
 // take a free lane and its first turn (and, on the gpu, its pages). serve.h admits at most
@@ -9916,8 +9916,7 @@ static void usage(FILE* f) {
         "  --spec mtp             draft with the artifact's mtp module, verify K+1 tokens per pass\n"
         "  --draft-tokens N       the draft window K, 1..5 (required with --spec)\n"
         "  --lm-head-draft        score drafts with the artifact's reduced proposal head (needs --spec)\n"
-        "                         (the cpu reference path only so far: with a gpu, add --cpu;\n"
-        "                         drafted / accepted / per position / tokens per round on stderr)\n"
+        "                         (drafted / accepted / per position / tokens per round on stderr)\n"
         "\n"
         "execution:\n"
         "  --cpu                  the cpu reference path (automatic when there is no gpu)\n"
@@ -10438,9 +10437,9 @@ static void bench_usage(FILE* f) {
         "  --prefill-chunk N      prompt tokens per forward call, depth prefill included (1024)\n"
         "  --sample               sample with ninfer's defaults (temperature 0.6, top-k 20, top-p 0.95,\n"
         "                         presence 1.0) instead of greedy\n"
-        "  --spec mtp             mtp speculative decoding in the generation tests (the cpu reference\n"
-        "  --draft-tokens K       path only so far), with the draft window K (1..5); rows add the\n"
-        "  --lm-head-draft        acceptance; with --spec, -p and -pg need -d 0\n"
+        "  --spec mtp             mtp speculative decoding in the generation tests, with the draft\n"
+        "  --draft-tokens K       window K (1..5); rows add the acceptance; with --spec, -p and -pg\n"
+        "  --lm-head-draft        need -d 0\n"
         "  --kv-dtype T           bf16 | int8 | fp8 kv cache on the gpu (bf16)\n"
         "  --kv-capacity N|auto   kv rows to allocate on the gpu (default: what the tests need)\n"
         "  --no-cuda-graph        decode eagerly instead of replaying cuda graphs\n"

@@ -356,7 +356,7 @@ static void serve_usage(FILE* f) {
         "  --prefill-chunk N             prefill chunk, a positive multiple of 128 (1024)\n"
         "  --device N                    cuda device (0)\n"
         "  --kv-dtype bf16|int8|fp8      kv cache storage (bf16)\n"
-        "  --kv-capacity N|auto          kv pool in tokens (max-context x max-concurrency), the lanes' pages\n"
+        "  --kv-capacity N|auto          kv pool in tokens (= max-context), shared by the lanes in pages\n"
         "  --spec mtp|dflash             speculative decoding (off); needs --draft-tokens\n"
         "  --draft-tokens N              draft window: mtp 1..5, dflash 1..15\n"
         "  --lm-head-draft               the reduced proposal head for drafts (off; needs --spec)\n"

@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     // same graph replayed back to back
     {
         GpuOpts ol = o;
-        ol.lanes = LANES_MAX; ol.max_context = 1024; ol.prefill_chunk = 128;
+        ol.lanes = LANES_MAX; ol.max_context = 1024; ol.kv_capacity = LANES_MAX * 1024; ol.prefill_chunk = 128;
         GpuEngine* le = gpu_build(&m, ol, &err);
         if (!le) { fprintf(stderr, "bench_gpu: %s\n", err.c_str()); return 1; }
         std::vector<int> lp(128), ls(LANES_MAX), lid(LANES_MAX), am(LANES_MAX);

@@ -1385,6 +1385,26 @@ static void lanes_case(const char* path, bool graphs) {
 TEST(GpuLanes, BatchedGreedyMatchesOneAtATimeKjv) { NEED_GPU(); if (!file_exists("models/kjv/kjv.ninfer")) GTEST_SKIP(); lanes_case("models/kjv/kjv.ninfer", true); }
 TEST(GpuLanes, BatchedGreedyMatchesOneAtATimeTinyEager) { NEED_GPU(); if (!file_exists("build/models/tiny.ninfer")) GTEST_SKIP(); lanes_case("build/models/tiny.ninfer", false); }
 
+// the server's shape: an N-lane engine's Engines on one scheduler, and a one-sequence engine
+// beside it for the references
+struct LanesRig {
+    Model m; Engine one, base; std::vector<Engine> lanes; LaneSched ls; int domain = 0;
+    ~LanesRig() { engine_free(&base); engine_free(&one); model_close(&m); }
+};
+static bool lanes_rig(LanesRig* r, const char* path, int n, const SpecOpts& sp, std::string* err) {
+    if (!model_open(&r->m, path, err)) return false;
+    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
+    if (!engine_build(&r->one, &r->m, true, o, err)) return false;
+    GpuOpts ol = o; ol.lanes = n; ol.kv_capacity = n * o.max_context;
+    if (!engine_build(&r->base, &r->m, true, ol, err, sp)) return false;
+    r->lanes.assign(n, r->base);
+    std::vector<Engine*> lp;
+    for (Engine& e : r->lanes) lp.push_back(&e);
+    sched_build(&r->ls, lp);
+    r->domain = r->one.g->domain;
+    return true;
+}
+
 // the scheduler on the gpu: requests on threads, as the server runs them (LaneSched,
 // generate_lane): greedy and sampled lanes (the host's sampler on the step's row equals the
 // device sampler of generate_gpu: test_kernels Sampling.*), a stop id and a cancel inside the
@@ -1393,21 +1413,13 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     NEED_GPU();
     const char* path = "models/kjv/kjv.ninfer";
     if (!file_exists(path)) GTEST_SKIP();
-    Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, path, &err)) << err;
-    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
-    Engine one;
-    ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
     const int N = 6;
-    GpuOpts ol = o; ol.lanes = N;
-    Engine base;
-    ASSERT_TRUE(engine_build(&base, &m, true, ol, &err)) << err;
-    std::vector<Engine> lanes(N, base);
-    std::vector<Engine*> lp;
-    for (int k = 0; k < N; k++) { lanes[k].lane = k; lp.push_back(&lanes[k]); }
-    LaneSched ls;
-    sched_build(&ls, lp);
-    const int domain = one.g->domain;
+    LanesRig rig; std::string err;
+    ASSERT_TRUE(lanes_rig(&rig, path, N, SpecOpts(), &err)) << err;
+    Engine& one = rig.one;
+    std::vector<Engine>& lanes = rig.lanes;
+    LaneSched& ls = rig.ls;
+    const int domain = rig.domain;
     struct Req { std::vector<int> prompt; int n; float T; int cancel_at; std::vector<int> stop, ref, got; };
     std::vector<Req> rq(N);
     for (int k = 0; k < N; k++) {
@@ -1446,8 +1458,6 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     fprintf(stderr, "  scheduler: %llu decode steps, %.2f lanes a step\n", (unsigned long long)ls.decode_steps,
             ls.decode_steps ? (double)ls.decode_tokens / ls.decode_steps : 0.0);
     EXPECT_GT(ls.decode_tokens, ls.decode_steps);  // the steps were batched
-    engine_free(&base); engine_free(&one);
-    model_close(&m);
 }
 
 // --spec mtp with lanes on the gpu: each lane's rounds are exclusive steps handed over at round
@@ -1458,22 +1468,14 @@ TEST(GpuLanes, SpecRoundsPerLaneMatchPlainKjv) {
     NEED_GPU();
     const char* path = "models/kjv/kjv.ninfer";
     if (!file_exists(path)) GTEST_SKIP();
-    Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, path, &err)) << err;
-    GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
-    Engine one;
-    ASSERT_TRUE(engine_build(&one, &m, true, o, &err)) << err;
     const int N = 4;
-    GpuOpts ol = o; ol.lanes = N;
     SpecOpts sp; sp.K = 3;
-    Engine base;
-    ASSERT_TRUE(engine_build(&base, &m, true, ol, &err, sp)) << err;
-    std::vector<Engine> lanes(N, base);
-    std::vector<Engine*> lp;
-    for (int k = 0; k < N; k++) lp.push_back(&lanes[k]);
-    LaneSched ls;
-    sched_build(&ls, lp);
-    const int domain = one.g->domain;
+    LanesRig rig; std::string err;
+    ASSERT_TRUE(lanes_rig(&rig, path, N, sp, &err)) << err;
+    Engine& one = rig.one;
+    std::vector<Engine>& lanes = rig.lanes;
+    LaneSched& ls = rig.ls;
+    const int domain = rig.domain;
     std::vector<std::vector<int>> prompt(N), ref(N), got(N);
     std::vector<GenStats> st(N);
     for (int k = 0; k < N; k++) {
@@ -1510,6 +1512,4 @@ TEST(GpuLanes, SpecRoundsPerLaneMatchPlainKjv) {
         fprintf(stderr, "  spec lane %d: %zu tokens, %ld rounds, %ld of %ld drafts accepted, %d polls\n", k, got[k].size(), st[k].spec.rounds,
                 st[k].spec.accepted, st[k].spec.drafted, polls[k].polls);
     }
-    engine_free(&base); engine_free(&one);
-    model_close(&m);
 }

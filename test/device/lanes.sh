@@ -5,13 +5,14 @@
 # --max-concurrency 64 under test/loadgen.py decode at C = 1..64 (512-token prompts, 256 tokens)
 # and two poisson arrival rates, and the single-stream ninfer-bench tg128 beside it.
 # usage (from the repo root on the device): bash .carry-lanes/lanes.sh [stages], stages a comma
-# list of: kernels,tests,spec,load,bench,serve,pytest (default all): serve runs both model cards'
+# list of: kernels,tests,spec,load,bench,serve,pytest,long (default all); long: issue 16's 128K-token
+# prefill on the 9b (ninfer-bench pp131072, pieces of 4096): serve runs both model cards'
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
 set -u
 cd "$(dirname "$0")/.."
 C=.carry-lanes
-STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest}
+STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,long}
 mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
 export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
 mkdir -p build/test build/models build/apps
@@ -25,19 +26,19 @@ for n in tiny tiny-gqa3; do
   python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
   python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
 done
-if has load || has bench || has serve; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
+if has load || has bench || has serve || has long; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
 wait; echo "models $(( $(date +%s) - t0 )) s"
 run() {  # name timeout binary args...
   local n=$1 to=$2; shift 2
   local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
   echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|lanes|scheduler' $OUT/$n.log | head -30
 }
-has kernels && run test_kernels 300 build/test/test_kernels --gtest_filter='Gemv*:Attention*:Gdn*'
+has kernels && run test_kernels 300 build/test/test_kernels
 has tests && run test_gpu 300 build/test/test_gpu
 has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'
 up() { for i in $(seq 1 900); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.2; done; return 1; }
 if has load; then
-  build/apps/ninfer-serve /tmp/9b.ninfer --port 18090 --max-concurrency 64 --max-context 1024 --log-stats-interval-ms 0 2>$OUT/serve64.log & S=$!
+  build/apps/ninfer-serve /tmp/9b.ninfer --port 18090 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 0 2>$OUT/serve64.log & S=$!
   if up 18090; then
     grep "memory plan" $OUT/serve64.log | cut -c1-400
     timeout 300 python3 test/loadgen.py decode --url http://127.0.0.1:18090 --concurrency 1,2,4,8,16,32,64 --prompt-words 480 --max-tokens 256
@@ -88,6 +89,7 @@ if has serve; then
   if grep -q listening $OUT/serve4b.err; then python3 test/device/openai_chat.py 8000 Qwen3.5-4B; kill $sp; fi
   wait $sp; echo "4b card serve exit $?"
 fi
+has long && timeout 200 build/apps/ninfer-bench /tmp/9b.ninfer -p 131072 -n 0 -r 1 --warmup 0 --prefill-chunk 4096 2>&1 | tail -3
 if has pytest; then
   s=$(date +%s); NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -p no:cacheprovider test/test_serve_lanes.py > $OUT/pytest_lanes.log 2>&1
   echo "== pytest test_serve_lanes.py (gpu) rc=$? $(( $(date +%s) - s )) s"; tail -5 $OUT/pytest_lanes.log
