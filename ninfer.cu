@@ -3258,11 +3258,12 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 // order, per group dd = mma chain from zero, the offset fma, acc = fma(scale, dd, acc), the
 // warps meeting in order v = 0..NW-1, the same staged x and sums, and the same 1 / rms from
 // the same reduction tree), and the mma columns are independent: column c of a C-column
-// product is bit for bit its one-column product. the pipeline depth S and the row tiles per
-// block RT change no bit (each tile's warps are a one-tile block's); slices are multiples of
+// product is bit for bit its one-column product. the pipeline depth S, the row tiles a warp RW
+// and the warp sets a block RT change no bit (each tile's warps sum as a one-tile block's, the
+// A fragments of its rows against the same b fragments); slices are multiples of
 // NW * D groups, so each warp's iterations never straddle a slice.
 enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 tiles)
-       GEMV_WIDE_S = 3,                        // weight stages per warp
+       GEMV_WIDE_S = 3,                        // weight stages a warp of one row tile (two: GemvWideStages)
        GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32; 128 registers: one block an sm)
        GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
