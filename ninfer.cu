@@ -2532,7 +2532,7 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // ---- 7.2 gemv (decode products) -------------------------------------------------------------
-// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 per launch; the wide kernel below: up
+// gemv: y[c][r] = sum_k W[r,k] x[c][k] for c < C (1..8 a block; the wide kernel below: up
 // to 64), decode's matrix op
 //
 // batch-1 decode reads every weight byte once per token, so this kernel is a memory stream:
@@ -2576,7 +2576,7 @@ enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the 
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
     const bf16_t* x; int ldx; // x[c*ldx + k]
-    int C;                    // columns, 1..8
+    int C;                    // columns, 1..8 (register / async kernels: up to 64, 8 a block row)
     void* y; int ldy;         // y[c*ldy + r], bf16 or fp32
     int y_f32;
     const bf16_t* resid; int ldr;  // optional residual (may alias y)
@@ -2921,8 +2921,20 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
 // for it = 0, 1, ...: the loads of a stage are all issued, then the stage is computed (the
 // other warps of the sm keep the memory busy meanwhile). x is loaded when a group is computed
 // (an l1 hit once one warp of the sm has touched it).
+// the register and async kernels take up to GEMV_WIDE_COLS columns a launch: block row y runs
+// columns [8y, 8y + 8) exactly as a launch of those columns alone (g_gemv_ychunks)
+__device__ __forceinline__ GemvArgs gemv_col_chunk(const GemvArgs& a0) {
+    GemvArgs a = a0;
+    const int c0 = (int)blockIdx.y * GEMV_MAX_COLS;
+    a.x += (int64_t)c0 * a.ldx;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < GEMV_MAX_COLS ? a.C - c0 : GEMV_MAX_COLS;
+    return a;
+}
 template <int F, int NW, int D, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a0) {
+    const GemvArgs a = gemv_col_chunk(a0);
     pdl_entry();
     using Fm = GemvFmt<F>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -3004,7 +3016,8 @@ __device__ __forceinline__ void gemv_stage_read(uint32_t (&raw)[2][2][GemvFmt<F>
 }
 
 template <int F, int NW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a0) {
+    const GemvArgs a = gemv_col_chunk(a0);
     pdl_entry();
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
@@ -3245,14 +3258,19 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 // order, per group dd = mma chain from zero, the offset fma, acc = fma(scale, dd, acc), the
 // warps meeting in order v = 0..NW-1, the same staged x and sums, and the same 1 / rms from
 // the same reduction tree), and the mma columns are independent: column c of a C-column
-// product is bit for bit its one-column product. the pipeline depth S and the row tiles per
-// block RT change no bit (each tile's warps are a one-tile block's); slices are multiples of
+// product is bit for bit its one-column product. the pipeline depth S, the row tiles a warp RW
+// and the warp sets a block RT change no bit (each tile's warps sum as a one-tile block's, the
+// A fragments of its rows against the same b fragments); slices are multiples of
 // NW * D groups, so each warp's iterations never straddle a slice.
 enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 tiles)
-       GEMV_WIDE_S = 3,                        // weight stages per warp
+       GEMV_WIDE_S = 3,                        // weight stages a warp of one row tile (two: GemvWideStages)
        GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32; 128 registers: one block an sm)
        GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
        GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
+static int g_gemv_wide_rw = 2;                 // row tiles a warp: 1, or 2 where the grid allows (gemv_wide_launch)
+static int g_gemv_wide_rw2_cols = 32;          // the most columns a block with two row tiles a warp (16 or 32: NT <= 4, registers)
+static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
+static int g_gemv_wide_from = 4;               // > 1: gemv_wide_early's products of at least this many columns (0: none)
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
 static int g_gemv_wide_blocks = 132;           // the grid's blocks the launch aims at (the h200's sms; gemv_wide_launch)
 
@@ -3312,11 +3330,14 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
     acc[3] = fmaf(s1, dd[3], acc[3]);
 }
 
-// RT = blockDim.x / (NW * 32) row tiles a block. dynamic shared memory: the weight stages
-// [RT*NW][S][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad) and its
-// sums [su][8 NT] fp32;
-// after the main loop the warps' partial sums [RT*NW][NT][32] float4 reuse it from the start.
-template <int F, int NW, int NT>
+// RT = blockDim.x / (NW * 32) warp sets a block, each RW row tiles (a warp runs its k share of
+// RW 16-row tiles against each staged x fragment: RW = 2 halves the staged x a row costs, its
+// l2 reads, conversions and shared loads). dynamic shared memory: the weight stages
+// [RT*NW][S][RW][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad)
+// and its sums [su][8 NT] fp32; after the main loop the warps' partial sums
+// [RT*RW*NW][NT][32] float4 reuse it from the start.
+template <int RW> struct GemvWideStages { static constexpr int S = RW == 1 ? GEMV_WIDE_S : 2; };  // RW 2: issued before compute
+template <int F, int NW, int NT, int RW>
 __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
     // block b: columns [cg * (b % groups), + cg) of row block b / groups (the blocks that run
     // together share their rows, so the column groups read the weights from l2)
@@ -3330,27 +3351,31 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     }
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = gemv_xs_words(F), S = GEMV_WIDE_S, CW = 8 * NT;
+    constexpr int D = 2, W = gemv_xs_words(F), S = GemvWideStages<RW>::S, CW = 8 * NT, SB = RW * Ly::BYTES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int RT = blockDim.x / (NW * 32), wt = warp % NW;
+    const int RT = blockDim.x / (NW * 32), wt = warp % NW, ti = warp / NW;
     const Mat& w = a.w;
     const int64_t rows = w.rows;
     const int units = (int)w.gpr, C = a.C;
-    const int64_t rowb = rblk * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
+    const int64_t rowb = rblk * RT * RW * 16, row0 = rowb + (int64_t)ti * RW * 16;
     extern __shared__ __align__(16) uint8_t wide_smem[];
-    uint8_t* sm_w = wide_smem + (size_t)warp * S * Ly::BYTES;
-    uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * Ly::BYTES);
+    uint8_t* sm_w = wide_smem + (size_t)warp * S * SB;
+    uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * SB);
     const int CS = su * 4 * W + 4;  // words a column: + 16 bytes, so the 8 columns of a tile load from other banks
     float* xsum = (float*)(xs + (size_t)C * CS);
     auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
 
-    // this lane's copy duties, as gemv_xs_kernel's
-    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)wt * D * 32;
-    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
-    const uint8_t* src_h = nullptr;
-    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)wt * D * Ly::HB;
-    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
-    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)wt * D * 2;
+    // this lane's copy duties, as gemv_xs_kernel's, for each of the warp's row tiles
+    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)wt * D * 32;
+        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
+        src_h[r] = nullptr;
+        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)wt * D * Ly::HB;
+        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
+        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)wt * D * 2;
+    }
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
     const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
     const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
@@ -3358,14 +3383,17 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     const int n_it = wt * D < units ? (units - wt * D + NW * D - 1) / (NW * D) : 0;
     uint32_t wslot = 0;
     auto issue = [&]() {
-        const uint32_t slot = sbase + wslot;
-        cp_async16(slot + dst_b0, src_b0);
-        cp_async16(slot + dst_b1, src_b1);
-        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h);
-        if (lane >= 16) cp_async4(slot + dst_s, src_s);
-        src_b0 += NW * D * 32; src_b1 += NW * D * 32; src_s += NW * D * 2;
-        if (Ly::HB) src_h += NW * D * Ly::HB;
-        wslot = wslot + Ly::BYTES == S * Ly::BYTES ? 0 : wslot + Ly::BYTES;
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
+            cp_async16(slot + dst_b0, src_b0[r]);
+            cp_async16(slot + dst_b1, src_b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
+            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
+            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
+            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
+        }
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
     };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -3374,23 +3402,35 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     }
     pdl_entry();
 
-    // 1 / rms per column: block_sum's tree of gemv_xs_kernel (warps 0..NW-1 of a tile sum with
+    // 1 / rms per column: block_sum's tree of gemv_xs_kernel (warps 0..NW-1 of a set sum with
     // the strides of its first NW * 32 threads; the butterfly over [warp sums, zeros]), the
-    // columns spread over the block's row tiles
+    // columns spread over the block's warp sets, RC columns a warp at once (their loads in
+    // flight together; each column's sum keeps its order)
     __shared__ float inv_rms[GEMV_WIDE_COLS], rms_part[GEMV_WIDE_COLS][8];
     if (a.xmode == GEMV_X_RMS) {
+        constexpr int RC = 4;
         const int K = (int)w.cols, tid = wt * 32 + lane;
-        for (int c = warp / NW; c < C; c += RT) {
-            const bf16_t* xc = a.x + (int64_t)c * a.ldx;
-            float ss = 0.f;
-            for (int k = tid * 8; k < K; k += NW * 32 * 8) {
-                uint4 v = __ldg((const uint4*)(xc + k));
-                const bf16_t* e = (const bf16_t*)&v;
+        for (int c0 = ti; c0 < C; c0 += RC * RT) {
+            float ss[RC];
+            const bf16_t* xc[RC];
 #pragma unroll
-                for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+            for (int j = 0; j < RC; j++) { ss[j] = 0.f; const int c = c0 + j * RT; xc[j] = a.x + (int64_t)(c < C ? c : c0) * a.ldx; }
+            for (int k = tid * 8; k < K; k += NW * 32 * 8) {
+                uint4 v[RC];
+#pragma unroll
+                for (int j = 0; j < RC; j++) v[j] = __ldg((const uint4*)(xc[j] + k));
+#pragma unroll
+                for (int j = 0; j < RC; j++) {
+                    const bf16_t* e = (const bf16_t*)&v[j];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) ss[j] += bf2f(e[q]) * bf2f(e[q]);
+                }
             }
-            ss = warp_sum(ss);
-            if (lane == 0) rms_part[c][wt] = ss;
+#pragma unroll
+            for (int j = 0; j < RC; j++) {
+                const float s = warp_sum(ss[j]);
+                if (lane == 0 && c0 + j * RT < C) rms_part[c0 + j * RT][wt] = s;
+            }
         }
         __syncthreads();
         for (int c = warp; c < C; c += RT * NW) {
@@ -3402,18 +3442,20 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
     }
 
     const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
-    float acc[NT][4];
+    float acc[RW][NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
     uint32_t rslot = 0;
     int it = 0, ub = wt * D;
     for (int u0 = 0; u0 < units; u0 += su) {
         const int sn = units - u0 < su ? units - u0 : su;
         if (u0) __syncthreads();  // every warp is done with the previous slice
         // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
-        // GEMV_WIDE_ILP entries load first, then convert (the loop is latency-bound otherwise)
+        // U entries load first, then convert (the loop is latency-bound otherwise)
         const int n_x = C * sn * 4;
-        constexpr int NQ = Fm::LPT / 8, U = NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
+        constexpr int NQ = Fm::LPT / 8, U = RW * NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
         for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
             uint4 xv[U][NQ], av[U][NQ];
 #pragma unroll
@@ -3481,15 +3523,24 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
             cp_async_wait<S - 2>();
             __syncwarp();
             const uint8_t* st = sm_w + rslot;
-            rslot = rslot + Ly::BYTES == S * Ly::BYTES ? 0 : rslot + Ly::BYTES;
-            uint32_t raw[D][2][Fm::RAW];
-            gemv_stage_read<F>(raw, st, g, t);
+            rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+            if constexpr (RW > 1) {  // the slot of the stage computed last: this one's copies fly during the compute
+                if (it + S - 1 < n_it) issue();
+                cp_async_commit();
+            }
+            uint32_t raw[RW][D][2][Fm::RAW];
+#pragma unroll
+            for (int r = 0; r < RW; r++) gemv_stage_read<F>(raw[r], st + r * Ly::BYTES, g, t);
 #pragma unroll
             for (int d = 0; d < D; d++) {
                 const int ul = ub - u0 + d;
-                uint32_t A[GemvWideA<F>::N][4];
-                gemv_afrag<F>(raw[d], A);
-                const float s0 = f16bits2f(raw[d][0][3]), s1 = f16bits2f(raw[d][1][3]);
+                uint32_t A[RW][GemvWideA<F>::N][4];
+                float s0[RW], s1[RW];
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    gemv_afrag<F>(raw[r][d], A[r]);
+                    s0[r] = f16bits2f(raw[r][d][0][3]); s1[r] = f16bits2f(raw[r][d][1][3]);
+                }
                 if constexpr (F == FMT_W8) {
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
@@ -3499,18 +3550,21 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
                         b[0][0] = v.x; b[0][1] = v.y; b[1][0] = v.z; b[1][1] = v.w;
                         const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
                         const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-                        gemv_tile<F>(A, s0, s1, acc[nt], b, sx);
+#pragma unroll
+                        for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
                     }
                 } else {
-                    // gemv_tile's arithmetic with the tiles' chains interleaved (steps 0, 1 of
-                    // every tile, then 2, 3): each tile's chain keeps its order, and the
-                    // independent chains hide the mma latency
-                    constexpr int NI = NT < 4 ? NT : 4;  // tiles interleaved (registers)
+                    // gemv_tile's arithmetic with the chains of the tiles (and row tiles)
+                    // interleaved (steps 0, 1 of every chain, then 2, 3): each chain keeps its
+                    // order, and the independent chains hide the mma latency
+                    constexpr int NI = RW == 1 ? (NT < 4 ? NT : 4) : (NT < 2 ? NT : 2);  // tiles interleaved (registers)
 #pragma unroll
                     for (int n0 = 0; n0 < NT; n0 += NI) {
-                        float dd[NI][4];
+                        float dd[RW][NI][4];
 #pragma unroll
-                        for (int n = 0; n < NI; n++) dd[n][0] = dd[n][1] = dd[n][2] = dd[n][3] = 0.f;
+                        for (int r = 0; r < RW; r++)
+#pragma unroll
+                            for (int n = 0; n < NI; n++) dd[r][n][0] = dd[r][n][1] = dd[r][n][2] = dd[r][n][3] = 0.f;
 #pragma unroll
                         for (int q = 0; q < W / 4; q++)
 #pragma unroll
@@ -3518,8 +3572,11 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
                                 const int nt = n0 + n;
                                 uint4 v = make_uint4(0, 0, 0, 0);
                                 if (nt * 8 + g < C) v = *((const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W) + q);
-                                mma_bf16_16816(dd[n], A[2 * q][0], A[2 * q][1], A[2 * q][2], A[2 * q][3], v.x, v.y);
-                                mma_bf16_16816(dd[n], A[2 * q + 1][0], A[2 * q + 1][1], A[2 * q + 1][2], A[2 * q + 1][3], v.z, v.w);
+#pragma unroll
+                                for (int r = 0; r < RW; r++) {
+                                    mma_bf16_16816(dd[r][n], A[r][2 * q][0], A[r][2 * q][1], A[r][2 * q][2], A[r][2 * q][3], v.x, v.y);
+                                    mma_bf16_16816(dd[r][n], A[r][2 * q + 1][0], A[r][2 * q + 1][1], A[r][2 * q + 1][2], A[r][2 * q + 1][3], v.z, v.w);
+                                }
                             }
 #pragma unroll
                         for (int n = 0; n < NI; n++) {
@@ -3527,29 +3584,38 @@ __global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArg
                             const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
                             const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
 #pragma unroll
-                            for (int j = 0; j < 4; j++) dd[n][j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[n][j]);
-                            acc[nt][0] = fmaf(s0, dd[n][0], acc[nt][0]);
-                            acc[nt][1] = fmaf(s0, dd[n][1], acc[nt][1]);
-                            acc[nt][2] = fmaf(s1, dd[n][2], acc[nt][2]);
-                            acc[nt][3] = fmaf(s1, dd[n][3], acc[nt][3]);
+                            for (int r = 0; r < RW; r++) {
+#pragma unroll
+                                for (int j = 0; j < 4; j++) dd[r][n][j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[r][n][j]);
+                                acc[r][nt][0] = fmaf(s0[r], dd[r][n][0], acc[r][nt][0]);
+                                acc[r][nt][1] = fmaf(s0[r], dd[r][n][1], acc[r][nt][1]);
+                                acc[r][nt][2] = fmaf(s1[r], dd[r][n][2], acc[r][nt][2]);
+                                acc[r][nt][3] = fmaf(s1[r], dd[r][n][3], acc[r][nt][3]);
+                            }
                         }
                     }
                 }
             }
-            if (it + S - 1 < n_it) issue();
-            cp_async_commit();
+            if constexpr (RW == 1) {
+                if (it + S - 1 < n_it) issue();
+                cp_async_commit();
+            }
         }
     }
     pdl_release();
     cp_async_wait<0>();
     __syncthreads();  // the partial sums take the shared memory over
 
-    // the warps meet as gemv_epilogue's (per tile and column: s = 0, += warp v = 0..NW-1)
-    float4* red = (float4*)wide_smem;  // [RT*NW][NT][32]
+    // the warps meet as gemv_epilogue's (per tile and column: s = 0, += warp v = 0..NW-1); the
+    // block's tile i = ti * RW + r
+    float4* red = (float4*)wide_smem;  // [RT*RW tiles][NW][NT][32]
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) red[((size_t)warp * NT + nt) * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[((size_t)((ti * RW + r) * NW + wt) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < RT * NT * 128; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < RT * RW * NT * 128; idx += blockDim.x) {
         const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
         float s = 0.f;
 #pragma unroll
@@ -3636,12 +3702,15 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
     if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
+    // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
+    CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
+    const dim3 rgrid(tiles, (unsigned)CEIL_DIV(a.C, (int)GEMV_MAX_COLS));
     if constexpr (F == FMT_BF16) {
-        launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a);
+        launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a);
     } else {
         switch (k) {
-            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, tiles, 16 * 32, 0, stream, a); break;
-            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, tiles, 8 * 32, 0, stream, a); break;
+            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a); break;
+            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, rgrid, 8 * 32, 0, stream, a); break;
             case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
             case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
             case GEMV_XS_4X4_R4:
@@ -3654,58 +3723,84 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 }
 
 // the wide kernel for a product of a.C columns on a matrix whose kernel is the x-staged one
-// of NW warps a tile: NT tiles for a block's columns, and the longest slice of x that keeps a
-// block within its share of the sm (else the one of NW * D groups)
+// of NW warps a tile: RW row tiles a warp, NT tiles for a block's columns, and the longest
+// slice of x that keeps a block within its share of the sm (else the one of NW * D groups).
+// RW = 2 (at most g_gemv_wide_rw2_cols columns a block: registers) where the grid keeps
+// g_gemv_wide_blocks blocks of full warp sets with column groups of 16, else RW = 1
 template <int F, int NW>
 static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
     const int units = (int)a.w.gpr, step = NW * 2;
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    // blocks: row tiles rt a block and column groups of cg; below g_gemv_wide_blocks blocks the
+    const int rt_max = GEMV_WIDE_THREADS / (NW * 32);
+    const int rw = g_gemv_wide_rw >= 2 && CEIL_DIV(tiles, (int64_t)2 * rt_max) * CEIL_DIV((int64_t)a.C, (int64_t)16) >= g_gemv_wide_blocks ? 2 : 1;
+    const int64_t sets = CEIL_DIV(tiles, (int64_t)rw);  // a warp's row tiles
+    // blocks: warp sets rt a block and column groups of cg; below g_gemv_wide_blocks blocks the
     // column groups shrink first (16 at the least; they cost l2 reads of the weights), then rt
     // (which costs l2 reads of x: each block stages its columns' whole x)
-    int rt = GEMV_WIDE_THREADS / (NW * 32), cg = a.C;
-    auto blocks = [&]() { return CEIL_DIV(tiles, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
+    int rt = rt_max, cg = rw == 2 ? std::min(a.C, g_gemv_wide_rw2_cols) : a.C;
+    auto blocks = [&]() { return CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
+    if (rw == 2 && cg > 16) {
+        // 32 columns a block or 16, by waves of one block an sm: a 32-column block took 1.8x
+        // the time of a 16-column one (gate_up, h200: bench-notes v6), so 16 where the waves
+        // of 32 cost more (gate_up at C = 32: 192 blocks, 2 waves, against 384 in 3)
+        const int64_t w32 = CEIL_DIV(blocks(), (int64_t)g_gemv_wide_blocks);
+        const int64_t w16 = CEIL_DIV(CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)16), (int64_t)g_gemv_wide_blocks);
+        if (w32 * 9 > w16 * 5) cg = 16;
+    }
     while (blocks() < g_gemv_wide_blocks && (cg > 16 || rt > 1)) {
         if (cg > 16) cg = std::max(16, (cg + 1) / 2 + 7) / 8 * 8;
         else rt /= 2;
     }
     const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
-    const int NT = cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
     cg = cc;
     // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's
-    // share; where even the shortest slice does not fit, fewer row tiles
+    // share; where even the shortest slice does not fit, fewer warp sets
     const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
     const size_t pad = (size_t)cc * 16;  // the kernel's column padding
+    const int S = rw == 1 ? GemvWideStages<1>::S : GemvWideStages<2>::S;
     size_t su = 0, smem = 0;
     for (;; rt /= 2) {
         const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
-        const size_t stages = (size_t)rt * NW * GEMV_WIDE_S * GemvAsyncLayout<F>::BYTES;
+        const size_t stages = (size_t)rt * NW * S * rw * GemvAsyncLayout<F>::BYTES;
         su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
         if (su < (size_t)step) su = step;
         if (su > (size_t)units) su = units;
-        smem = std::max(stages + pad + su * per_unit, (size_t)rt * NW * NT * 32 * 16);
+        smem = std::max(stages + pad + su * per_unit, (size_t)rt * rw * NW * NT * 32 * 16);
         if (smem <= GEMV_WIDE_SMEM_MAX || rt == 1) break;
     }
     CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
           format_name((NumFormat)F), (long long)a.w.cols);
-    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rt) * groups), block = rt * NW * 32;
-    switch (NT) {
-        case 2: launch_k(gemv_wide_kernel<F, NW, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-        case 4: launch_k(gemv_wide_kernel<F, NW, 4>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-        default: launch_k(gemv_wide_kernel<F, NW, 8>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+    const unsigned grid = (unsigned)(CEIL_DIV(sets, (int64_t)rt) * groups), block = rt * NW * 32;
+    if (rw == 2) {
+        switch (NT) {
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            default: launch_k(gemv_wide_kernel<F, NW, 4, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        }
+    } else {
+        switch (NT) {
+            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            case 4: launch_k(gemv_wide_kernel<F, NW, 4, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+            default: launch_k(gemv_wide_kernel<F, NW, 8, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
+        }
     }
     cudaCheck(cudaGetLastError());
 }
-template <int F>
-static void gemv_wide_init() {
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 4, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, 8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+template <int F, int NW>
+static void gemv_wide_init_nw() {
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
+    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
 }
+template <int F>
+static void gemv_wide_init() { gemv_wide_init_nw<F, 4>(); gemv_wide_init_nw<F, 8>(); }
 
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
@@ -3736,8 +3831,17 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     }
 }
 
-// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) runs on the
-// wide kernel (64 columns a launch); on the others in chunks of 8. y_f32 picks fp32 output;
+// the products that take the wide kernel at column counts the staged x holds: the long rows
+// (k > 8192, 8 warps a tile) and the many rows (the head). at C = 4 (h200, bench-notes v6):
+// down 31.3 -> 25.1 us, with swiglu 56.3 -> 40.7, the head 344 -> 287; the others slower there
+// (qk 8.6 -> 9.9, gate_up 25.6 -> 27.9), and at C = 8 all of them but the fused norms
+static bool gemv_wide_early(const Mat& w, int C) {
+    return g_gemv_wide_from > 1 && C >= g_gemv_wide_from && (w.cols > 8192 || w.rows >= 65536);
+}
+
+// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) (and
+// gemv_wide_early's) runs on the wide kernel (64 columns a launch); on the others 64 columns a
+// launch in 8-column block rows (g_gemv_ychunks 0: launches of 8). y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
@@ -3745,7 +3849,7 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
           format_name(w.format), (long long)w.cols);
     GemvKernel k = gemv_pick(w);
     if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
-    if (g_gemv_wide && gemv_xs_kernel_k(k) && C > gemv_launch_cols(w, k)) {
+    if (g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C))) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
             switch (w.format) {
@@ -3757,7 +3861,8 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
         });
         return;
     }
-    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, gemv_launch_cols(w, k), [&](const GemvArgs& a) {
+    const int cols = gemv_xs_kernel_k(k) ? gemv_launch_cols(w, k) : g_gemv_ychunks ? (int)GEMV_WIDE_COLS : (int)GEMV_MAX_COLS;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, cols, [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch<FMT_Q4>(k, a, stream); break;
             case FMT_Q5: gemv_launch<FMT_Q5>(k, a, stream); break;

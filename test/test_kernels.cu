@@ -319,7 +319,8 @@ TEST(Gemv, FusedXTransforms) {
 // lane a lone sequence). every format, the fused x transforms, a residual, the long rows whose
 // staged x holds fewer than 8 columns (the 9b down), and the wide kernel's column counts (one
 // to eight tiles, several k-slices, row tiles a block 1, 2 and 4, more than 64 columns: two
-// launches), on both warp splits (occ 0: the 9b's, 4 warps a 16-row tile below 8193 columns)
+// launches, one or two row tiles a warp), on both warp splits (occ 0: the 9b's, 4 warps a
+// 16-row tile below 8193 columns)
 TEST(Gemv, ColumnsIndependentOfCount) {
     NEED_GPU();
     struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
@@ -363,16 +364,28 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         }
         cudaCheck(cudaDeviceSynchronize());
         auto ref = down<uint8_t>(dref, ysz);
-        for (int n : counts) {
-            if (tc.resid) up(dy, res); else dy.poison();
-            gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
-            cudaCheck(cudaDeviceSynchronize());
-            auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
-            int bad = 0;
-            for (int c = 0; c < n; c++)
-                if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
-            EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products";
-        }
+        // the wide kernel's forms: one row tile a warp; two where the grid allows (the shipped
+        // rule); two everywhere (a target of one block: also the largest column groups)
+        // (from: gemv_wide_early's threshold, 2 and 4 differ only below 4 columns; ych: the
+        // register and async kernels' column chunks in one launch)
+        const struct { int rw, cols, blocks, from, ych; } forms[] = {
+            {1, 32, 132, 0, 0}, {2, 32, 132, 4, 1}, {2, 16, 132, 4, 1}, {2, 32, 1, 4, 1}, {1, 32, 132, 2, 1}, {2, 32, 132, 2, 1}};
+        for (const auto& fm : forms)
+            for (int n : counts) {
+                if (fm.from == 2 && n > 8) continue;  // as from 4
+                g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; g_gemv_wide_from = fm.from;
+                g_gemv_ychunks = fm.ych;
+                if (tc.resid) up(dy, res); else dy.poison();
+                gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
+                cudaCheck(cudaDeviceSynchronize());
+                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
+                auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
+                int bad = 0;
+                for (int c = 0; c < n; c++)
+                    if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
+                EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
+            }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
@@ -2169,9 +2182,17 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 }
 
 // the batched decode's products (issue 14): gemv() at C columns over the 9b shapes, the wide
-// kernel against the launches of <= 8 columns it replaces (g_gemv_wide 0), warp splits as the
-// 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
+// paths in the v4 structure against the shipped ones (bench_wide_form; the launches of <= 8
+// columns the wide kernel replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
 // of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
+// the forms the bench compares: 1 the v4 structure (one row tile a warp, the wide kernel only
+// past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults
+static void bench_wide_form(int f) {
+    g_gemv_wide_rw = f == 1 ? 1 : 2;
+    g_gemv_wide_rw2_cols = 32;
+    g_gemv_wide_from = f == 1 ? 0 : 4;
+    g_gemv_ychunks = f == 1 ? 0 : 1;
+}
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -2185,7 +2206,7 @@ TEST(Bench, DISABLED_GemvWide) {
     bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
     bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (wide: 0 chunks, else the wide kernel's g_gemv_wide_blocks)\n", "gemv", "shape", "C", "wide", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 the v4 structure, 2 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -2197,10 +2218,10 @@ TEST(Bench, DISABLED_GemvWide) {
         // the product's x transform as the 9b decode fuses it: the input norm into gate_up, swiglu into down
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
-            for (int C : {1, 8, 16, 32, 64})
-                for (int wide : {0, 132, 264}) {
-                    if ((C == 1 && wide) || (fused && xmode == GEMV_X_PLAIN) || (wide == 0 && C > 1 && (fused || C != 16))) continue;
-                    g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
+            for (int C : {1, 4, 8, 16, 32, 64})
+                for (int rw : {1, 2}) {  // bench_wide_form
+                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
+                    bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
                     double ms = time_graph_ms([&](cudaStream_t s, int i) {
@@ -2209,24 +2230,39 @@ TEST(Bench, DISABLED_GemvWide) {
                     double gbs = (double)mb / (ms * 1e-3) / 1e9;
                     char shape[40]; snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)sh.rows, (long long)sh.cols,
                                              !fused ? "" : xmode == GEMV_X_RMS ? "+rms" : "+swiglu");
-                    BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape, C, wide, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
+                    BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape, C, rw, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
                 }
     }
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
     Chain9B ch;
     const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
-    for (int C : {1, 8, 16, 32, 64})
-        for (int wide : {0, 132, 264}) {
-            if ((C == 1 && wide) || (wide == 0 && C != 1 && C != 16 && C != 64)) continue;
-            g_gemv_wide = wide > 0; g_gemv_wide_blocks = wide;
-            double ms = time_graph_ms([&](cudaStream_t s, int) {
-                for (size_t i = 0; i < seq.size(); i++)
-                    gemv(mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
-            }, 1, 7);
-            BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, C=%d wide %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
-                        seq.size(), total / 1e9, C, wide, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
-        }
-    g_gemv_wide = 1; g_gemv_wide_blocks = 132;
+    // fused: the 9b decode's x transforms (the input norm into a layer's first grouped
+    // products, the post-attention norm into gate_up, swiglu into down, the final norm into
+    // the head; bf16 gates and the output projections plain)
+    std::vector<int> modes;
+    for (size_t i = 0; i < seq.size(); i++) {
+        const auto& m = seq[i];
+        const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
+        modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
+    }
+    for (int fused : {0, 1})
+        for (int C : {1, 2, 4, 8, 16, 32, 64})
+            for (int rw : {1, 2}) {
+                if (C == 1 && rw > 1) continue;
+                bench_wide_form(rw);
+                double ms = time_graph_ms([&](cudaStream_t s, int) {
+                    for (size_t i = 0; i < seq.size(); i++) {
+                        GemvX xt;
+                        if (fused) { xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                        const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
+                        gemv(mats[i], dx.as<bf16_t>(), ldx, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    }
+                }, 1, 7);
+                BENCH_PRINT("decode gemv chain 9b%s: %zu gemvs, %.2f GB, C=%d rw %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
+                            fused ? " fused" : "", seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9,
+                            100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
+            }
+    bench_wide_form(2);
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
