@@ -3843,13 +3843,22 @@ static bool gemv_wide_early(const Mat& w, int C) {
 // gemv_wide_early's) runs on the wide kernel (64 columns a launch); on the others 64 columns a
 // launch in 8-column block rows (g_gemv_ychunks 0: launches of 8). y_f32 picks fp32 output;
 // resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
+// the kernel of a product of C columns, and whether the wide kernel takes it instead
+static GemvKernel gemv_pick_cols(const Mat& w, int C) {
+    GemvKernel k = gemv_pick(w);
+    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
+    return k;
+}
+static bool gemv_wide_takes(const Mat& w, int C) {
+    const GemvKernel k = gemv_pick_cols(w, C);
+    return g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C));
+}
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w), "gemv: an x transform needs the x-staged kernel (%s, k %lld)",
           format_name(w.format), (long long)w.cols);
-    GemvKernel k = gemv_pick(w);
-    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
-    if (g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C))) {
+    const GemvKernel k = gemv_pick_cols(w, C);
+    if (gemv_wide_takes(w, C)) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
             switch (w.format) {
@@ -7159,9 +7168,9 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     f.input_norm = w.full ? ok(w.attn.query_key) && ok(w.attn.gate_value) : ok(w.gdn.query_key) && ok(w.gdn.value_z);
     f.post_norm = ok(w.gate_up);
     // swiglu staged inside down's product is swiglu_kernel's math element for element, so the
-    // product's bits are the same either way: fused while the x-staged kernel takes all T
-    // columns (a launch saved), separate past that (the wide kernel would make it per block)
-    f.swiglu = ok(w.down) && T <= gemv_launch_cols(w.down, gemv_pick(w.down));
+    // product's bits are the same either way: fused where the x-staged kernel takes the T
+    // columns (a launch saved), separate where the wide kernel does (it would make it per block)
+    f.swiglu = ok(w.down) && !gemv_wide_takes(w.down, T);
     return f;
 }
 // the head reads rmsnorm(x) of its rows
