@@ -4,14 +4,14 @@
 # gpu mtp tests (the slot groups changed under them), then the 9b synthetic served with
 # --max-concurrency 64 under test/loadgen.py decode at C = 1..64 (512-token prompts, 256 tokens)
 # and two poisson arrival rates, and the single-stream ninfer-bench tg128 beside it.
-# usage (from the repo root on the device): bash .carry-lanes/lanes.sh [stages], stages a comma
+# usage (from the repo root on the device): [CARRY=.carry-X] bash .carry-lanes/lanes.sh [stages], stages a comma
 # list of: kernels,tests,spec,load,bench,serve,pytest,long (default all); long: issue 16's 128K-token
 # prefill on the 9b (ninfer-bench pp131072, pieces of 4096): serve runs both model cards'
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
 set -u
 cd "$(dirname "$0")/.."
-C=.carry-lanes
+C=${CARRY:-.carry-lanes}
 STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,long}
 mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
 export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
