@@ -9763,7 +9763,7 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
         char spec[96] = "", lanes[160] = "";
         if (e->mtp.K) snprintf(spec, sizeof spec, " (with the mtp layer's)");
         if (e->o.lanes > 1)
-            snprintf(lanes, sizeof lanes, ", %d lanes of up to %d tokens in a pool of %d pages of %d tokens (batched decode)", e->o.lanes, e->capacity,
+            snprintf(lanes, sizeof lanes, ", %d lane(s) of up to %d tokens in a pool of %d pages of %d tokens (batched decode)", e->o.lanes, e->capacity,
                      (int)(e->kv_rows / KV_PAGE), (int)KV_PAGE);
         fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s%s), deltanet state %d slots of %.1f MiB "
                 "(%d live%s + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",

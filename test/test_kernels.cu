@@ -879,7 +879,9 @@ TEST(Gdn, RecurrentStepLanesEqualLoneColumns) {
 // ---- attention decode (7.6) -------------------------------------------------------------------
 
 // float64 twin on the same bf16 cache; the output rounds to bf16 and the gate multiplies
-// as in the kernel. tolerance: rtol 2^-7 (two bf16 roundings) + atol 1e-5 * max|v| (fp32
+// as in the kernel. tolerance: rtol 3 * 2^-8 (the fp32 and float64 o may round to neighbouring
+// bf16 values: one ulp, up to 2^-7 relative; then the gated product's own rounding, half an ulp:
+// 2^-8; a device run met 1.012 x a 2^-7 bound at a power of two) + atol 1e-5 * max|v| (fp32
 // softmax sums over up to 64k keys).
 static void attn_case(int Hq, int Hkv, int C, int64_t cap, int base_len, int n_splits, bool gate) {
     SCOPED_TRACE("attn Hq " + std::to_string(Hq) + " C " + std::to_string(C) + " len " + std::to_string(base_len) + " splits " + std::to_string(n_splits));
@@ -954,7 +956,7 @@ static void attn_case(int Hq, int Hkv, int C, int64_t cap, int base_len, int n_s
             gotf[i] = bf16_to_f32(got[i]);
         }
     }
-    expect_close("attention decode", gotf, ref, atol, 1.0 / 128);
+    expect_close("attention decode", gotf, ref, atol, 3.0 / 256);
 }
 TEST(Attention, DecodeSplitK) {
     NEED_GPU();
@@ -1903,7 +1905,7 @@ TEST(Attention, PagedEqualsIdentity) {
 // disjoint shuffled pages of one pool, each with the split plan of its own length's bucket
 // (gpu_attn_plan with a target of 24 splits, so the columns' split sizes differ): the lanes
 // launch against C lone launches, bitwise. cpu: also against the float64 twin with
-// attn_case's tolerance (rtol 2^-7 + atol 1e-5 max|v|), on the rows as the kernel decodes them.
+// attn_case's tolerance (rtol 3 * 2^-8 + atol 1e-5 max|v|), on the rows as the kernel decodes them.
 static void lanes_case(Rng& r, int kv, int Hq, int Hkv, int C, bool cpu) {
     SCOPED_TRACE(std::string("lanes ") + kv_dtype_name(kv) + " Hq " + std::to_string(Hq) + " C " + std::to_string(C));
     const int HD = ATT_HD, G = Hq / Hkv, ldq = (Hq + Hkv) * HD, ldg = Hq * HD + 128, ldy = Hq * HD;
@@ -1988,7 +1990,7 @@ static void lanes_case(Rng& r, int kv, int Hq, int Hkv, int C, bool cpu) {
             got[i] = bf16_to_f32(ga[i]);
         }
     }
-    expect_close("attention lanes vs float64", got, ref, atol, 1.0 / 128);
+    expect_close("attention lanes vs float64", got, ref, atol, 3.0 / 256);
 }
 TEST(Attention, LanesEqualLoneColumns) {
     NEED_GPU();

@@ -17,7 +17,7 @@ mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
 export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
 mkdir -p build/test build/models build/apps
 tar -xJf $C/bins.tar.xz -C build/test
-cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve && ln -sf ninfer build/apps/ninfer-bench
+cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve && ln -sf ninfer build/apps/ninfer-bench && ln -sf ninfer build/test/ninfer-serve
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
 t0=$(date +%s)
@@ -91,7 +91,7 @@ if has serve; then
 fi
 has long && timeout 200 build/apps/ninfer-bench /tmp/9b.ninfer -p 131072 -n 0 -r 1 --warmup 0 --prefill-chunk 4096 2>&1 | tail -3
 if has pytest; then
-  s=$(date +%s); NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -p no:cacheprovider test/test_serve_lanes.py > $OUT/pytest_lanes.log 2>&1
+  s=$(date +%s); NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -rs -p no:cacheprovider test/test_serve_lanes.py ${PYTEST_ARGS:-} > $OUT/pytest_lanes.log 2>&1
   echo "== pytest test_serve_lanes.py (gpu) rc=$? $(( $(date +%s) - s )) s"; tail -5 $OUT/pytest_lanes.log
 fi
 true
