@@ -1,7 +1,8 @@
 // ninfer: inference for the Qwen3.5 dense family (hybrid gated deltanet + gated attention)
 // from .ninfer artifacts, in one cuda translation unit. the text model runs on the gpu (and
 // on the cpu reference path); mtp speculative decoding (--spec mtp) runs on both paths
-// (generate_spec_cpu, generate_spec_gpu; multimodal prompts decode without it); the vision tower and multimodal prompts run on both paths
+// (generate_spec_cpu, generate_spec_gpu; multimodal prompts decode without it); many users at
+// once (--max-concurrency: batched decode on the gpu); the vision tower and multimodal prompts run on both paths
 // (vision_forward_cpu / gpu_vision_forward, mm_prepare_*, engine_generate with an MmPrompt),
 // fed by the cli (--image, --video, --messages parts) and the server (--vision).
 //
@@ -44,21 +45,26 @@
 //                            per-frame attention, epilogues, products over the padded k),
 //                            7.15 the mtp round's bookkeeping (accept, commit, drafts)
 //   8. gpu forward           GpuTuning / GpuOpts, loading into one device arena, sequence
-//                            state, the forward pass, cuda graph decode, generate_gpu, the mtp
+//                            state (lanes: per-lane slot groups, the paged kv pool, lane
+//                            select), the forward pass, cuda graph decode, the batched decode
+//                            of the lanes (gpu_decode_lanes), generate_gpu, the mtp
 //                            round (gpu_mtp, generate_spec_gpu), perplexity_gpu, the copy
 //                            bandwidth, state images and kv rows through pinned host memory
 //                            (prefix reuse); the vision tower on the device
 //                            (GpuVision: its own weight arena and workspace, only when asked;
 //                            mm_prepare_gpu)
 //   9. engine                one sequence on either path (cpu reference or gpu), engine_start;
-//                            prefix reuse (PrefixCache: retained prefixes in device / host
-//                            state-slot tiers, prefix_prepare / prefix_finish)
+//                            the lanes' scheduler (LaneSched: exclusive pieces and batched
+//                            decode steps, generate_lane); prefix reuse (PrefixCache: retained
+//                            prefixes in device / host state-slot tiers, prefix_prepare /
+//                            prefix_finish)
 //  10. info                  --info: identity, geometry, object classes, resources
 //  11. text and serving      chat template -> tokens -> Engine -> reasoning / content / tool
 //                            calls with stop strings; media in a conversation (chat_media,
 //                            text_prompt, the tower with its media cache); serve.h's engine
 //                            interface (chat and completion prompts, per-token logprobs,
-//                            prompt scoring, --max-concurrency lanes taking turns, the memory plan)
+//                            prompt scoring, --max-concurrency lanes with admission by kv pages,
+//                            the memory plan)
 //  12. cli                   gpu_parse_flag (bench_gpu shares it), then argument parsing and
 //                            one runner per mode, ninfer-bench (llama-bench's pp / tg rows on
 //                            either path), main (left out when NINFER_TESTING)
