@@ -6583,8 +6583,7 @@ struct StepPtrs {
 
 // one sequence of a lanes engine (the current lane's live in GpuEngine's pos / slot / ...)
 struct GpuLane {
-    int pos = 0, rope_delta = 0, slot = 0, mtp_pos = 0;
-    float* last_logits = nullptr;
+    int pos = 0, rope_delta = 0, slot = 0, mtp_pos = 0;  // (its logits are not kept: gpu_lane_select)
     std::vector<int> pages;    // its pool pages in order: logical row p is in pages[p / KV_PAGE]
 };
 
