@@ -860,3 +860,66 @@ TEST(Generation, ConstraintOpensAfterItsIdAndHoldsTheOutput) {
     EXPECT_TRUE(json_parse(text, &doc, &err)) << text;
     text_model_close(&t);
 }
+
+// the lanes' scheduler on the cpu reference path (section 9's LaneSched, the server's shape):
+// requests on threads, each on its own lane; a decode step runs the waiting lanes' tokens one
+// after another, and prefill pieces (8 tokens here, so prompts take several) go between the
+// steps. greedy and sampled lanes, a stop id and a cancel give what each request gives alone
+// on one engine, token for token, and the decode steps were shared (more tokens than steps)
+TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
+    const char* path = "build/models/tiny.ninfer";
+    if (!file_exists(path)) FAIL() << path << " missing (make models)";
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    FrontendIds fr;
+    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
+    GpuOpts o; o.max_context = 96; o.prefill_chunk = 8;
+    const int N = 4;
+    std::vector<Engine> eng(N + 1);
+    for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
+    Engine& one = eng[N];
+    std::vector<Engine*> lp;
+    for (int k = 0; k < N; k++) lp.push_back(&eng[k]);
+    LaneSched ls;
+    sched_build(&ls, lp);
+    struct Req { std::vector<int> prompt, stop, ref, got; int n; float T; int cancel_at; };
+    std::vector<Req> rq(N);
+    for (int k = 0; k < N; k++)
+        rq[k] = Req{random_ids(3 + 11 * k, fr.domain, 50 + k), {}, {}, {}, 12 + 6 * k, k % 2 ? 0.8f : 0.0f, k == 3 ? 7 : -1};
+    auto sampler = [&](const Req& r, Sampler* smp) {
+        SamplerParams sp; sp.temperature = r.T; sp.top_k = 20; sp.top_p = 0.95f; sp.seed = 9;
+        sampler_build(smp, sp, fr.domain);
+    };
+    for (int k = 0; k < N; k++) {  // alone; request 2 with a stop id (its 5th token's)
+        Req& r = rq[k];
+        Sampler smp; sampler(r, &smp);
+        engine_reset(&one);
+        engine_generate(&one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
+        if (k == 2) { r.stop = {r.ref[5]}; r.ref.resize(std::find(r.ref.begin(), r.ref.end(), r.ref[5]) - r.ref.begin()); }
+        if (r.cancel_at >= 0) r.ref.resize(r.cancel_at);
+    }
+    struct Poll { LaneSched* ls; int lane; };
+    auto poll = [](void* c) { Poll* p = (Poll*)c; sched_yield(p->ls, p->lane); return false; };
+    std::vector<Poll> polls(N);
+    std::vector<std::thread> th;
+    for (int k = 0; k < N; k++)
+        th.emplace_back([&, k] {
+            Req& r = rq[k];
+            polls[k] = Poll{&ls, k};
+            Sampler smp; sampler(r, &smp);
+            sched_turn(&ls, k);
+            engine_reset(&eng[k]);
+            engine_generate(&eng[k], &smp, r.prompt, r.n, r.stop, nullptr, [&](int id) {
+                r.got.push_back(id);
+                return r.cancel_at < 0 || (int)r.got.size() < r.cancel_at;
+            }, GenCancel{poll, &polls[k]});
+            sched_turn_end(&ls, k);
+        });
+    for (auto& t : th) t.join();
+    for (int k = 0; k < N; k++) EXPECT_EQ(rq[k].got, rq[k].ref) << "request " << k;
+    printf("  cpu lanes: %llu decode steps, %.2f lanes a step\n", (unsigned long long)ls.decode_steps,
+           ls.decode_steps ? (double)ls.decode_tokens / ls.decode_steps : 0.0);
+    EXPECT_GT(ls.decode_tokens, ls.decode_steps);
+    for (Engine& e : eng) engine_free(&e);
+    model_close(&m);
+}
