@@ -3808,6 +3808,355 @@ static void gemv_wide_init_nw() {
 template <int F>
 static void gemv_wide_init() { gemv_wide_init_nw<F, 4>(); gemv_wide_init_nw<F, 8>(); }
 
+// ---- wide products from a prepared x (gemv_xp_kernel) ---------------------------------------
+// the slice-staged kernel above stages its columns' x in every block, between barriers, and
+// holds one block an sm; here one small kernel (gemv_xprep_kernel) writes x once per product
+// in b-fragment order with its per-group sums, exactly the entries gemv_xs_kernel stages (the
+// same transform, the same 1 / rms tree: one block of the matrix's NW warps a column, and the
+// same quad sums), and the product's warps read their fragments from there (l1 / l2 hits)
+// with no shared x and no barrier: blocks of one warp set, several an sm, each warp streaming
+// its weights through cp.async stages as gemv_xs_kernel's. the bits are the x-staged kernel's
+// per column (the same warp split of k, the same per-group chain and fma, the warps meeting in
+// order), so a column of a wide product is its one-column product, as before.
+// layout: xp [units][cp][NQ4][4 t] uint4 (NQ4 = W / 4: the thread's b words of a group), so a
+// warp's load of one q covers 64 contiguous bytes a column; sums xps [units][cp] fp32; cp = C
+// rounded up to 8 (the tile loads read whole 8-column tiles; columns >= C are masked).
+enum { GEMV_XP_STREAMS = 8,          // streams with a reserved buffer (the engine's two, tests')
+       GEMV_XP_MAX_K = 32768 };      // the longest rows the buffer holds at GEMV_WIDE_COLS columns
+static int g_gemv_xp = 1;            // 0: the slice-staged wide kernel (gemv_wide_kernel)
+static int g_gemv_xp_rw = 2;         // row tiles a warp where the grid allows (1 or 2)
+static int g_gemv_xp_cols = 32;      // the most columns a block (8, 16, 32 or 64; RW 2 at most 32)
+static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shrinks column groups / row tiles
+// from how many columns the prepared x takes a product that the x-staged kernel could (h200,
+// bench-notes: the 9b chain with the decode's fused transforms at C = 2 3.42 -> 3.10 ms, C = 4
+// 3.47 -> 3.17; plain products lose at C = 2 and 4 (2.92 -> 3.05, 2.99 -> 3.08) and win at 8
+// (3.33 -> 3.18): the x-staged kernel's fused 1 / rms sums one column after another)
+static int g_gemv_xp_from = 2, g_gemv_xp_plain_from = 8;
+static int g_gemv_xp_deep = 0;       // 1: weight stages 5 (two row tiles a warp) / 6 (one) instead of 3 / 4
+static int g_gemv_xp_regs = 0;       // 1: 8 accumulator tiles at 4 warps cap at 168 registers (3 blocks an sm)
+struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; };
+static GemvXpBuf g_gemv_xpbuf[GEMV_XP_STREAMS];
+static size_t gemv_xp_buf_bytes() {
+    // the larger of the group sizes' needs: q formats 128 bytes a (unit, column) over k / 64
+    // units, w8 64 bytes over k / 32; then the sums (k / 32 units at most)
+    const size_t units = GEMV_XP_MAX_K / 32, cols = GEMV_WIDE_COLS;
+    return units * cols * 64 + units * cols * 4;
+}
+// a buffer for the wide products launched on stream s (once per stream, before any capture:
+// a capture must not allocate); gemv_xp_release gives it back when the stream goes
+static void gemv_xp_reserve(cudaStream_t s) {
+    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) return;
+    for (auto& b : g_gemv_xpbuf)
+        if (!b.used) {
+            if (!b.p) cudaCheck(cudaMalloc(&b.p, gemv_xp_buf_bytes()));
+            b.s = s; b.used = true;
+            return;
+        }
+    CHECK(false, "gemv: more than %d streams with a prepared-x buffer", (int)GEMV_XP_STREAMS);
+}
+static void gemv_xp_release(cudaStream_t s) {
+    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) b.used = false;  // the memory stays for the next stream
+}
+static uint8_t* gemv_xp_buffer(cudaStream_t s) {
+    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) return b.p;
+    CHECK(false, "gemv: a wide product on a stream with no prepared-x buffer (gemv_xp_reserve)");
+    return nullptr;
+}
+
+// grid (C, chunks): block (c, y) prepares column c's entries [y * blockDim.x, ...) step
+// chunks * blockDim.x; blockDim.x = NW * 32 of the matrix's x-staged kernel, so block_sum is
+// that kernel's 1 / rms tree (its threads >= NW * 32 add zeros: the same bits)
+template <int F>
+__global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, float* xps, int cp) {
+    using Fm = GemvFmt<F>;
+    constexpr int W = gemv_xs_words(F), NQ4 = W / 4;
+    const int c = blockIdx.x, units = (int)a.w.gpr, K = (int)a.w.cols;
+    const bf16_t* xc = a.x + (int64_t)c * a.ldx;
+    pdl_entry_small();  // x is the previous kernel's output; xp may be what the previous product read
+    float inv = 0.f;
+    if (a.xmode == GEMV_X_RMS) {
+        float ss = 0.f;
+        for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+            uint4 v = __ldg((const uint4*)(xc + k));
+            const bf16_t* e = (const bf16_t*)&v;
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += bf2f(e[j]) * bf2f(e[j]);
+        }
+        ss = block_sum(ss);
+        inv = rsqrtf(ss / (float)K + a.eps);
+    }
+    const int n_x = units * 4;
+    for (int i0 = blockIdx.y * blockDim.x; i0 < n_x; i0 += gridDim.y * blockDim.x) {
+        const int i = i0 + threadIdx.x;
+        float part = 0.f;
+        if (i < n_x) {
+            const int tt = i & 3, u = i >> 2;
+            const int64_t k0 = (int64_t)u * Fm::G + tt * Fm::LPT;
+            const bf16_t* src = xc + k0;
+            uint4 xr[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
+                uint4 v = __ldg((const uint4*)src + q);
+                if (a.xmode == GEMV_X_RMS) {
+                    const uint4 wv = __ldg((const uint4*)(a.xw + k0) + q);
+                    bf16_t* e = (bf16_t*)&v;
+                    const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv * (1.f + bf2f(we[j])));
+                } else if (a.xmode == GEMV_X_SWIGLU) {
+                    const uint4 uv = __ldg((const uint4*)(src + K) + q);
+                    bf16_t* e = (bf16_t*)&v;
+                    const bf16_t* ue = (const bf16_t*)&uv;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
+                }
+                xr[q] = v;
+            }
+            uint32_t bw[W];
+#pragma unroll
+            for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
+            uint4* dst = xp + ((size_t)u * cp + c) * NQ4 * 4 + tt;
+#pragma unroll
+            for (int q = 0; q < NQ4; q++) dst[q * 4] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
+            const bf16_t* xe = (const bf16_t*)xr;
+#pragma unroll
+            for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
+        }
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (i < n_x && (i & 3) == 0) xps[(size_t)(i >> 2) * cp + c] = part;
+    }
+}
+
+// one warp set of NW warps a block, RW row tiles a warp, NT 8-column tiles of the block's
+// column group (block b: row set b / groups, columns [cg * (b % groups), + cg)). dynamic shared
+// memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
+// [RW][NW][NT][32] float4 reuse it.
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                const float* __restrict__ xps, int cp, int cg, int groups) {
+    const int64_t rset = blockIdx.x / groups;
+    const int c0 = (int)(blockIdx.x % groups) * cg;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    if (a.C <= 0) return;  // (balanced groups never leave one empty; a guard, not a case)
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t row0 = rset * RW * 16;
+    extern __shared__ __align__(16) uint8_t xp_smem[];
+    uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+
+    // this lane's copy duties, as gemv_xs_kernel's, for each of the warp's row tiles
+    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_h[r] = nullptr;
+        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+    }
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    uint32_t wslot = 0;
+    auto issue = [&]() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
+            cp_async16(slot + dst_b0, src_b0[r]);
+            cp_async16(slot + dst_b1, src_b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
+            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
+            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
+            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
+        }
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_entry();  // the weights are never written: only the prepared x waits
+
+    // this lane's b words: column c0 + 8 nt + g, thread t (+ u * cp * NQ4 * 4 uint4)
+    const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
+    const float* sl = xps + c0 + 2 * t;
+    float acc[RW][NT][4];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
+    uint32_t rslot = 0;
+    int ub = warp * D;
+    for (int it = 0; it < n_it; it++, ub += NW * D) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = sm_w + rslot;
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        uint32_t raw[RW][D][2][Fm::RAW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) gemv_stage_read<F>(raw[r], st + r * Ly::BYTES, g, t);
+        __syncwarp();  // every lane has read the slot the next copies overwrite
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int u = ub + d;
+            uint32_t A[RW][GemvWideA<F>::N][4];
+            float s0[RW], s1[RW];
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                gemv_afrag<F>(raw[r][d], A[r]);
+                s0[r] = f16bits2f(raw[r][d][0][3]); s1[r] = f16bits2f(raw[r][d][1][3]);
+            }
+            const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+            const float* su = sl + (size_t)u * cp;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 v[NQ4];
+                const bool live = nt * 8 + g < C;
+#pragma unroll
+                for (int q = 0; q < NQ4; q++) v[q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
+                const float2 sv = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
+                const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                uint32_t b[Fm::STEPS][2];
+#pragma unroll
+                for (int q = 0; q < NQ4; q++) {
+                    b[2 * q][0] = v[q].x; b[2 * q][1] = v[q].y;
+                    if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[q].z; b[2 * q + 1][1] = v[q].w; }
+                }
+#pragma unroll
+                for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
+            }
+        }
+    }
+    pdl_release();
+    cp_async_wait<0>();
+    __syncthreads();  // the partial sums take the shared memory over
+
+    // the warps meet as gemv_epilogue's (per tile and column: s = 0, += warp v = 0..NW-1)
+    float4* red = (float4*)xp_smem;  // [RW tiles][NW][NT][32]
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
+        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
+        const int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < C) {
+            if (a.y_f32) {
+                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
+                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
+            } else {
+                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
+                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+            }
+        }
+    }
+}
+
+// blocks an sm the registers allow (65536 / (NW * 32 * MINB) a thread): 128 registers up to
+// 2 tiles of accumulators (NT * RW), ~170 (NW 4) or 255 (NW 8) at 4, 255 at 8 (they spill at 128)
+template <int NW, int NT, int RW, int R = 0> struct GemvXpMinb {
+    static constexpr int v = NT * RW >= 8 ? (R && NW == 4 ? 3 : 256 / (NW * 32)) : NT * RW == 4 ? (NW == 4 ? 3 : 1) : 512 / (NW * 32);
+};
+template <int F, int NW, int NT, int RW, int S>
+static size_t gemv_xp_smem() {
+    return std::max((size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES, (size_t)RW * NW * NT * 32 * 16);
+}
+template <int F, int NW, int NT, int RW, int S>
+static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups,
+                       cudaStream_t stream) {
+    constexpr int S2 = RW == 2 ? 5 : 6;
+    if (g_gemv_xp_regs && NT * RW >= 8 && NW == 4)
+        launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW, 1>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
+    else if (g_gemv_xp_deep)
+        launch_k(gemv_xp_kernel<F, NW, NT, RW, S2, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S2>(), stream, a, xp, xps, cp, cg, groups);
+    else
+        launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
+}
+// the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
+// the prep, then the product: column groups of at most g_gemv_xp_cols (balanced), RW = 2
+// where the grid keeps g_gemv_xp_blocks blocks and the block has at most 32 columns
+template <int F, int NW>
+static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream) {
+    CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
+    CHECK(a.w.cols <= GEMV_XP_MAX_K, "gemv: rows of %lld columns for the prepared x (at most %d)", (long long)a.w.cols,
+          (int)GEMV_XP_MAX_K);
+    constexpr int W = gemv_xs_words(F);
+    const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
+    uint8_t* buf = gemv_xp_buffer(stream);
+    uint4* xp = (uint4*)buf;
+    float* xps = (float*)(buf + (size_t)units * cp * W * 16);  // after xp: 16 W bytes a (unit, column)
+    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
+    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
+    cudaCheck(cudaGetLastError());
+
+    // column groups of cc columns, whole 8-column tiles (balanced: the last group is the short one)
+    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
+    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
+    int groups, cc;
+    split(std::min(g_gemv_xp_cols, (int)GEMV_WIDE_COLS), groups, cc);
+    int rw = g_gemv_xp_rw >= 2 && cc <= 32 && CEIL_DIV(tiles, (int64_t)2) * groups >= g_gemv_xp_blocks ? 2 : 1;
+    // few blocks: smaller column groups (each reads the weights again, from l2: the blocks of
+    // one row set run together)
+    while (CEIL_DIV(tiles, (int64_t)rw) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
+    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw) * groups);
+    if (rw == 2) {
+        switch (NT) {
+            case 1: gemv_xp_go<F, NW, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_go<F, NW, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_go<F, NW, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    } else {
+        switch (NT) {
+            case 1: gemv_xp_go<F, NW, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_go<F, NW, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 4: gemv_xp_go<F, NW, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_go<F, NW, 8, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+}
+template <int F, int NW, int NT, int RW, int S>
+static void gemv_xp_init_one() {
+    constexpr int S2 = RW == 2 ? 5 : 6;
+    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)gemv_xp_smem<F, NW, NT, RW, S>()));
+    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S2, GemvXpMinb<NW, NT, RW>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)gemv_xp_smem<F, NW, NT, RW, S2>()));
+    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW, 1>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)gemv_xp_smem<F, NW, NT, RW, S>()));
+}
+template <int F, int NW>
+static void gemv_xp_init_nw() {
+    gemv_xp_init_one<F, NW, 1, 2, 3>(); gemv_xp_init_one<F, NW, 2, 2, 3>(); gemv_xp_init_one<F, NW, 4, 2, 3>();
+    gemv_xp_init_one<F, NW, 1, 1, 4>(); gemv_xp_init_one<F, NW, 2, 1, 4>(); gemv_xp_init_one<F, NW, 4, 1, 4>();
+    gemv_xp_init_one<F, NW, 8, 1, 4>();
+}
+template <int F>
+static void gemv_xp_init() { gemv_xp_init_nw<F, 4>(); gemv_xp_init_nw<F, 8>(); }
+
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
@@ -3855,18 +4204,29 @@ static GemvKernel gemv_pick_cols(const Mat& w, int C) {
     if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
     return k;
 }
-static bool gemv_wide_takes(const Mat& w, int C) {
+static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
     const GemvKernel k = gemv_pick_cols(w, C);
-    return g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C));
+    const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
+    return g_gemv_wide && gemv_xs_kernel_k(k) &&
+           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (g_gemv_xp && xp_from > 1 && C >= xp_from));
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w), "gemv: an x transform needs the x-staged kernel (%s, k %lld)",
           format_name(w.format), (long long)w.cols);
     const GemvKernel k = gemv_pick_cols(w, C);
-    if (gemv_wide_takes(w, C)) {
+    if (gemv_wide_takes(w, C, xt.mode)) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+            if (g_gemv_xp) {
+                switch (w.format) {
+                    case FMT_Q4: nw8 ? gemv_xp_launch<FMT_Q4, 8>(a, stream) : gemv_xp_launch<FMT_Q4, 4>(a, stream); break;
+                    case FMT_Q5: nw8 ? gemv_xp_launch<FMT_Q5, 8>(a, stream) : gemv_xp_launch<FMT_Q5, 4>(a, stream); break;
+                    case FMT_Q6: nw8 ? gemv_xp_launch<FMT_Q6, 8>(a, stream) : gemv_xp_launch<FMT_Q6, 4>(a, stream); break;
+                    default: nw8 ? gemv_xp_launch<FMT_W8, 8>(a, stream) : gemv_xp_launch<FMT_W8, 4>(a, stream); break;
+                }
+                return;
+            }
             switch (w.format) {
                 case FMT_Q4: nw8 ? gemv_wide_launch<FMT_Q4, 8>(a, stream) : gemv_wide_launch<FMT_Q4, 4>(a, stream); break;
                 case FMT_Q5: nw8 ? gemv_wide_launch<FMT_Q5, 8>(a, stream) : gemv_wide_launch<FMT_Q5, 4>(a, stream); break;
@@ -6177,6 +6537,8 @@ static void gpu_kernels_init(bool pdl = true) {
     g_launch_pdl = major >= 9 && pdl;
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
     gemv_wide_init<FMT_Q4>(); gemv_wide_init<FMT_Q5>(); gemv_wide_init<FMT_Q6>(); gemv_wide_init<FMT_W8>();
+    gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>();
+    gemv_xp_reserve((cudaStream_t)0);  // the default stream's (tests and tools launch there)
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -6538,6 +6900,7 @@ struct GpuTuning {
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
     int gemv_r4_rows = GEMV_R4_ROWS;
+    bool gemv_xp = true;  // wide products from a prepared x (gemv_xp_kernel); off: the slice-staged kernel
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -6550,6 +6913,7 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
     if (const char* gr = getenv("NINFER_GEMV_R4_ROWS")) t.gemv_r4_rows = atoi(gr) > 0 ? atoi(gr) : INT32_MAX;
+    t.gemv_xp = !off("NINFER_GEMV_XP");
     return t;
 }
 
@@ -6884,8 +7248,8 @@ static void gpu_free(GpuEngine* e) {
     if (e->smp_mem) cudaFree(e->smp_mem);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
     if (e->join_ev) cudaEventDestroy(e->join_ev);
-    if (e->side) cudaStreamDestroy(e->side);
-    if (e->stream) cudaStreamDestroy(e->stream);
+    if (e->side) { gemv_xp_release(e->side); cudaStreamDestroy(e->side); }
+    if (e->stream) { gemv_xp_release(e->stream); cudaStreamDestroy(e->stream); }
     delete e;
 }
 
@@ -7127,10 +7491,12 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     gpu_kernels_init(o.tune.pdl);
     g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
     g_gemv_r4_rows = o.tune.gemv_r4_rows;
+    g_gemv_xp = o.tune.gemv_xp ? 1 : 0;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking));
+    gemv_xp_reserve(e->stream); gemv_xp_reserve(e->side);
     cudaCheck(cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming));
     FrontendIds fr;
@@ -7174,8 +7540,9 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     f.post_norm = ok(w.gate_up);
     // swiglu staged inside down's product is swiglu_kernel's math element for element, so the
     // product's bits are the same either way: fused where the x-staged kernel takes the T
-    // columns (a launch saved), separate where the wide kernel does (it would make it per block)
-    f.swiglu = ok(w.down) && !gemv_wide_takes(w.down, T);
+    // columns (a launch saved) and where the prepared-x kernel does (its prep makes it once);
+    // separate where the slice-staged kernel does (it would make it per block)
+    f.swiglu = ok(w.down) && (g_gemv_xp || !gemv_wide_takes(w.down, T, GEMV_X_SWIGLU));
     return f;
 }
 // the head reads rmsnorm(x) of its rows

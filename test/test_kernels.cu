@@ -368,23 +368,38 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         // rule); two everywhere (a target of one block: also the largest column groups)
         // (from: gemv_wide_early's threshold, 2 and 4 differ only below 4 columns; ych: the
         // register and async kernels' column chunks in one launch)
-        const struct { int rw, cols, blocks, from, ych; } forms[] = {
-            {1, 32, 132, 0, 0}, {2, 32, 132, 4, 1}, {2, 16, 132, 4, 1}, {2, 32, 1, 4, 1}, {1, 32, 132, 2, 1}, {2, 32, 132, 2, 1}};
+        // the prepared-x kernel's (xp 1): rw / cols / blocks are g_gemv_xp_rw / _cols / _blocks:
+        // the shipped rule, one row tile a warp, 16 columns a block, the largest groups (a
+        // target of one block; 64 columns: 8 tiles), the smallest (a huge target)
+        const struct { int xp, rw, cols, blocks, from, ych; } forms[] = {
+            {0, 1, 32, 132, 0, 0}, {0, 2, 32, 132, 4, 1}, {0, 2, 16, 132, 4, 1}, {0, 2, 32, 1, 4, 1}, {0, 1, 32, 132, 2, 1},
+            {0, 2, 32, 132, 2, 1}, {1, 2, 32, 132, 4, 1}, {1, 1, 32, 132, 4, 1}, {1, 2, 16, 132, 4, 1}, {1, 2, 32, 1, 4, 1},
+            {1, 1, 64, 1, 4, 1}, {1, 2, 32, 1 << 20, 4, 1}, {1, 2, 24, 264, 4, 1}, {1, 2, 32, 132, 2, 1}, {2, 2, 32, 132, 4, 1},
+            {3, 2, 32, 132, 4, 1}, {4, 2, 32, 132, 4, 1}};
+        auto defaults = [] {
+            g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
+            g_gemv_xp = 1; g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132;
+            g_gemv_xp_deep = 0; g_gemv_xp_regs = 0; g_gemv_xp_from = 2; g_gemv_xp_plain_from = 8;
+        };
         for (const auto& fm : forms)
             for (int n : counts) {
                 if (fm.from == 2 && n > 8) continue;  // as from 4
-                g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; g_gemv_wide_from = fm.from;
-                g_gemv_ychunks = fm.ych;
+                // xp 2 / 3: deeper stages / 168 registers; xp 4: the prepared x from 2 columns on
+                g_gemv_xp = fm.xp > 0; g_gemv_wide_from = fm.from; g_gemv_ychunks = fm.ych;
+                g_gemv_xp_deep = fm.xp == 2; g_gemv_xp_regs = fm.xp == 3; g_gemv_xp_from = fm.xp ? 2 : 0; g_gemv_xp_plain_from = fm.xp == 4 ? 2 : fm.xp ? 8 : 0;
+                if (fm.xp) { g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; }
+                else { g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; }
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
-                g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
+                defaults();
                 auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
                 int bad = 0;
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych
+                                  << ", xp " << fm.xp << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -2046,6 +2061,7 @@ static uint64_t mat_bytes(NumFormat f, int64_t rows, int64_t cols) {
 // median time of one run of `fn` (ms): `reps` calls captured in a graph, replayed `iters` times
 static double time_graph_ms(const std::function<void(cudaStream_t, int)>& fn, int reps, int iters = 15) {
     cudaStream_t s; cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    gemv_xp_reserve(s);
     for (int i = 0; i < reps; i++) fn(s, i);  // warm
     cudaCheck(cudaStreamSynchronize(s));
     cudaGraph_t g; cudaGraphExec_t ge;
@@ -2065,7 +2081,8 @@ static double time_graph_ms(const std::function<void(cudaStream_t, int)>& fn, in
         t.push_back(ms / reps);
     }
     std::sort(t.begin(), t.end());
-    cudaGraphExecDestroy(ge); cudaGraphDestroy(g); cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
+    cudaGraphExecDestroy(ge); cudaGraphDestroy(g); cudaEventDestroy(e0); cudaEventDestroy(e1);
+    gemv_xp_release(s); cudaStreamDestroy(s);
     return t[t.size() / 2];
 }
 
@@ -2189,12 +2206,25 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 // of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
 // the forms the bench compares: 1 the v4 structure (one row tile a warp, the wide kernel only
 // past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults
+// (the slice-staged wide kernel); 3.. the prepared-x kernel: 3 a target of 264 blocks, 4 its
+// defaults (132), 5 one row tile a warp, 6 16 columns a block, 7 64 columns a block (8 tiles,
+// rw 1), 8 deeper weight stages, 9 168 registers for 8 accumulator tiles, 10 the prepared x
+// from 2 columns on every product, 11 from 4
 static void bench_wide_form(int f) {
     g_gemv_wide_rw = f == 1 ? 1 : 2;
     g_gemv_wide_rw2_cols = 32;
     g_gemv_wide_from = f == 1 ? 0 : 4;
     g_gemv_ychunks = f == 1 ? 0 : 1;
+    g_gemv_xp = f >= 3;
+    g_gemv_xp_rw = f == 5 || f == 7 ? 1 : 2;
+    g_gemv_xp_cols = f == 6 ? 16 : f == 7 ? 64 : 32;
+    g_gemv_xp_blocks = f == 3 ? 264 : 132;
+    g_gemv_xp_deep = f == 8;
+    g_gemv_xp_regs = f == 9;
+    g_gemv_xp_from = f == 10 ? 2 : f == 11 ? 4 : f == 2 ? 0 : 2;
+    g_gemv_xp_plain_from = f == 10 ? 2 : f == 11 ? 4 : f == 2 ? 0 : 8;
 }
+static const int kBenchForms[] = {2, 4, 8, 9, 10, 11};
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -2208,7 +2238,7 @@ TEST(Bench, DISABLED_GemvWide) {
     bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
     bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 the v4 structure, 2 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form: 2 slice-staged, 3-7 prepared x)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -2221,8 +2251,8 @@ TEST(Bench, DISABLED_GemvWide) {
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
-                for (int rw : {1, 2}) {  // bench_wide_form
-                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
+                for (int rw : kBenchForms) {  // bench_wide_form
+                    if ((C == 1 && rw > 2) || (fused && xmode == GEMV_X_PLAIN)) continue;
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
@@ -2249,8 +2279,8 @@ TEST(Bench, DISABLED_GemvWide) {
     }
     for (int fused : {0, 1})
         for (int C : {1, 2, 4, 8, 16, 32, 64})
-            for (int rw : {1, 2}) {
-                if (C == 1 && rw > 1) continue;
+            for (int rw : kBenchForms) {
+                if (C == 1 && rw > 2) continue;
                 bench_wide_form(rw);
                 double ms = time_graph_ms([&](cudaStream_t s, int) {
                     for (size_t i = 0; i < seq.size(); i++) {
@@ -2264,7 +2294,7 @@ TEST(Bench, DISABLED_GemvWide) {
                             fused ? " fused" : "", seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9,
                             100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
             }
-    bench_wide_form(2);
+    bench_wide_form(4);
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
