@@ -2311,6 +2311,19 @@ static void spec_draft(const Model* m, RunState* r, SeqState* st, SpecState* sp,
     st->mtp_pos = st->pos;  // the draft rows are overwritten by the next realignment
 }
 
+// a token a round produced (generate_spec_cpu, generate_spec_gpu): a stop id ends generation
+// and is not emitted; any other id is recorded by the sampler (`accept`: the host sampler's
+// sampler_accept, or on the gpu the device sampler's), counted and emitted. false: generation
+// ends with it (a stop id, the emitter's false, max_new reached)
+template <typename Emit, typename Accept>
+static bool spec_take(GenStats* s, int id, const std::vector<int>& stop_ids, int max_new, Emit& emit, Accept accept) {
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s->stopped = true; s->stop_id = id; return false; }
+    accept();
+    s->generated++;
+    if (!emit_more(emit, id)) { s->cancelled = true; return false; }  // a stop string, or the client left
+    return s->generated < max_new;
+}
+
 // generate_cpu's contract with mtp speculation (the section's header; cancel is polled between
 // prefill pieces, the emitter's false ends a round as a stop does); st was built with K+1
 // gdn slots and an mtp kv cache, r with T_max >= K+1, and st's mtp rows match its tokens
@@ -2339,13 +2352,7 @@ static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, Spe
     }
     s.prefill_s = now_s() - t0;
     t0 = now_s();
-    auto take = [&](int id) -> bool {  // a produced token; false: generation ends with it
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
-        sampler_accept(smp, id);
-        s.generated++;
-        if (!emit_more(emit, id)) { s.cancelled = true; return false; }  // a stop string, or the client left
-        return s.generated < max_new;
-    };
+    auto take = [&](int id) { return spec_take(&s, id, stop_ids, max_new, emit, [&] { sampler_accept(smp, id); }); };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = sample(smp, lg0, st->pos, RNG_PREFILL);
     bool go = take(x) && st->pos < st->capacity;
@@ -8005,13 +8012,11 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     const bool sampled = smp->p.temperature > 0.0f || !smp->p.logit_bias.empty();
     if (sampled) gpu_sampler_bind(e, smp);
     const bool dev_pick = sampled && !e->o.tune.force_host_sample && e->smp_bound == smp && sample_spec_gpu_ok(smp->p, e->smp);
-    auto take = [&](int id, bool counted) -> bool {  // generate_spec_cpu's; counted: by the device already
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
-        if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
-        else sampler_accept(smp, id);
-        s.generated++;
-        if (!emit_more(emit, id)) { s.cancelled = true; return false; }
-        return s.generated < max_new;
+    auto take = [&](int id, bool counted) {  // counted: by the device sampler already (its own draws)
+        return spec_take(&s, id, stop_ids, max_new, emit, [&] {
+            if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
+            else sampler_accept(smp, id);
+        });
     };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = gpu_pick(e, smp, e->pos, RNG_PREFILL, false);
