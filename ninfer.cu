@@ -2137,6 +2137,28 @@ struct GenTap {
     void* ctx = nullptr;
 };
 
+// the prefill of a generation (generate_cpu, generate_gpu, generate_lane): the sequence holds
+// `base` tokens and `prompt` is the rest, in pieces of at most `piece` tokens; with mm the rest
+// of that multimodal prompt (mm_check_prompt), each piece with its vision rows and m-rope
+// positions (MmPieces, allocated once here). stop(i) is asked before the piece at prompt index
+// i (true: the prefill ends there, and this returns false); forward(ids, rows, pos3, T, last)
+// runs a piece (rows, pos3 null for text; last: the prompt's final piece). the caller sets the
+// sequence's rope_delta after it.
+template <typename Stop, typename Forward>
+static bool prefill_pieces(const std::vector<int>& prompt, int base, int piece, int H, const MmPrompt* mm, Stop stop, Forward forward) {
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, H);
+    const int n = (int)prompt.size();
+    for (int i = 0; i < n; i += piece) {
+        if (stop(i)) return false;
+        const int T = std::min(piece, n - i);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        forward(ids, rows, pos3, T, i + T == n);
+    }
+    return true;
+}
+
 // generate up to max_new tokens after the prompt. each id is passed to emit as it is
 // sampled (emit may return false to end generation there); a stop id ends generation and is
 // not emitted. generation also ends when the sequence reaches its capacity. tap (may be
@@ -2157,19 +2179,14 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     const int piece = all_rows ? logits_piece(r, g.vocab) : r->T_max;
     std::vector<float> logits((size_t)g.vocab * (all_rows ? piece : 1));
     double t0 = now_s();
-    const int base = st->pos;
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
-        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
-        int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+    const bool prefilled = prefill_pieces(prompt, st->pos, piece, g.H, mm, [&](int) { return cancel(); },
+                                          [&](const int* ids, const float* rows, const int* pos3, int T, bool last) {
         forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), all_rows, nullptr);
-        if (!all_rows) continue;
+        if (!all_rows) return;
         tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
-        if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
-    }
+        if (last) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
+    });
+    if (!prefilled) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
     if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
@@ -7731,20 +7748,15 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     const int piece = all_rows ? gpu_logits_piece(e) : e->T_max;
     std::vector<float> logits(all_rows ? (size_t)piece * g.vocab : per_token ? g.vocab : 0);
     double t0 = now_s();
-    const int base = e->pos;
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {
-        if (cancel.fn) {
-            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
-            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
-        }
-        int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+    const bool prefilled = prefill_pieces(prompt, e->pos, piece, g.H, mm, [&](int i) {
+        if (!cancel.fn) return false;
+        if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+        return cancel();
+    }, [&](const int* ids, const float* rows, const int* pos3, int T, bool) {
         gpu_forward(e, ids, rows, pos3, T, all_rows ? logits.data() : nullptr, all_rows);
         if (all_rows) tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
-    }
+    });
+    if (!prefilled) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
     if (mm) e->rope_delta = mm->rope_delta;
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
@@ -8534,15 +8546,8 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
     float* row = sched_row(ls, lane);
     double t0 = now_s();
     sched_turn(ls, lane);
-    const int base = engine_pos(en);
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {
-        if (i > 0 && cancel.fn && cancel()) { s.cancelled = true; break; }
-        const int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
-        const bool last = i + T == s.prompt;
+    s.cancelled = !prefill_pieces(prompt, engine_pos(en), piece, g.H, mm, [&](int i) { return i > 0 && cancel.fn && cancel(); },
+                                  [&](const int* ids, const float* rows, const int* pos3, int T, bool last) {
         float* out = all_rows ? logits.data() : last ? row : nullptr;
         if (en->gpu) {
             GpuEngine* e = engine_gpu(en);
@@ -8554,10 +8559,10 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
         } else {
             forward_cpu(en->m, &en->rs, &en->st, ids, rows, pos3, T, out, all_rows, nullptr);
         }
-        if (!all_rows) continue;
+        if (!all_rows) return;
         tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
         if (last) memcpy(row, logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
-    }
+    });
     if (mm && !s.cancelled) { if (en->gpu) engine_gpu(en)->rope_delta = mm->rope_delta; else en->st.rope_delta = mm->rope_delta; }
     int pos = engine_pos(en);  // from here on the lane's pos is kept here: the gpu's current lane is not ours between turns
     sched_turn_end(ls, lane);
