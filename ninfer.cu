@@ -2123,6 +2123,22 @@ static bool emit_more(Emit& emit, int id) {
     else return emit(id);
 }
 
+// a sampled token, in every generation loop (generate_cpu, generate_gpu, generate_lane and the
+// mtp rounds): a stop id ends generation and is not emitted (s.stopped); any other id is
+// recorded by the sampler (`accept`: sampler_accept, or on the gpu the device sampler's too),
+// counted, advances the constraint (s.complete; gc may be null) and is emitted (the emitter's
+// false: s.cancelled). false: generation ends with this id. the caller checks max_new and the
+// capacity.
+template <typename Emit, typename Accept>
+static bool gen_take(GenStats* s, int id, const std::vector<int>& stop_ids, GenConstraint* gc, Emit& emit, Accept accept) {
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s->stopped = true; s->stop_id = id; return false; }
+    accept();
+    s->generated++;
+    s->complete = constraint_take(gc, id);
+    if (!emit_more(emit, id)) { s->cancelled = true; return false; }  // a stop string, or the client left
+    return !s->complete;
+}
+
 // what a generation reports besides the ids, for --logits-out and the server's logprobs.
 // prompt_rows gets the prompt's logits, every row, piece by piece in order ([T, vocab] fp32);
 // sampled gets the logits each sampled id was drawn from ([vocab]: the model's raw output,
@@ -2196,12 +2212,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
         smp->mask = nullptr;
         if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
-        sampler_accept(smp, id);
-        s.generated++;
-        s.complete = constraint_take(gc, id);
-        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
-        if (s.complete) break;
+        if (!gen_take(&s, id, stop_ids, gc, emit, [&] { sampler_accept(smp, id); })) break;
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
     }
@@ -2328,19 +2339,6 @@ static void spec_draft(const Model* m, RunState* r, SeqState* st, SpecState* sp,
     st->mtp_pos = st->pos;  // the draft rows are overwritten by the next realignment
 }
 
-// a token a round produced (generate_spec_cpu, generate_spec_gpu): a stop id ends generation
-// and is not emitted; any other id is recorded by the sampler (`accept`: the host sampler's
-// sampler_accept, or on the gpu the device sampler's), counted and emitted. false: generation
-// ends with it (a stop id, the emitter's false, max_new reached)
-template <typename Emit, typename Accept>
-static bool spec_take(GenStats* s, int id, const std::vector<int>& stop_ids, int max_new, Emit& emit, Accept accept) {
-    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s->stopped = true; s->stop_id = id; return false; }
-    accept();
-    s->generated++;
-    if (!emit_more(emit, id)) { s->cancelled = true; return false; }  // a stop string, or the client left
-    return s->generated < max_new;
-}
-
 // generate_cpu's contract with mtp speculation (the section's header; cancel is polled between
 // prefill pieces, the emitter's false ends a round as a stop does); st was built with K+1
 // gdn slots and an mtp kv cache, r with T_max >= K+1, and st's mtp rows match its tokens
@@ -2369,7 +2367,7 @@ static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, Spe
     }
     s.prefill_s = now_s() - t0;
     t0 = now_s();
-    auto take = [&](int id) { return spec_take(&s, id, stop_ids, max_new, emit, [&] { sampler_accept(smp, id); }); };
+    auto take = [&](int id) { return gen_take(&s, id, stop_ids, nullptr, emit, [&] { sampler_accept(smp, id); }) && s.generated < max_new; };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = sample(smp, lg0, st->pos, RNG_PREFILL);
     bool go = take(x) && st->pos < st->capacity;
@@ -7794,16 +7792,11 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         }
         smp->mask = nullptr;
         if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
-        const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-        if (stop) { s.stopped = true; s.stop_id = id; }
-        else {
+        const bool go = gen_take(&s, id, stop_ids, gc, emit, [&] {
             if (ahead) sampler_accept(smp, id);  // the device counted it already
             else gpu_sampler_accept(e, smp, id);
-            s.generated++;
-            s.complete = constraint_take(gc, id);
-            if (!emit_more(emit, id)) s.cancelled = true;  // a stop string, or the client left
-        }
-        if (stop || s.cancelled || s.complete) {
+        });
+        if (!go) {
             if (ahead) e->last_logits = nullptr;  // the step ahead overwrote them (a sampler bound later re-uploads the counts)
             break;
         }
@@ -8025,10 +8018,10 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     if (sampled) gpu_sampler_bind(e, smp);
     const bool dev_pick = sampled && !e->o.tune.force_host_sample && e->smp_bound == smp && sample_spec_gpu_ok(smp->p, e->smp);
     auto take = [&](int id, bool counted) {  // counted: by the device sampler already (its own draws)
-        return spec_take(&s, id, stop_ids, max_new, emit, [&] {
+        return gen_take(&s, id, stop_ids, nullptr, emit, [&] {
             if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
             else sampler_accept(smp, id);
-        });
+        }) && s.generated < max_new;
     };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = gpu_pick(e, smp, e->pos, RNG_PREFILL, false);
@@ -8582,12 +8575,7 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
             smp->mask = nullptr;
         }
         if (tap && tap->sampled) tap->sampled(tap->ctx, row, g.vocab, id);
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
-        sampler_accept(smp, id);
-        s.generated++;
-        s.complete = constraint_take(gc, id);
-        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
-        if (s.complete) break;
+        if (!gen_take(&s, id, stop_ids, gc, emit, [&] { sampler_accept(smp, id); })) break;
         if (n + 1 == max_new || pos == engine_capacity(en)) break;
         amax = sched_decode(ls, lane, id, !fast);
         pos++;
