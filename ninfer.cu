@@ -2123,6 +2123,22 @@ static bool emit_more(Emit& emit, int id) {
     else return emit(id);
 }
 
+// a sampled token, in every generation loop (generate_cpu, generate_gpu, generate_lane and the
+// mtp rounds): a stop id ends generation and is not emitted (s.stopped); any other id is
+// recorded by the sampler (`accept`: sampler_accept, or on the gpu the device sampler's too),
+// counted, advances the constraint (s.complete; gc may be null) and is emitted (the emitter's
+// false: s.cancelled). false: generation ends with this id. the caller checks max_new and the
+// capacity.
+template <typename Emit, typename Accept>
+static bool gen_take(GenStats* s, int id, const std::vector<int>& stop_ids, GenConstraint* gc, Emit& emit, Accept accept) {
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s->stopped = true; s->stop_id = id; return false; }
+    accept();
+    s->generated++;
+    s->complete = constraint_take(gc, id);
+    if (!emit_more(emit, id)) { s->cancelled = true; return false; }  // a stop string, or the client left
+    return !s->complete;
+}
+
 // what a generation reports besides the ids, for --logits-out and the server's logprobs.
 // prompt_rows gets the prompt's logits, every row, piece by piece in order ([T, vocab] fp32);
 // sampled gets the logits each sampled id was drawn from ([vocab]: the model's raw output,
@@ -2136,6 +2152,28 @@ struct GenTap {
     void (*sampled)(void* ctx, const float* logits, int vocab, int id) = nullptr;
     void* ctx = nullptr;
 };
+
+// the prefill of a generation (generate_cpu, generate_gpu, generate_lane): the sequence holds
+// `base` tokens and `prompt` is the rest, in pieces of at most `piece` tokens; with mm the rest
+// of that multimodal prompt (mm_check_prompt), each piece with its vision rows and m-rope
+// positions (MmPieces, allocated once here). stop(i) is asked before the piece at prompt index
+// i (true: the prefill ends there, and this returns false); forward(ids, rows, pos3, T, last)
+// runs a piece (rows, pos3 null for text; last: the prompt's final piece). the caller sets the
+// sequence's rope_delta after it.
+template <typename Stop, typename Forward>
+static bool prefill_pieces(const std::vector<int>& prompt, int base, int piece, int H, const MmPrompt* mm, Stop stop, Forward forward) {
+    if (mm) mm_check_prompt(mm, base, prompt);
+    MmPieces pc(mm, base, mm ? piece : 0, H);
+    const int n = (int)prompt.size();
+    for (int i = 0; i < n; i += piece) {
+        if (stop(i)) return false;
+        const int T = std::min(piece, n - i);
+        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
+        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+        forward(ids, rows, pos3, T, i + T == n);
+    }
+    return true;
+}
 
 // generate up to max_new tokens after the prompt. each id is passed to emit as it is
 // sampled (emit may return false to end generation there); a stop id ends generation and is
@@ -2157,19 +2195,14 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
     const int piece = all_rows ? logits_piece(r, g.vocab) : r->T_max;
     std::vector<float> logits((size_t)g.vocab * (all_rows ? piece : 1));
     double t0 = now_s();
-    const int base = st->pos;
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {  // prefill, piece by piece
-        if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
-        int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+    const bool prefilled = prefill_pieces(prompt, st->pos, piece, g.H, mm, [&](int) { return cancel(); },
+                                          [&](const int* ids, const float* rows, const int* pos3, int T, bool last) {
         forward_cpu(m, r, st, ids, rows, pos3, T, logits.data(), all_rows, nullptr);
-        if (!all_rows) continue;
+        if (!all_rows) return;
         tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
-        if (i + T == s.prompt) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
-    }
+        if (last) memmove(logits.data(), logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
+    });
+    if (!prefilled) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
     if (mm) st->rope_delta = mm->rope_delta;
     s.prefill_s = now_s() - t0;
     t0 = now_s();
@@ -2179,12 +2212,7 @@ static GenStats generate_cpu(const Model* m, RunState* r, SeqState* st, Sampler*
         int id = sample(smp, logits.data(), st->pos, n == 0 ? RNG_PREFILL : RNG_DECODE);
         smp->mask = nullptr;
         if (tap && tap->sampled) tap->sampled(tap->ctx, logits.data(), g.vocab, id);
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
-        sampler_accept(smp, id);
-        s.generated++;
-        s.complete = constraint_take(gc, id);
-        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
-        if (s.complete) break;
+        if (!gen_take(&s, id, stop_ids, gc, emit, [&] { sampler_accept(smp, id); })) break;
         if (n + 1 == max_new || st->pos == st->capacity) break;  // done, or no room to feed it back
         forward_cpu(m, r, st, &id, nullptr, nullptr, 1, logits.data(), false, nullptr);
     }
@@ -2339,13 +2367,7 @@ static GenStats generate_spec_cpu(const Model* m, RunState* r, SeqState* st, Spe
     }
     s.prefill_s = now_s() - t0;
     t0 = now_s();
-    auto take = [&](int id) -> bool {  // a produced token; false: generation ends with it
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
-        sampler_accept(smp, id);
-        s.generated++;
-        if (!emit_more(emit, id)) { s.cancelled = true; return false; }  // a stop string, or the client left
-        return s.generated < max_new;
-    };
+    auto take = [&](int id) { return gen_take(&s, id, stop_ids, nullptr, emit, [&] { sampler_accept(smp, id); }) && s.generated < max_new; };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = sample(smp, lg0, st->pos, RNG_PREFILL);
     bool go = take(x) && st->pos < st->capacity;
@@ -8091,20 +8113,15 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
     const int piece = all_rows ? gpu_logits_piece(e) : e->T_max;
     std::vector<float> logits(all_rows ? (size_t)piece * g.vocab : per_token ? g.vocab : 0);
     double t0 = now_s();
-    const int base = e->pos;
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {
-        if (cancel.fn) {
-            if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
-            if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
-        }
-        int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
+    const bool prefilled = prefill_pieces(prompt, e->pos, piece, g.H, mm, [&](int i) {
+        if (!cancel.fn) return false;
+        if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
+        return cancel();
+    }, [&](const int* ids, const float* rows, const int* pos3, int T, bool) {
         gpu_forward(e, ids, rows, pos3, T, all_rows ? logits.data() : nullptr, all_rows);
         if (all_rows) tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
-    }
+    });
+    if (!prefilled) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
     if (mm) e->rope_delta = mm->rope_delta;
     cudaCheck(cudaStreamSynchronize(e->stream));
     s.prefill_s = now_s() - t0;
@@ -8142,16 +8159,11 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         }
         smp->mask = nullptr;
         if (tapped) { cudaCheck(cudaStreamSynchronize(e->stream)); tap->sampled(tap->ctx, logits.data(), g.vocab, id); }
-        const bool stop = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-        if (stop) { s.stopped = true; s.stop_id = id; }
-        else {
+        const bool go = gen_take(&s, id, stop_ids, gc, emit, [&] {
             if (ahead) sampler_accept(smp, id);  // the device counted it already
             else gpu_sampler_accept(e, smp, id);
-            s.generated++;
-            s.complete = constraint_take(gc, id);
-            if (!emit_more(emit, id)) s.cancelled = true;  // a stop string, or the client left
-        }
-        if (stop || s.cancelled || s.complete) {
+        });
+        if (!go) {
             if (ahead) e->last_logits = nullptr;  // the step ahead overwrote them (a sampler bound later re-uploads the counts)
             break;
         }
@@ -8372,13 +8384,11 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
     const bool sampled = smp->p.temperature > 0.0f || !smp->p.logit_bias.empty();
     if (sampled) gpu_sampler_bind(e, smp);
     const bool dev_pick = sampled && !e->o.tune.force_host_sample && e->smp_bound == smp && sample_spec_gpu_ok(smp->p, e->smp);
-    auto take = [&](int id, bool counted) -> bool {  // generate_spec_cpu's; counted: by the device already
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; return false; }
-        if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
-        else sampler_accept(smp, id);
-        s.generated++;
-        if (!emit_more(emit, id)) { s.cancelled = true; return false; }
-        return s.generated < max_new;
+    auto take = [&](int id, bool counted) {  // counted: by the device sampler already (its own draws)
+        return gen_take(&s, id, stop_ids, nullptr, emit, [&] {
+            if (dev_pick && !counted) gpu_sampler_accept(e, smp, id);
+            else sampler_accept(smp, id);
+        }) && s.generated < max_new;
     };
     if (max_new <= 0 || n == 0) { s.decode_s = now_s() - t0; return s; }
     int x = gpu_pick(e, smp, e->pos, RNG_PREFILL, false);
@@ -8896,15 +8906,8 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
     float* row = sched_row(ls, lane);
     double t0 = now_s();
     sched_turn(ls, lane);
-    const int base = engine_pos(en);
-    if (mm) mm_check_prompt(mm, base, prompt);
-    MmPieces pc(mm, base, mm ? piece : 0, g.H);
-    for (int i = 0; i < s.prompt; i += piece) {
-        if (i > 0 && cancel.fn && cancel()) { s.cancelled = true; break; }
-        const int T = std::min(piece, s.prompt - i);
-        const int* ids = prompt.data() + i; const float* rows = nullptr; const int* pos3 = nullptr;
-        if (mm) pc.piece(base + i, T, &ids, &rows, &pos3);
-        const bool last = i + T == s.prompt;
+    s.cancelled = !prefill_pieces(prompt, engine_pos(en), piece, g.H, mm, [&](int i) { return i > 0 && cancel.fn && cancel(); },
+                                  [&](const int* ids, const float* rows, const int* pos3, int T, bool last) {
         float* out = all_rows ? logits.data() : last ? row : nullptr;
         if (en->gpu) {
             GpuEngine* e = engine_gpu(en);
@@ -8916,10 +8919,10 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
         } else {
             forward_cpu(en->m, &en->rs, &en->st, ids, rows, pos3, T, out, all_rows, nullptr);
         }
-        if (!all_rows) continue;
+        if (!all_rows) return;
         tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
         if (last) memcpy(row, logits.data() + (size_t)(T - 1) * g.vocab, sizeof(float) * g.vocab);
-    }
+    });
     if (mm && !s.cancelled) { if (en->gpu) engine_gpu(en)->rope_delta = mm->rope_delta; else en->st.rope_delta = mm->rope_delta; }
     int pos = engine_pos(en);  // from here on the lane's pos is kept here: the gpu's current lane is not ours between turns
     sched_turn_end(ls, lane);
@@ -8939,12 +8942,7 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
             smp->mask = nullptr;
         }
         if (tap && tap->sampled) tap->sampled(tap->ctx, row, g.vocab, id);
-        if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) { s.stopped = true; s.stop_id = id; break; }
-        sampler_accept(smp, id);
-        s.generated++;
-        s.complete = constraint_take(gc, id);
-        if (!emit_more(emit, id)) { s.cancelled = true; break; }  // a stop string, or the client left
-        if (s.complete) break;
+        if (!gen_take(&s, id, stop_ids, gc, emit, [&] { sampler_accept(smp, id); })) break;
         if (n + 1 == max_new || pos == engine_capacity(en)) break;
         amax = sched_decode(ls, lane, id, !fast);
         pos++;

@@ -10,6 +10,7 @@
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
 set -u
+. "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
 cd "$(dirname "$0")/.."
 C=${CARRY:-.carry-lanes}
 STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,long}
@@ -53,36 +54,13 @@ if has serve || has pytest; then
 fi
 if has serve; then
   ln -sf /tmp/9b.ninfer models/qwen3_5_9b.ninfer
-  ./build/apps/ninfer-serve models/qwen3_5_9b.ninfer \
-    --model-id qwen3.5-9b \
-    --max-context 16384 \
-    --spec mtp --draft-tokens 3 > $OUT/serve.out 2> $OUT/serve.err &
+  card_serve_9b > $OUT/serve.out 2> $OUT/serve.err &
   sp=$!
   up 8080; head -3 $OUT/serve.err | cut -c1-300
   python3 test/device/openai_chat.py 8080 qwen3.5-9b
   kill $sp; wait $sp; echo "9b card serve exit $?"
   python3 convert.py --synthetic 4b -o /tmp/4b.ninfer --jobs 12 >/dev/null 2>&1; ln -sf /tmp/4b.ninfer models/qwen3_5_4b.ninfer
-  ./build/apps/ninfer-serve models/qwen3_5_4b.ninfer \
-    --host 0.0.0.0 \
-    --port 8000 \
-    --vision \
-    --max-context 262144 \
-    --kv-capacity 262144 \
-    --default-max-tokens 16384 \
-    --max-concurrency 1 \
-    --device-state-slots 4 \
-    --host-state-slots 4 \
-    --host-kv-mib 8192 \
-    --prefill-chunk 4096 \
-    --kv-dtype fp8 \
-    --spec mtp \
-    --lm-head-draft \
-    --draft-tokens 3 \
-    --top-k 20 \
-    --top-p 0.95 \
-    --temperature 0.01 \
-    --preserve-thinking \
-    --model-id Qwen3.5-4B > $OUT/serve4b.out 2> $OUT/serve4b.err &
+  card_serve_4b > $OUT/serve4b.out 2> $OUT/serve4b.err &
   sp=$!
   for i in $(seq 1 300); do grep -q listening $OUT/serve4b.err && break; kill -0 $sp 2>/dev/null || break; sleep 0.5; done
   echo "4b card:"; head -4 $OUT/serve4b.err | cut -c1-300

@@ -6,6 +6,7 @@
 # usage (from the repo root on the device): bash .carry-final/spec.sh [stages], stages a
 # comma list of: tests,sanitizer,bench,bench1,serve (default tests,sanitizer,bench,serve)
 set -u
+. "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
 cd "$(dirname "$0")/.."
 C=.carry-final
 STAGES=${1:-tests,sanitizer,bench,serve}
@@ -56,10 +57,7 @@ fi
 if has serve; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
   ln -sf /tmp/9b.ninfer models/qwen3_5_9b.ninfer
-  ./build/apps/ninfer-serve models/qwen3_5_9b.ninfer \
-    --model-id qwen3.5-9b \
-    --max-context 16384 \
-    --spec mtp --draft-tokens 3 > $OUT/serve.out 2> $OUT/serve.err &
+  card_serve_9b > $OUT/serve.out 2> $OUT/serve.err &
   sp=$!
   for i in $(seq 1 120); do grep -q listening $OUT/serve.err && break; sleep 0.5; done
   head -5 $OUT/serve.err
@@ -67,27 +65,7 @@ if has serve; then
   kill $sp; wait $sp; echo "serve exit $? (stdout bytes: $(wc -c < $OUT/serve.out))"; tail -3 $OUT/serve.err
   # the 4b card's command, verbatim, against the synthetic 4b: how far it gets
   python3 convert.py --synthetic 4b -o /tmp/4b.ninfer --jobs 12 >/dev/null 2>&1; ln -sf /tmp/4b.ninfer models/qwen3_5_4b.ninfer
-  ./build/apps/ninfer-serve models/qwen3_5_4b.ninfer \
-    --host 0.0.0.0 \
-    --port 8000 \
-    --vision \
-    --max-context 262144 \
-    --kv-capacity 262144 \
-    --default-max-tokens 16384 \
-    --max-concurrency 1 \
-    --device-state-slots 4 \
-    --host-state-slots 4 \
-    --host-kv-mib 8192 \
-    --prefill-chunk 4096 \
-    --kv-dtype fp8 \
-    --spec mtp \
-    --lm-head-draft \
-    --draft-tokens 3 \
-    --top-k 20 \
-    --top-p 0.95 \
-    --temperature 0.01 \
-    --preserve-thinking \
-    --model-id Qwen3.5-4B > $OUT/serve4b.out 2> $OUT/serve4b.err &
+  card_serve_4b > $OUT/serve4b.out 2> $OUT/serve4b.err &
   sp=$!
   for i in $(seq 1 120); do grep -q listening $OUT/serve4b.err && break; kill -0 $sp 2>/dev/null || break; sleep 0.5; done
   echo "4b card:"; head -8 $OUT/serve4b.err
