@@ -3278,29 +3278,20 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 
 // ---- wide products: more columns than the staged x of gemv_xs_kernel holds ------------------
 // a batched decode step runs up to 64 columns (one per lane) through each matrix. in launches
-// of <= 8 columns every launch streams all the weights again; this kernel converts a weight
-// fragment once and runs it against NT 8-column tiles (one mma chain per tile), with x staged
-// in k-slices of su groups (all C columns of a slice, then the next), so one pass over the
-// weights serves all the columns. the bits: a tile's columns see exactly the arithmetic of the
-// x-staged kernel of the same NW (the same warp split of k, D = 2 groups a stage in the same
-// order, per group dd = mma chain from zero, the offset fma, acc = fma(scale, dd, acc), the
-// warps meeting in order v = 0..NW-1, the same staged x and sums, and the same 1 / rms from
-// the same reduction tree), and the mma columns are independent: column c of a C-column
-// product is bit for bit its one-column product. the pipeline depth S, the row tiles a warp RW
-// and the warp sets a block RT change no bit (each tile's warps sum as a one-tile block's, the
-// A fragments of its rows against the same b fragments); slices are multiples of
-// NW * D groups, so each warp's iterations never straddle a slice.
-enum { GEMV_WIDE_COLS = 64,                    // columns per launch (NT <= 8 tiles)
-       GEMV_WIDE_S = 3,                        // weight stages a warp of one row tile (two: GemvWideStages)
-       GEMV_WIDE_THREADS = 512,                // the most threads a block (RT * NW * 32; 128 registers: one block an sm)
-       GEMV_WIDE_SMEM_MAX = 220 * 1024,        // the dynamic opt-in (static: ~2.3 KB of 1/rms)
-       GEMV_WIDE_ILP = 4 };                    // staged x entries a thread loads at once
-static int g_gemv_wide_rw = 2;                 // row tiles a warp: 1, or 2 where the grid allows (gemv_wide_launch)
-static int g_gemv_wide_rw2_cols = 32;          // the most columns a block with two row tiles a warp (16 or 32: NT <= 4, registers)
+// of <= 8 columns every launch streams all the weights again; the wide kernel (gemv_xp_kernel,
+// below) converts a weight fragment once and runs it against NT 8-column tiles (one mma chain
+// per tile), so one pass over the weights serves all the columns. the bits: a tile's columns see
+// exactly the arithmetic of the x-staged kernel of the same NW (the same warp split of k, D = 2
+// groups a stage in the same order, per group dd = mma chain from zero, the offset fma, acc =
+// fma(scale, dd, acc), the warps meeting in order v = 0..NW-1, the same staged x and sums, and
+// the same 1 / rms from the same reduction tree), and the mma columns are independent: column c
+// of a C-column product is bit for bit its one-column product. the pipeline depth S and the row
+// tiles a warp RW change no bit (each tile's warps sum as a one-tile block's, the A fragments of
+// its rows against the same b fragments).
+enum { GEMV_WIDE_COLS = 64 };                  // columns per launch (NT <= 8 tiles)
 static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
 static int g_gemv_wide_from = 4;               // > 1: gemv_wide_early's products of at least this many columns (0: none)
-static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the bench's "before")
-static int g_gemv_wide_blocks = 132;           // the grid's blocks the launch aims at (the h200's sms; gemv_wide_launch)
+static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the benches' "before")
 
 // the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
 // formats STEPS x 4 pairs in mma order; w8 the lo pairs then the hi pairs (2 * STEPS x 4)
@@ -3358,494 +3349,18 @@ __device__ __forceinline__ void gemv_tile(const uint32_t (&A)[GemvWideA<F>::N][4
     acc[3] = fmaf(s1, dd[3], acc[3]);
 }
 
-// RT = blockDim.x / (NW * 32) warp sets a block, each RW row tiles (a warp runs its k share of
-// RW 16-row tiles against each staged x fragment: RW = 2 halves the staged x a row costs, its
-// l2 reads, conversions and shared loads). dynamic shared memory: the weight stages
-// [RT*NW][S][RW][BYTES], then the slice's x [C][su * 4 * W + 4] words ([u][t][W] and a pad)
-// and its sums [su][8 NT] fp32; after the main loop the warps' partial sums
-// [RT*RW*NW][NT][32] float4 reuse it from the start.
-template <int RW> struct GemvWideStages { static constexpr int S = RW == 1 ? GEMV_WIDE_S : 2; };  // RW 2: issued before compute
-template <int F, int NW, int NT, int RW>
-__global__ void __launch_bounds__(GEMV_WIDE_THREADS, 1) gemv_wide_kernel(GemvArgs a, int su, int cg, int groups) {
-    // block b: columns [cg * (b % groups), + cg) of row block b / groups (the blocks that run
-    // together share their rows, so the column groups read the weights from l2)
-    const int64_t rblk = blockIdx.x / groups;
-    {
-        const int c0 = (int)(blockIdx.x % groups) * cg;
-        a.x += (int64_t)c0 * a.ldx;
-        a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
-        if (a.resid) a.resid += (int64_t)c0 * a.ldr;
-        a.C = a.C - c0 < cg ? a.C - c0 : cg;
-    }
-    using Fm = GemvFmt<F>;
-    using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = gemv_xs_words(F), S = GemvWideStages<RW>::S, CW = 8 * NT, SB = RW * Ly::BYTES;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int RT = blockDim.x / (NW * 32), wt = warp % NW, ti = warp / NW;
-    const Mat& w = a.w;
-    const int64_t rows = w.rows;
-    const int units = (int)w.gpr, C = a.C;
-    const int64_t rowb = rblk * RT * RW * 16, row0 = rowb + (int64_t)ti * RW * 16;
-    extern __shared__ __align__(16) uint8_t wide_smem[];
-    uint8_t* sm_w = wide_smem + (size_t)warp * S * SB;
-    uint32_t* xs = (uint32_t*)(wide_smem + (size_t)RT * NW * S * SB);
-    const int CS = su * 4 * W + 4;  // words a column: + 16 bytes, so the 8 columns of a tile load from other banks
-    float* xsum = (float*)(xs + (size_t)C * CS);
-    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
-
-    // this lane's copy duties, as gemv_xs_kernel's, for each of the warp's row tiles
-    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++) {
-        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)wt * D * 32;
-        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
-        src_h[r] = nullptr;
-        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)wt * D * Ly::HB;
-        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
-        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)wt * D * 2;
-    }
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
-    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
-    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
-    const int n_it = wt * D < units ? (units - wt * D + NW * D - 1) / (NW * D) : 0;
-    uint32_t wslot = 0;
-    auto issue = [&]() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
-            cp_async16(slot + dst_b0, src_b0[r]);
-            cp_async16(slot + dst_b1, src_b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
-            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
-            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
-            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
-        }
-        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < n_it) issue();
-        cp_async_commit();
-    }
-    pdl_entry();
-
-    // 1 / rms per column: block_sum's tree of gemv_xs_kernel (warps 0..NW-1 of a set sum with
-    // the strides of its first NW * 32 threads; the butterfly over [warp sums, zeros]), the
-    // columns spread over the block's warp sets, RC columns a warp at once (their loads in
-    // flight together; each column's sum keeps its order)
-    __shared__ float inv_rms[GEMV_WIDE_COLS], rms_part[GEMV_WIDE_COLS][8];
-    if (a.xmode == GEMV_X_RMS) {
-        constexpr int RC = 4;
-        const int K = (int)w.cols, tid = wt * 32 + lane;
-        for (int c0 = ti; c0 < C; c0 += RC * RT) {
-            float ss[RC];
-            const bf16_t* xc[RC];
-#pragma unroll
-            for (int j = 0; j < RC; j++) { ss[j] = 0.f; const int c = c0 + j * RT; xc[j] = a.x + (int64_t)(c < C ? c : c0) * a.ldx; }
-            for (int k = tid * 8; k < K; k += NW * 32 * 8) {
-                uint4 v[RC];
-#pragma unroll
-                for (int j = 0; j < RC; j++) v[j] = __ldg((const uint4*)(xc[j] + k));
-#pragma unroll
-                for (int j = 0; j < RC; j++) {
-                    const bf16_t* e = (const bf16_t*)&v[j];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) ss[j] += bf2f(e[q]) * bf2f(e[q]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < RC; j++) {
-                const float s = warp_sum(ss[j]);
-                if (lane == 0 && c0 + j * RT < C) rms_part[c0 + j * RT][wt] = s;
-            }
-        }
-        __syncthreads();
-        for (int c = warp; c < C; c += RT * NW) {
-            float v = lane < NW ? rms_part[c][lane] : 0.f;
-            v = warp_sum(v);
-            if (lane == 0) inv_rms[c] = rsqrtf(v / (float)K + a.eps);
-        }
-        __syncthreads();
-    }
-
-    const uint32_t* xw = xs + (size_t)g * CS + t * W;  // this lane's column of tile 0 (+ 8 nt CS + (u - u0) * 4 * W)
-    float acc[RW][NT][4];
-#pragma unroll
-    for (int r = 0; r < RW; r++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
-    uint32_t rslot = 0;
-    int it = 0, ub = wt * D;
-    for (int u0 = 0; u0 < units; u0 += su) {
-        const int sn = units - u0 < su ? units - u0 : su;
-        if (u0) __syncthreads();  // every warp is done with the previous slice
-        // stage the slice: entry (c, u, t) as gemv_xs_kernel's, at [c][u - u0][t]; a thread's
-        // U entries load first, then convert (the loop is latency-bound otherwise)
-        const int n_x = C * sn * 4;
-        constexpr int NQ = Fm::LPT / 8, U = RW * NT >= 8 ? GEMV_WIDE_ILP / 2 : GEMV_WIDE_ILP;  // registers
-        for (int i0 = 0; i0 < n_x; i0 += U * blockDim.x) {
-            uint4 xv[U][NQ], av[U][NQ];
-#pragma unroll
-            for (int uu = 0; uu < U; uu++) {
-                const int i = i0 + uu * blockDim.x + threadIdx.x;
-#pragma unroll
-                for (int q = 0; q < NQ; q++) xv[uu][q] = av[uu][q] = make_uint4(0, 0, 0, 0);
-                if (i < n_x) {
-                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
-                    const int64_t k0 = (int64_t)(u0 + ul) * Fm::G + tt * Fm::LPT;
-                    const bf16_t* src = a.x + (int64_t)c * a.ldx + k0;
-#pragma unroll
-                    for (int q = 0; q < NQ; q++) {
-                        xv[uu][q] = __ldg((const uint4*)src + q);
-                        if (a.xmode == GEMV_X_RMS) av[uu][q] = __ldg((const uint4*)(a.xw + k0) + q);
-                        else if (a.xmode == GEMV_X_SWIGLU) av[uu][q] = __ldg((const uint4*)(src + w.cols) + q);
-                    }
-                }
-            }
-#pragma unroll
-            for (int uu = 0; uu < U; uu++) {
-                const int i = i0 + uu * blockDim.x + threadIdx.x;
-                float part = 0.f;
-                if (i < n_x) {
-                    const int tt = i & 3, cu = i >> 2, c = cu / sn, ul = cu - c * sn;
-                    uint4 xr[2];
-#pragma unroll
-                    for (int q = 0; q < 2; q++) {
-                        if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
-                        uint4 v = xv[uu][q];
-                        if (a.xmode != GEMV_X_PLAIN) {
-                            bf16_t* e = (bf16_t*)&v;
-                            if (a.xmode == GEMV_X_RMS) {
-                                const uint4 wv = av[uu][q];
-                                const bf16_t* we = (const bf16_t*)&wv;
-#pragma unroll
-                                for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv_rms[c] * (1.f + bf2f(we[j])));
-                            } else {
-                                const uint4 uv = av[uu][q];
-                                const bf16_t* ue = (const bf16_t*)&uv;
-#pragma unroll
-                                for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
-                            }
-                        }
-                        xr[q] = v;
-                    }
-                    uint32_t bw[W];
-#pragma unroll
-                    for (int s = 0; s < Fm::STEPS; s++) gemv_xfrag<F>(xr, s, bw[2 * s], bw[2 * s + 1]);
-                    uint4* dst = (uint4*)(xs + (size_t)c * CS + (size_t)(ul * 4 + tt) * W);
-#pragma unroll
-                    for (int q = 0; q < W / 4; q++) dst[q] = make_uint4(bw[4 * q], bw[4 * q + 1], bw[4 * q + 2], bw[4 * q + 3]);
-                    const bf16_t* xe = (const bf16_t*)xr;
-#pragma unroll
-                    for (int j = 0; j < Fm::LPT; j++) part += bf2f(xe[j]);
-                }
-                part += __shfl_xor_sync(0xffffffffu, part, 1);
-                part += __shfl_xor_sync(0xffffffffu, part, 2);
-                if (i < n_x && (i & 3) == 0) { const int cu = i >> 2, c = cu / sn; xsum[(cu - c * sn) * CW + c] = part; }
-            }
-        }
-        __syncthreads();
-
-        for (; it < n_it && ub < u0 + sn; it++, ub += NW * D) {
-            cp_async_wait<S - 2>();
-            __syncwarp();
-            const uint8_t* st = sm_w + rslot;
-            rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-            if constexpr (RW > 1) {  // the slot of the stage computed last: this one's copies fly during the compute
-                if (it + S - 1 < n_it) issue();
-                cp_async_commit();
-            }
-            uint32_t raw[RW][D][2][Fm::RAW];
-#pragma unroll
-            for (int r = 0; r < RW; r++) gemv_stage_read<F>(raw[r], st + r * Ly::BYTES, g, t);
-#pragma unroll
-            for (int d = 0; d < D; d++) {
-                const int ul = ub - u0 + d;
-                uint32_t A[RW][GemvWideA<F>::N][4];
-                float s0[RW], s1[RW];
-#pragma unroll
-                for (int r = 0; r < RW; r++) {
-                    gemv_afrag<F>(raw[r][d], A[r]);
-                    s0[r] = f16bits2f(raw[r][d][0][3]); s1[r] = f16bits2f(raw[r][d][1][3]);
-                }
-                if constexpr (F == FMT_W8) {
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        uint32_t b[Fm::STEPS][2];
-                        uint4 v = make_uint4(0, 0, 0, 0);
-                        if (nt * 8 + g < C) v = *(const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W);
-                        b[0][0] = v.x; b[0][1] = v.y; b[1][0] = v.z; b[1][1] = v.w;
-                        const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
-                        const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-#pragma unroll
-                        for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
-                    }
-                } else {
-                    // gemv_tile's arithmetic with the chains of the tiles (and row tiles)
-                    // interleaved (steps 0, 1 of every chain, then 2, 3): each chain keeps its
-                    // order, and the independent chains hide the mma latency
-                    constexpr int NI = RW == 1 ? (NT < 4 ? NT : 4) : (NT < 2 ? NT : 2);  // tiles interleaved (registers)
-#pragma unroll
-                    for (int n0 = 0; n0 < NT; n0 += NI) {
-                        float dd[RW][NI][4];
-#pragma unroll
-                        for (int r = 0; r < RW; r++)
-#pragma unroll
-                            for (int n = 0; n < NI; n++) dd[r][n][0] = dd[r][n][1] = dd[r][n][2] = dd[r][n][3] = 0.f;
-#pragma unroll
-                        for (int q = 0; q < W / 4; q++)
-#pragma unroll
-                            for (int n = 0; n < NI; n++) {
-                                const int nt = n0 + n;
-                                uint4 v = make_uint4(0, 0, 0, 0);
-                                if (nt * 8 + g < C) v = *((const uint4*)(xw + (size_t)nt * 8 * CS + (size_t)ul * 4 * W) + q);
-#pragma unroll
-                                for (int r = 0; r < RW; r++) {
-                                    mma_bf16_16816(dd[r][n], A[r][2 * q][0], A[r][2 * q][1], A[r][2 * q][2], A[r][2 * q][3], v.x, v.y);
-                                    mma_bf16_16816(dd[r][n], A[r][2 * q + 1][0], A[r][2 * q + 1][1], A[r][2 * q + 1][2], A[r][2 * q + 1][3], v.z, v.w);
-                                }
-                            }
-#pragma unroll
-                        for (int n = 0; n < NI; n++) {
-                            const int nt = n0 + n;
-                            const float2 sv = *(const float2*)(xsum + ul * CW + nt * 8 + 2 * t);
-                            const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-#pragma unroll
-                            for (int r = 0; r < RW; r++) {
-#pragma unroll
-                                for (int j = 0; j < 4; j++) dd[r][n][j] = fmaf(-GemvOffset<F>::v, sx[j & 1], dd[r][n][j]);
-                                acc[r][nt][0] = fmaf(s0[r], dd[r][n][0], acc[r][nt][0]);
-                                acc[r][nt][1] = fmaf(s0[r], dd[r][n][1], acc[r][nt][1]);
-                                acc[r][nt][2] = fmaf(s1[r], dd[r][n][2], acc[r][nt][2]);
-                                acc[r][nt][3] = fmaf(s1[r], dd[r][n][3], acc[r][nt][3]);
-                            }
-                        }
-                    }
-                }
-            }
-            if constexpr (RW == 1) {
-                if (it + S - 1 < n_it) issue();
-                cp_async_commit();
-            }
-        }
-    }
-    pdl_release();
-    cp_async_wait<0>();
-    __syncthreads();  // the partial sums take the shared memory over
-
-    // the warps meet as gemv_epilogue's (per tile and column: s = 0, += warp v = 0..NW-1); the
-    // block's tile i = ti * RW + r
-    float4* red = (float4*)wide_smem;  // [RT*RW tiles][NW][NT][32]
-#pragma unroll
-    for (int r = 0; r < RW; r++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            red[((size_t)((ti * RW + r) * NW + wt) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < RT * RW * NT * 128; idx += blockDim.x) {
-        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
-        float s = 0.f;
-#pragma unroll
-        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
-        const int64_t row = rowb + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
-        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
-        if (row < rows && col < C) {
-            if (a.y_f32) {
-                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
-                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
-            } else {
-                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
-                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
-            }
-        }
-    }
-}
-
-// k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
-// count (two groups per stage; 4-byte aligned scale pairs)
-static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.cols % 128 == 0; }
-
-// the four kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
-// "gemv versions" and session 2): the x-staged kernel for every grouped format (4 warps x 4
-// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); bf16
-// and shapes the x-staged kernel cannot take: the register kernel. the other measured versions
-// are test/dev_kernels.cuh's (tests and benches index all of them by number).
-// a column's sum depends on the kernel's split of k among the warps of a row tile and on
-// nothing else: the mma columns are independent. so that split is a function of the matrix
-// alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
-// variant 9 does), and a product of C columns gives each column bit for bit what a one-column
-// product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
-// a batched lane a lone sequence. columns the staged x cannot hold in one launch run on the
-// wide kernel (gemv_wide_kernel: the same sums, 8-column tiles against one weight fragment).
-enum GemvKernel {
-    GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
-    GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
-    GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
-    GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
-    GEMV_XS_4X4_R4, // the same, 4 row tiles a block: several columns of a long matrix (GEMV_R4_ROWS)
-    GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
-};
-// a product of several columns stages C times the x of one: a 16-row block then reads about as
-// many bytes of x from l2 as of weights. matrices of >= 4096 rows on variant 9 take 4 row tiles
-// per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9;
-// GpuTuning::gemv_r4_rows)
-enum { GEMV_R4_ROWS = 4096 };
-static int g_gemv_r4_rows = GEMV_R4_ROWS;
-// matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
-// gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
-// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
-// every 9b product but gate_up and the head measured 0-10% faster with it; in the 9b decode
-// step it was 0.6% slower, in the 0.8b and 4b steps 8.7% and 2.1% faster (h200, issue 16), so
-// gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
-enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
-static int g_gemv_occ_rows = GEMV_OCC_ROWS;
-static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4 || k == GEMV_XS_8X3_4; }
-// the staged x the x-staged kernel k may take next to its weight stages (the opt-in limit)
-static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
-    const bool w8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
-    const int NW = w8 ? 8 : 4, S = w8 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
-    size_t stage = f == FMT_Q4 ? GemvAsyncLayout<FMT_Q4>::BYTES : f == FMT_Q5 ? GemvAsyncLayout<FMT_Q5>::BYTES
-                 : f == FMT_Q6 ? GemvAsyncLayout<FMT_Q6>::BYTES : GemvAsyncLayout<FMT_W8>::BYTES;
-    return GEMV_XS_SMEM_MAX - (size_t)RT * NW * S * stage;
-}
-// the kernel of a matrix (for every column count; gemv() takes its 4-tile form where it pays)
-static GemvKernel gemv_pick(const Mat& w) {
-    if (w.format == FMT_BF16 || !gemv_async_ok(w)) return GEMV_REGISTER;
-    const GemvKernel k = w.rows <= g_gemv_occ_rows ? GEMV_XS_8X3_4 : w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
-    return gemv_xs_bytes(w.format, (int)w.gpr, 1) <= gemv_xs_room(w.format, k) ? k : GEMV_ASYNC;
-}
-// columns per launch of kernel k: what the staged x holds (x-staged kernels), else GEMV_MAX_COLS
-static int gemv_launch_cols(const Mat& w, GemvKernel k) {
-    if (!gemv_xs_kernel_k(k)) return GEMV_MAX_COLS;
-    int c = GEMV_MAX_COLS;
-    while (c > 1 && gemv_xs_bytes(w.format, (int)w.gpr, c) > gemv_xs_room(w.format, k)) c--;
-    return c;
-}
-// the kernel for one launch (the chosen one must take the shape: gemv_pick's rule, or a
-// test's explicit pick of a kernel that can)
-template <int F>
-static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
-    const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
-    const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
-    if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
-    if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
-    // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
-    CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
-    const dim3 rgrid(tiles, (unsigned)CEIL_DIV(a.C, (int)GEMV_MAX_COLS));
-    if constexpr (F == FMT_BF16) {
-        launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a);
-    } else {
-        switch (k) {
-            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a); break;
-            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, rgrid, 8 * 32, 0, stream, a); break;
-            case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
-            case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
-            case GEMV_XS_4X4_R4:
-                launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, CEIL_DIV(tiles, 4u), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
-                break;
-            case GEMV_XS_8X3_4: launch_k(gemv_xs_kernel<F, 8, 3, 4>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
-        }
-    }
-    cudaCheck(cudaGetLastError());
-}
-
-// the wide kernel for a product of a.C columns on a matrix whose kernel is the x-staged one
-// of NW warps a tile: RW row tiles a warp, NT tiles for a block's columns, and the longest
-// slice of x that keeps a block within its share of the sm (else the one of NW * D groups).
-// RW = 2 (at most g_gemv_wide_rw2_cols columns a block: registers) where the grid keeps
-// g_gemv_wide_blocks blocks of full warp sets with column groups of 16, else RW = 1
-template <int F, int NW>
-static void gemv_wide_launch(const GemvArgs& a, cudaStream_t stream) {
-    CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
-    const int units = (int)a.w.gpr, step = NW * 2;
-    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    const int rt_max = GEMV_WIDE_THREADS / (NW * 32);
-    const int rw = g_gemv_wide_rw >= 2 && CEIL_DIV(tiles, (int64_t)2 * rt_max) * CEIL_DIV((int64_t)a.C, (int64_t)16) >= g_gemv_wide_blocks ? 2 : 1;
-    const int64_t sets = CEIL_DIV(tiles, (int64_t)rw);  // a warp's row tiles
-    // blocks: warp sets rt a block and column groups of cg; below g_gemv_wide_blocks blocks the
-    // column groups shrink first (16 at the least; they cost l2 reads of the weights), then rt
-    // (which costs l2 reads of x: each block stages its columns' whole x)
-    int rt = rt_max, cg = rw == 2 ? std::min(a.C, g_gemv_wide_rw2_cols) : a.C;
-    auto blocks = [&]() { return CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)cg); };
-    if (rw == 2 && cg > 16) {
-        // 32 columns a block or 16, by waves of one block an sm: a 32-column block took 1.8x
-        // the time of a 16-column one (gate_up, h200: bench-notes v6), so 16 where the waves
-        // of 32 cost more (gate_up at C = 32: 192 blocks, 2 waves, against 384 in 3)
-        const int64_t w32 = CEIL_DIV(blocks(), (int64_t)g_gemv_wide_blocks);
-        const int64_t w16 = CEIL_DIV(CEIL_DIV(sets, (int64_t)rt) * CEIL_DIV((int64_t)a.C, (int64_t)16), (int64_t)g_gemv_wide_blocks);
-        if (w32 * 9 > w16 * 5) cg = 16;
-    }
-    while (blocks() < g_gemv_wide_blocks && (cg > 16 || rt > 1)) {
-        if (cg > 16) cg = std::max(16, (cg + 1) / 2 + 7) / 8 * 8;
-        else rt /= 2;
-    }
-    const int groups = CEIL_DIV(a.C, cg), cc = CEIL_DIV(a.C, groups);  // columns a block (the largest group)
-    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
-    cg = cc;
-    // the registers (128 a thread) allow 512 threads an sm: the longest slice in this block's
-    // share; where even the shortest slice does not fit, fewer warp sets
-    const size_t per_unit = (size_t)cc * 4 * gemv_xs_words(F) * 4 + (size_t)8 * NT * 4;
-    const size_t pad = (size_t)cc * 16;  // the kernel's column padding
-    const int S = rw == 1 ? GemvWideStages<1>::S : GemvWideStages<2>::S;
-    size_t su = 0, smem = 0;
-    for (;; rt /= 2) {
-        const size_t goal = (size_t)GEMV_WIDE_SMEM_MAX * (rt * NW * 32) / GEMV_WIDE_THREADS;
-        const size_t stages = (size_t)rt * NW * S * rw * GemvAsyncLayout<F>::BYTES;
-        su = stages + pad < goal ? (goal - stages - pad) / per_unit / step * step : 0;
-        if (su < (size_t)step) su = step;
-        if (su > (size_t)units) su = units;
-        smem = std::max(stages + pad + su * per_unit, (size_t)rt * rw * NW * NT * 32 * 16);
-        if (smem <= GEMV_WIDE_SMEM_MAX || rt == 1) break;
-    }
-    CHECK(smem <= GEMV_WIDE_SMEM_MAX, "gemv: %zu bytes of shared memory for %d columns (%s, k %lld)", smem, cc,
-          format_name((NumFormat)F), (long long)a.w.cols);
-    const unsigned grid = (unsigned)(CEIL_DIV(sets, (int64_t)rt) * groups), block = rt * NW * 32;
-    if (rw == 2) {
-        switch (NT) {
-            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            default: launch_k(gemv_wide_kernel<F, NW, 4, 2>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-        }
-    } else {
-        switch (NT) {
-            case 1: launch_k(gemv_wide_kernel<F, NW, 1, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 2: launch_k(gemv_wide_kernel<F, NW, 2, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            case 4: launch_k(gemv_wide_kernel<F, NW, 4, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-            default: launch_k(gemv_wide_kernel<F, NW, 8, 1>, grid, block, smem, stream, a, (int)su, cg, groups); break;
-        }
-    }
-    cudaCheck(cudaGetLastError());
-}
-template <int F, int NW>
-static void gemv_wide_init_nw() {
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_wide_kernel<F, NW, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_WIDE_SMEM_MAX));
-}
-template <int F>
-static void gemv_wide_init() { gemv_wide_init_nw<F, 4>(); gemv_wide_init_nw<F, 8>(); }
-
-// ---- wide products from a prepared x (gemv_xp_kernel) ---------------------------------------
-// the slice-staged kernel above stages its columns' x in every block, between barriers, and
-// holds one block an sm; here one small kernel (gemv_xprep_kernel) writes x once per product
-// in b-fragment order with its per-group sums, exactly the entries gemv_xs_kernel stages (the
-// same transform, the same 1 / rms tree: one block of the matrix's NW warps a column, and the
-// same quad sums), and the product's warps read their fragments from there (l1 / l2 hits)
-// with no shared x and no barrier: blocks of one warp set, several an sm, each warp streaming
-// its weights through cp.async stages as gemv_xs_kernel's. the bits are the x-staged kernel's
-// per column (the same warp split of k, the same per-group chain and fma, the warps meeting in
-// order), so a column of a wide product is its one-column product, as before.
+// the prepared x: one small kernel (gemv_xprep_kernel) writes x once per product in b-fragment
+// order with its per-group sums, exactly the entries gemv_xs_kernel stages (the same transform,
+// the same 1 / rms tree: one block of the matrix's NW warps a column, and the same quad sums),
+// and the product's warps read their fragments from there (l1 / l2 hits) with no shared x and
+// no barrier: blocks of one warp set, several an sm, each warp streaming its weights through
+// cp.async stages as gemv_xs_kernel's (a version that staged x in k-slices in every block, one
+// block an sm, measured 1.7x slower at 16 columns: test/bench-notes.md, issue 14).
 // layout: xp [units][cp][NQ4][4 t] uint4 (NQ4 = W / 4: the thread's b words of a group), so a
 // warp's load of one q covers 64 contiguous bytes a column; sums xps [units][cp] fp32; cp = C
 // rounded up to 8 (the tile loads read whole 8-column tiles; columns >= C are masked).
 enum { GEMV_XP_STREAMS = 8,          // streams with a reserved buffer (the engine's two, tests')
        GEMV_XP_MAX_K = 32768 };      // the longest rows the buffer holds at GEMV_WIDE_COLS columns
-static int g_gemv_xp = 1;            // 0: the slice-staged wide kernel (gemv_wide_kernel)
 static int g_gemv_xp_rw = 2;         // row tiles a warp where the grid allows (1 or 2)
 static int g_gemv_xp_cols = 32;      // the most columns a block (8, 16, 32 or 64; RW 2 at most 32)
 static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shrinks column groups / row tiles
@@ -3854,8 +3369,6 @@ static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shri
 // 3.47 -> 3.17; plain products lose at C = 2 and 4 (2.92 -> 3.05, 2.99 -> 3.08) and win at 8
 // (3.33 -> 3.18): the x-staged kernel's fused 1 / rms sums one column after another)
 static int g_gemv_xp_from = 2, g_gemv_xp_plain_from = 8;
-static int g_gemv_xp_deep = 0;       // 1: weight stages 5 (two row tiles a warp) / 6 (one) instead of 3 / 4
-static int g_gemv_xp_regs = 0;       // 1: 8 accumulator tiles at 4 warps cap at 168 registers (3 blocks an sm)
 struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; };
 static GemvXpBuf g_gemv_xpbuf[GEMV_XP_STREAMS];
 static size_t gemv_xp_buf_bytes() {
@@ -3951,6 +3464,22 @@ __global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, 
     }
 }
 
+// one group d of a stage for the thread's rows g, g+8 (gemv_stage_read's reads, a group at a time)
+template <int F>
+__device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::RAW], const uint8_t* st, int d, int g, int t) {
+    using Ly = GemvAsyncLayout<F>;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        uint2 v = *(const uint2*)(st + r * Ly::RS_B + d * 32 + t * 8);
+        raw[h][0] = v.x; raw[h][1] = v.y;
+        if constexpr (F == FMT_Q5) raw[h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RS_H + d * 8 + t * 2);
+        else if constexpr (F == FMT_Q6) raw[h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RS_H + d * 16 + t * 4);
+        else raw[h][2] = 0;
+        raw[h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RS_S + d * 2);
+    }
+}
+
 // one warp set of NW warps a block, RW row tiles a warp, NT 8-column tiles of the block's
 // column group (block b: row set b / groups, columns [cg * (b % groups), + cg)). dynamic shared
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
@@ -4028,24 +3557,24 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
         __syncwarp();
         const uint8_t* st = sm_w + rslot;
         rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-        uint32_t raw[RW][D][2][Fm::RAW];
-#pragma unroll
-        for (int r = 0; r < RW; r++) gemv_stage_read<F>(raw[r], st + r * Ly::BYTES, g, t);
-        __syncwarp();  // every lane has read the slot the next copies overwrite
+        // the copies of stage it + S - 1 go to the slot stage it - 1 was read from (every lane
+        // is past it: the wait's __syncwarp), so they fly while this stage is computed
         if (it + S - 1 < n_it) issue();
         cp_async_commit();
 #pragma unroll
         for (int d = 0; d < D; d++) {
             const int u = ub + d;
+            const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+            const float* su = sl + (size_t)u * cp;
             uint32_t A[RW][GemvWideA<F>::N][4];
             float s0[RW], s1[RW];
 #pragma unroll
             for (int r = 0; r < RW; r++) {
-                gemv_afrag<F>(raw[r][d], A[r]);
-                s0[r] = f16bits2f(raw[r][d][0][3]); s1[r] = f16bits2f(raw[r][d][1][3]);
+                uint32_t raw[2][Fm::RAW];
+                gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
+                gemv_afrag<F>(raw, A[r]);
+                s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
             }
-            const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
-            const float* su = sl + (size_t)u * cp;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint4 v[NQ4];
@@ -4098,8 +3627,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
 
 // blocks an sm the registers allow (65536 / (NW * 32 * MINB) a thread): 128 registers up to
 // 2 tiles of accumulators (NT * RW), ~170 (NW 4) or 255 (NW 8) at 4, 255 at 8 (they spill at 128)
-template <int NW, int NT, int RW, int R = 0> struct GemvXpMinb {
-    static constexpr int v = NT * RW >= 8 ? (R && NW == 4 ? 3 : 256 / (NW * 32)) : NT * RW == 4 ? (NW == 4 ? 3 : 1) : 512 / (NW * 32);
+template <int NW, int NT, int RW> struct GemvXpMinb {
+    static constexpr int v = NT * RW >= 8 ? 256 / (NW * 32) : NT * RW == 4 ? (NW == 4 ? 3 : 1) : 512 / (NW * 32);
 };
 template <int F, int NW, int NT, int RW, int S>
 static size_t gemv_xp_smem() {
@@ -4108,13 +3637,8 @@ static size_t gemv_xp_smem() {
 template <int F, int NW, int NT, int RW, int S>
 static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups,
                        cudaStream_t stream) {
-    constexpr int S2 = RW == 2 ? 5 : 6;
-    if (g_gemv_xp_regs && NT * RW >= 8 && NW == 4)
-        launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW, 1>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
-    else if (g_gemv_xp_deep)
-        launch_k(gemv_xp_kernel<F, NW, NT, RW, S2, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S2>(), stream, a, xp, xps, cp, cg, groups);
-    else
-        launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
+    launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp,
+             xps, cp, cg, groups);
 }
 // the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
 // the prep, then the product: column groups of at most g_gemv_xp_cols (balanced), RW = 2
@@ -4162,12 +3686,7 @@ static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream) {
 }
 template <int F, int NW, int NT, int RW, int S>
 static void gemv_xp_init_one() {
-    constexpr int S2 = RW == 2 ? 5 : 6;
     cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)gemv_xp_smem<F, NW, NT, RW, S>()));
-    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S2, GemvXpMinb<NW, NT, RW>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)gemv_xp_smem<F, NW, NT, RW, S2>()));
-    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW, 1>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)gemv_xp_smem<F, NW, NT, RW, S>()));
 }
 template <int F, int NW>
@@ -4178,6 +3697,94 @@ static void gemv_xp_init_nw() {
 }
 template <int F>
 static void gemv_xp_init() { gemv_xp_init_nw<F, 4>(); gemv_xp_init_nw<F, 8>(); }
+
+// k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
+// count (two groups per stage; 4-byte aligned scale pairs)
+static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.cols % 128 == 0; }
+
+// the four kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
+// "gemv versions" and session 2): the x-staged kernel for every grouped format (4 warps x 4
+// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); bf16
+// and shapes the x-staged kernel cannot take: the register kernel. the other measured versions
+// are test/dev_kernels.cuh's (tests and benches index all of them by number).
+// a column's sum depends on the kernel's split of k among the warps of a row tile and on
+// nothing else: the mma columns are independent. so that split is a function of the matrix
+// alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
+// variant 9 does), and a product of C columns gives each column bit for bit what a one-column
+// product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
+// a batched lane a lone sequence. columns the staged x cannot hold in one launch run on the
+// wide kernel (gemv_xp_kernel: the same sums, 8-column tiles against one weight fragment).
+enum GemvKernel {
+    GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
+    GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
+    GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
+    GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
+    GEMV_XS_4X4_R4, // the same, 4 row tiles a block: several columns of a long matrix (GEMV_R4_ROWS)
+    GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
+};
+// a product of several columns stages C times the x of one: a 16-row block then reads about as
+// many bytes of x from l2 as of weights. matrices of >= 4096 rows on variant 9 take 4 row tiles
+// per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9;
+// GpuTuning::gemv_r4_rows)
+enum { GEMV_R4_ROWS = 4096 };
+static int g_gemv_r4_rows = GEMV_R4_ROWS;
+// matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
+// gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
+// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
+// every 9b product but gate_up and the head measured 0-10% faster with it; in the 9b decode
+// step it was 0.6% slower, in the 0.8b and 4b steps 8.7% and 2.1% faster (h200, issue 16), so
+// gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
+enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
+static int g_gemv_occ_rows = GEMV_OCC_ROWS;
+static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4 || k == GEMV_XS_8X3_4; }
+// the staged x the x-staged kernel k may take next to its weight stages (the opt-in limit)
+static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
+    const bool w8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+    const int NW = w8 ? 8 : 4, S = w8 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
+    size_t stage = f == FMT_Q4 ? GemvAsyncLayout<FMT_Q4>::BYTES : f == FMT_Q5 ? GemvAsyncLayout<FMT_Q5>::BYTES
+                 : f == FMT_Q6 ? GemvAsyncLayout<FMT_Q6>::BYTES : GemvAsyncLayout<FMT_W8>::BYTES;
+    return GEMV_XS_SMEM_MAX - (size_t)RT * NW * S * stage;
+}
+// the kernel of a matrix (for every column count; gemv() takes its 4-tile form where it pays)
+static GemvKernel gemv_pick(const Mat& w) {
+    if (w.format == FMT_BF16 || !gemv_async_ok(w)) return GEMV_REGISTER;
+    const GemvKernel k = w.rows <= g_gemv_occ_rows ? GEMV_XS_8X3_4 : w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
+    return gemv_xs_bytes(w.format, (int)w.gpr, 1) <= gemv_xs_room(w.format, k) ? k : GEMV_ASYNC;
+}
+// columns per launch of kernel k: what the staged x holds (x-staged kernels), else GEMV_MAX_COLS
+static int gemv_launch_cols(const Mat& w, GemvKernel k) {
+    if (!gemv_xs_kernel_k(k)) return GEMV_MAX_COLS;
+    int c = GEMV_MAX_COLS;
+    while (c > 1 && gemv_xs_bytes(w.format, (int)w.gpr, c) > gemv_xs_room(w.format, k)) c--;
+    return c;
+}
+// the kernel for one launch (the chosen one must take the shape: gemv_pick's rule, or a
+// test's explicit pick of a kernel that can)
+template <int F>
+static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
+    const unsigned tiles = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16);
+    const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
+    if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
+    if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
+    // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
+    CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
+    const dim3 rgrid(tiles, (unsigned)CEIL_DIV(a.C, (int)GEMV_MAX_COLS));
+    if constexpr (F == FMT_BF16) {
+        launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a);
+    } else {
+        switch (k) {
+            case GEMV_REGISTER: launch_k(gemv_kernel<F, 16, 2, 2>, rgrid, 16 * 32, 0, stream, a); break;
+            case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, rgrid, 8 * 32, 0, stream, a); break;
+            case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
+            case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
+            case GEMV_XS_4X4_R4:
+                launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, CEIL_DIV(tiles, 4u), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
+                break;
+            case GEMV_XS_8X3_4: launch_k(gemv_xs_kernel<F, 8, 3, 4>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+}
 
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
@@ -4230,7 +3837,7 @@ static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
     const GemvKernel k = gemv_pick_cols(w, C);
     const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
     return g_gemv_wide && gemv_xs_kernel_k(k) &&
-           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (g_gemv_xp && xp_from > 1 && C >= xp_from));
+           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (xp_from > 1 && C >= xp_from));
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
@@ -4240,20 +3847,11 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
     if (gemv_wide_takes(w, C, xt.mode)) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
-            if (g_gemv_xp) {
-                switch (w.format) {
-                    case FMT_Q4: nw8 ? gemv_xp_launch<FMT_Q4, 8>(a, stream) : gemv_xp_launch<FMT_Q4, 4>(a, stream); break;
-                    case FMT_Q5: nw8 ? gemv_xp_launch<FMT_Q5, 8>(a, stream) : gemv_xp_launch<FMT_Q5, 4>(a, stream); break;
-                    case FMT_Q6: nw8 ? gemv_xp_launch<FMT_Q6, 8>(a, stream) : gemv_xp_launch<FMT_Q6, 4>(a, stream); break;
-                    default: nw8 ? gemv_xp_launch<FMT_W8, 8>(a, stream) : gemv_xp_launch<FMT_W8, 4>(a, stream); break;
-                }
-                return;
-            }
             switch (w.format) {
-                case FMT_Q4: nw8 ? gemv_wide_launch<FMT_Q4, 8>(a, stream) : gemv_wide_launch<FMT_Q4, 4>(a, stream); break;
-                case FMT_Q5: nw8 ? gemv_wide_launch<FMT_Q5, 8>(a, stream) : gemv_wide_launch<FMT_Q5, 4>(a, stream); break;
-                case FMT_Q6: nw8 ? gemv_wide_launch<FMT_Q6, 8>(a, stream) : gemv_wide_launch<FMT_Q6, 4>(a, stream); break;
-                default: nw8 ? gemv_wide_launch<FMT_W8, 8>(a, stream) : gemv_wide_launch<FMT_W8, 4>(a, stream); break;
+                case FMT_Q4: nw8 ? gemv_xp_launch<FMT_Q4, 8>(a, stream) : gemv_xp_launch<FMT_Q4, 4>(a, stream); break;
+                case FMT_Q5: nw8 ? gemv_xp_launch<FMT_Q5, 8>(a, stream) : gemv_xp_launch<FMT_Q5, 4>(a, stream); break;
+                case FMT_Q6: nw8 ? gemv_xp_launch<FMT_Q6, 8>(a, stream) : gemv_xp_launch<FMT_Q6, 4>(a, stream); break;
+                default: nw8 ? gemv_xp_launch<FMT_W8, 8>(a, stream) : gemv_xp_launch<FMT_W8, 4>(a, stream); break;
             }
         });
         return;
@@ -6558,7 +6156,6 @@ static void gpu_kernels_init(bool pdl = true) {
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     g_launch_pdl = major >= 9 && pdl;
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
-    gemv_wide_init<FMT_Q4>(); gemv_wide_init<FMT_Q5>(); gemv_wide_init<FMT_Q6>(); gemv_wide_init<FMT_W8>();
     gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>();
     gemv_xp_reserve((cudaStream_t)0);  // the default stream's (tests and tools launch there)
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -6922,7 +6519,6 @@ struct GpuTuning {
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
     int gemv_r4_rows = GEMV_R4_ROWS;
-    bool gemv_xp = true;  // wide products from a prepared x (gemv_xp_kernel); off: the slice-staged kernel
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -6935,7 +6531,6 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
     if (const char* gr = getenv("NINFER_GEMV_R4_ROWS")) t.gemv_r4_rows = atoi(gr) > 0 ? atoi(gr) : INT32_MAX;
-    t.gemv_xp = !off("NINFER_GEMV_XP");
     return t;
 }
 
@@ -7513,7 +7108,6 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     gpu_kernels_init(o.tune.pdl);
     g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
     g_gemv_r4_rows = o.tune.gemv_r4_rows;
-    g_gemv_xp = o.tune.gemv_xp ? 1 : 0;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
@@ -7561,10 +7155,9 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     f.input_norm = w.full ? ok(w.attn.query_key) && ok(w.attn.gate_value) : ok(w.gdn.query_key) && ok(w.gdn.value_z);
     f.post_norm = ok(w.gate_up);
     // swiglu staged inside down's product is swiglu_kernel's math element for element, so the
-    // product's bits are the same either way: fused where the x-staged kernel takes the T
-    // columns (a launch saved) and where the prepared-x kernel does (its prep makes it once);
-    // separate where the slice-staged kernel does (it would make it per block)
-    f.swiglu = ok(w.down) && (g_gemv_xp || !gemv_wide_takes(w.down, T, GEMV_X_SWIGLU));
+    // product's bits are the same either way: fused (a launch saved; the wide kernel's prep
+    // makes it once a product)
+    f.swiglu = ok(w.down);
     return f;
 }
 // the head reads rmsnorm(x) of its rows

@@ -318,9 +318,8 @@ TEST(Gemv, FusedXTransforms) {
 // count of the launch: what makes an mtp verification column a one-token step (and a batched
 // lane a lone sequence). every format, the fused x transforms, a residual, the long rows whose
 // staged x holds fewer than 8 columns (the 9b down), and the wide kernel's column counts (one
-// to eight tiles, several k-slices, row tiles a block 1, 2 and 4, more than 64 columns: two
-// launches, one or two row tiles a warp), on both warp splits (occ 0: the 9b's, 4 warps a
-// 16-row tile below 8193 columns)
+// to eight tiles, column groups, more than 64 columns: two launches, one or two row tiles a
+// warp), on both warp splits (occ 0: the 9b's, 4 warps a 16-row tile below 8193 columns)
 TEST(Gemv, ColumnsIndependentOfCount) {
     NEED_GPU();
     struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
@@ -364,31 +363,24 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         }
         cudaCheck(cudaDeviceSynchronize());
         auto ref = down<uint8_t>(dref, ysz);
-        // the wide kernel's forms: one row tile a warp; two where the grid allows (the shipped
-        // rule); two everywhere (a target of one block: also the largest column groups)
-        // (from: gemv_wide_early's threshold, 2 and 4 differ only below 4 columns; ych: the
-        // register and async kernels' column chunks in one launch)
-        // the prepared-x kernel's (xp 1): rw / cols / blocks are g_gemv_xp_rw / _cols / _blocks:
-        // the shipped rule, one row tile a warp, 16 columns a block, the largest groups (a
-        // target of one block; 64 columns: 8 tiles), the smallest (a huge target)
-        const struct { int xp, rw, cols, blocks, from, ych; } forms[] = {
-            {0, 1, 32, 132, 0, 0}, {0, 2, 32, 132, 4, 1}, {0, 2, 16, 132, 4, 1}, {0, 2, 32, 1, 4, 1}, {0, 1, 32, 132, 2, 1},
-            {0, 2, 32, 132, 2, 1}, {1, 2, 32, 132, 4, 1}, {1, 1, 32, 132, 4, 1}, {1, 2, 16, 132, 4, 1}, {1, 2, 32, 1, 4, 1},
-            {1, 1, 64, 1, 4, 1}, {1, 2, 32, 1 << 20, 4, 1}, {1, 2, 24, 264, 4, 1}, {1, 2, 32, 132, 2, 1}, {2, 2, 32, 132, 4, 1},
-            {3, 2, 32, 132, 4, 1}, {4, 2, 32, 132, 4, 1}};
+        // the wide kernel's forms (rw / cols / blocks: g_gemv_xp_rw / _cols / _blocks; from:
+        // gemv_wide_early's threshold and the prepared x's, 2 for every product; ych: the
+        // register and async kernels' column chunks in one launch): the shipped rule, one row
+        // tile a warp, 16 columns a block, the largest groups (a target of one block; 64
+        // columns: 8 tiles), the smallest (a huge target), groups of 24 columns, the products
+        // below the staged x's columns on the wide kernel, the register kernel in launches of 8
+        const struct { int rw, cols, blocks, from, ych; } forms[] = {
+            {2, 32, 132, 0, 1}, {1, 32, 132, 0, 1}, {2, 16, 132, 0, 1}, {2, 32, 1, 0, 1}, {1, 64, 1, 0, 1},
+            {2, 32, 1 << 20, 0, 1}, {2, 24, 264, 0, 1}, {2, 32, 132, 2, 1}, {1, 32, 132, 2, 0}};
         auto defaults = [] {
-            g_gemv_wide_rw = 2; g_gemv_wide_rw2_cols = 32; g_gemv_wide_blocks = 132; g_gemv_wide_from = 4; g_gemv_ychunks = 1;
-            g_gemv_xp = 1; g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132;
-            g_gemv_xp_deep = 0; g_gemv_xp_regs = 0; g_gemv_xp_from = 2; g_gemv_xp_plain_from = 8;
+            g_gemv_wide_from = 4; g_gemv_ychunks = 1;
+            g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132; g_gemv_xp_from = 2; g_gemv_xp_plain_from = 8;
         };
         for (const auto& fm : forms)
             for (int n : counts) {
-                if (fm.from == 2 && n > 8) continue;  // as from 4
-                // xp 2 / 3: deeper stages / 168 registers; xp 4: the prepared x from 2 columns on
-                g_gemv_xp = fm.xp > 0; g_gemv_wide_from = fm.from; g_gemv_ychunks = fm.ych;
-                g_gemv_xp_deep = fm.xp == 2; g_gemv_xp_regs = fm.xp == 3; g_gemv_xp_from = fm.xp ? 2 : 0; g_gemv_xp_plain_from = fm.xp == 4 ? 2 : fm.xp ? 8 : 0;
-                if (fm.xp) { g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; }
-                else { g_gemv_wide_rw = fm.rw; g_gemv_wide_rw2_cols = fm.cols; g_gemv_wide_blocks = fm.blocks; }
+                if (fm.from == 2 && n > 8) continue;  // as the shipped rule
+                g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; g_gemv_ychunks = fm.ych;
+                if (fm.from) { g_gemv_wide_from = fm.from; g_gemv_xp_from = fm.from; g_gemv_xp_plain_from = fm.from; }
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
@@ -398,8 +390,7 @@ TEST(Gemv, ColumnsIndependentOfCount) {
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych
-                                  << ", xp " << fm.xp << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -2200,31 +2191,20 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
             }
 }
 
-// the batched decode's products (issue 14): gemv() at C columns over the 9b shapes, the wide
-// paths in the v4 structure against the shipped ones (bench_wide_form; the launches of <= 8
-// columns the wide kernel replaced: bench-notes), warp splits as the 9b's (occ off); weights rotate past the l2 as in Bench.DISABLED_Gemv. then the whole chain
-// of one 9b step. GB/s counts the weight bytes only (one pass: what the wide kernel reads)
-// the forms the bench compares: 1 the v4 structure (one row tile a warp, the wide kernel only
-// past the staged x, the register kernel in launches of 8 columns); 2 the shipped defaults
-// (the slice-staged wide kernel); 3.. the prepared-x kernel: 3 a target of 264 blocks, 4 its
-// defaults (132), 5 one row tile a warp, 6 16 columns a block, 7 64 columns a block (8 tiles,
-// rw 1), 8 deeper weight stages, 9 168 registers for 8 accumulator tiles, 10 the prepared x
-// from 2 columns on every product, 11 from 4
+// the batched decode's products (issue 14): gemv() at C columns over the 9b shapes in the wide
+// kernel's forms (bench_wide_form), warp splits as the 9b's (occ off); weights rotate past the
+// l2 as in Bench.DISABLED_Gemv. then the whole chain of one 9b step. GB/s counts the weight
+// bytes only (one pass: what the wide kernel reads)
+// the forms: 1 the shipped rule, 2 one row tile a warp, 3 16 columns a block, 4 a target of
+// 264 blocks, 5 the prepared x from 2 columns on every product (plain ones too)
 static void bench_wide_form(int f) {
-    g_gemv_wide_rw = f == 1 ? 1 : 2;
-    g_gemv_wide_rw2_cols = 32;
-    g_gemv_wide_from = f == 1 ? 0 : 4;
-    g_gemv_ychunks = f == 1 ? 0 : 1;
-    g_gemv_xp = f >= 3;
-    g_gemv_xp_rw = f == 5 || f == 7 ? 1 : 2;
-    g_gemv_xp_cols = f == 6 ? 16 : f == 7 ? 64 : 32;
-    g_gemv_xp_blocks = f == 3 ? 264 : 132;
-    g_gemv_xp_deep = f == 8;
-    g_gemv_xp_regs = f == 9;
-    g_gemv_xp_from = f == 10 ? 2 : f == 11 ? 4 : f == 2 ? 0 : 2;
-    g_gemv_xp_plain_from = f == 10 ? 2 : f == 11 ? 4 : f == 2 ? 0 : 8;
+    g_gemv_xp_rw = f == 2 ? 1 : 2;
+    g_gemv_xp_cols = f == 3 ? 16 : 32;
+    g_gemv_xp_blocks = f == 4 ? 264 : 132;
+    g_gemv_xp_from = 2;
+    g_gemv_xp_plain_from = f == 5 ? 2 : 8;
 }
-static const int kBenchForms[] = {2, 4, 8, 9, 10, 11};
+static const int kBenchForms[] = {1, 2, 3, 4, 5};
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -2238,7 +2218,7 @@ TEST(Bench, DISABLED_GemvWide) {
     bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
     bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
     bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
-    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form: 2 slice-staged, 3-7 prepared x)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
+    BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
     for (auto& sh : shapes) {
         uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
         uint64_t stride = align_up(mb, 256);
@@ -2252,7 +2232,7 @@ TEST(Bench, DISABLED_GemvWide) {
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
                 for (int rw : kBenchForms) {  // bench_wide_form
-                    if ((C == 1 && rw > 2) || (fused && xmode == GEMV_X_PLAIN)) continue;
+                    if ((C == 1 && rw > 1) || (fused && xmode == GEMV_X_PLAIN)) continue;
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
@@ -2280,7 +2260,7 @@ TEST(Bench, DISABLED_GemvWide) {
     for (int fused : {0, 1})
         for (int C : {1, 2, 4, 8, 16, 32, 64})
             for (int rw : kBenchForms) {
-                if (C == 1 && rw > 2) continue;
+                if (C == 1 && rw > 1) continue;
                 bench_wide_form(rw);
                 double ms = time_graph_ms([&](cudaStream_t s, int) {
                     for (size_t i = 0; i < seq.size(); i++) {
@@ -2294,7 +2274,7 @@ TEST(Bench, DISABLED_GemvWide) {
                             fused ? " fused" : "", seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9,
                             100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
             }
-    bench_wide_form(4);
+    bench_wide_form(1);
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
