@@ -3368,7 +3368,7 @@ static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shri
 // bench-notes: the 9b chain with the decode's fused transforms at C = 2 3.42 -> 3.10 ms, C = 4
 // 3.47 -> 3.17; plain products lose at C = 2 and 4 (2.92 -> 3.05, 2.99 -> 3.08) and win at 8
 // (3.33 -> 3.18): the x-staged kernel's fused 1 / rms sums one column after another)
-static int g_gemv_xp_from = 2, g_gemv_xp_plain_from = 8;
+static int g_gemv_xp_from = 1, g_gemv_xp_plain_from = 8;
 struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; };
 static GemvXpBuf g_gemv_xpbuf[GEMV_XP_STREAMS];
 static size_t gemv_xp_buf_bytes() {
@@ -3837,7 +3837,7 @@ static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
     const GemvKernel k = gemv_pick_cols(w, C);
     const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
     return g_gemv_wide && gemv_xs_kernel_k(k) &&
-           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (xp_from > 1 && C >= xp_from));
+           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (xp_from >= 1 && C >= xp_from));
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
