@@ -3290,7 +3290,6 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 // its rows against the same b fragments).
 enum { GEMV_WIDE_COLS = 64 };                  // columns per launch (NT <= 8 tiles)
 static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
-static int g_gemv_wide_from = 4;               // > 1: gemv_wide_early's products of at least this many columns (0: none)
 static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the benches' "before")
 
 // the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
@@ -3364,11 +3363,12 @@ enum { GEMV_XP_STREAMS = 8,          // streams with a reserved buffer (the engi
 static int g_gemv_xp_rw = 2;         // row tiles a warp where the grid allows (1 or 2)
 static int g_gemv_xp_cols = 32;      // the most columns a block (8, 16, 32 or 64; RW 2 at most 32)
 static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shrinks column groups / row tiles
-// from how many columns the prepared x takes a product that the x-staged kernel could (h200,
-// bench-notes: the 9b chain with the decode's fused transforms at C = 2 3.42 -> 3.10 ms, C = 4
-// 3.47 -> 3.17; plain products lose at C = 2 and 4 (2.92 -> 3.05, 2.99 -> 3.08) and win at 8
-// (3.33 -> 3.18): the x-staged kernel's fused 1 / rms sums one column after another)
-static int g_gemv_xp_from = 1, g_gemv_xp_plain_from = 8;
+// from how many columns the prepared x takes a product that the x-staged kernel could: products
+// with a fused transform from 1 (its prep computes 1 / rms once, where the x-staged kernel's
+// blocks each sum it), plain ones from 2 (h200, the 9b chain, bench-notes issue 14: fused C = 1
+// 3.09 -> 2.82 ms, tg128 306 -> 323 tok/s; plain C = 1 2.84 either way, C = 2 2.94 -> 2.85,
+// C = 4 2.99 -> 2.90)
+static int g_gemv_xp_from = 1, g_gemv_xp_plain_from = 2;
 struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; };
 static GemvXpBuf g_gemv_xpbuf[GEMV_XP_STREAMS];
 static size_t gemv_xp_buf_bytes() {
@@ -3719,15 +3719,9 @@ enum GemvKernel {
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
     GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
     GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
-    GEMV_XS_4X4_R4, // the same, 4 row tiles a block: several columns of a long matrix (GEMV_R4_ROWS)
+    GEMV_XS_4X4_R4, // the same, 4 row tiles a block (variant 14: measured for several columns, which the wide kernel now takes)
     GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
 };
-// a product of several columns stages C times the x of one: a 16-row block then reads about as
-// many bytes of x from l2 as of weights. matrices of >= 4096 rows on variant 9 take 4 row tiles
-// per block for C >= 2, which reads x once per 64 rows (the bits are those of variant 9;
-// GpuTuning::gemv_r4_rows)
-enum { GEMV_R4_ROWS = 4096 };
-static int g_gemv_r4_rows = GEMV_R4_ROWS;
 // matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
 // gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
 // kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
@@ -3815,35 +3809,21 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     }
 }
 
-// the products that take the wide kernel at column counts the staged x holds: the long rows
-// (k > 8192, 8 warps a tile) and the many rows (the head). at C = 4 (h200, bench-notes v6):
-// down 31.3 -> 25.1 us, with swiglu 56.3 -> 40.7, the head 344 -> 287; the others slower there
-// (qk 8.6 -> 9.9, gate_up 25.6 -> 27.9), and at C = 8 all of them but the fused norms
-static bool gemv_wide_early(const Mat& w, int C) {
-    return g_gemv_wide_from > 1 && C >= g_gemv_wide_from && (w.cols > 8192 || w.rows >= 65536);
-}
-
-// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels, C > gemv_launch_cols(w) (and
-// gemv_wide_early's) runs on the wide kernel (64 columns a launch); on the others 64 columns a
-// launch in 8-column block rows (g_gemv_ychunks 0: launches of 8). y_f32 picks fp32 output;
-// resid (nullable, may equal y) adds a bf16 residual. all pointers are device pointers.
-// the kernel of a product of C columns, and whether the wide kernel takes it instead
-static GemvKernel gemv_pick_cols(const Mat& w, int C) {
-    GemvKernel k = gemv_pick(w);
-    if (k == GEMV_XS_4X4 && C >= 2 && w.rows >= g_gemv_r4_rows) k = GEMV_XS_4X4_R4;
-    return k;
-}
+// y[c][r] (+)= W x[c] for c < C. on the x-staged kernels' matrices the wide kernel takes the
+// product (64 columns a launch) from g_gemv_xp_from / g_gemv_xp_plain_from columns, and always
+// past what the staged x holds; on the others 64 columns a launch in 8-column block rows
+// (g_gemv_ychunks 0: launches of 8). y_f32 picks fp32 output; resid (nullable, may equal y)
+// adds a bf16 residual. all pointers are device pointers.
 static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
-    const GemvKernel k = gemv_pick_cols(w, C);
+    const GemvKernel k = gemv_pick(w);
     const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
-    return g_gemv_wide && gemv_xs_kernel_k(k) &&
-           (C > gemv_launch_cols(w, k) || gemv_wide_early(w, C) || (xp_from >= 1 && C >= xp_from));
+    return g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (xp_from >= 1 && C >= xp_from));
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     CHECK(xt.mode == GEMV_X_PLAIN || gemv_fusable(w), "gemv: an x transform needs the x-staged kernel (%s, k %lld)",
           format_name(w.format), (long long)w.cols);
-    const GemvKernel k = gemv_pick_cols(w, C);
+    const GemvKernel k = gemv_pick(w);
     if (gemv_wide_takes(w, C, xt.mode)) {
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
@@ -6501,10 +6481,6 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
 //                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
 //                  step was not: h200, issue 16)
-//   gemv_r4_rows 4096  products of C >= 2 columns over matrices of at least this many rows
-//                  take the x-staged gemv with 4 row tiles a block (g_gemv_r4_rows;
-//                  NINFER_GEMV_R4_ROWS=N, 0: never): a K=3 mtp verify on the 9b 5.87 ms with
-//                  16384, 5.61 with 8192, 5.33 with 4096 (6.81 without; h200, issue 13)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
@@ -6518,7 +6494,6 @@ struct GpuTuning {
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
-    int gemv_r4_rows = GEMV_R4_ROWS;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -6530,7 +6505,6 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
-    if (const char* gr = getenv("NINFER_GEMV_R4_ROWS")) t.gemv_r4_rows = atoi(gr) > 0 ? atoi(gr) : INT32_MAX;
     return t;
 }
 
@@ -7107,7 +7081,6 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl);
     g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
-    g_gemv_r4_rows = o.tune.gemv_r4_rows;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));

@@ -357,32 +357,32 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
         // the reference: one launch per column on the x-staged kernel
         if (tc.resid) up(dref, res); else dref.poison();
-        g_gemv_xp_from = 0;
+        const int xp_from = g_gemv_xp_from, xp_plain_from = g_gemv_xp_plain_from;
+        g_gemv_xp_from = g_gemv_xp_plain_from = 0;
         for (int c = 0; c < Cmax; c++) {
             uint8_t* yc = (uint8_t*)dref.p + (size_t)c * ldy * esz;
             gemv(dm, dx.as<bf16_t>() + (size_t)c * ldx, ldx, 1, yc, ldy, tc.f32, tc.resid ? (const bf16_t*)yc : nullptr, ldy, 0, xt);
         }
         cudaCheck(cudaDeviceSynchronize());
-        g_gemv_xp_from = 1;
+        g_gemv_xp_from = xp_from; g_gemv_xp_plain_from = xp_plain_from;
         auto ref = down<uint8_t>(dref, ysz);
-        // the wide kernel's forms (rw / cols / blocks: g_gemv_xp_rw / _cols / _blocks; from:
-        // gemv_wide_early's threshold and the prepared x's, 2 for every product; ych: the
-        // register and async kernels' column chunks in one launch): the shipped rule, one row
-        // tile a warp, 16 columns a block, the largest groups (a target of one block; 64
-        // columns: 8 tiles), the smallest (a huge target), groups of 24 columns, the products
-        // below the staged x's columns on the wide kernel, the register kernel in launches of 8
+        // the wide kernel's forms (rw / cols / blocks: g_gemv_xp_rw / _cols / _blocks; from: the
+        // columns from which it takes every product, 0 the shipped rule; ych: the register and
+        // async kernels' column chunks in one launch): the shipped rule, one row tile a warp, 16
+        // columns a block, the largest groups (a target of one block; 64 columns: 8 tiles), the
+        // smallest (a huge target), groups of 24 columns, the x-staged kernel below 8 columns
+        // (the wide one past its staged x's), the register kernel in launches of 8
         const struct { int rw, cols, blocks, from, ych; } forms[] = {
             {2, 32, 132, 0, 1}, {1, 32, 132, 0, 1}, {2, 16, 132, 0, 1}, {2, 32, 1, 0, 1}, {1, 64, 1, 0, 1},
-            {2, 32, 1 << 20, 0, 1}, {2, 24, 264, 0, 1}, {2, 32, 132, 2, 1}, {1, 32, 132, 2, 0}};
-        auto defaults = [] {
-            g_gemv_wide_from = 4; g_gemv_ychunks = 1;
-            g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132; g_gemv_xp_from = 1; g_gemv_xp_plain_from = 8;
+            {2, 32, 1 << 20, 0, 1}, {2, 24, 264, 0, 1}, {2, 32, 132, 8, 1}, {1, 32, 132, 0, 0}};
+        auto defaults = [=] {
+            g_gemv_ychunks = 1;
+            g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132; g_gemv_xp_from = xp_from; g_gemv_xp_plain_from = xp_plain_from;
         };
         for (const auto& fm : forms)
             for (int n : counts) {
-                if (fm.from == 2 && n > 8) continue;  // as the shipped rule
                 g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; g_gemv_ychunks = fm.ych;
-                if (fm.from) { g_gemv_wide_from = fm.from; g_gemv_xp_from = fm.from; g_gemv_xp_plain_from = fm.from; }
+                if (fm.from) g_gemv_xp_from = g_gemv_xp_plain_from = fm.from;
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
@@ -2198,16 +2198,16 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
 // l2 as in Bench.DISABLED_Gemv. then the whole chain of one 9b step. GB/s counts the weight
 // bytes only (one pass: what the wide kernel reads)
 // the forms: 1 the shipped rule, 2 one row tile a warp, 3 16 columns a block, 4 a target of
-// 264 blocks, 5 the prepared x from 2 columns on every product (plain ones too), 6 the fused
-// products on the x-staged kernel below 2 columns
+// 264 blocks, 5 plain products on the x-staged kernel below 8 columns, 6 the fused products on
+// it below 2 columns, 7 every product on the prepared x
 static void bench_wide_form(int f) {
     g_gemv_xp_rw = f == 2 ? 1 : 2;
     g_gemv_xp_cols = f == 3 ? 16 : 32;
     g_gemv_xp_blocks = f == 4 ? 264 : 132;
     g_gemv_xp_from = f == 6 ? 2 : 1;
-    g_gemv_xp_plain_from = f == 5 ? 2 : 8;
+    g_gemv_xp_plain_from = f == 5 ? 8 : f == 7 ? 1 : 2;
 }
-static const int kBenchForms[] = {1, 2, 3, 4, 5, 6};
+static const int kBenchForms[] = {1, 2, 3, 4, 5, 6, 7};
 TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -2235,7 +2235,7 @@ TEST(Bench, DISABLED_GemvWide) {
         for (int fused : {0, 1})
             for (int C : {1, 4, 8, 16, 32, 64})
                 for (int rw : kBenchForms) {  // bench_wide_form
-                    if ((C == 1 && rw > 1 && rw != 6) || (fused && xmode == GEMV_X_PLAIN)) continue;
+                    if ((C == 1 && rw > 1 && rw < 6) || (fused && xmode == GEMV_X_PLAIN)) continue;
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
@@ -2263,7 +2263,7 @@ TEST(Bench, DISABLED_GemvWide) {
     for (int fused : {0, 1})
         for (int C : {1, 2, 4, 8, 16, 32, 64})
             for (int rw : kBenchForms) {
-                if (C == 1 && rw > 1 && rw != 6) continue;
+                if (C == 1 && rw > 1 && rw < 6) continue;
                 bench_wide_form(rw);
                 double ms = time_graph_ms([&](cudaStream_t s, int) {
                     for (size_t i = 0; i < seq.size(); i++) {
