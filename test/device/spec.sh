@@ -44,9 +44,6 @@ if has bench; then
   for a in "--draft-tokens 3 --lm-head-draft" "--draft-tokens 3" "--draft-tokens 1 --lm-head-draft" "--draft-tokens 2 --lm-head-draft"; do
     build/test/bench_spec /tmp/9b.ninfer $a 2>&1 | grep -v "loading weights" | tail -14
   done
-  for r in 4096 8192; do  # the 4-tile gemv for more matrices (GpuTuning::gemv_r4_rows)
-    echo "NINFER_GEMV_R4_ROWS=$r"; NINFER_GEMV_R4_ROWS=$r build/test/bench_spec /tmp/9b.ninfer --draft-tokens 3 --lm-head-draft 2>&1 | grep -E "step|verify|round K"
-  done
   ln -sf ninfer build/test/ninfer-bench
   build/test/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 3 2>&1 | tail -4
   build/test/ninfer-bench /tmp/9b.ninfer -p 0 -n 128 -r 3 --spec mtp --draft-tokens 3 --lm-head-draft 2>&1 | tail -3
