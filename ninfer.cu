@@ -3712,8 +3712,9 @@ static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.c
 // alone, never of the column count (gemv_pick; the 4-tile form of variant 9 sums each tile as
 // variant 9 does), and a product of C columns gives each column bit for bit what a one-column
 // product gives it: what makes an mtp verification column a one-token step (model.md 5.3) and
-// a batched lane a lone sequence. columns the staged x cannot hold in one launch run on the
-// wide kernel (gemv_xp_kernel: the same sums, 8-column tiles against one weight fragment).
+// a batched lane a lone sequence. the wide kernel (gemv_xp_kernel: the same sums, 8-column
+// tiles against one weight fragment) takes these matrices' products from 1 column with a fused
+// transform, from 2 without, and always past what the staged x holds (gemv_wide_takes).
 enum GemvKernel {
     GEMV_REGISTER,  // gemv_kernel <16 warps, 2 groups per stage, 2 blocks/sm>   (variant 2)
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
@@ -9702,11 +9703,11 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
             snprintf(lanes, sizeof lanes, ", %d lane(s) of up to %d tokens in a pool of %d pages of %d tokens (batched decode)", e->o.lanes, e->capacity,
                      (int)(e->kv_rows / KV_PAGE), (int)KV_PAGE);
         fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s%s), deltanet state %d slots of %.1f MiB "
-                "(%d live%s + %d device state slots), workspace %.1f MiB, cuda graphs %s; %s\n",
+                "(%d live%s + %d device state slots), workspace %.1f MiB (+ 2 x %.1f MiB: the wide products' x), cuda graphs %s; %s\n",
                 e->device, e->arena_bytes / mib, (int)e->kv_rows, kv_dtype_name(e->o.kv),
                 (double)e->kv_rows * gpu_kv_bytes_per_row(e->m->geo, e->o.kv) * (e->m->geo.n_full + (e->mtp.K ? 1 : 0)) / e->m->geo.n_full / mib, spec,
                 lanes, e->n_slots, gpu_gdn_bytes(e->m->geo, 1) / mib, live, e->mtp.K ? ": the mtp round's K+1" : "", pc.o.dev_slots,
-                e->work_bytes / mib, e->o.graphs ? (e->o.lanes > 1 ? "per decode bucket and batch size" : "per decode bucket") : "off", reuse);
+                e->work_bytes / mib, gemv_xp_buf_bytes() / mib, e->o.graphs ? (e->o.lanes > 1 ? "per decode bucket and batch size" : "per decode bucket") : "off", reuse);
     } else {
         fprintf(stderr, "ninfer-serve: memory plan (cpu reference path): %zu lane(s), each a sequence state of %.1f MiB (kv %d tokens, fp32); %s\n",
                 s->lanes.size(), en.st.n_floats * 4 / mib, en.st.capacity, reuse);
