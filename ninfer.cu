@@ -3720,7 +3720,6 @@ enum GemvKernel {
     GEMV_ASYNC,     // gemv_async_kernel <8 warps, 3 stages, 4 blocks/sm>        (variant 7)
     GEMV_XS_8X3,    // gemv_xs_kernel <8 warps, 3 stages, 3 blocks/sm>           (variant 8)
     GEMV_XS_4X4,    // gemv_xs_kernel <4 warps, 4 stages, 6 blocks/sm>           (variant 9)
-    GEMV_XS_4X4_R4, // the same, 4 row tiles a block (variant 14: measured for several columns, which the wide kernel now takes)
     GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
 };
 // matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
@@ -3731,16 +3730,19 @@ enum GemvKernel {
 // gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
 enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
 static int g_gemv_occ_rows = GEMV_OCC_ROWS;
-static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_4X4_R4 || k == GEMV_XS_8X3_4; }
-// the staged x the x-staged kernel k may take next to its weight stages (the opt-in limit)
-static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
-    const bool w8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
-    const int NW = w8 ? 8 : 4, S = w8 ? 3 : 4, RT = k == GEMV_XS_4X4_R4 ? 4 : 1;
+static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_8X3_4; }
+// the staged x the x-staged kernel of NW warps, S stages, RT row tiles may take next to its
+// weight stages (the opt-in limit)
+static size_t gemv_xs_room(NumFormat f, int NW, int S, int RT = 1) {
     size_t stage = f == FMT_Q4 ? GemvAsyncLayout<FMT_Q4>::BYTES : f == FMT_Q5 ? GemvAsyncLayout<FMT_Q5>::BYTES
                  : f == FMT_Q6 ? GemvAsyncLayout<FMT_Q6>::BYTES : GemvAsyncLayout<FMT_W8>::BYTES;
     return GEMV_XS_SMEM_MAX - (size_t)RT * NW * S * stage;
 }
-// the kernel of a matrix (for every column count; gemv() takes its 4-tile form where it pays)
+static size_t gemv_xs_room(NumFormat f, GemvKernel k) {
+    const bool w8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+    return gemv_xs_room(f, w8 ? 8 : 4, w8 ? 3 : 4);
+}
+// the kernel of a matrix (for every column count)
 static GemvKernel gemv_pick(const Mat& w) {
     if (w.format == FMT_BF16 || !gemv_async_ok(w)) return GEMV_REGISTER;
     const GemvKernel k = w.rows <= g_gemv_occ_rows ? GEMV_XS_8X3_4 : w.cols > 8192 ? GEMV_XS_8X3 : GEMV_XS_4X4;
@@ -3772,9 +3774,6 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
             case GEMV_ASYNC: launch_k(gemv_async_kernel<F, 8, 3, 4>, rgrid, 8 * 32, 0, stream, a); break;
             case GEMV_XS_8X3: launch_k(gemv_xs_kernel<F, 8, 3, 3>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
             case GEMV_XS_4X4: launch_k(gemv_xs_kernel<F, 4, 4, 6>, tiles, 4 * 32, gemv_xs_smem<F>(4, 4, xsb), stream, a); break;
-            case GEMV_XS_4X4_R4:
-                launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, CEIL_DIV(tiles, 4u), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
-                break;
             case GEMV_XS_8X3_4: launch_k(gemv_xs_kernel<F, 8, 3, 4>, tiles, 8 * 32, gemv_xs_smem<F>(8, 3, xsb), stream, a); break;
         }
     }
@@ -6128,7 +6127,6 @@ template <int F>
 static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
-    cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
 static void gpu_kernels_init(bool pdl = true) {

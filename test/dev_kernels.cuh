@@ -278,7 +278,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
 //   x-staged kernel <NW, S, min blocks/sm> (8, 9); shapes whose x does not fit run variant 7
 //   x-staged, more warps per 16-row tile (the k split over more warps: fewer dependent stages
 //   per warp, more bytes in flight for matrices of few tiles): 10 <16, 3, 2>, 11 <16, 2, 2>,
-//   12 <8, 4, 3>, 13 <8, 3, 4> (the product's GEMV_XS_8X3_4); 14: 9 with 4 row tiles a block (GEMV_XS_4X4_R4)
+//   12 <8, 4, 3>, 13 <8, 3, 4> (the product's GEMV_XS_8X3_4); 14: 9 with 4 row tiles a block (the
+//   product's for several columns of a long matrix before the wide kernel took them)
 static const int GEMV_VARIANTS = 15;
 // the dev x-staged variants' launch: the opt-in shared memory once, then gemv_launch's fallbacks
 template <int F, int NW, int S, int MINB>
@@ -292,6 +293,25 @@ static void gemv_xs_dev_launch(const GemvArgs& a, cudaStream_t stream) {
             init = true;
         }
         launch_k(gemv_xs_kernel<F, NW, S, MINB>, (unsigned)CEIL_DIV(a.w.rows, (int64_t)16), NW * 32, gemv_xs_smem<F>(NW, S, xsb), stream, a);
+    }
+}
+// variant 14: 4 row tiles of variant 9 a block (one staged x for 64 rows: the bits of variant 9)
+static int gemv_xs_r4_cols(const Mat& w) {
+    int c = GEMV_MAX_COLS;
+    while (c > 1 && gemv_xs_bytes(w.format, (int)w.gpr, c) > gemv_xs_room(w.format, 4, 4, 4)) c--;
+    return c;
+}
+template <int F>
+static void gemv_xs_r4_launch(const GemvArgs& a, cudaStream_t stream) {
+    const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
+    if (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, 4, 4, 4) || !gemv_async_ok(a.w)) { gemv_launch<F>(GEMV_ASYNC, a, stream); return; }
+    if constexpr (F != FMT_BF16) {
+        static bool init = false;
+        if (!init) {
+            cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
+            init = true;
+        }
+        launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, (unsigned)CEIL_DIV(a.w.rows, (int64_t)64), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
     }
 }
 template <int F>
@@ -315,7 +335,7 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 11: gemv_xs_dev_launch<F, 16, 2, 2>(a, stream); break;
         case 12: gemv_xs_dev_launch<F, 8, 4, 3>(a, stream); break;
         case 13: gemv_launch<F>(GEMV_XS_8X3_4, a, stream); break;
-        case 14: gemv_launch<F>(GEMV_XS_4X4_R4, a, stream); break;
+        case 14: gemv_xs_r4_launch<F>(a, stream); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
@@ -328,7 +348,7 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
     CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w)),
           "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld)", variant, format_name(w.format), (long long)w.cols);
     const int cols = variant == 8 ? gemv_launch_cols(w, GEMV_XS_8X3) : variant == 9 ? gemv_launch_cols(w, GEMV_XS_4X4)
-                   : variant == 13 ? gemv_launch_cols(w, GEMV_XS_8X3_4) : variant == 14 ? gemv_launch_cols(w, GEMV_XS_4X4_R4) : GEMV_MAX_COLS;
+                   : variant == 13 ? gemv_launch_cols(w, GEMV_XS_8X3_4) : variant == 14 ? gemv_xs_r4_cols(w) : GEMV_MAX_COLS;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, cols, [&](const GemvArgs& a) {
         switch (w.format) {
             case FMT_Q4: gemv_launch_variant<FMT_Q4>(variant, a, stream); break;
