@@ -2912,6 +2912,17 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt
     }
 }
 
+// y[col][row] = s (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of s)
+__device__ __forceinline__ void gemv_store(const GemvArgs& a, int64_t row, int col, float s) {
+    if (a.y_f32) {
+        if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
+        ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
+    } else {
+        float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
+        ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+    }
+}
+
 // the warps' partial sums meet in shared memory; thread (g,t) holds rows g, g+8 and columns
 // 2t, 2t+1 of the tile (the mma accumulator layout). then one thread per output element adds
 // the residual, rounds and stores. the tile index i (always 0: one 16-row tile) stays in the
@@ -2933,15 +2944,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
         for (int v = 0; v < NW; v++) s += ((const float*)&red[i * NW + v][ln])[j];
         int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         int col = 2 * (ln & 3) + (j & 1);
-        if (row < rows && col < a.C) {
-            if (a.y_f32) {
-                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
-                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
-            } else {
-                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
-                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
-            }
-        }
+        if (row < rows && col < a.C) gemv_store(a, row, col, s);
     }
 }
 
@@ -3290,7 +3293,6 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
 // its rows against the same b fragments).
 enum { GEMV_WIDE_COLS = 64 };                  // columns per launch (NT <= 8 tiles)
 static int g_gemv_ychunks = 1;                 // the register and async kernels: 1 one launch of up to 64 columns, 0 launches of 8
-static int g_gemv_wide = 1;                    // 0: columns past gemv_launch_cols run in chunks (the benches' "before")
 
 // the A fragments of one group (rows g, g+8), converted once for all the column tiles: q
 // formats STEPS x 4 pairs in mma order; w8 the lo pairs then the hi pairs (2 * STEPS x 4)
@@ -3492,7 +3494,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
     a.C = a.C - c0 < cg ? a.C - c0 : cg;
-    if (a.C <= 0) return;  // (balanced groups never leave one empty; a guard, not a case)
+    if (a.C <= 0) return;  // never taken (groups = ceil(C / cg)), but ptxas builds the measured sass from it
     using Fm = GemvFmt<F>;
     using Ly = GemvAsyncLayout<F>;
     constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
@@ -3613,15 +3615,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
         for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
         const int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
-        if (row < rows && col < C) {
-            if (a.y_f32) {
-                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
-                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
-            } else {
-                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
-                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
-            }
-        }
+        if (row < rows && col < C) gemv_store(a, row, col, s);
     }
 }
 
@@ -3817,7 +3811,7 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
 static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
     const GemvKernel k = gemv_pick(w);
     const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
-    return g_gemv_wide && gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (xp_from >= 1 && C >= xp_from));
+    return gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (xp_from >= 1 && C >= xp_from));
 }
 static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32, const bf16_t* resid,
                  int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
@@ -6875,6 +6869,7 @@ static void gpu_arena_layout(GpuEngine* e) {
 static bool gpu_size_state(GpuEngine* e, std::string* err) {
     const Geometry& g = e->m->geo;
     const size_t headroom = 256ull << 20;  // cuda context growth, graphs, library scratch
+    const size_t xp = 2 * gemv_xp_buf_bytes();  // the main and side streams' prepared x (gpu_build reserves them)
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     const GpuOpts& o = e->o;
@@ -6897,7 +6892,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
         return w;
     };
     if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
-        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + headroom + (1ull << 30);
+        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + xp + headroom + (1ull << 30);
         if (fixed >= free_b) rows = o.max_context;
         else rows = (int)std::min<int64_t>(std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
     }
@@ -6908,15 +6903,15 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     e->T_max = std::min(e->T_max, std::max(e->capacity, min_cols));
     e->work_bytes = work_for(e->capacity);
     e->state_bytes = align_up((size_t)e->kv_rows * kv_row + (size_t)(g.n_full + 1) * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
-    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + headroom;
+    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + xp + headroom;
     if (need > free_b) {
         char buf[512];
         snprintf(buf, sizeof buf,
                  "not enough gpu memory on device %d: need %.2f GiB (weights %.2f, kv cache %.2f for %d tokens of %s, deltanet state %.2f, "
-                 "workspace %.2f for --prefill-chunk %d), %.2f GiB free of %.2f; lower --max-context / --kv-capacity, use --kv-dtype int8 or fp8, "
-                 "or a smaller --prefill-chunk",
+                 "workspace %.2f for --prefill-chunk %d and %.2f for the wide products' x), %.2f GiB free of %.2f; lower --max-context / "
+                 "--kv-capacity, use --kv-dtype int8 or fp8, or a smaller --prefill-chunk",
                  o.device, gib(need), gib(e->arena_bytes), gib((double)e->kv_rows * kv_row), (int)e->kv_rows, kv_dtype_name(o.kv), gib(gdn),
-                 gib(e->work_bytes), e->T_max, gib(free_b), gib(total_b));
+                 gib(e->work_bytes), e->T_max, gib(xp), gib(free_b), gib(total_b));
         *err = buf;
         return false;
     }
@@ -8332,7 +8327,7 @@ static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity 
 // per decode step), so a long prompt entering stalls the running streams by one piece at a
 // time and is itself never starved; a decode step waits for the lanes of the previous one to
 // ask again (each does host work between tokens: the sampler, the detokenizer, the stream)
-// for at most LANE_WAIT_MS, so the batch does not split in two. a lane that ends leaves the
+// for at most LANE_WAIT_US, so the batch does not split in two. a lane that ends leaves the
 // step at once; its next request, or another, may take the lane.
 enum { LANE_WAIT_US = 5000 };
 struct LaneSched {
@@ -8424,7 +8419,9 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row) {
     CHECK(!ls->held[lane], "lane %d decodes while it holds the turn", lane);
     const uint64_t mine = ls->steps[lane];
     ls->want[lane] = id; ls->row[lane] = row; ls->expected[lane] = 0;
-    ls->cv.notify_all();
+    // no notify: an arrival can only make a decode step ready, and the arriving lane looks
+    // itself (below); waking every waiting lane at each arrival was a thundering herd on the one
+    // mutex (test/bench_sched.cc, bench-notes)
     for (;;) {
         if (ls->steps[lane] != mine) return ls->amax[lane];
         const bool pieces = ls->piece_due && !ls->turns.empty();
