@@ -96,7 +96,7 @@ $(BUILD)/test/test_format: test/test_format.cu ninfer.cu $(HEADERS) Makefile
 
 # the cpu reference path: against itself, and against the hf goldens in test/golden
 # (test/reference/make_goldens.py); golden tests skip while their files are missing
-$(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) Makefile
+$(BUILD)/test/test_cpu: test/test_cpu.cu ninfer.cu $(HEADERS) $(TEST_HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) $(TEST_GENCODE) -o $@ test/test_cpu.cu $(LDLIBS) $(GTEST)
 

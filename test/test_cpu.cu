@@ -7,6 +7,7 @@
 // NINFER_GOLDEN_DIR overrides test/golden (to try goldens made locally).
 #define NINFER_TESTING
 #include "../ninfer.cu"
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <random>
 #include <fstream>
@@ -56,13 +57,6 @@ static Diff diff(const float* a, const float* b, size_t n) {
         d.ref = std::max(d.ref, (double)fabsf(b[i]));
     }
     return d;
-}
-
-static std::vector<int> random_ids(int n, int domain, uint64_t seed) {
-    std::mt19937_64 r(seed);
-    std::vector<int> ids(n);
-    for (int& id : ids) id = (int)(r() % domain);
-    return ids;
 }
 
 // ---- weight rows -------------------------------------------------------------------------
@@ -277,13 +271,6 @@ TEST(Forward, EmbeddingOverrideAndExplicitPositions) {
     seq_reset(&L.st);
     forward_cpu(&L.m, &L.rs, &L.st, ids.data(), nullptr, pos3.data(), 9, lg_c.data(), true, nullptr);
     EXPECT_EQ(0, memcmp(lg_b.data(), lg_c.data(), lg_b.size() * 4));
-}
-
-// relative l2 distance |a - b| / |b|
-static double rel_l2(const float* a, const float* b, size_t n) {
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; e += d * d; r += (double)b[i] * b[i]; }
-    return sqrt(e / (r + 1e-300));
 }
 
 // the bf16 mode (RunState::bf16, the gpu path's oracle in test_gpu): off after run_build; on,
@@ -882,44 +869,19 @@ TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     for (int k = 0; k < N; k++) lp.push_back(&eng[k]);
     LaneSched ls;
     sched_build(&ls, lp);
-    struct Req { std::vector<int> prompt, stop, ref, got; int n; float T; int cancel_at; };
-    std::vector<Req> rq(N);
-    for (int k = 0; k < N; k++)
-        rq[k] = Req{random_ids(3 + 11 * k, fr.domain, 50 + k), {}, {}, {}, 12 + 6 * k, k % 2 ? 0.8f : 0.0f, k == 3 ? 7 : -1};
-    auto sampler = [&](const Req& r, Sampler* smp) {
-        SamplerParams sp; sp.temperature = r.T; sp.top_k = 20; sp.top_p = 0.95f; sp.seed = 9;
-        sampler_build(smp, sp, fr.domain);
-    };
-    for (int k = 0; k < N; k++) {  // alone; request 2 with a stop id (its 5th token's)
-        Req& r = rq[k];
-        Sampler smp; sampler(r, &smp);
-        engine_reset(&one);
-        engine_generate(&one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
-        if (k == 2) { r.stop = {r.ref[5]}; r.ref.resize(std::find(r.ref.begin(), r.ref.end(), r.ref[5]) - r.ref.begin()); }
-        if (r.cancel_at >= 0) r.ref.resize(r.cancel_at);
+    // greedy and sampled; request 2 stops at the id of its reference's token 5, request 3 is cancelled after 7 tokens
+    std::vector<LaneReq> rq(N);
+    for (int k = 0; k < N; k++) {
+        LaneReq& r = rq[k];
+        r.prompt = random_ids(3 + 11 * k, fr.domain, 50 + k);
+        r.n = 12 + 6 * k; r.T = k % 2 ? 0.8f : 0.0f; r.cancel_at = k == 3 ? 7 : -1;
     }
-    struct Poll { LaneSched* ls; int lane; };
-    auto poll = [](void* c) { Poll* p = (Poll*)c; sched_yield(p->ls, p->lane); return false; };
-    std::vector<Poll> polls(N);
-    std::vector<std::thread> th;
-    for (int k = 0; k < N; k++)
-        th.emplace_back([&, k] {
-            Req& r = rq[k];
-            polls[k] = Poll{&ls, k};
-            Sampler smp; sampler(r, &smp);
-            sched_turn(&ls, k);
-            engine_reset(&eng[k]);
-            engine_generate(&eng[k], &smp, r.prompt, r.n, r.stop, nullptr, [&](int id) {
-                r.got.push_back(id);
-                return r.cancel_at < 0 || (int)r.got.size() < r.cancel_at;
-            }, GenCancel{poll, &polls[k]});
-            sched_turn_end(&ls, k);
-        });
-    for (auto& t : th) t.join();
-    for (int k = 0; k < N; k++) EXPECT_EQ(rq[k].got, rq[k].ref) << "request " << k;
-    printf("  cpu lanes: %llu decode steps, %.2f lanes a step\n", (unsigned long long)ls.decode_steps,
-           ls.decode_steps ? (double)ls.decode_tokens / ls.decode_steps : 0.0);
-    EXPECT_GT(ls.decode_tokens, ls.decode_steps);
+    LanesCase c;
+    c.what = "cpu lanes"; c.ls = &ls; c.lanes = eng.data(); c.one = &one;
+    c.sp.top_k = 20; c.sp.top_p = 0.95f; c.sp.seed = 9; c.domain = fr.domain;
+    c.stop_req = 2; c.stop_at = 5;
+    c.poll_yields = true;
+    lanes_match_alone(c, rq);
     for (Engine& e : eng) engine_free(&e);
     model_close(&m);
 }

@@ -476,10 +476,6 @@ static std::vector<int> gpu_greedy(GpuEngine* e, const std::vector<int>& prompt,
     EXPECT_EQ(st.generated, n);
     return ids;
 }
-static int first_difference(const std::vector<int>& a, const std::vector<int>& b) {
-    for (size_t s = 0; s < std::min(a.size(), b.size()); s++) if (a[s] != b[s]) return (int)s;
-    return a.size() == b.size() ? -1 : (int)std::min(a.size(), b.size());
-}
 // (top1 - l[other]) / max|logit| of one step's logits (other < 0: the runner-up)
 static double logit_margin(const std::vector<float>& l, int top, int other, int domain) {
     float mx = 0, second = -INFINITY;
@@ -1365,48 +1361,18 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     const int N = 6;
     LanesRig rig; std::string err;
     ASSERT_TRUE(lanes_rig(&rig, path, N, SpecOpts(), &err)) << err;
-    Engine& one = rig.one;
-    std::vector<Engine>& lanes = rig.lanes;
-    LaneSched& ls = rig.ls;
-    const int domain = rig.domain;
-    struct Req { std::vector<int> prompt; int n; float T; int cancel_at; std::vector<int> stop, ref, got; };
-    std::vector<Req> rq(N);
+    // greedy and sampled; request 1 stops at the id of its reference's token 10, request 4 is cancelled after 15 tokens
+    std::vector<LaneReq> rq(N);
     for (int k = 0; k < N; k++) {
-        Req& r = rq[k];
-        r.prompt = random_ids(3 + 97 * k, domain, 77 + k);
+        LaneReq& r = rq[k];
+        r.prompt = random_ids(3 + 97 * k, rig.domain, 77 + k);
         r.n = 40 + 30 * k; r.T = k % 3 == 2 ? 0.8f : 0.0f; r.cancel_at = k == 4 ? 15 : -1;
     }
-    auto sampler = [&](const Req& r, Sampler* smp) {
-        SamplerParams sp; sp.temperature = r.T; sp.top_k = 40; sp.top_p = 0.95f; sp.seed = 5;
-        sampler_build(smp, sp, domain);
-    };
-    for (int k = 0; k < N; k++) {  // alone (one with a stop id: its 10th token's)
-        Req& r = rq[k];
-        Sampler smp; sampler(r, &smp);
-        engine_reset(&one);
-        engine_generate(&one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
-        if (k == 1) { r.stop = {r.ref[10]}; r.ref.resize(std::find(r.ref.begin(), r.ref.end(), r.ref[10]) - r.ref.begin()); }
-        if (r.cancel_at >= 0) r.ref.resize(r.cancel_at);
-    }
-    std::vector<std::thread> th;
-    for (int k = 0; k < N; k++)
-        th.emplace_back([&, k] {
-            Req& r = rq[k];
-            Sampler smp; sampler(r, &smp);
-            sched_turn(&ls, k);
-            engine_reset(&lanes[k]);
-            CHECK(gpu_lane_reserve(engine_gpu(&lanes[k]), k, (int)r.prompt.size() + r.n), "pages");
-            engine_generate(&lanes[k], &smp, r.prompt, r.n, r.stop, nullptr, [&](int id) {
-                r.got.push_back(id);
-                return r.cancel_at < 0 || (int)r.got.size() < r.cancel_at;
-            });
-            sched_turn_end(&ls, k);
-        });
-    for (auto& t : th) t.join();
-    for (int k = 0; k < N; k++) EXPECT_EQ(rq[k].got, rq[k].ref) << "request " << k << ", first difference at " << first_difference(rq[k].got, rq[k].ref);
-    fprintf(stderr, "  scheduler: %llu decode steps, %.2f lanes a step\n", (unsigned long long)ls.decode_steps,
-            ls.decode_steps ? (double)ls.decode_tokens / ls.decode_steps : 0.0);
-    EXPECT_GT(ls.decode_tokens, ls.decode_steps);  // the steps were batched
+    LanesCase c;
+    c.what = "scheduler"; c.ls = &rig.ls; c.lanes = rig.lanes.data(); c.one = &rig.one;
+    c.sp.top_k = 40; c.sp.top_p = 0.95f; c.sp.seed = 5; c.domain = rig.domain;
+    c.stop_req = 1; c.stop_at = 10;
+    lanes_match_alone(c, rq);
 }
 
 // --spec mtp with lanes on the gpu: each lane's rounds are exclusive steps handed over at round
@@ -1421,44 +1387,26 @@ TEST(GpuLanes, SpecRoundsPerLaneMatchPlainKjv) {
     SpecOpts sp; sp.K = 3;
     LanesRig rig; std::string err;
     ASSERT_TRUE(lanes_rig(&rig, path, N, sp, &err)) << err;
-    Engine& one = rig.one;
-    std::vector<Engine>& lanes = rig.lanes;
-    LaneSched& ls = rig.ls;
-    const int domain = rig.domain;
-    std::vector<std::vector<int>> prompt(N), ref(N), got(N);
-    std::vector<GenStats> st(N);
+    // greedy; the references are plain greedy decoding on the one-sequence engine
+    std::vector<LaneReq> rq(N);
     for (int k = 0; k < N; k++) {
-        prompt[k] = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323};
-        for (int j = 0; j < 150 * k; j++) prompt[k].push_back(prompt[k][j % 12]);  // 12 .. 462 tokens: several pieces
-        ref[k] = gpu_greedy(one.g, prompt[k], 120);
-        gpu_reset(one.g);
+        LaneReq& r = rq[k];
+        r.prompt = {641, 279, 3161, 1229, 479, 347, 3465, 279, 566, 402, 268, 323};
+        for (int j = 0; j < 150 * k; j++) r.prompt.push_back(r.prompt[j % 12]);  // 12 .. 462 tokens: several pieces
+        r.n = 120;
+        r.ref = gpu_greedy(rig.one.g, r.prompt, r.n);
+        gpu_reset(rig.one.g);
     }
-    struct Poll { LaneSched* ls; Engine* en; int polls = 0; };
-    auto poll = [](void* c) {
-        Poll* p = (Poll*)c;
-        p->polls++;
-        sched_yield(p->ls, p->en->lane);
-        engine_gpu(p->en);
-        return false;
-    };
-    std::vector<Poll> polls(N);
-    std::vector<std::thread> th;
-    for (int k = 0; k < N; k++)
-        th.emplace_back([&, k] {
-            polls[k] = Poll{&ls, &lanes[k]};
-            Sampler smp; SamplerParams p; p.temperature = 0;
-            sampler_build(&smp, p, domain);
-            sched_turn(&ls, k);
-            engine_reset(&lanes[k]);
-            CHECK(gpu_lane_reserve(engine_gpu(&lanes[k]), k, (int)prompt[k].size() + 120 + 2 * sp.K + 1), "pages");
-            st[k] = engine_generate(&lanes[k], &smp, prompt[k], 120, {}, nullptr, [&](int id) { got[k].push_back(id); }, GenCancel{poll, &polls[k]});
-            sched_turn_end(&ls, k);
-        });
-    for (auto& t : th) t.join();
+    LanesCase c;
+    c.what = "spec lanes"; c.ls = &rig.ls; c.lanes = rig.lanes.data(); c.domain = rig.domain;
+    c.poll_yields = true;
+    c.reserve_extra = 2 * sp.K + 1;  // a round reserves 2K + 1 rows past its start
+    c.batched = false;  // the rounds are exclusive steps
+    lanes_match_alone(c, rq);
     for (int k = 0; k < N; k++) {
-        EXPECT_EQ(got[k], ref[k]) << "lane " << k << ", first difference at " << first_difference(got[k], ref[k]);
-        EXPECT_GT(st[k].spec.rounds, 0) << "lane " << k;
-        fprintf(stderr, "  spec lane %d: %zu tokens, %ld rounds, %ld of %ld drafts accepted, %d polls\n", k, got[k].size(), st[k].spec.rounds,
-                st[k].spec.accepted, st[k].spec.drafted, polls[k].polls);
+        const LaneReq& r = rq[k];
+        EXPECT_GT(r.st.spec.rounds, 0) << "lane " << k;
+        fprintf(stderr, "  spec lane %d: %zu tokens, %ld rounds, %ld of %ld drafts accepted, %d polls\n", k, r.got.size(), r.st.spec.rounds,
+                r.st.spec.accepted, r.st.spec.drafted, r.polls);
     }
 }

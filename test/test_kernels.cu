@@ -2104,40 +2104,71 @@ static double copy_bandwidth() {
 
 TEST(Bench, DISABLED_CopyBandwidth) { NEED_GPU(); copy_bandwidth(); }
 
-// every gemv shape of the 9b decode, each variant and a few column counts; copies rotate
-// through >= 512 MB so the 50-60 MB l2 never holds the weights
+// random finite bf16 values (|x| in [2^-7, 2^-6)) in all of d
+static void bench_bf16(Dev& d, uint32_t seed, int blocks = 256) {
+    bench_fill(d.p, d.n, seed);
+    bench_fix_bf16_kernel<<<blocks, 256>>>(d.as<uint16_t>(), d.n / 2);
+    cudaCheck(cudaGetLastError());
+}
+// a gemv bench's x (bf16, x_cols columns of up to the 12288 of mlp down, random) and y (fp32,
+// y_cols columns of up to the 248320 of the head)
+struct BenchXY {
+    Dev x, y;
+    BenchXY(size_t x_cols, size_t y_cols, uint32_t seed) : x(x_cols * 12288 * 2), y(y_cols * 248320 * 4) { bench_bf16(x, seed); }
+};
+
+// the 9b decode's gemv shapes (and two of the 0.8b's); wide: Bench.DISABLED_GemvWide's set
+struct BenchShape { NumFormat f; int64_t rows, cols; const char* name; bool wide; };
+static const BenchShape kBenchShapes[] = {
+    {FMT_Q4, 4096, 4096, "gdn query_key q4", true}, {FMT_Q5, 8192, 4096, "gdn value_z q5", true},
+    {FMT_Q5, 4096, 4096, "gdn/attn output q5", true}, {FMT_Q4, 5120, 4096, "attn query_key q4", false},
+    {FMT_Q5, 5120, 4096, "attn gate_value q5", false}, {FMT_Q4, 24576, 4096, "mlp gate_up q4", true},
+    {FMT_Q5, 4096, 12288, "mlp down q5", true}, {FMT_Q6, 248320, 4096, "output head q6", true},
+    {FMT_W8, 10240, 4096, "mtp qkgv w8", false}, {FMT_BF16, 32, 4096, "gdn a/b bf16", false},
+    {FMT_Q4, 4096, 1024, "0.8b gdn qk q4", false}, {FMT_Q4, 7168, 1024, "0.8b gate_up q4", false},
+};
+// rows x cols, with a suffix
+static std::string bench_shape_name(const BenchShape& sh, const char* suffix = "") {
+    return std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + suffix;
+}
+
+// one shape's weights in copies that rotate through >= 512 MB, so the 50-60 MB l2 never holds them
+struct RotatedMats {
+    uint64_t bytes = 0;  // one copy's
+    int copies = 0;
+    std::unique_ptr<Dev> w;
+    std::vector<Mat> mats;
+    explicit RotatedMats(const BenchShape& sh) {
+        bytes = mat_bytes(sh.f, sh.rows, sh.cols);
+        const uint64_t stride = align_up(bytes, 256);
+        copies = (int)std::max<uint64_t>(1, std::min<uint64_t>(64, CEIL_DIV(512ull << 20, stride)));
+        w.reset(new Dev(stride * copies));
+        for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w->as<uint8_t>() + stride * i, 100 + i));
+    }
+    // median ms of one product fn(copy, stream), each call on the next copy, at least a full rotation a replay
+    double time_ms(const std::function<void(const Mat&, cudaStream_t)>& fn) const {
+        return time_graph_ms([&](cudaStream_t s, int i) { fn(mats[i % copies], s); }, std::max(copies, 8));
+    }
+};
+
+// every gemv shape of the 9b decode, each variant and a few column counts; the weights rotate
+// past the l2 (RotatedMats)
 TEST(Bench, DISABLED_Gemv) {
     NEED_GPU();
     double bw = copy_bandwidth();
-    struct { NumFormat f; int64_t rows, cols; const char* name; } shapes[] = {
-        {FMT_Q4, 4096, 4096, "gdn query_key q4"}, {FMT_Q5, 8192, 4096, "gdn value_z q5"}, {FMT_Q5, 4096, 4096, "gdn/attn output q5"},
-        {FMT_Q4, 5120, 4096, "attn query_key q4"}, {FMT_Q5, 5120, 4096, "attn gate_value q5"}, {FMT_Q4, 24576, 4096, "mlp gate_up q4"},
-        {FMT_Q5, 4096, 12288, "mlp down q5"}, {FMT_Q6, 248320, 4096, "output head q6"}, {FMT_W8, 10240, 4096, "mtp qkgv w8"},
-        {FMT_BF16, 32, 4096, "gdn a/b bf16"}, {FMT_Q4, 4096, 1024, "0.8b gdn qk q4"}, {FMT_Q4, 7168, 1024, "0.8b gate_up q4"},
-    };
     BENCH_PRINT("%-20s %-14s %3s %2s %9s %8s %6s   (var -1: gemv()'s pick)\n", "gemv", "shape", "var", "C", "us", "GB/s", "of cp");
-    size_t cols_max = 8;
-    Dev dx(cols_max * 12288 * 2), dy(cols_max * 248320 * 4);
-    bench_fill(dx.p, dx.n, 7);
-    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
-    for (auto& sh : shapes) {
-        uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
-        uint64_t stride = align_up(mb, 256);
-        int copies = (int)std::max<uint64_t>(1, std::min<uint64_t>(64, CEIL_DIV(512ull << 20, stride)));
-        Dev w(stride * copies);
-        std::vector<Mat> mats;
-        for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
-        int reps = std::max(copies, 8);
+    BenchXY io(8, 8, 7);
+    for (const BenchShape& sh : kBenchShapes) {
+        RotatedMats rm(sh);
         for (int v = -1; v < GEMV_VARIANTS; v++)
             for (int C : {1, 4, 8}) {
                 if (v >= 0 && C > 1) continue;  // columns cost ~nothing extra (first run): only auto shows them
-                double ms = time_graph_ms([&](cudaStream_t s, int i) {
-                    gemv_variant(v, mats[i % copies], dx.as<bf16_t>(), (int)sh.cols, C, dy.p, (int)sh.rows, false, nullptr, 0, s);
-                }, reps);
-                double bytes = (double)mb + 2.0 * C * sh.cols + 2.0 * C * sh.rows;
+                double ms = rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                    gemv_variant(v, m, io.x.as<bf16_t>(), (int)sh.cols, C, io.y.p, (int)sh.rows, false, nullptr, 0, s);
+                });
+                double bytes = (double)rm.bytes + 2.0 * C * sh.cols + 2.0 * C * sh.rows;
                 double gbs = bytes / (ms * 1e-3) / 1e9;
-                char shape[32]; snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.rows, (long long)sh.cols);
-                BENCH_PRINT("%-20s %-14s %3d %2d %9.2f %8.0f %5.0f%%\n", sh.name, shape, v, C, ms * 1e3, gbs, 100 * gbs / bw);
+                BENCH_PRINT("%-20s %-14s %3d %2d %9.2f %8.0f %5.0f%%\n", sh.name, bench_shape_name(sh).c_str(), v, C, ms * 1e3, gbs, 100 * gbs / bw);
             }
     }
 }
@@ -2163,6 +2194,10 @@ struct Chain9B {
         w.reset(new Dev(total));
         for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w->as<uint8_t>() + off[i], 1000 + (uint32_t)i));
     }
+    // median ms of the whole chain, fn(i, stream) for each product i, replayed iters times
+    double time_ms(const std::function<void(size_t, cudaStream_t)>& fn, int iters) const {
+        return time_graph_ms([&](cudaStream_t s, int) { for (size_t i = 0; i < seq.size(); i++) fn(i, s); }, 1, iters);
+    }
 };
 
 // the gemv work of one 9b decode token (every layer's matrices, then the head), each matrix
@@ -2172,20 +2207,17 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
     NEED_GPU();
     double bw = copy_bandwidth();
     Chain9B ch;
-    const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
-    Dev dx(8 * 12288 * 2), dy(8 * 248320 * 4);
-    bench_fill(dx.p, dx.n, 9);
-    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
+    const auto& seq = ch.seq; const uint64_t total = ch.total;
+    BenchXY io(8, 8, 9);
     // variant -1 is gemv()'s pick, with GEMV_XS_8X3_4 for matrices of at most `wide` rows
     for (int wide : {0, 8192, 16384})
         for (int v = -1; v < GEMV_VARIANTS; v++)
             for (int C : {1, 4}) {
                 if ((v >= 0 && C > 1) || (v >= 0 && wide)) continue;
                 g_gemv_occ_rows = wide;
-                double ms = time_graph_ms([&](cudaStream_t s, int) {
-                    for (size_t i = 0; i < seq.size(); i++)
-                        gemv_variant(v, mats[i], dx.as<bf16_t>(), (int)seq[i].cols, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s);
-                }, 1, 11);
+                double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                    gemv_variant(v, ch.mats[i], io.x.as<bf16_t>(), (int)seq[i].cols, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s);
+                }, 11);
                 g_gemv_occ_rows = GEMV_OCC_ROWS;
                 double gbs = total / (ms * 1e-3) / 1e9;
                 BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, variant %d (wide rows %d), C=%d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s (x%d cols)\n",
@@ -2212,24 +2244,14 @@ TEST(Bench, DISABLED_GemvWide) {
     NEED_GPU();
     double bw = copy_bandwidth();
     g_gemv_occ_rows = 0;
-    struct { NumFormat f; int64_t rows, cols; const char* name; } shapes[] = {
-        {FMT_Q4, 4096, 4096, "gdn query_key q4"}, {FMT_Q5, 8192, 4096, "gdn value_z q5"}, {FMT_Q5, 4096, 4096, "gdn/attn output q5"},
-        {FMT_Q4, 24576, 4096, "mlp gate_up q4"}, {FMT_Q5, 4096, 12288, "mlp down q5"}, {FMT_Q6, 248320, 4096, "output head q6"},
-    };
     const int Cmax = 64;
-    Dev dx((size_t)Cmax * 2 * 12288 * 2), dy((size_t)Cmax * 248320 * 4), dn(12288 * 2);
-    bench_fill(dx.p, dx.n, 7); bench_fill(dn.p, dn.n, 8);
-    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
-    bench_fix_bf16_kernel<<<16, 256>>>(dn.as<uint16_t>(), dn.n / 2);
+    BenchXY io(2 * Cmax, Cmax, 7);  // x: swiglu's gate and up halves
+    Dev dn(12288 * 2);
+    bench_bf16(dn, 8, 16);
     BENCH_PRINT("%-20s %-14s %2s %4s %9s %8s %6s %9s   (rw: bench_wide_form, 1 shipped)\n", "gemv", "shape", "C", "rw", "us", "GB/s", "of cp", "us/col");
-    for (auto& sh : shapes) {
-        uint64_t mb = mat_bytes(sh.f, sh.rows, sh.cols);
-        uint64_t stride = align_up(mb, 256);
-        int copies = (int)std::max<uint64_t>(1, std::min<uint64_t>(64, CEIL_DIV(512ull << 20, stride)));
-        Dev w(stride * copies);
-        std::vector<Mat> mats;
-        for (int i = 0; i < copies; i++) mats.push_back(bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>() + stride * i, 100 + i));
-        int reps = std::max(copies, 8);
+    for (const BenchShape& sh : kBenchShapes) {
+        if (!sh.wide) continue;
+        RotatedMats rm(sh);
         // the product's x transform as the 9b decode fuses it: the input norm into gate_up, swiglu into down
         const int xmode = sh.rows == 24576 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
         for (int fused : {0, 1})
@@ -2239,18 +2261,17 @@ TEST(Bench, DISABLED_GemvWide) {
                     bench_wide_form(rw);
                     GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
                     const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
-                    double ms = time_graph_ms([&](cudaStream_t s, int i) {
-                        gemv(mats[i % copies], dx.as<bf16_t>(), ldx, C, dy.p, (int)sh.rows, false, nullptr, 0, s, xt);
-                    }, reps);
-                    double gbs = (double)mb / (ms * 1e-3) / 1e9;
-                    char shape[40]; snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)sh.rows, (long long)sh.cols,
-                                             !fused ? "" : xmode == GEMV_X_RMS ? "+rms" : "+swiglu");
-                    BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape, C, rw, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
+                    double ms = rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                        gemv(m, io.x.as<bf16_t>(), ldx, C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                    });
+                    double gbs = (double)rm.bytes / (ms * 1e-3) / 1e9;
+                    const std::string shape = bench_shape_name(sh, !fused ? "" : xmode == GEMV_X_RMS ? "+rms" : "+swiglu");
+                    BENCH_PRINT("%-20s %-14s %2d %4d %9.2f %8.0f %5.0f%% %9.3f\n", sh.name, shape.c_str(), C, rw, ms * 1e3, gbs, 100 * gbs / bw, ms * 1e3 / C);
                 }
     }
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
     Chain9B ch;
-    const auto& seq = ch.seq; const auto& mats = ch.mats; const uint64_t total = ch.total;
+    const auto& seq = ch.seq; const uint64_t total = ch.total;
     // fused: the 9b decode's x transforms (the input norm into a layer's first grouped
     // products, the post-attention norm into gate_up, swiglu into down, the final norm into
     // the head; bf16 gates and the output projections plain)
@@ -2265,14 +2286,12 @@ TEST(Bench, DISABLED_GemvWide) {
             for (int rw : kBenchForms) {
                 if (C == 1 && rw > 1 && rw < 6) continue;
                 bench_wide_form(rw);
-                double ms = time_graph_ms([&](cudaStream_t s, int) {
-                    for (size_t i = 0; i < seq.size(); i++) {
-                        GemvX xt;
-                        if (fused) { xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
-                        const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
-                        gemv(mats[i], dx.as<bf16_t>(), ldx, C, dy.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
-                    }
-                }, 1, 7);
+                double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                    GemvX xt;
+                    if (fused) { xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                    const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
+                    gemv(ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                }, 7);
                 BENCH_PRINT("decode gemv chain 9b%s: %zu gemvs, %.2f GB, C=%d rw %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s aggregate\n",
                             fused ? " fused" : "", seq.size(), total / 1e9, C, rw, ms, total / (ms * 1e-3) / 1e9,
                             100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
@@ -2370,8 +2389,7 @@ TEST(Bench, DISABLED_GemvProfile) {
     NEED_GPU();
     struct { NumFormat f; int64_t rows, cols; } shapes[] = {{FMT_Q4, 24576, 4096}, {FMT_Q5, 8192, 4096}};
     Dev dx(8 * 4096 * 2), dy(8 * 24576 * 4);
-    bench_fill(dx.p, dx.n, 7);
-    bench_fix_bf16_kernel<<<256, 256>>>(dx.as<uint16_t>(), dx.n / 2);
+    bench_bf16(dx, 7);
     const char* vs = getenv("NINFER_PROFILE_VARIANTS");
     std::vector<int> variants;
     for (const char* p = vs ? vs : "2"; *p; p++) if (*p >= '0' && *p <= '9') variants.push_back(*p - '0');

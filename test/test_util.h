@@ -1,10 +1,14 @@
-// helpers shared by the gpu tests and benches (test_kernels, test_gpu, bench_gpu): the skip
-// without a gpu, device buffers, random inputs (a fresh seed per run, printed; NINFER_SEED=...
-// reproduces), closeness checks, the float64 gated delta rule step, the copy kernel. include
-// after ninfer.cu (under NINFER_TESTING): they use its CHECK macros and bf16 helpers.
+// helpers shared by the tests and benches (test_cpu, test_tower, test_kernels, test_gpu,
+// bench_gpu): the skip without a gpu, device buffers, random inputs (a fresh seed per run,
+// printed; NINFER_SEED=... reproduces), closeness checks, the float64 gated delta rule step,
+// the lanes' scheduler against one request at a time. include after ninfer.cu (under
+// NINFER_TESTING): they use its CHECK macros, bf16 helpers and engine; a cpu test includes it
+// too (nvcc compiles every test, so the cuda types are there; nothing here touches a gpu
+// unless called).
 #pragma once
 #include <gtest/gtest.h>
 #include <random>
+#include <thread>
 
 // every gpu test starts with this: skipped without a gpu, else the kernels' attributes set
 #define NEED_GPU() do { if (gpu_count() == 0) GTEST_SKIP() << "no gpu"; gpu_kernels_init(); } while (0)
@@ -160,6 +164,94 @@ static void gdn_ref_step(double* S, const double* q, const double* k, const V& v
     for (int i = 0; i < D; i++)
         for (int j = 0; j < D; j++) { S[i * D + j] += k[i] * m[j]; const double t = S[i * D + j] * q[i]; o[j] += t; oa[j] += t * t; }
     if (orss) for (int j = 0; j < D; j++) orss[j] = sqrt(oa[j]);
+}
+
+// ---- the lanes' scheduler against one request at a time ----------------------------------
+
+// the first index where a and b differ (the shorter one's length when one is a prefix), -1 when equal
+static int first_difference(const std::vector<int>& a, const std::vector<int>& b) {
+    for (size_t s = 0; s < std::min(a.size(), b.size()); s++) if (a[s] != b[s]) return (int)s;
+    return a.size() == b.size() ? -1 : (int)std::min(a.size(), b.size());
+}
+
+// one request of lanes_match_alone: n tokens after prompt at temperature T (0: greedy), its
+// emit cancels after cancel_at tokens (-1: never); stop its stop ids; ref what it gives alone,
+// got what it gave on its lane, st its GenStats there, polls how often its cancel poll ran
+struct LaneReq {
+    std::vector<int> prompt;
+    int n = 0; float T = 0; int cancel_at = -1;
+    std::vector<int> stop, ref, got;
+    GenStats st;
+    int polls = 0;
+};
+// the lanes of one scheduler (lanes[k] is its lane k, one request each) and how they run
+struct LanesCase {
+    const char* what = "lanes";  // the statistics' label
+    LaneSched* ls = nullptr;
+    Engine* lanes = nullptr;
+    Engine* one = nullptr;        // a one-sequence engine: the references run alone on it (nullptr: rq[k].ref is given)
+    SamplerParams sp;             // every request's sampler, at the request's temperature
+    int domain = 0;               // the ids it samples from
+    int stop_req = -1, stop_at = 0;  // request stop_req stops at the id of its reference's token stop_at
+    bool poll_yields = false;     // a cancel poll that hands the turn over (sched_yield), as the server's lane_poll does
+    int reserve_extra = 0;        // a gpu lane reserves the pages of prompt + n + reserve_extra rows first, as the server does
+    bool batched = true;          // the decode steps must be shared (more decode tokens than steps)
+};
+
+// the server's shape on the lanes: each request on its own thread takes its turn (sched_turn),
+// resets its lane and generates through engine_generate, whose decode steps the scheduler
+// batches; every request's output must equal its reference token for token
+static void lanes_match_alone(const LanesCase& c, std::vector<LaneReq>& rq) {
+    const int N = (int)rq.size();
+    auto sampler = [&](const LaneReq& r, Sampler* smp) {
+        SamplerParams sp = c.sp; sp.temperature = r.T;
+        sampler_build(smp, sp, c.domain);
+    };
+    if (c.one)
+        for (int k = 0; k < N; k++) {  // alone; with the stop id, the reference ends before its first place
+            LaneReq& r = rq[k];
+            Sampler smp; sampler(r, &smp);
+            engine_reset(c.one);
+            engine_generate(c.one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
+            if (k == c.stop_req) {
+                ASSERT_GT(r.ref.size(), (size_t)c.stop_at) << "request " << k;
+                const int id = r.ref[c.stop_at];
+                r.stop = {id};
+                r.ref.resize(std::find(r.ref.begin(), r.ref.end(), id) - r.ref.begin());
+            }
+            if (r.cancel_at >= 0) r.ref.resize(r.cancel_at);
+        }
+    struct Poll { LaneSched* ls; Engine* en; LaneReq* r; };
+    auto poll = [](void* ctx) {
+        Poll* p = (Poll*)ctx;
+        p->r->polls++;
+        sched_yield(p->ls, p->en->lane);
+        if (p->en->gpu) engine_gpu(p->en);
+        return false;
+    };
+    std::vector<Poll> polls(N);
+    std::vector<std::thread> th;
+    for (int k = 0; k < N; k++)
+        th.emplace_back([&, k] {
+            LaneReq& r = rq[k];
+            Engine* en = &c.lanes[k];
+            polls[k] = Poll{c.ls, en, &r};
+            Sampler smp; sampler(r, &smp);
+            sched_turn(c.ls, k);
+            engine_reset(en);
+            if (en->gpu) CHECK(gpu_lane_reserve(engine_gpu(en), k, (int)r.prompt.size() + r.n + c.reserve_extra), "pages");
+            r.st = engine_generate(en, &smp, r.prompt, r.n, r.stop, nullptr, [&](int id) {
+                r.got.push_back(id);
+                return r.cancel_at < 0 || (int)r.got.size() < r.cancel_at;
+            }, c.poll_yields ? GenCancel{poll, &polls[k]} : GenCancel());
+            sched_turn_end(c.ls, k);
+        });
+    for (auto& t : th) t.join();
+    for (int k = 0; k < N; k++)
+        EXPECT_EQ(rq[k].got, rq[k].ref) << c.what << ": request " << k << ", first difference at " << first_difference(rq[k].got, rq[k].ref);
+    fprintf(stderr, "  %s: %llu decode steps, %.2f lanes a step\n", c.what, (unsigned long long)c.ls->decode_steps,
+            c.ls->decode_steps ? (double)c.ls->decode_tokens / c.ls->decode_steps : 0.0);
+    if (c.batched) EXPECT_GT(c.ls->decode_tokens, c.ls->decode_steps) << c.what << ": the decode steps were not batched";
 }
 
 // ---- benches --------------------------------------------------------------------------

@@ -11,29 +11,15 @@
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
 set -u
 . "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
+. "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
 cd "$(dirname "$0")/.."
 C=${CARRY:-.carry-lanes}
 STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,long}
-mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
-export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
-mkdir -p build/test build/models build/apps
-tar -xJf $C/bins.tar.xz -C build/test
-cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve && ln -sf ninfer build/apps/ninfer-bench && ln -sf ninfer build/test/ninfer-serve
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
-t0=$(date +%s)
-for n in tiny tiny-gqa3; do
-  python3 convert.py --synthetic $n -o build/models/$n-hf >/dev/null 2>&1 &&
-  python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
-  python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
-done
-if has load || has bench || has serve || has long; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 & fi
-wait; echo "models $(( $(date +%s) - t0 )) s"
-run() {  # name timeout binary args...
-  local n=$1 to=$2; shift 2
-  local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
-  echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|lanes|scheduler' $OUT/$n.log | head -30
-}
+RUN_GREP='lanes|scheduler'
+unpack
+test_models "tiny tiny-gqa3" "groupwise-int bf16"
+if has load || has bench || has serve || has long; then model_9b; fi
+models_done
 has kernels && run test_kernels 300 build/test/test_kernels
 has tests && run test_gpu 300 build/test/test_gpu
 has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'

@@ -7,30 +7,15 @@
 # comma list of: tests,sanitizer,bench,bench1,serve (default tests,sanitizer,bench,serve)
 set -u
 . "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
+. "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
 cd "$(dirname "$0")/.."
 C=.carry-final
 STAGES=${1:-tests,sanitizer,bench,serve}
-mkdir -p /tmp/fx && tar -xJf $C/fixtures.tar.xz -C /tmp/fx
-export NINFER_FIXTURES=/tmp/fx/fixtures PYTHONUNBUFFERED=1
-mkdir -p build/test build/models build/apps models
-tar -xJf $C/bins.tar.xz -C build/test
-ln -sf ninfer build/test/ninfer-serve
-cp build/test/ninfer build/apps/ninfer && ln -sf ninfer build/apps/ninfer-serve
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-t0=$(date +%s)
-for n in tiny tiny-gqa3; do
-  python3 convert.py --synthetic $n -o build/models/$n-hf >/dev/null 2>&1 &&
-  python3 convert.py build/models/$n-hf -o build/models/$n.ninfer --weights groupwise-int >/dev/null 2>&1 &&
-  python3 convert.py build/models/$n-hf -o build/models/$n-bf16.ninfer --weights bf16 >/dev/null 2>&1 &
-done
-python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 >/dev/null 2>&1 &
-wait; ls build/models; echo "models $(( $(date +%s) - t0 )) s"
-has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
-run() {  # name timeout binary args...
-  local n=$1 to=$2; shift 2
-  local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
-  echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|^  (gpu )?kjv K=' $OUT/$n.log | head -40
-}
+RUN_GREP='^  (gpu )?kjv K=' RUN_HEAD=40
+unpack
+test_models "tiny tiny-gqa3" "groupwise-int bf16"
+model_9b
+wait; ls build/models; models_done
 if has tests; then
   run test_kernels 200 build/test/test_kernels
   has nogpu || run test_gpu 200 build/test/test_gpu

@@ -9,27 +9,16 @@
 # comma list of: gemv,lanes,bench,steps (default all). binaries: $CARRY/bins.tar.xz (test_kernels,
 # test_gpu, bench_gpu built here with make GPU_ARCH=90), $CARRY/fixtures.tar.xz (../shared/fixtures).
 set -u
+. "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
 cd "$(dirname "$0")/.."
 C=${CARRY:-.carry-xp}
 STAGES=${1:-gemv,lanes,bench,steps}
-has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
-mkdir -p build/test build/models /tmp/fx
-tar -xJf $C/bins.tar.xz -C build/test
-tar -xJf $C/fixtures.tar.xz -C /tmp/fx && export NINFER_FIXTURES=/tmp/fx/fixtures
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-t0=$(date +%s)
-if has lanes; then
-  (python3 convert.py --synthetic tiny -o build/models/tiny-hf &&
-   python3 convert.py build/models/tiny-hf -o build/models/tiny.ninfer --weights groupwise-int) > $OUT/convert_tiny.log 2>&1 &
-fi
-if has steps; then python3 convert.py --synthetic 9b -o /tmp/9b.ninfer --jobs 12 > $OUT/convert_9b.log 2>&1 & fi
-run() {  # name timeout binary args...
-  local n=$1 to=$2; shift 2
-  local s=$(date +%s); timeout $to "$@" > $OUT/$n.log 2>&1; local rc=$?
-  echo "== $n rc=$rc $(( $(date +%s) - s )) s"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|differ|Failure' $OUT/$n.log | head -30
-}
+RUN_GREP='differ|Failure'
+unpack
+has lanes && test_models tiny groupwise-int
+has steps && model_9b
 has gemv && run gemv 300 build/test/test_kernels --gtest_filter='Gemv.*'
-wait; echo "models $(( $(date +%s) - t0 )) s"
+models_done
 has lanes && run lanes 300 build/test/test_gpu --gtest_filter='GpuLanes.*'
 has bench && run bench 400 build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench.DISABLED_GemvWide'
 has bench && grep -E "chain" $OUT/bench.log
