@@ -8329,7 +8329,17 @@ static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity 
 // ask again (each does host work between tokens: the sampler, the detokenizer, the stream)
 // for at most LANE_WAIT_US, so the batch does not split in two. a lane that ends leaves the
 // step at once; its next request, or another, may take the lane.
+// a greedy lane (no bias, mask or tap: its pick is the step's argmax) does its host work while
+// the next step runs: at the end of its step the scheduler queues the step's argmax as the
+// lane's next token (unless it is a stop id or the lane's limits end it there), so the next
+// step can start as soon as the first lane is back instead of the last. a lane whose host work
+// then ends it (a stop string, the client gone) takes the queued token back if its step has not
+// started (sched_done), else its state holds that token too, fed back as every earlier one
+// (its position says so, and prefix_finish keeps exactly the rows the state holds).
 enum { LANE_WAIT_US = 5000 };
+// what a lane's decode step lets the scheduler do at its end: queue the step's argmax as the
+// lane's next token when it is none of `stops` (null: queue nothing)
+struct LaneNext { const std::vector<int>* stops = nullptr; };
 struct LaneSched {
     std::mutex mu;
     std::condition_variable cv;
@@ -8339,8 +8349,13 @@ struct LaneSched {
     std::deque<int> turns;           // lanes waiting for an exclusive step, in order
     std::vector<int> want;           // [lanes] the token a lane waits to decode (-1: none)
     std::vector<char> row;           // [lanes] ... and wants its logits row
-    std::vector<int> amax;           // [lanes] the argmax of its last decode step
+    std::vector<int> amax;           // [lanes][2] the argmax of its decode step k at [k & 1] (a queued step may end before the lane reads the one before)
+    std::vector<int> domain;         // [lanes] the ids its argmax runs over (the cpu step takes it; the gpu's is the engine's)
     std::vector<uint64_t> steps;     // [lanes] decode steps done
+    std::vector<LaneNext> next;      // [lanes] what its step in progress lets the scheduler queue
+    std::vector<char> queued;        // [lanes] want holds the token the scheduler queued (the lane has not asked for it yet)
+    std::vector<uint64_t> queued_at; // [lanes] ... the lane's steps when it was queued
+    std::vector<char> in_step;       // [lanes] in the decode step on the device now
     std::vector<char> expected;      // [lanes] in the last decode step and not back yet
     std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
     bool running = false;            // a step is on the device
@@ -8352,7 +8367,8 @@ static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     const size_t n = lanes.size();
     ls->lanes = lanes;
     ls->busy.assign(n, 0); ls->held.assign(n, 0); ls->want.assign(n, -1); ls->row.assign(n, 0);
-    ls->amax.assign(n, 0); ls->steps.assign(n, 0); ls->expected.assign(n, 0);
+    ls->amax.assign(2 * n, 0); ls->domain.assign(n, 0); ls->steps.assign(n, 0); ls->expected.assign(n, 0);
+    ls->next.assign(n, LaneNext()); ls->queued.assign(n, 0); ls->queued_at.assign(n, 0); ls->in_step.assign(n, 0);
     ls->rows.assign(n, {});
     for (size_t k = 0; k < n; k++) {
         if (!lanes[k]->gpu) ls->rows[k].assign(lanes[k]->m->geo.vocab, 0.f);
@@ -8394,8 +8410,9 @@ static void sched_yield(LaneSched* ls, int lane) {
     sched_turn_end(ls, lane);
     sched_turn(ls, lane);
 }
-// the decode step of the lanes batch (the caller holds the device: running)
-static void sched_run_decode(LaneSched* ls, const std::vector<int>& batch) {
+// the decode step of the lanes batch (the caller holds the device: running); domain[i]: the ids
+// lane batch[i]'s argmax runs over (read under the lock: the lane may ask again meanwhile)
+static void sched_run_decode(LaneSched* ls, const std::vector<int>& batch, const std::vector<int>& domain) {
     Engine* en0 = ls->lanes[batch[0]];
     const int n = (int)batch.size();
     if (en0->gpu) {
@@ -8403,36 +8420,58 @@ static void sched_run_decode(LaneSched* ls, const std::vector<int>& batch) {
         std::unique_ptr<bool[]> rows(new bool[n]);
         for (int i = 0; i < n; i++) { ids[i] = ls->want[batch[i]]; rows[i] = ls->row[batch[i]]; }
         gpu_decode_lanes(en0->g, n, batch.data(), ids.data(), rows.get(), amax.data());
-        for (int i = 0; i < n; i++) ls->amax[batch[i]] = amax[i];
+        for (int i = 0; i < n; i++) ls->amax[2 * batch[i] + ((ls->steps[batch[i]] + 1) & 1)] = amax[i];
         return;
     }
-    for (int lane : batch) {  // the cpu reference: the lanes one after another
+    for (int i = 0; i < n; i++) {  // the cpu reference: the lanes one after another
+        const int lane = batch[i];
         Engine* en = ls->lanes[lane];
         int id = ls->want[lane];
-        forward_cpu(en->m, &en->rs, &en->st, &id, nullptr, nullptr, 1, ls->rows[lane].data(), false, nullptr);
+        float* row = ls->rows[lane].data();
+        forward_cpu(en->m, &en->rs, &en->st, &id, nullptr, nullptr, 1, row, false, nullptr);
+        ls->amax[2 * lane + ((ls->steps[lane] + 1) & 1)] = argmax(row, domain[i]);  // sample()'s greedy pick
     }
 }
 // one decode token for the lane (its turn not held): wait for the step that takes it; the
-// step's argmax is returned, the logits row (row, or always on the cpu) is at sched_row
-static int sched_decode(LaneSched* ls, int lane, int id, bool row) {
+// step's argmax (over the lane's first `domain` ids) is returned, the logits row (row, or
+// always on the cpu) is at sched_row. id is the token the scheduler queued when it did (the
+// last step's argmax: the lane asks for exactly that one). next: what this step lets the
+// scheduler queue at its end.
+static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, LaneNext next) {
     std::unique_lock<std::mutex> lk(ls->mu);
     CHECK(!ls->held[lane], "lane %d decodes while it holds the turn", lane);
-    const uint64_t mine = ls->steps[lane];
-    ls->want[lane] = id; ls->row[lane] = row; ls->expected[lane] = 0;
+    uint64_t mine = ls->steps[lane];
+    if (ls->queued[lane]) {
+        mine = ls->queued_at[lane];
+        CHECK(ls->amax[2 * lane + (mine & 1)] == id, "lane %d asks for token %d, the scheduler queued %d", lane, id, ls->amax[2 * lane + (mine & 1)]);
+        ls->queued[lane] = 0;
+    } else {
+        ls->want[lane] = id; ls->row[lane] = row; ls->expected[lane] = 0;
+    }
+    ls->domain[lane] = domain; ls->next[lane] = next;
     // no notify: an arrival can only make a decode step ready, and the arriving lane looks
     // itself (below); waking every waiting lane at each arrival was a thundering herd on the one
     // mutex (test/bench_sched.cc, bench-notes)
     for (;;) {
-        if (ls->steps[lane] != mine) return ls->amax[lane];
+        if (ls->steps[lane] != mine) return ls->amax[2 * lane + ((mine + 1) & 1)];
         const bool pieces = ls->piece_due && !ls->turns.empty();
         if (!ls->running && !pieces && sched_decode_ready(ls)) {
-            std::vector<int> batch;
-            for (int k = 0; k < (int)ls->want.size(); k++) if (ls->want[k] >= 0) batch.push_back(k);
+            std::vector<int> batch, domain;
+            for (int k = 0; k < (int)ls->want.size(); k++)
+                if (ls->want[k] >= 0) { batch.push_back(k); domain.push_back(ls->domain[k]); ls->in_step[k] = 1; }
             ls->running = true;
             lk.unlock();
-            sched_run_decode(ls, batch);
+            sched_run_decode(ls, batch, domain);
             lk.lock();
-            for (int k : batch) { ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; }
+            for (int k : batch) {
+                ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0;
+                const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
+                const std::vector<int>* stops = ls->next[k].stops;
+                ls->next[k] = LaneNext();
+                if (!stops || std::find(stops->begin(), stops->end(), a) != stops->end()) continue;
+                ls->want[k] = a; ls->row[k] = 0; ls->expected[k] = 0;  // queued: the lane is back already
+                ls->queued[k] = 1; ls->queued_at[k] = ls->steps[k];
+            }
             ls->decode_steps++; ls->decode_tokens += batch.size();
             ls->running = false; ls->piece_due = true; ls->last_end = now_s();
             ls->cv.notify_all();
@@ -8442,9 +8481,16 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row) {
         ls->cv.wait_for(lk, std::chrono::microseconds(LANE_WAIT_US));
     }
 }
-// the lane is done decoding: the next step does not wait for it
+// the lane is done decoding: the next step does not wait for it. a token queued for it comes
+// back if its step has not started; if it has, the lane waits for it to end (its state then
+// holds the token: the caller reads the lane's position)
 static void sched_done(LaneSched* ls, int lane) {
-    std::lock_guard<std::mutex> lk(ls->mu);
+    std::unique_lock<std::mutex> lk(ls->mu);
+    if (ls->queued[lane]) {
+        if (!ls->in_step[lane] && ls->steps[lane] == ls->queued_at[lane]) ls->want[lane] = -1;
+        else ls->cv.wait(lk, [&] { return ls->steps[lane] != ls->queued_at[lane]; });
+        ls->queued[lane] = 0;
+    }
     ls->expected[lane] = 0;
     ls->cv.notify_all();
 }
@@ -8453,7 +8499,8 @@ static void sched_done(LaneSched* ls, int lane) {
 // lane's turn (the prefill's pieces hand it back between them through the cancel poll, as
 // sched_yield); after the prompt the turn goes back and every token is a decode step. the
 // sampler runs on the host on the step's logits row, except greedy without a bias, a mask or a
-// tap on the gpu, which takes the step's argmax (sample()'s pick, without the row's copy).
+// tap, which takes the step's argmax (sample()'s pick; on the gpu without the row's copy) and
+// lets the scheduler queue it as its next token.
 template <typename Emit>
 static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
                               const GenTap* tap, Emit emit, const GenCancel& cancel, const MmPrompt* mm, GenConstraint* gc) {
@@ -8492,8 +8539,9 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
     if (s.cancelled) return s;
     t0 = now_s();
     constraint_start(gc);
-    const bool greedy = smp->p.temperature <= 0.0f && smp->p.logit_bias.empty() && !gc && !(tap && tap->sampled);
-    const bool fast = en->gpu && greedy;  // the step's argmax is the pick: no row to the host
+    // greedy without a bias, a mask or a tap: the step's argmax is the pick (no row to the host
+    // on the gpu), and the scheduler may queue it as the next token (LaneSched's header)
+    const bool fast = smp->p.temperature <= 0.0f && smp->p.logit_bias.empty() && !gc && !(tap && tap->sampled);
     int amax = -1;
     for (int n = 0; n < max_new; n++) {
         int id;
@@ -8506,7 +8554,9 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
         if (tap && tap->sampled) tap->sampled(tap->ctx, row, g.vocab, id);
         if (!gen_take(&s, id, stop_ids, gc, emit, [&] { sampler_accept(smp, id); })) break;
         if (n + 1 == max_new || pos == engine_capacity(en)) break;
-        amax = sched_decode(ls, lane, id, !fast);
+        LaneNext next;  // the next token may be queued where the next turn of this loop would ask for it
+        if (fast && n + 2 < max_new && pos + 1 < engine_capacity(en)) next.stops = &stop_ids;
+        amax = sched_decode(ls, lane, id, !fast, smp->domain, next);
         pos++;
     }
     sched_done(ls, lane);

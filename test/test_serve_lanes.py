@@ -239,3 +239,60 @@ def test_a_prompt_that_can_never_fit_is_400_with_the_numbers(four):
     b = e.value.body
     assert b["code"] == "context_length_exceeded" and "do not fit a sequence of 2048" in b["message"], b
     assert re.search(r"the prompt's \d+ tokens", b["message"]), b
+
+
+def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one):
+    """greedy lanes take their next token while the next step runs (the scheduler queues the
+    step's argmax): a lane that a stop string or a leaving client then ends holds that token too
+    when a step took it first. while a long stream keeps the steps going on the other lane,
+    conversations whose turns end on stop strings, a completion continued after its stop, and a
+    conversation continued after a cancelled stream give what a one-lane server without reuse
+    gives, and continue from retained prefixes"""
+    s = start("--max-concurrency", "2", "--device-state-slots", "2", "--host-state-slots", "2")
+    try:
+        long = dict(messages=[{"role": "user", "content": words(20, 9)}], max_tokens=1500, temperature=0, extra_body=NOTHINK)
+        res = {}
+        bg = threading.Thread(target=stream_until, args=(s, long, 0, res, "bg", False))
+        bg.start()
+        while "bg_first" not in res:
+            time.sleep(0.01)
+        hist = [{"role": "system", "content": SYSTEM}]
+        cached = []
+        for k in range(3):
+            hist.append({"role": "user", "content": words(12 + 5 * k, 40 + k)})
+            ref = chat(one, hist, max_tokens=30, extra_body=NOTHINK)
+            w = ref["content"].split()
+            assert len(w) > 4, ref
+            stop = [w[len(w) // 2]]
+            ref = chat(one, hist, max_tokens=30, stop=stop, extra_body=NOTHINK)
+            got = chat(s, hist, max_tokens=30, stop=stop, extra_body=NOTHINK)
+            same_output(got, ref)
+            assert got["completion"] < 30, got  # it ended on the stop string
+            cached.append(got["cached"])
+            hist.append({"role": "assistant", "content": got["content"]})
+        assert cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1], cached
+        # a completion stopped by a stop string, then continued by its client
+        c = oai(s)
+        ref1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0)
+        stop = [ref1.choices[0].text.split()[4]]
+        r1 = c.completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0, stop=stop)
+        o1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0, stop=stop)
+        assert r1.choices[0].text == o1.choices[0].text and r1.choices[0].finish_reason == "stop"
+        p2 = "And God said" + r1.choices[0].text + " and"
+        r2 = c.completions.create(model=MODEL, prompt=p2, max_tokens=20, temperature=0)
+        o2 = oai(one).completions.create(model=MODEL, prompt=p2, max_tokens=20, temperature=0)
+        assert r2.choices[0].text == o2.choices[0].text
+        assert r2.usage.prompt_tokens_details.cached_tokens > 0
+        # a stream its client leaves, then the conversation goes on from the retained prefix
+        hist2 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": words(30, 77)}]
+        stream_until(s, dict(messages=hist2, max_tokens=200, temperature=0, extra_body=NOTHINK), 4, res, "left", True)
+        hist2.append({"role": "assistant", "content": res["left"][0]})
+        hist2.append({"role": "user", "content": words(10, 78)})
+        a, b = chat(s, hist2, max_tokens=20, extra_body=NOTHINK), chat(one, hist2, max_tokens=20, extra_body=NOTHINK)
+        same_output(a, b)
+        assert a["cached"] > 0, a
+        assert "bg" not in res  # the long stream ran beside all of it
+        bg.join()
+        assert res["bg"][0] == chat(one, **long)["content"]
+    finally:
+        assert s.stop() == 0
