@@ -887,90 +887,18 @@ TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     model_close(&m);
 }
 
-// a greedy lane's next token is queued at the end of its step (LaneSched's header). when the
-// lane's host work then ends it (here its emitter says stop at token `at`), the token comes back
-// if no step took it (mode 0: lane 0 alone), or the step that took it ends first and the lane's
-// state holds it (lane 1's steps run it while lane 0 waits in its emitter: mode 1 until that step
-// ended, mode 2 only until it started, so sched_done waits for it): either way the lane's
-// position says what its state holds, and continuing from there gives what a sequence fed the
-// same tokens one at a time gives (one engine, generate_cpu, no scheduler)
+// the queued token's three ends (test_util.h lanes_queued_token) on the cpu path
 TEST(Lanes, QueuedTokenTakenBackOrFedWhenALaneEnds) {
-    const char* path = "models/kjv/kjv.ninfer";
     Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, path, &err)) << err;
+    ASSERT_TRUE(model_open(&m, "models/kjv/kjv.ninfer", &err)) << err;
     FrontendIds fr;
     ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
     GpuOpts o; o.max_context = 160; o.prefill_chunk = 16;
     std::vector<Engine> eng(3);
     for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
-    Engine& one = eng[2];
     LaneSched ls;
     sched_build(&ls, {&eng[0], &eng[1]});
-    SamplerParams sp; sp.temperature = 0;
-    const std::vector<int> pa = random_ids(21, fr.domain, 71), pb = random_ids(9, fr.domain, 72);
-    const int at = 10;  // the emitter stops at token `at` (0-based): tokens 0..at are emitted
-    for (int mode = 0; mode < 3; mode++) {
-        const int fed = mode > 0;
-        // the reference: tokens 0..at-1+fed fed back one at a time, then `cont`'s tokens
-        std::vector<int> ref, ref_cont;
-        {
-            Sampler smp; sampler_build(&smp, sp, fr.domain);
-            engine_reset(&one);
-            engine_generate(&one, &smp, pa, 60, {}, nullptr, [&](int id) { ref.push_back(id); return (int)ref.size() < at + 1 + fed; });
-        }
-        ASSERT_EQ((int)ref.size(), at + 1 + fed);
-        ASSERT_EQ(engine_pos(&one), (int)pa.size() + at + fed);
-        const std::vector<int> cont = {ref[at + fed], 5, 7};  // the next token, then two more to prefill
-        {
-            Sampler smp; sampler_build(&smp, sp, fr.domain);
-            engine_generate(&one, &smp, cont, 20, {}, nullptr, [&](int id) { ref_cont.push_back(id); });
-        }
-        // the lanes: lane 0 stops at token `at`; with fed, lane 1 decodes beside it and lane 0's
-        // emitter waits until lane 0's queued token went through a step
-        std::vector<int> got, got_b, got_cont;
-        std::thread tb;
-        if (fed)
-            tb = std::thread([&] {
-                Sampler smp; sampler_build(&smp, sp, fr.domain);
-                sched_turn(&ls, 1);
-                engine_reset(&eng[1]);
-                engine_generate(&eng[1], &smp, pb, 60, {}, nullptr, [&](int id) { got_b.push_back(id); });
-                sched_turn_end(&ls, 1);
-            });
-        bool waited = false;
-        {
-            Sampler smp; sampler_build(&smp, sp, fr.domain);
-            sched_turn(&ls, 0);
-            engine_reset(&eng[0]);
-            engine_generate(&eng[0], &smp, pa, 60, {}, nullptr, [&](int id) {
-                got.push_back(id);
-                if ((int)got.size() < at + 1) return true;
-                if (fed) {  // token `at` is queued now: wait for a step of lane 1's to take it
-                    for (int i = 0; i < 30000 && !waited; i++) {
-                        {
-                            std::lock_guard<std::mutex> lk(ls.mu);
-                            waited = ls.queued[0] && (mode == 1 ? ls.steps[0] != ls.queued_at[0] : ls.in_step[0]);
-                        }
-                        if (!waited) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                    }
-                }
-                return false;
-            });
-            sched_turn_end(&ls, 0);
-        }
-        if (fed) EXPECT_TRUE(waited) << "no step took lane 0's queued token";
-        std::vector<int> want(ref.begin(), ref.begin() + at + 1);
-        EXPECT_EQ(got, want) << "mode " << mode;
-        EXPECT_EQ(engine_pos(&eng[0]), (int)pa.size() + at + fed) << "mode " << mode << ": the queued token " << (fed ? "went through a step" : "came back");
-        {  // continue lane 0 from what its state holds
-            Sampler smp; sampler_build(&smp, sp, fr.domain);
-            sched_turn(&ls, 0);
-            engine_generate(&eng[0], &smp, cont, 20, {}, nullptr, [&](int id) { got_cont.push_back(id); });
-            sched_turn_end(&ls, 0);
-        }
-        if (fed) tb.join();
-        EXPECT_EQ(got_cont, ref_cont) << "mode " << mode << ", first difference at " << first_difference(got_cont, ref_cont);
-    }
+    lanes_queued_token(&ls, eng.data(), &eng[2], fr.domain);
     for (Engine& e : eng) engine_free(&e);
     model_close(&m);
 }

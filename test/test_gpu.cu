@@ -1375,6 +1375,17 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     lanes_match_alone(c, rq);
 }
 
+// the queued token's three ends (test_util.h lanes_queued_token) on the gpu lanes, against a
+// one-sequence engine
+TEST(GpuLanes, QueuedTokenTakenBackOrFedWhenALaneEndsKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    LanesRig rig; std::string err;
+    ASSERT_TRUE(lanes_rig(&rig, path, 2, SpecOpts(), &err)) << err;
+    lanes_queued_token(&rig.ls, rig.lanes.data(), &rig.one, rig.domain);
+}
+
 // --spec mtp with lanes on the gpu: each lane's rounds are exclusive steps handed over at round
 // boundaries (the cancel poll yields, as the server's lane_poll does), the lanes' states
 // (slot groups, paged kv and mtp kv, pending rows) their own, so every lane's greedy output is
