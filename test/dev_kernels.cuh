@@ -210,15 +210,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float (&a
         for (int v = 0; v < NW; v++) s += ((const float*)&red[v][i * 32 + ln])[j];
         int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
         int col = 2 * (ln & 3) + (j & 1);
-        if (row < rows && col < a.C) {
-            if (a.y_f32) {
-                if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
-                ((float*)a.y)[(int64_t)col * a.ldy + row] = s;
-            } else {
-                float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
-                ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
-            }
-        }
+        if (row < rows && col < a.C) gemv_store(a, row, col, s);
     }
 }
 

@@ -117,17 +117,22 @@ def stream_until(s, body, n_chunks, results, key, cancel):
     results[key] = ("".join(text), time.time())
 
 
+def stream_in_background(s, body, results, key):
+    """a streamed request on a thread, once its first content chunk is in: the thread"""
+    t = threading.Thread(target=stream_until, args=(s, body, 0, results, key, False))
+    t.start()
+    while key + "_first" not in results:
+        time.sleep(0.01)
+    return t
+
+
 def test_streams_interleave_and_cancelled_lanes_free(one):
     s = start("--max-concurrency", "2", "--no-prefix-reuse")
     try:
         long = dict(messages=[{"role": "user", "content": words(20, 1)}], max_tokens=300, temperature=0, extra_body=NOTHINK)
         short = dict(messages=[{"role": "user", "content": words(200, 2)}], max_tokens=6, temperature=0, extra_body=NOTHINK)
         res = {}
-        t1 = threading.Thread(target=stream_until, args=(s, long, 0, res, "long", False))
-        t1.start()
-        while "long_first" not in res:
-            time.sleep(0.01)
-        t0 = time.time()
+        t1 = stream_in_background(s, long, res, "long")
         stream_until(s, short, 0, res, "short", False)  # joins while the long stream runs
         t1.join()
         # the short request (a 200-word prompt) entered, prefilled and finished while the long
@@ -252,10 +257,7 @@ def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one):
     try:
         long = dict(messages=[{"role": "user", "content": words(20, 9)}], max_tokens=1500, temperature=0, extra_body=NOTHINK)
         res = {}
-        bg = threading.Thread(target=stream_until, args=(s, long, 0, res, "bg", False))
-        bg.start()
-        while "bg_first" not in res:
-            time.sleep(0.01)
+        bg = stream_in_background(s, long, res, "bg")
         hist = [{"role": "system", "content": SYSTEM}]
         cached = []
         for k in range(3):
