@@ -1887,23 +1887,37 @@ static size_t sampler_dist(Sampler* s, const float* logits, float* mass_out, int
     }
     if (p.temperature <= 0.0f) { *greedy_id = argmax(logits, s->domain); return 0; }
     auto& c = s->cand;
-    c.clear();
-    for (int i = 0; i < s->domain; i++) {
-        c.emplace_back(sampler_penalise(logits[i], p.presence, p.frequency, s->counts[i]), i);
-    }
     auto before = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
     // the candidates c[0..n) are sorted only as far as needed: c[0..sorted) is the sorted head
-    size_t n = c.size(), sorted = 0;
+    c.clear();
+    size_t n, sorted = 0;
+    if (p.top_k > 0 && p.top_k < s->domain) {
+        // the best top_k in one pass (the set and order sorting them all gives): a heap of them
+        // with the worst on top, which a later id replaces only when its value is greater (the
+        // ids come in ascending order, so on a tie the earlier id stays before it). 3x faster
+        // than collecting every candidate first at the 248k vocabulary (test/bench-notes.md)
+        const int k = p.top_k;
+        for (int i = 0; i < k; i++) c.emplace_back(sampler_penalise(logits[i], p.presence, p.frequency, s->counts[i]), i);
+        std::make_heap(c.begin(), c.end(), before);
+        for (int i = k; i < s->domain; i++) {
+            const float v = sampler_penalise(logits[i], p.presence, p.frequency, s->counts[i]);
+            if (!(v > c.front().first)) continue;
+            std::pop_heap(c.begin(), c.end(), before);
+            c.back() = std::make_pair(v, i);
+            std::push_heap(c.begin(), c.end(), before);
+        }
+        std::sort_heap(c.begin(), c.end(), before);
+        n = sorted = (size_t)k;
+    } else {
+        for (int i = 0; i < s->domain; i++) c.emplace_back(sampler_penalise(logits[i], p.presence, p.frequency, s->counts[i]), i);
+        n = c.size();
+    }
     auto sort_upto = [&](size_t k) {
         k = std::min(k, n);
         if (k > sorted) { std::partial_sort(c.begin() + sorted, c.begin() + k, c.begin() + n, before); sorted = k; }
     };
-    if (p.top_k > 0 && (size_t)p.top_k < n) {
-        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), before);
-        n = sorted = p.top_k;
-    }
     sort_upto(1);
     // weights relative to the best candidate: w = exp(adj/T - max)
     const float inv_t = 1.0f / p.temperature, top = SMP_FMUL(c[0].first, inv_t);

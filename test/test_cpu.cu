@@ -432,6 +432,56 @@ TEST(Sampler, TopKTopPMinPOnHandLogits) {
     }
 }
 
+// sampler_dist's top-k candidates (one pass with a heap) are the first top_k of all the
+// penalised logits sorted by value, ties by id (std::sort here), in that order, for random
+// logits with many ties, -inf entries and penalised ids, k from 1 to past the domain; the picks
+// that follow are then sample()'s of those candidates (the weights and the draw are unchanged)
+TEST(Sampler, TopKCandidatesAreTheSortedBest) {
+    std::mt19937 r(5);
+    for (int t = 0; t < 400; t++) {
+        const int n = 1 + (int)(r() % 3000);
+        std::vector<float> lg(n);
+        for (float& x : lg) {
+            const uint32_t u = r() % 100;
+            x = u < 3 ? -INFINITY : (float)((int)(r() % 64) - 32) * 0.25f;  // few distinct values: ties
+        }
+        const int ks[] = {1, 2, 20, 40, n - 1, n, n + 5};
+        const int k = ks[r() % 7];
+        Sampler s = make_sampler(n, 0.7f, k, 1.0f, 0, 0.5f, 0.25f);
+        for (int i = 0; i < n / 10; i++) s.counts[r() % n] += 1 + (int)(r() % 3);
+        std::vector<std::pair<float, int>> all;
+        for (int i = 0; i < n; i++) all.emplace_back(sampler_penalise(lg[i], s.p.presence, s.p.frequency, s.counts[i]), i);
+        std::sort(all.begin(), all.end(), [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
+        float mass = 0; int greedy = -1;
+        const size_t keep = sampler_dist(&s, lg.data(), &mass, &greedy);
+        ASSERT_GT(keep, 0u);
+        // the top-k path holds exactly the best k, sorted; without a limit all n, the best first
+        const size_t kk = k > 0 && k < n ? (size_t)k : 1;
+        ASSERT_EQ(s.cand.size(), k > 0 && k < n ? (size_t)k : (size_t)n) << "case " << t;
+        for (size_t i = 0; i < kk; i++)
+            ASSERT_EQ(s.cand[i], all[i]) << "case " << t << " (n " << n << ", k " << k << "), candidate " << i;
+    }
+}
+
+// the host sampler's cost a token at the 248k vocabulary with ninfer's defaults (temperature
+// 0.6, top-k 20, top-p 0.95, presence 1.0; 200 ids generated): a sampled lane of the server
+// pays it every token. a measurement (--gtest_also_run_disabled_tests), figures in bench-notes
+TEST(Bench, DISABLED_SamplerDefaultsAtQwenVocab) {
+    const int n = 248077, iters = 300;
+    std::mt19937 r(1);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> lg(n);
+    for (float& x : lg) x = nd(r);
+    Sampler s; sampler_build(&s, SamplerParams(), n);
+    for (int i = 0; i < 200; i++) s.counts[r() % n]++;
+    long sum = 0;
+    const double t0 = now_s();
+    for (int i = 0; i < iters; i++) sum += sample(&s, lg.data(), i, RNG_DECODE);
+    printf("  sample(): %.3f ms a token (domain %d, top-k %d, top-p %.2f; checksum %ld)\n", (now_s() - t0) * 1e3 / iters, n, s.p.top_k, s.p.top_p, sum);
+}
+
 TEST(Sampler, PresenceAndFrequencyPenalties) {
     std::vector<float> lg = {0, 1, 0.5f};
     Sampler s = make_sampler(3, 1.0f, 1, 1.0f, 0, 0.4f, 0.3f);  // top_k 1: the best adjusted logit
