@@ -8372,6 +8372,10 @@ struct LaneSched {
     std::vector<char> in_step;       // [lanes] in the decode step on the device now
     std::vector<char> expected;      // [lanes] in the last decode step and not back yet
     std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
+    // the decode step's scratch, sized once (one step runs at a time): its lanes, their domains,
+    // tokens, argmaxes and whether each wants its row
+    std::vector<int> step_lanes, step_domain, step_ids, step_amax;
+    std::unique_ptr<bool[]> step_rows;
     bool running = false;            // a step is on the device
     bool piece_due = false;          // an exclusive piece goes before the next decode step
     double last_end = 0;             // when the last decode step ended
@@ -8384,6 +8388,8 @@ static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     ls->amax.assign(2 * n, 0); ls->domain.assign(n, 0); ls->steps.assign(n, 0); ls->expected.assign(n, 0);
     ls->next.assign(n, LaneNext()); ls->queued.assign(n, 0); ls->queued_at.assign(n, 0); ls->in_step.assign(n, 0);
     ls->rows.assign(n, {});
+    ls->step_lanes.reserve(n); ls->step_domain.reserve(n); ls->step_ids.assign(n, 0); ls->step_amax.assign(n, 0);
+    ls->step_rows.reset(new bool[n]);
     for (size_t k = 0; k < n; k++) {
         if (!lanes[k]->gpu) ls->rows[k].assign(lanes[k]->m->geo.vocab, 0.f);
         lanes[k]->sched = ls;
@@ -8424,16 +8430,20 @@ static void sched_yield(LaneSched* ls, int lane) {
     sched_turn_end(ls, lane);
     sched_turn(ls, lane);
 }
-// the decode step of the lanes batch (the caller holds the device: running); domain[i]: the ids
-// lane batch[i]'s argmax runs over (read under the lock: the lane may ask again meanwhile)
-static void sched_run_decode(LaneSched* ls, const std::vector<int>& batch, const std::vector<int>& domain) {
+// the decode step of the lanes ls->step_lanes (the caller holds the device: running);
+// step_domain[i]: the ids lane step_lanes[i]'s argmax runs over (taken under the lock: the lane
+// may ask again meanwhile)
+static void sched_run_decode(LaneSched* ls) {
+    const std::vector<int>& batch = ls->step_lanes;
+    const std::vector<int>& domain = ls->step_domain;
     Engine* en0 = ls->lanes[batch[0]];
     const int n = (int)batch.size();
     if (en0->gpu) {
-        std::vector<int> ids(n), amax(n);
-        std::unique_ptr<bool[]> rows(new bool[n]);
+        int* ids = ls->step_ids.data();
+        int* amax = ls->step_amax.data();
+        bool* rows = ls->step_rows.get();
         for (int i = 0; i < n; i++) { ids[i] = ls->want[batch[i]]; rows[i] = ls->row[batch[i]]; }
-        gpu_decode_lanes(en0->g, n, batch.data(), ids.data(), rows.get(), amax.data());
+        gpu_decode_lanes(en0->g, n, batch.data(), ids, rows, amax);
         for (int i = 0; i < n; i++) ls->amax[2 * batch[i] + ((ls->steps[batch[i]] + 1) & 1)] = amax[i];
         return;
     }
@@ -8470,14 +8480,14 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
         if (ls->steps[lane] != mine) return ls->amax[2 * lane + ((mine + 1) & 1)];
         const bool pieces = ls->piece_due && !ls->turns.empty();
         if (!ls->running && !pieces && sched_decode_ready(ls)) {
-            std::vector<int> batch, domain;
+            ls->step_lanes.clear(); ls->step_domain.clear();
             for (int k = 0; k < (int)ls->want.size(); k++)
-                if (ls->want[k] >= 0) { batch.push_back(k); domain.push_back(ls->domain[k]); ls->in_step[k] = 1; }
+                if (ls->want[k] >= 0) { ls->step_lanes.push_back(k); ls->step_domain.push_back(ls->domain[k]); ls->in_step[k] = 1; }
             ls->running = true;
             lk.unlock();
-            sched_run_decode(ls, batch, domain);
+            sched_run_decode(ls);
             lk.lock();
-            for (int k : batch) {
+            for (int k : ls->step_lanes) {
                 ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0;
                 const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
                 const std::vector<int>* stops = ls->next[k].stops;
@@ -8486,7 +8496,7 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
                 ls->want[k] = a; ls->row[k] = 0; ls->expected[k] = 0;  // queued: the lane is back already
                 ls->queued[k] = 1; ls->queued_at[k] = ls->steps[k];
             }
-            ls->decode_steps++; ls->decode_tokens += batch.size();
+            ls->decode_steps++; ls->decode_tokens += ls->step_lanes.size();
             ls->running = false; ls->piece_due = true; ls->last_end = now_s();
             ls->cv.notify_all();
             continue;
