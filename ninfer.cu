@@ -3385,7 +3385,17 @@ static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shri
 // 3.09 -> 2.82 ms, tg128 306 -> 323 tok/s; plain C = 1 2.84 either way, C = 2 2.94 -> 2.85,
 // C = 4 2.99 -> 2.90)
 static int g_gemv_xp_from = 1, g_gemv_xp_plain_from = 2;
-struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; };
+// what a buffer holds: the prep that wrote it last (the product's x, transform, k, b-word
+// layout and 1 / rms tree); a product whose caller says its x is the previous product's
+// (GemvX::again) reads it as it is when its own prep would write the same bits
+struct GemvXpKey {
+    const bf16_t* x; int ldx, C, xmode; const bf16_t* xw; float eps; int64_t k; bool w8; int nw;
+    bool operator==(const GemvXpKey& o) const {
+        return x == o.x && ldx == o.ldx && C == o.C && xmode == o.xmode && xw == o.xw && eps == o.eps && k == o.k && w8 == o.w8 &&
+               nw == o.nw;
+    }
+};
+struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; bool held; GemvXpKey key; };
 static GemvXpBuf g_gemv_xpbuf[GEMV_XP_STREAMS];
 static size_t gemv_xp_buf_bytes() {
     // the larger of the group sizes' needs: q formats 128 bytes a (unit, column) over k / 64
@@ -3400,7 +3410,7 @@ static void gemv_xp_reserve(cudaStream_t s) {
     for (auto& b : g_gemv_xpbuf)
         if (!b.used) {
             if (!b.p) cudaCheck(cudaMalloc(&b.p, gemv_xp_buf_bytes()));
-            b.s = s; b.used = true;
+            b.s = s; b.used = true; b.held = false;
             return;
         }
     CHECK(false, "gemv: more than %d streams with a prepared-x buffer", (int)GEMV_XP_STREAMS);
@@ -3408,10 +3418,14 @@ static void gemv_xp_reserve(cudaStream_t s) {
 static void gemv_xp_release(cudaStream_t s) {
     for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) b.used = false;  // the memory stays for the next stream
 }
-static uint8_t* gemv_xp_buffer(cudaStream_t s) {
-    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) return b.p;
+static GemvXpBuf& gemv_xp_buffer(cudaStream_t s) {
+    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) return b;
     CHECK(false, "gemv: a wide product on a stream with no prepared-x buffer (gemv_xp_reserve)");
-    return nullptr;
+    return g_gemv_xpbuf[0];
+}
+// a product on stream s that is not a wide one: the next wide product is not "the previous one's"
+static void gemv_xp_forget(cudaStream_t s) {
+    for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) b.held = false;
 }
 
 // grid (C, chunks): block (c, y) prepares column c's entries [y * blockDim.x, ...) step
@@ -3652,18 +3666,23 @@ static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const 
 // the prep, then the product: column groups of at most g_gemv_xp_cols (balanced), RW = 2
 // where the grid keeps g_gemv_xp_blocks blocks and the block has at most 32 columns
 template <int F, int NW>
-static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream) {
+static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
     CHECK(a.w.cols <= GEMV_XP_MAX_K, "gemv: rows of %lld columns for the prepared x (at most %d)", (long long)a.w.cols,
           (int)GEMV_XP_MAX_K);
     constexpr int W = gemv_xs_words(F);
     const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
-    uint8_t* buf = gemv_xp_buffer(stream);
-    uint4* xp = (uint4*)buf;
-    float* xps = (float*)(buf + (size_t)units * cp * W * 16);  // after xp: 16 W bytes a (unit, column)
-    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
-    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
-    cudaCheck(cudaGetLastError());
+    GemvXpBuf& xb = gemv_xp_buffer(stream);
+    uint4* xp = (uint4*)xb.p;
+    float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);  // after xp: 16 W bytes a (unit, column)
+    // the q formats share G, LPT and gemv_xfrag: one prep serves a q4 and a q5 matrix alike
+    const GemvXpKey key = {a.x, a.ldx, a.C, a.xmode, a.xw, a.eps, a.w.cols, F == FMT_W8, NW};
+    if (!(again && xb.held && xb.key == key)) {
+        const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
+        launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
+        cudaCheck(cudaGetLastError());
+    }
+    xb.key = key; xb.held = true;
 
     // column groups of cc columns, whole 8-column tiles (balanced: the last group is the short one)
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
@@ -3789,7 +3808,9 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 }
 
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
-struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; };
+// again: the caller's word that x is the previous product's on this stream, transform and all,
+// and nothing wrote it since: a wide product then reads the prepared x that product left
+struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; bool again = false; };
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
 // columns run in launches of gemv_launch_cols)
 static bool gemv_fusable(const Mat& w) {
@@ -3836,14 +3857,15 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
         const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
         gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
             switch (w.format) {
-                case FMT_Q4: nw8 ? gemv_xp_launch<FMT_Q4, 8>(a, stream) : gemv_xp_launch<FMT_Q4, 4>(a, stream); break;
-                case FMT_Q5: nw8 ? gemv_xp_launch<FMT_Q5, 8>(a, stream) : gemv_xp_launch<FMT_Q5, 4>(a, stream); break;
-                case FMT_Q6: nw8 ? gemv_xp_launch<FMT_Q6, 8>(a, stream) : gemv_xp_launch<FMT_Q6, 4>(a, stream); break;
-                default: nw8 ? gemv_xp_launch<FMT_W8, 8>(a, stream) : gemv_xp_launch<FMT_W8, 4>(a, stream); break;
+                case FMT_Q4: nw8 ? gemv_xp_launch<FMT_Q4, 8>(a, stream, xt.again) : gemv_xp_launch<FMT_Q4, 4>(a, stream, xt.again); break;
+                case FMT_Q5: nw8 ? gemv_xp_launch<FMT_Q5, 8>(a, stream, xt.again) : gemv_xp_launch<FMT_Q5, 4>(a, stream, xt.again); break;
+                case FMT_Q6: nw8 ? gemv_xp_launch<FMT_Q6, 8>(a, stream, xt.again) : gemv_xp_launch<FMT_Q6, 4>(a, stream, xt.again); break;
+                default: nw8 ? gemv_xp_launch<FMT_W8, 8>(a, stream, xt.again) : gemv_xp_launch<FMT_W8, 4>(a, stream, xt.again); break;
             }
         });
         return;
     }
+    gemv_xp_forget(stream);
     const int cols = gemv_xs_kernel_k(k) ? gemv_launch_cols(w, k) : g_gemv_ychunks ? (int)GEMV_WIDE_COLS : (int)GEMV_MAX_COLS;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, cols, [&](const GemvArgs& a) {
         switch (w.format) {
@@ -5461,6 +5483,7 @@ static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int l
                    cudaStream_t stream, GemvX xt = GemvX(), bool gemv_only = false) {
     if (T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w)) {
         CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
+        gemv_xp_forget(stream);
         gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
     } else {
         gemv(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream, xt);
@@ -7215,7 +7238,9 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             }
         });
         linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
-        linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin);
+        GemvX nin2 = nin;
+        nin2.again = true;  // value_z reads query_key's x: one prep for both
+        linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin2);
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;

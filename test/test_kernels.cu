@@ -398,6 +398,87 @@ TEST(Gemv, ColumnsIndependentOfCount) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
+// GemvX::again: a wide product whose x is the previous product's reads that product's prepared
+// x (the 9b's value_z after query_key: a q5 after a q4, the input norm fused) and gives what its
+// own prep gives, bit for bit; a previous product whose prep differs (another format class, x,
+// column count or warp split) or that was not a wide one leaves it its own prep. the prepared x
+// is overwritten (poisoned) between the two products where the reuse is expected: a result
+// equal to the reference then shows the prep was skipped and read back, where the buffer
+// holds garbage would fail the memcmp (the "taken" cases); in the "own prep" cases the poison
+// must not matter.
+TEST(Gemv, AgainReadsThePreviousProductsPreparedX) {
+    NEED_GPU();
+    const int64_t K = 4096;
+    Rng r = rng();
+    const int C = 64, ldx = (int)K + 8, ldy = 8192 + 3;
+    auto x = rand_bf16(r, (size_t)C * ldx, 3.f);
+    auto x2 = rand_bf16(r, (size_t)C * ldx, 3.f);
+    auto nw = rand_bf16(r, (size_t)K + 8, 0.5f);  // + 8: a second norm weight at nw + 8
+    Dev dx(x.size() * 2); up(dx, x);
+    Dev dx2(x2.size() * 2); up(dx2, x2);
+    Dev dn(nw.size() * 2); up(dn, nw);
+    HostMat qk = make_mat(FMT_Q4, 4096, K, g_stream++), vz = make_mat(FMT_Q5, 8192, K, g_stream++);
+    HostMat w8 = make_mat(FMT_W8, 1024, K, g_stream++), bf = make_mat(FMT_BF16, 64, K, g_stream++);
+    Dev dqk(qk.bytes.size()), dvz(vz.bytes.size()), dw8(w8.bytes.size()), dbf(bf.bytes.size());
+    up(dqk, qk.bytes); up(dvz, vz.bytes); up(dw8, w8.bytes); up(dbf, bf.bytes);
+    const Mat mqk = mat_from(&qk.obj, dqk.as<uint8_t>()), mvz = mat_from(&vz.obj, dvz.as<uint8_t>());
+    const Mat mw8 = mat_from(&w8.obj, dw8.as<uint8_t>()), mbf = mat_from(&bf.obj, dbf.as<uint8_t>());
+    const size_t ysz = (size_t)C * ldy * 2;
+    Dev dref(ysz), dy(ysz), dscratch(ysz);
+    const GemvXpBuf& xb = gemv_xp_buffer((cudaStream_t)0);
+    // 4 warps a tile for both (the 9b), 8 for both (the small models), 8 for query_key and 4
+    // for value_z (their preps' 1 / rms trees differ: no reuse)
+    for (int occ : {0, (int)GEMV_OCC_ROWS, 5000})
+        for (int n : {1, 2, 7, 8, 17, 33, 64}) {
+            g_gemv_occ_rows = occ;
+            for (int mode : {GEMV_X_RMS, GEMV_X_PLAIN}) {
+                SCOPED_TRACE("occ " + std::to_string(occ) + ", " + std::to_string(n) + " columns, mode " + std::to_string(mode));
+                GemvX xt; xt.mode = mode; xt.w = mode == GEMV_X_RMS ? dn.as<bf16_t>() : nullptr; xt.eps = 1e-6f;
+                GemvX again = xt; again.again = true;
+                // the reference: value_z after a product of another x, its own prep
+                gemv(mqk, dx2.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt);
+                dref.poison();
+                gemv(mvz, dx.as<bf16_t>(), ldx, n, dref.p, ldy, false, nullptr, 0, 0, xt);
+                auto ref = down<uint8_t>(dref, (size_t)n * ldy * 2);
+                const bool wide = gemv_wide_takes(mvz, n, mode) && gemv_wide_takes(mqk, n, mode);
+                const bool shares = wide && (gemv_pick(mqk) == GEMV_XS_4X4) == (gemv_pick(mvz) == GEMV_XS_4X4);
+                EXPECT_EQ(shares, wide && occ != 5000);
+                // prev: what ran before value_z; taken: its prepared x is expected to be read
+                auto check = [&](const char* what, auto prev, bool poison, bool taken) {
+                    prev();
+                    if (poison) cudaCheck(cudaMemset(xb.p, 0xFF, gemv_xp_buf_bytes() / 2));  // the b words, not the sums
+                    dy.poison();
+                    gemv(mvz, dx.as<bf16_t>(), ldx, n, dy.p, ldy, false, nullptr, 0, 0, again);
+                    auto got = down<uint8_t>(dy, (size_t)n * ldy * 2);
+                    int bad = 0;
+                    for (int c = 0; c < n; c++)
+                        if (memcmp(got.data() + (size_t)c * ldy * 2, ref.data() + (size_t)c * ldy * 2, 8192 * 2)) bad++;
+                    if (taken) EXPECT_GT(bad, 0) << what << ": the poisoned prepared x was not read (its prep ran again)";
+                    else EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " columns differ from value_z's own prep";
+                };
+                if (wide) {
+                    auto after_qk = [&] { gemv(mqk, dx.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt); };
+                    // first unpoisoned (the product itself), then poisoned (the skip taken)
+                    check("after query_key", after_qk, false, false);
+                    check("after query_key, its prepared x poisoned", after_qk, true, shares);
+                }
+                check("after query_key of another x", [&] { gemv(mqk, dx2.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt); }, true, false);
+                if (n > 1) check("after query_key of fewer columns", [&] { gemv(mqk, dx.as<bf16_t>(), ldx, n - 1, dscratch.p, ldy, false, nullptr, 0, 0, xt); }, true, false);
+                check("after a w8 product of the same x", [&] { gemv(mw8, dx.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt); }, true, false);
+                if (mode == GEMV_X_PLAIN)
+                    check("after a bf16 product (not a wide one) that followed query_key", [&] {
+                        gemv(mqk, dx.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt);
+                        gemv(mbf, dx.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, xt);
+                    }, true, false);
+                if (mode == GEMV_X_RMS) {
+                    GemvX other = xt; other.w = dn.as<bf16_t>() + 8;  // another norm weight
+                    check("after query_key with another norm", [&] { gemv(mqk, dx.as<bf16_t>(), ldx, n, dscratch.p, ldy, false, nullptr, 0, 0, other); }, true, false);
+                }
+            }
+        }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
 // ---- norms (7.3) -----------------------------------------------------------------------
 
 // cpu twin: same rounding points (fp32 math, one rounding at the end)
