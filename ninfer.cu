@@ -4912,8 +4912,7 @@ __device__ void sample_walk(const SampleArgs& a, const uint64_t* keys, const flo
 
 // top-k, stage 1: the best min(k, chunk) keys of each SAMPLE_CHUNK ids (unordered) to
 // cand[blockIdx.x * k ..]; a short last chunk pads with key 0, below every real key
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs a) {
-    pdl_entry();
+__device__ __forceinline__ void sample_topk_block(const SampleArgs& a) {
     __shared__ uint64_t keys[SAMPLE_CHUNK];
     __shared__ SampleSelect sel;
     __shared__ int cnt;
@@ -4926,6 +4925,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs 
     for (int i = threadIdx.x; i < m; i += blockDim.x)
         if (keys[i] >= T) out[atomicAdd(&cnt, 1)] = keys[i];
     for (int j = m + threadIdx.x; j < a.k; j += blockDim.x) out[j] = 0;
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_kernel(SampleArgs a) {
+    pdl_entry();
+    sample_topk_block(a);
 }
 
 // top-k, stage 2 (one block): the best k of the chunks' candidates, sorted, then the finish
@@ -4946,8 +4949,7 @@ __device__ __forceinline__ void sample_top(const SampleArgs& a, uint64_t* top, S
     __syncthreads();
     sample_block_sort(top, P);
 }
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
-    pdl_entry();
+__device__ __forceinline__ void sample_draw_block(const SampleArgs& a) {
     __shared__ uint64_t top[SAMPLE_KMAX];
     __shared__ float w[SAMPLE_KMAX];
     __shared__ SampleSelect sel;
@@ -4960,6 +4962,31 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs 
     for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = sampler_weight(sample_key_value(top[i]), a.inv_t, topv);
     __syncthreads();
     sample_walk(a, top, w, k, 1, walk);
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(SampleArgs a) {
+    pdl_entry();
+    sample_draw_block(a);
+}
+
+// the lanes' draws (a batched decode step's sampled lanes, LaneSched): draw j is one sample()
+// call a[j] over its own logits row, counts and bias table: the kernels above with blockIdx.y
+// (top-k) or blockIdx.x (the draw) = j. accept[j]: the token the lane's step fed, counted in
+// counts[j] before the draw (-1: they hold it already: the lane's first step since its
+// sampler was uploaded)
+__global__ void sample_accept_lanes_kernel(const SampleArgs* a, int* const* counts, const int* accept, int n) {
+    pdl_entry();
+    const int j = threadIdx.x;
+    if (j >= n) return;
+    const int id = accept[j];
+    if (id >= 0 && id < a[j].n) counts[j][id]++;
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_topk_lanes_kernel(const SampleArgs* a) {
+    pdl_entry();
+    sample_topk_block(a[blockIdx.y]);
+}
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_lanes_kernel(const SampleArgs* a) {
+    pdl_entry();
+    sample_draw_block(a[blockIdx.x]);
 }
 
 // speculative sampling of one verification column (section 5's sample_spec; the bonus column:
@@ -5103,8 +5130,9 @@ struct SampleScratch {
     int* out = nullptr;
 };
 static int sample_pad(int n) { int p = SAMPLE_TILE; while (p < n) p <<= 1; return p; }
-// lays the scratch out at base (null: only sizes); returns the bytes
-static size_t sample_layout(SampleScratch* s, uint8_t* base, int n) {
+// lays the scratch out at base (null: only sizes); returns the bytes. sort false: without the
+// sort path's keys and weights (a lane's sampler: the lanes' draws take the top-k path only)
+static size_t sample_layout(SampleScratch* s, uint8_t* base, int n, bool sort = true) {
     size_t off = 0;
     auto take = [&](size_t bytes) -> uint8_t* { off = align_up(off, 256); uint8_t* p = base ? base + off : nullptr; off += bytes; return p; };
     const size_t pad = sample_pad(n);
@@ -5114,8 +5142,8 @@ static size_t sample_layout(SampleScratch* s, uint8_t* base, int n) {
     s->bias_off = (int*)take((SAMPLE_MAX_BIAS + 1) * 4);
     s->bias_val = (float*)take(SAMPLE_MAX_BIAS * 4);
     s->cand = (uint64_t*)take((size_t)CEIL_DIV(n, SAMPLE_CHUNK) * SAMPLE_KMAX * 8);
-    s->keys = (uint64_t*)take(pad * 8);
-    s->w = (float*)take(pad * 4);
+    s->keys = sort ? (uint64_t*)take(pad * 8) : nullptr;
+    s->w = sort ? (float*)take(pad * 4) : nullptr;
     s->out = (int*)take(4);
     return align_up(off, 256);
 }
@@ -5212,6 +5240,23 @@ static void sample_spec_gpu(const float* logits, const SamplerParams& p, const S
     launch_k(sample_topk_kernel, CEIL_DIV(s.n, SAMPLE_CHUNK), SAMPLE_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
     launch_k(sample_spec_kernel, 1, SAMPLE_THREADS, 0, stream, a, sd);
+    cudaCheck(cudaGetLastError());
+}
+// the draws of a lanes step (sample_*_lanes_kernel): nd sample() calls a[0, nd) on the device,
+// each a top-k one (k <= SAMPLE_KMAX) over a domain of n ids, its pick to a[j].out; first the
+// fed tokens accept[j] (>= 0) counted in counts[j]
+static bool sample_lane_ok(const SamplerParams& p, int n) {
+    const int k = p.temperature <= 0.0f ? 1 : (p.top_k > 0 && p.top_k < n ? p.top_k : n);
+    size_t bias = 0;
+    for (const auto& b : p.logit_bias) bias += b.first >= 0 && b.first < n;
+    return k <= SAMPLE_KMAX && bias <= SAMPLE_MAX_BIAS;
+}
+static void sample_lanes(const SampleArgs* a, int* const* counts, const int* accept, int nd, int n, cudaStream_t stream) {
+    launch_k(sample_accept_lanes_kernel, 1, CEIL_DIV(nd, 32) * 32, 0, stream, a, counts, accept, nd);
+    cudaCheck(cudaGetLastError());
+    launch_k(sample_topk_lanes_kernel, dim3((unsigned)CEIL_DIV(n, SAMPLE_CHUNK), (unsigned)nd), SAMPLE_THREADS, 0, stream, a);
+    cudaCheck(cudaGetLastError());
+    launch_k(sample_draw_lanes_kernel, nd, SAMPLE_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 // count a generated token on the device (sampler_accept's twin)
@@ -6485,6 +6530,14 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 
 enum { DEC_COLS = 8, GPU_BUCKET0 = 512, GPU_MAX_BUCKETS = 24 };
 enum { LANES_MAX = 64, LANE_BUCKETS = 7 };  // batch buckets 1, 2, 4, .. 64
+// the draws of one lanes step (sample_lanes): draw j's sample() call, its lane's counts, the
+// token its step fed (-1: counted already); picks[i]: column i's pick
+struct LaneDrawIn {
+    SampleArgs a[LANES_MAX];
+    int* counts[LANES_MAX];
+    int accept[LANES_MAX];
+    int picks[LANES_MAX];
+};
 enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 
 // the gpu path's measurement and test knobs, in one place (GpuOpts::tune). the cli and the
@@ -6511,6 +6564,11 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
 //                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
 //                  step was not: h200, issue 16)
+//   lane_draw false  a sampled lane of a lanes step draws its next token in the step, on the
+//                  device (sample_lanes: each lane's counts and bias table there), instead of its
+//                  logits row copied out for the host sampler, so its token can be queued as a
+//                  greedy lane's (LaneSched). off until measured and checked on the device: the
+//                  cpu lanes draw in the step always (NINFER_LANE_DRAW=1 on)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
@@ -6524,6 +6582,7 @@ struct GpuTuning {
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
+    bool lane_draw = false;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -6535,6 +6594,7 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
+    if (const char* ld = getenv("NINFER_LANE_DRAW")) t.lane_draw = strcmp(ld, "0") != 0;
     return t;
 }
 
@@ -6622,6 +6682,11 @@ struct GpuEngine {
     size_t lin_ints = 0;
     StepPtrs lin;
     float* h_lane_logits = nullptr;       // pinned [LANES_MAX][vocab]: rows a lanes step copies out
+    // the lanes' draws (GpuTuning::lane_draw): each lane's sampler on the device, a step's draws
+    std::vector<SampleScratch> lane_smp;  // [o.lanes] (empty: the host samples every sampled lane)
+    uint8_t* lane_smp_mem = nullptr;
+    LaneDrawIn* d_draw = nullptr;         // a step's draws on the device, and its pinned mirror
+    LaneDrawIn* h_draw = nullptr;
     cudaGraphExec_t lane_graph[LANE_BUCKETS][GPU_MAX_BUCKETS] = {};
     // weights
     uint8_t* arena = nullptr; size_t arena_bytes = 0;
@@ -6867,6 +6932,9 @@ static void gpu_free(GpuEngine* e) {
     if (e->d_mask) cudaFree(e->d_mask);
     if (e->tok_ready) cudaEventDestroy(e->tok_ready);
     if (e->smp_mem) cudaFree(e->smp_mem);
+    if (e->lane_smp_mem) cudaFree(e->lane_smp_mem);
+    if (e->d_draw) cudaFree(e->d_draw);
+    if (e->h_draw) cudaFreeHost(e->h_draw);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
     if (e->join_ev) cudaEventDestroy(e->join_ev);
     if (e->side) { gemv_xp_release(e->side); cudaStreamDestroy(e->side); }
@@ -6907,6 +6975,8 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     const Geometry& g = e->m->geo;
     const size_t headroom = 256ull << 20;  // cuda context growth, graphs, library scratch
     const size_t xp = 2 * gemv_xp_buf_bytes();  // the main and side streams' prepared x (gpu_build reserves them)
+    SampleScratch sz;
+    const size_t draws = e->o.lanes > 1 && e->o.tune.lane_draw ? e->o.lanes * sample_layout(&sz, nullptr, g.vocab, false) : 0;  // the lanes' samplers
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     const GpuOpts& o = e->o;
@@ -6929,7 +6999,7 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
         return w;
     };
     if (o.kv_capacity < 0) {  // auto: the most rows (multiples of 64) that fit with 1 GiB to spare
-        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + xp + headroom + (1ull << 30);
+        size_t fixed = e->arena_bytes + gdn + work_for(o.max_context) + xp + draws + headroom + (1ull << 30);
         if (fixed >= free_b) rows = o.max_context;
         else rows = (int)std::min<int64_t>(std::max<int64_t>(o.max_context, (int64_t)((free_b - fixed) / kv_row) / 64 * 64), INT32_MAX / 2);
     }
@@ -6940,15 +7010,15 @@ static bool gpu_size_state(GpuEngine* e, std::string* err) {
     e->T_max = std::min(e->T_max, std::max(e->capacity, min_cols));
     e->work_bytes = work_for(e->capacity);
     e->state_bytes = align_up((size_t)e->kv_rows * kv_row + (size_t)(g.n_full + 1) * 4 * 256 + 256, 256) + gdn + (size_t)g.n_gdn * 2 * 256;
-    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + xp + headroom;
+    size_t need = e->arena_bytes + e->state_bytes + e->work_bytes + xp + draws + headroom;
     if (need > free_b) {
         char buf[512];
         snprintf(buf, sizeof buf,
                  "not enough gpu memory on device %d: need %.2f GiB (weights %.2f, kv cache %.2f for %d tokens of %s, deltanet state %.2f, "
-                 "workspace %.2f for --prefill-chunk %d and %.2f for the wide products' x), %.2f GiB free of %.2f; lower --max-context / "
+                 "workspace %.2f for --prefill-chunk %d and %.2f for the wide products' x and the lanes' samplers), %.2f GiB free of %.2f; lower --max-context / "
                  "--kv-capacity, use --kv-dtype int8 or fp8, or a smaller --prefill-chunk",
                  o.device, gib(need), gib(e->arena_bytes), gib((double)e->kv_rows * kv_row), (int)e->kv_rows, kv_dtype_name(o.kv), gib(gdn),
-                 gib(e->work_bytes), e->T_max, gib(xp), gib(free_b), gib(total_b));
+                 gib(e->work_bytes), e->T_max, gib(xp + draws), gib(free_b), gib(total_b));
         *err = buf;
         return false;
     }
@@ -7092,6 +7162,15 @@ static void gpu_steps_alloc(GpuEngine* e) {
 static void gpu_sampler_alloc(GpuEngine* e) {
     cudaCheck(cudaMalloc(&e->smp_mem, sample_layout(&e->smp, nullptr, e->domain)));
     sample_layout(&e->smp, e->smp_mem, e->domain);
+    if (e->o.lanes > 1 && e->o.tune.lane_draw) {
+        SampleScratch sz;
+        const size_t one = sample_layout(&sz, nullptr, e->domain, false);
+        cudaCheck(cudaMalloc(&e->lane_smp_mem, one * e->o.lanes));
+        e->lane_smp.resize(e->o.lanes);
+        for (int l = 0; l < e->o.lanes; l++) sample_layout(&e->lane_smp[l], e->lane_smp_mem + one * l, e->domain, false);
+        cudaCheck(cudaMalloc(&e->d_draw, sizeof(LaneDrawIn)));
+        cudaCheck(cudaHostAlloc((void**)&e->h_draw, sizeof(LaneDrawIn), cudaHostAllocDefault));
+    }
 }
 
 // one model on one gpu with one sequence of o.max_context tokens. on a user-facing failure
@@ -7464,12 +7543,21 @@ static void gpu_decode(GpuEngine* e, int id) {
     e->pos += 1;
 }
 
+// the lanes' draws take this sampler (GpuTuning::lane_draw; sample_lane_ok: the top-k path,
+// the bias table on the device)
+static bool gpu_lane_draw_ok(const GpuEngine* e, const Sampler* smp) {
+    return !e->lane_smp.empty() && !e->o.tune.force_host_sample && smp->domain == e->domain && sample_lane_ok(smp->p, e->domain);
+}
 // one decode token for each of n lanes as one forward call (the header): lane ls[i] takes
 // token ids[i] at its pos, column i. row_out[i]: its logits row goes to the lane's host row
 // (h_lane_logits + ls[i] * vocab: the host samples, or the tap reads it); amax[i] is the row's
-// argmax over the domain either way. every lane's pos += 1, the live slot updated in place.
-// the caller reserved each lane's pages for pos + 1 (gpu_lane_reserve).
-static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out, int* amax) {
+// argmax over the domain, or, where draw (nullable) has draw[i], that sampler's pick: sample()
+// at the lane's new pos with RNG_DECODE on the device (gpu_lane_draw_ok), the lane's device
+// counts holding ids[i] (fresh[i]: the sampler is uploaded first, and its counts hold it
+// already). every lane's pos += 1, the live slot updated in place. the caller reserved each
+// lane's pages for pos + 1 (gpu_lane_reserve).
+static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out, int* amax,
+                             const Sampler* const* draw = nullptr, const bool* fresh = nullptr) {
     const Geometry& g = e->m->geo;
     CHECK(e->o.lanes > 1 && n >= 1 && n <= e->o.lanes, "a lanes step of %d lanes on an engine of %d lanes", n, e->o.lanes);
     gpu_lane_store(e);
@@ -7504,12 +7592,32 @@ static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids,
     cudaCheck(cudaMemcpyAsync(e->d_lin, h, ((size_t)9 * LB + (size_t)B * e->max_pages) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
     gpu_replay(e, &e->lane_graph[bi][b], e->o.graphs, [&] { gpu_model(e, B, e->lin, true, 0, b, HEAD_ALL, true); });
     cudaCheck(cudaMemcpyAsync(h + 7 * LB, e->lin.out, n * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    int nd = 0;
+    for (int i = 0; draw && i < n; i++) {
+        if (!draw[i]) continue;
+        CHECK(gpu_lane_draw_ok(e, draw[i]), "lane %d: a draw in the step the device sampler cannot take", ls[i]);
+        SampleScratch& ss = e->lane_smp[ls[i]];
+        if (fresh[i]) sample_upload(&ss, draw[i], e->stream);
+        LaneDrawIn* hd = e->h_draw;  // its last copy to the device ran: the previous step was waited for
+        hd->a[nd] = sample_args(e->logits + (size_t)i * g.vocab, draw[i]->p, ss, (uint64_t)e->lanes[ls[i]].pos + 1, RNG_DECODE);
+        hd->a[nd].out = (int*)((uint8_t*)e->d_draw + offsetof(LaneDrawIn, picks)) + i;
+        hd->counts[nd] = ss.counts;
+        hd->accept[nd] = fresh[i] ? -1 : ids[i];
+        nd++;
+    }
+    if (nd) {
+        uint8_t* d = (uint8_t*)e->d_draw;
+        cudaCheck(cudaMemcpyAsync(d, e->h_draw, offsetof(LaneDrawIn, picks), cudaMemcpyHostToDevice, e->stream));
+        sample_lanes((const SampleArgs*)(d + offsetof(LaneDrawIn, a)), (int* const*)(d + offsetof(LaneDrawIn, counts)),
+                     (const int*)(d + offsetof(LaneDrawIn, accept)), nd, e->domain, e->stream);
+        cudaCheck(cudaMemcpyAsync(e->h_draw->picks, d + offsetof(LaneDrawIn, picks), n * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    }
     for (int i = 0; i < n; i++)
         if (row_out && row_out[i])
             cudaCheck(cudaMemcpyAsync(e->h_lane_logits + (size_t)ls[i] * g.vocab, e->logits + (size_t)i * g.vocab, (size_t)g.vocab * 4,
                                       cudaMemcpyDeviceToHost, e->stream));
     cudaCheck(cudaStreamSynchronize(e->stream));
-    for (int i = 0; i < n; i++) { amax[i] = h[7 * LB + i]; e->lanes[ls[i]].pos += 1; }
+    for (int i = 0; i < n; i++) { amax[i] = draw && draw[i] ? e->h_draw->picks[i] : h[7 * LB + i]; e->lanes[ls[i]].pos += 1; }
     const GpuLane& cur = e->lanes[e->lane];
     e->pos = cur.pos;
     e->last_logits = nullptr;
@@ -8368,8 +8476,10 @@ static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity 
 // ask again (each does host work between tokens: the sampler, the detokenizer, the stream)
 // for at most LANE_WAIT_US, so the batch does not split in two. a lane that ends leaves the
 // step at once; its next request, or another, may take the lane.
-// a greedy lane (no bias, mask or tap: its pick is the step's argmax) does its host work while
-// the next step runs: at the end of its step the scheduler queues the step's argmax as the
+// a greedy lane (no bias, mask or tap: its pick is the step's argmax) and a sampled lane that
+// draws in its step (no mask or tap: the step runs sample() with the scheduler's copy of its
+// sampler, on the gpu the device sampler per lane, GpuTuning::lane_draw) do their host work
+// while the next step runs: at the end of its step the scheduler queues the step's pick as the
 // lane's next token (unless it is a stop id or the lane's limits end it there), so the next
 // step can start as soon as the first lane is back instead of the last. a lane whose host work
 // then ends it (a stop string, the client gone) takes the queued token back if its step has not
@@ -8397,14 +8507,22 @@ struct LaneSched {
     std::vector<char> in_step;       // [lanes] in the decode step on the device now
     std::vector<char> expected;      // [lanes] in the last decode step and not back yet
     std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
+    // a sampled lane that draws in its step (generate_lane's `drawn`): its sampler, copied at its
+    // first decode step and from then on advanced by the tokens its steps feed (the lane's own
+    // sampler counts the same tokens as it emits them, beside the next step)
+    std::vector<Sampler> draw;       // [lanes]
+    std::vector<char> draw_on;       // [lanes] the lane draws in its steps
+    std::vector<char> draw_fresh;    // [lanes] ... and draw's counts hold the token its next step feeds (no step yet)
     // the decode step's scratch, sized once (one step runs at a time): its lanes, their domains,
     // tokens, argmaxes and whether each wants its row
     std::vector<int> step_lanes, step_domain, step_ids, step_amax;
-    std::unique_ptr<bool[]> step_rows;
+    std::unique_ptr<bool[]> step_rows, step_fresh;
+    std::vector<const Sampler*> step_draw;
     bool running = false;            // a step is on the device
     bool piece_due = false;          // an exclusive piece goes before the next decode step
     double last_end = 0;             // when the last decode step ended
     uint64_t decode_steps = 0, decode_tokens = 0;  // statistics: lanes per decode step
+    uint64_t decode_draws = 0;       // ... tokens drawn in the steps (sampled lanes')
 };
 static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     const size_t n = lanes.size();
@@ -8414,7 +8532,8 @@ static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     ls->next.assign(n, LaneNext()); ls->queued.assign(n, 0); ls->queued_at.assign(n, 0); ls->in_step.assign(n, 0);
     ls->rows.assign(n, {});
     ls->step_lanes.reserve(n); ls->step_domain.reserve(n); ls->step_ids.assign(n, 0); ls->step_amax.assign(n, 0);
-    ls->step_rows.reset(new bool[n]);
+    ls->step_rows.reset(new bool[n]); ls->step_fresh.reset(new bool[n]); ls->step_draw.assign(n, nullptr);
+    ls->draw.assign(n, Sampler()); ls->draw_on.assign(n, 0); ls->draw_fresh.assign(n, 0);
     for (size_t k = 0; k < n; k++) {
         if (!lanes[k]->gpu) ls->rows[k].assign(lanes[k]->m->geo.vocab, 0.f);
         lanes[k]->sched = ls;
@@ -8463,12 +8582,23 @@ static void sched_run_decode(LaneSched* ls) {
     const std::vector<int>& domain = ls->step_domain;
     Engine* en0 = ls->lanes[batch[0]];
     const int n = (int)batch.size();
+    for (int k : batch) {  // a drawing lane's sampler counts the token its step feeds (sampler_accept before its next sample())
+        if (ls->draw_on[k] && !ls->draw_fresh[k]) sampler_accept(&ls->draw[k], ls->want[k]);
+        ls->decode_draws += ls->draw_on[k] != 0;
+    }
     if (en0->gpu) {
         int* ids = ls->step_ids.data();
         int* amax = ls->step_amax.data();
         bool* rows = ls->step_rows.get();
-        for (int i = 0; i < n; i++) { ids[i] = ls->want[batch[i]]; rows[i] = ls->row[batch[i]]; }
-        gpu_decode_lanes(en0->g, n, batch.data(), ids, rows, amax);
+        bool* fresh = ls->step_fresh.get();
+        bool any = false;
+        for (int i = 0; i < n; i++) {
+            const int k = batch[i];
+            ids[i] = ls->want[k]; rows[i] = ls->row[k];
+            ls->step_draw[i] = ls->draw_on[k] ? &ls->draw[k] : nullptr; fresh[i] = ls->draw_fresh[k];
+            any |= ls->draw_on[k] != 0;
+        }
+        gpu_decode_lanes(en0->g, n, batch.data(), ids, rows, amax, any ? ls->step_draw.data() : nullptr, fresh);
         for (int i = 0; i < n; i++) ls->amax[2 * batch[i] + ((ls->steps[batch[i]] + 1) & 1)] = amax[i];
         return;
     }
@@ -8478,17 +8608,25 @@ static void sched_run_decode(LaneSched* ls) {
         int id = ls->want[lane];
         float* row = ls->rows[lane].data();
         forward_cpu(en->m, &en->rs, &en->st, &id, nullptr, nullptr, 1, row, false, nullptr);
-        ls->amax[2 * lane + ((ls->steps[lane] + 1) & 1)] = argmax(row, domain[i]);  // sample()'s greedy pick
+        ls->amax[2 * lane + ((ls->steps[lane] + 1) & 1)] = ls->draw_on[lane] ? sample(&ls->draw[lane], row, (uint64_t)en->st.pos, RNG_DECODE)
+                                                                              : argmax(row, domain[i]);  // sample()'s greedy pick
     }
 }
 // one decode token for the lane (its turn not held): wait for the step that takes it; the
 // step's argmax (over the lane's first `domain` ids) is returned, the logits row (row, or
 // always on the cpu) is at sched_row. id is the token the scheduler queued when it did (the
-// last step's argmax: the lane asks for exactly that one). next: what this step lets the
-// scheduler queue at its end.
-static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, LaneNext next) {
+// last step's pick: the lane asks for exactly that one). next: what this step lets the
+// scheduler queue at its end. smp (non-null): the lane draws in its steps, and the pick
+// returned is sample()'s with this sampler at the lane's new position (RNG_DECODE), which the
+// first call of a generation copies (its counts holding id already)
+static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, LaneNext next, const Sampler* smp = nullptr) {
     std::unique_lock<std::mutex> lk(ls->mu);
     CHECK(!ls->held[lane], "lane %d decodes while it holds the turn", lane);
+    if (smp && !ls->draw_on[lane]) {
+        ls->draw[lane] = *smp;
+        ls->draw[lane].mask = nullptr;
+        ls->draw_on[lane] = 1; ls->draw_fresh[lane] = 1;
+    }
     uint64_t mine = ls->steps[lane];
     if (ls->queued[lane]) {
         mine = ls->queued_at[lane];
@@ -8513,7 +8651,7 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
             sched_run_decode(ls);
             lk.lock();
             for (int k : ls->step_lanes) {
-                ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0;
+                ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0; ls->draw_fresh[k] = 0;
                 const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
                 const std::vector<int>* stops = ls->next[k].stops;
                 ls->next[k] = LaneNext();
@@ -8541,15 +8679,17 @@ static void sched_done(LaneSched* ls, int lane) {
         ls->queued[lane] = 0;
     }
     ls->expected[lane] = 0;
+    ls->draw_on[lane] = 0; ls->draw_fresh[lane] = 0;
     ls->cv.notify_all();
 }
 
 // generate_cpu's contract for a lane of a LaneSched, on either path: the caller holds the
 // lane's turn (the prefill's pieces hand it back between them through the cancel poll, as
 // sched_yield); after the prompt the turn goes back and every token is a decode step. the
-// sampler runs on the host on the step's logits row, except greedy without a bias, a mask or a
-// tap, which takes the step's argmax (sample()'s pick; on the gpu without the row's copy) and
-// lets the scheduler queue it as its next token.
+// sampler runs on the host on the step's logits row for a lane with a mask or a tap (and on
+// the gpu where the lanes' draws cannot take it); otherwise the step picks (greedy: its
+// argmax; sampled: its draw, sample() with a copy of the sampler), without the row's copy on
+// the gpu, and the scheduler may queue the pick as its next token.
 template <typename Emit>
 static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& prompt, int max_new, const std::vector<int>& stop_ids,
                               const GenTap* tap, Emit emit, const GenCancel& cancel, const MmPrompt* mm, GenConstraint* gc) {
@@ -8589,8 +8729,13 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
     t0 = now_s();
     constraint_start(gc);
     // greedy without a bias, a mask or a tap: the step's argmax is the pick (no row to the host
-    // on the gpu), and the scheduler may queue it as the next token (LaneSched's header)
-    const bool fast = smp->p.temperature <= 0.0f && smp->p.logit_bias.empty() && !gc && !(tap && tap->sampled);
+    // on the gpu); sampled (or biased) without a mask or a tap: the step draws the pick (drawn:
+    // on the gpu where the device sampler takes the sampler). either way the scheduler may
+    // queue it as the next token (LaneSched's header)
+    const bool plain = !gc && !(tap && tap->sampled);
+    const bool greedy = plain && smp->p.temperature <= 0.0f && smp->p.logit_bias.empty();
+    const bool drawn = plain && !greedy && (!en->gpu || gpu_lane_draw_ok(en->g, smp));  // en->g: engine_gpu would select the lane (its turn is not held)
+    const bool fast = greedy || drawn;
     int amax = -1;
     for (int n = 0; n < max_new; n++) {
         int id;
@@ -8605,7 +8750,7 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
         if (n + 1 == max_new || pos == engine_capacity(en)) break;
         LaneNext next;  // the next token may be queued where the next turn of this loop would ask for it
         if (fast && n + 2 < max_new && pos + 1 < engine_capacity(en)) next.stops = &stop_ids;
-        amax = sched_decode(ls, lane, id, !fast, smp->domain, next);
+        amax = sched_decode(ls, lane, id, !fast, smp->domain, next, drawn ? smp : nullptr);
         pos++;
     }
     sched_done(ls, lane);

@@ -12,6 +12,7 @@ gpu machine as it is). measurements, not tests: timings go to test/bench-notes.m
 
   python3 test/loadgen.py chat --url http://127.0.0.1:8080 --turns 10 --user-words 600
   python3 test/loadgen.py decode --url http://127.0.0.1:8080 --concurrency 1,2,4,8 --prompt-words 400 --max-tokens 256
+  python3 test/loadgen.py decode --url http://127.0.0.1:8080 --concurrency 64 --temperature 0.6   (sampled streams)
   python3 test/loadgen.py poisson --url http://127.0.0.1:8080 --rate 4 --requests 64 --prompt-words 400 --max-tokens 128
 """
 import argparse
@@ -88,6 +89,15 @@ def chat(a):
     return 0 if same else 1
 
 
+def sampling(a, i):
+    """a decode / poisson stream's request fields: greedy, or --temperature T with a seed per stream
+    (the server's other sampling defaults: top_k 20, top_p 0.95, presence 1.0)"""
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    if a.temperature > 0:
+        extra.update({"temperature": a.temperature, "seed": 1000 + i})
+    return extra
+
+
 def decode(a):
     model = model_of(a.url)
     print("C  aggregate_tok_s  steady_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s")
@@ -96,7 +106,7 @@ def decode(a):
 
         def one(i):
             msgs = [{"role": "user", "content": text_of(a.prompt_words, 1000 + i)}]
-            out[i] = stream_chat(a.url, model, msgs, a.max_tokens, {"chat_template_kwargs": {"enable_thinking": False}})
+            out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
         th = [threading.Thread(target=one, args=(i,)) for i in range(C)]
         t0 = time.time()
         for x in th:
@@ -129,7 +139,7 @@ def poisson(a):
 
     def one(i):
         msgs = [{"role": "user", "content": text_of(a.prompt_words, 2000 + i)}]
-        out[i] = stream_chat(a.url, model, msgs, a.max_tokens, {"chat_template_kwargs": {"enable_thinking": False}})
+        out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
     th = []
     t0 = time.time()
     for i in range(a.requests):
@@ -161,6 +171,7 @@ def main():
     ap.add_argument("--prompt-words", type=int, default=400)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="decode / poisson: sampled streams (0: greedy)")
     a = ap.parse_args()
     sys.exit({"chat": chat, "decode": decode, "poisson": poisson}[a.mode](a))
 

@@ -911,7 +911,7 @@ TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     FrontendIds fr;
     ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
     GpuOpts o; o.max_context = 96; o.prefill_chunk = 8;
-    const int N = 4;
+    const int N = 6;
     std::vector<Engine> eng(N + 1);
     for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
     Engine& one = eng[N];
@@ -919,20 +919,49 @@ TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     for (int k = 0; k < N; k++) lp.push_back(&eng[k]);
     LaneSched ls;
     sched_build(&ls, lp);
-    // greedy and sampled; request 2 stops at the id of its reference's token 5, requests 0 (greedy:
-    // its next token may be queued) and 3 are cancelled after 9 and 7 tokens
+    // greedy and sampled (the sampled lanes draw in their steps); request 2 stops at the id of its
+    // reference's token 5, requests 0 (greedy: its next token may be queued) and 3 (sampled) are
+    // cancelled after 9 and 7 tokens; request 4 is greedy with a logit_bias (drawn: k = 1),
+    // request 5 samples the whole domain with min_p, both penalties and a bias
     std::vector<LaneReq> rq(N);
     for (int k = 0; k < N; k++) {
         LaneReq& r = rq[k];
         r.prompt = random_ids(3 + 11 * k, fr.domain, 50 + k);
         r.n = 12 + 6 * k; r.T = k % 2 ? 0.8f : 0.0f; r.cancel_at = k == 3 ? 7 : k == 0 ? 9 : -1;
     }
+    rq[4].own = true; rq[4].sp.temperature = 0; rq[4].sp.logit_bias = {{7, 2.5f}, {fr.domain - 1, 1.0f}, {7, -0.5f}};
+    rq[5].own = true; rq[5].sp.temperature = 1.1f; rq[5].sp.top_k = 0; rq[5].sp.top_p = 0.9f; rq[5].sp.min_p = 0.02f;
+    rq[5].sp.presence = 0.5f; rq[5].sp.frequency = 0.3f; rq[5].sp.seed = 21; rq[5].sp.logit_bias = {{3, 1.5f}};
     LanesCase c;
     c.what = "cpu lanes"; c.ls = &ls; c.lanes = eng.data(); c.one = &one;
     c.sp.top_k = 20; c.sp.top_p = 0.95f; c.sp.seed = 9; c.domain = fr.domain;
     c.stop_req = 2; c.stop_at = 5;
     c.poll_yields = true;
     lanes_match_alone(c, rq);
+    EXPECT_GT(ls.decode_draws, 0u) << "no sampled lane drew in its step";
+    for (Engine& e : eng) engine_free(&e);
+    model_close(&m);
+}
+
+// the lanes' draws (test_util.h lanes_draw_requests) on the cpu path, on the kjv model (whose
+// sampled text repeats tokens: the penalties matter, which they do not on tiny's random logits)
+TEST(Lanes, SampledLanesDrawInTheStepKjv) {
+    Model m; std::string err;
+    ASSERT_TRUE(model_open(&m, "models/kjv/kjv.ninfer", &err)) << err;
+    FrontendIds fr;
+    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
+    GpuOpts o; o.max_context = 640; o.prefill_chunk = 64;
+    std::vector<Engine> eng(9);
+    for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
+    std::vector<Engine*> lp;
+    for (int k = 0; k < 8; k++) lp.push_back(&eng[k]);
+    LaneSched ls;
+    sched_build(&ls, lp);
+    std::vector<LaneReq> rq = lanes_draw_requests(fr.domain);
+    LanesCase c = lanes_draw_case(fr.domain);
+    c.ls = &ls; c.lanes = eng.data(); c.one = &eng[8];
+    lanes_match_alone(c, rq);
+    EXPECT_GT(ls.decode_draws, 0u) << "no sampled lane drew in its step";
     for (Engine& e : eng) engine_free(&e);
     model_close(&m);
 }
@@ -949,6 +978,10 @@ TEST(Lanes, QueuedTokenTakenBackOrFedWhenALaneEnds) {
     LaneSched ls;
     sched_build(&ls, {&eng[0], &eng[1]});
     lanes_queued_token(&ls, eng.data(), &eng[2], fr.domain);
+    const uint64_t draws = ls.decode_draws;
+    lanes_queued_token(&ls, eng.data(), &eng[2], fr.domain, 0.8f);  // a sampled lane's drawn token
+    EXPECT_EQ(draws, 0u);
+    EXPECT_GT(ls.decode_draws, 0u) << "the sampled lanes did not draw in their steps";
     for (Engine& e : eng) engine_free(&e);
     model_close(&m);
 }

@@ -1336,11 +1336,11 @@ struct LanesRig {
     Model m; Engine one, base; std::vector<Engine> lanes; LaneSched ls; int domain = 0;
     ~LanesRig() { engine_free(&base); engine_free(&one); model_close(&m); }
 };
-static bool lanes_rig(LanesRig* r, const char* path, int n, const SpecOpts& sp, std::string* err) {
+static bool lanes_rig(LanesRig* r, const char* path, int n, const SpecOpts& sp, std::string* err, bool draw = false) {
     if (!model_open(&r->m, path, err)) return false;
     GpuOpts o; o.max_context = 1024; o.prefill_chunk = 128; o.quiet = true;
     if (!engine_build(&r->one, &r->m, true, o, err)) return false;
-    GpuOpts ol = o; ol.lanes = n; ol.kv_capacity = n * o.max_context;
+    GpuOpts ol = o; ol.lanes = n; ol.kv_capacity = n * o.max_context; ol.tune.lane_draw = draw;
     if (!engine_build(&r->base, &r->m, true, ol, err, sp)) return false;
     r->lanes.assign(n, r->base);
     std::vector<Engine*> lp;
@@ -1375,8 +1375,26 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
     lanes_match_alone(c, rq);
 }
 
+// the lanes' draws on the device (GpuTuning::lane_draw): sampled lanes draw in their steps with
+// their own counts and bias tables there (sample_lanes), greedy lanes take the argmax, and a
+// sampler the device's draws cannot take (top_k 0 over the whole domain) samples its row on the
+// host; every output equals the request alone on a one-sequence engine (whose picks are
+// generate_gpu's device sampler, equal to sample(): test_kernels Sampling.*)
+TEST(GpuLanes, SampledLanesDrawInTheStepKjv) {
+    NEED_GPU();
+    const char* path = "models/kjv/kjv.ninfer";
+    if (!file_exists(path)) GTEST_SKIP();
+    LanesRig rig; std::string err;
+    ASSERT_TRUE(lanes_rig(&rig, path, 8, SpecOpts(), &err, true)) << err;
+    std::vector<LaneReq> rq = lanes_draw_requests(rig.domain);
+    LanesCase c = lanes_draw_case(rig.domain);
+    c.ls = &rig.ls; c.lanes = rig.lanes.data(); c.one = &rig.one;
+    lanes_match_alone(c, rq);
+    EXPECT_GT(rig.ls.decode_draws, 0u) << "no sampled lane drew in its step";
+}
+
 // the queued token's three ends (test_util.h lanes_queued_token) on the gpu lanes, against a
-// one-sequence engine
+// one-sequence engine; then a sampled lane's drawn token (lane_draw)
 TEST(GpuLanes, QueuedTokenTakenBackOrFedWhenALaneEndsKjv) {
     NEED_GPU();
     const char* path = "models/kjv/kjv.ninfer";
@@ -1384,6 +1402,10 @@ TEST(GpuLanes, QueuedTokenTakenBackOrFedWhenALaneEndsKjv) {
     LanesRig rig; std::string err;
     ASSERT_TRUE(lanes_rig(&rig, path, 2, SpecOpts(), &err)) << err;
     lanes_queued_token(&rig.ls, rig.lanes.data(), &rig.one, rig.domain);
+    LanesRig dr;
+    ASSERT_TRUE(lanes_rig(&dr, path, 2, SpecOpts(), &err, true)) << err;
+    lanes_queued_token(&dr.ls, dr.lanes.data(), &dr.one, dr.domain, 0.8f);
+    EXPECT_GT(dr.ls.decode_draws, 0u) << "the sampled lanes did not draw in their steps";
 }
 
 // --spec mtp with lanes on the gpu: each lane's rounds are exclusive steps handed over at round

@@ -176,10 +176,12 @@ static int first_difference(const std::vector<int>& a, const std::vector<int>& b
 
 // one request of lanes_match_alone: n tokens after prompt at temperature T (0: greedy), its
 // emit cancels after cancel_at tokens (-1: never); stop its stop ids; ref what it gives alone,
-// got what it gave on its lane, st its GenStats there, polls how often its cancel poll ran
+// got what it gave on its lane, st its GenStats there, polls how often its cancel poll ran.
+// own: the request's sampler is sp (T and the case's sp unused)
 struct LaneReq {
     std::vector<int> prompt;
     int n = 0; float T = 0; int cancel_at = -1;
+    bool own = false; SamplerParams sp;
     std::vector<int> stop, ref, got;
     GenStats st;
     int polls = 0;
@@ -205,7 +207,7 @@ static void lanes_match_alone(const LanesCase& c, std::vector<LaneReq>& rq) {
     const int N = (int)rq.size();
     auto sampler = [&](const LaneReq& r, Sampler* smp) {
         SamplerParams sp = c.sp; sp.temperature = r.T;
-        sampler_build(smp, sp, c.domain);
+        sampler_build(smp, r.own ? r.sp : sp, c.domain);
     };
     if (c.one)
         for (int k = 0; k < N; k++) {  // alone; with the stop id, the reference ends before its first place
@@ -249,9 +251,35 @@ static void lanes_match_alone(const LanesCase& c, std::vector<LaneReq>& rq) {
     for (auto& t : th) t.join();
     for (int k = 0; k < N; k++)
         EXPECT_EQ(rq[k].got, rq[k].ref) << c.what << ": request " << k << ", first difference at " << first_difference(rq[k].got, rq[k].ref);
-    fprintf(stderr, "  %s: %llu decode steps, %.2f lanes a step\n", c.what, (unsigned long long)c.ls->decode_steps,
-            c.ls->decode_steps ? (double)c.ls->decode_tokens / c.ls->decode_steps : 0.0);
+    fprintf(stderr, "  %s: %llu decode steps, %.2f lanes a step, %llu tokens drawn in the steps\n", c.what, (unsigned long long)c.ls->decode_steps,
+            c.ls->decode_steps ? (double)c.ls->decode_tokens / c.ls->decode_steps : 0.0, (unsigned long long)c.ls->decode_draws);
     if (c.batched) EXPECT_GT(c.ls->decode_tokens, c.ls->decode_steps) << c.what << ": the decode steps were not batched";
+}
+
+// the lanes' draws (sampled lanes draw their next token in the step, LaneSched): 8 requests on
+// 8 lanes, greedy ones, sampled ones at several temperatures (the case's top-k 40), one greedy
+// with a logit_bias (the draw's k = 1 path), one over the whole domain (top_k 0: on the gpu the
+// host samples its rows), one with min_p, top_p, both penalties and a bias; request 2 stops at
+// the id of its reference's token 12, request 3 is cancelled after 20 tokens
+static std::vector<LaneReq> lanes_draw_requests(int domain) {
+    std::vector<LaneReq> rq(8);
+    for (int k = 0; k < 8; k++) {
+        LaneReq& r = rq[k];
+        r.prompt = random_ids(5 + 41 * k, domain, 91 + k);
+        r.n = 40 + 12 * k; r.T = k % 4 == 0 ? 0.0f : 0.7f + 0.1f * k; r.cancel_at = k == 3 ? 20 : -1;
+    }
+    rq[5].own = true; rq[5].sp.temperature = 0; rq[5].sp.logit_bias = {{7, 2.5f}, {domain - 1, 1.0f}, {7, -0.5f}};
+    rq[6].own = true; rq[6].sp.temperature = 1.1f; rq[6].sp.top_k = 0; rq[6].sp.seed = 3;
+    rq[7].own = true; rq[7].sp.temperature = 0.9f; rq[7].sp.top_k = 64; rq[7].sp.top_p = 0.8f; rq[7].sp.min_p = 0.05f;
+    rq[7].sp.presence = 0.5f; rq[7].sp.frequency = 0.4f; rq[7].sp.seed = 17; rq[7].sp.logit_bias = {{3, 1.5f}, {11, -2.0f}};
+    return rq;
+}
+static LanesCase lanes_draw_case(int domain) {
+    LanesCase c;
+    c.what = "lane draws";
+    c.sp.top_k = 40; c.sp.top_p = 0.95f; c.sp.seed = 5; c.domain = domain;
+    c.stop_req = 2; c.stop_at = 12;
+    return c;
 }
 
 // a greedy lane's next token is queued at the end of its step (LaneSched's header). when the
@@ -261,8 +289,8 @@ static void lanes_match_alone(const LanesCase& c, std::vector<LaneReq>& rq) {
 // ended, mode 2 only until it started, so sched_done waits for it): either way the lane's
 // position says what its state holds, and continuing from there gives what a sequence fed the
 // same tokens one at a time gives (`one`, no scheduler). lanes[0], lanes[1]: ls's lanes 0 and 1
-static void lanes_queued_token(LaneSched* ls, Engine* lanes, Engine* one, int domain) {
-    SamplerParams sp; sp.temperature = 0;
+static void lanes_queued_token(LaneSched* ls, Engine* lanes, Engine* one, int domain, float T = 0) {
+    SamplerParams sp; sp.temperature = T; sp.top_k = 20; sp.seed = 13;  // T > 0: the lanes draw in their steps
     const std::vector<int> pa = random_ids(21, domain, 71), pb = random_ids(9, domain, 72);
     const int at = 10, n = 60;  // the emitter stops at token `at` (0-based): tokens 0..at are emitted
     auto generate = [&](Engine* en, const std::vector<int>& prompt, int max_new, auto emit) {

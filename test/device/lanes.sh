@@ -8,17 +8,19 @@
 # list of: kernels,tests,spec,load,bench,serve,pytest,long (default all); long: issue 16's 128K-token
 # prefill on the 9b (ninfer-bench pp131072, pieces of 4096): serve runs both model cards'
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
-# pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu
+# pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu;
+# draw: sampled streams (--temperature 0.6) at C = 16, 64 with the host sampler and with the lanes'
+# draws (NINFER_LANE_DRAW=0 / 1), then test_serve_lanes.py with the draws on
 set -u
 . "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
 . "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
 cd "$(dirname "$0")/.."
 C=${CARRY:-.carry-lanes}
-STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,long}
+STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,draw,long}
 RUN_GREP='lanes|scheduler'
 unpack
 test_models "tiny tiny-gqa3" "groupwise-int bf16"
-if has load || has bench || has serve || has long; then model_9b; fi
+if has load || has bench || has serve || has long || has draw; then model_9b; fi
 models_done
 has kernels && run test_kernels 300 build/test/test_kernels
 has tests && run test_gpu 300 build/test/test_gpu
@@ -35,7 +37,7 @@ if has load; then
 fi
 has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
 has bench && timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
-if has serve || has pytest; then
+if has serve || has pytest || has draw; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 if has serve; then
@@ -57,5 +59,17 @@ has long && timeout 200 build/apps/ninfer-bench /tmp/9b.ninfer -p 131072 -n 0 -r
 if has pytest; then
   s=$(date +%s); NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -rs -p no:cacheprovider test/test_serve_lanes.py ${PYTEST_ARGS:-} > $OUT/pytest_lanes.log 2>&1
   echo "== pytest test_serve_lanes.py (gpu) rc=$? $(( $(date +%s) - s )) s"; tail -5 $OUT/pytest_lanes.log
+fi
+if has draw; then
+  for d in 0 1; do
+    NINFER_LANE_DRAW=$d build/apps/ninfer-serve /tmp/9b.ninfer --port 18091 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 0 2>$OUT/serve_draw$d.log & S=$!
+    if up 18091; then
+      echo "== sampled streams, NINFER_LANE_DRAW=$d"
+      timeout 200 python3 test/loadgen.py decode --url http://127.0.0.1:18091 --concurrency 16,64 --prompt-words 480 --max-tokens 256 --temperature 0.6
+    else echo "serve (draw $d) did not come up"; tail -3 $OUT/serve_draw$d.log; fi
+    kill $S; wait $S 2>/dev/null
+  done
+  s=$(date +%s); NINFER_LANE_DRAW=1 NINFER_BIN=build/test/ninfer timeout 400 python3 -m pytest -q -x -rs -p no:cacheprovider test/test_serve_lanes.py > $OUT/pytest_draw.log 2>&1
+  echo "== pytest test_serve_lanes.py (gpu, lane draws) rc=$? $(( $(date +%s) - s )) s"; tail -5 $OUT/pytest_draw.log
 fi
 true
