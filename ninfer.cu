@@ -6623,7 +6623,7 @@ struct StepPtrs {
     int* out;    // [T] argmax of each column's logits (decode path)
     int* skeys = nullptr;  // lanes: [T] each column's attention split (its lane's plan); non-null = lanes mode
     int* pages = nullptr;  // lanes: [T][page_ld] each column's page table
-    int page_ld = 0;
+    int page_ld = 0;       // ... the step's context bucket's pages (gpu_decode_lanes)
 };
 
 // one sequence of a lanes engine (the current lane's live in GpuEngine's pos / slot / ...)
@@ -7576,6 +7576,11 @@ static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids,
     int* h = e->h_lin;
     int ns, sk_pad;
     gpu_attn_plan(b, &ns, &sk_pad, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
+    // the page tables hold the bucket's pages (no column reads a row past the bucket's length):
+    // a step at --max-context 262144 fills and uploads 8 ints a lane at a 1K context, not 2048.
+    // the graph of bucket b is captured with this page_ld, and every replay fills with it
+    const int ld = (int)std::min<int64_t>(e->max_pages, CEIL_DIV((int64_t)GPU_BUCKET0 << b, (int64_t)KV_PAGE));
+    e->lin.page_ld = ld;
     for (int c = 0; c < B; c++) {
         const GpuLane* ln = c < n ? &e->lanes[ls[c]] : nullptr;
         h[c] = ln ? ids[c] : 0;
@@ -7585,11 +7590,11 @@ static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids,
         int sk = sk_pad;
         if (ln) gpu_attn_plan(gpu_bucket_of(ln->pos + 1), &ns, &sk, e->o.tune.attn_splits, e->o.tune.attn_min_keys);
         h[8 * LB + c] = sk;                                   // the column's own plan: its lone step's
-        int* pg = h + 9 * LB + (size_t)c * e->max_pages;
+        int* pg = h + 9 * LB + (size_t)c * ld;
         const int np = ln ? (int)ln->pages.size() : 0;
-        for (int k = 0; k < e->max_pages; k++) pg[k] = k < np ? ln->pages[k] : 0;
+        for (int k = 0; k < ld; k++) pg[k] = k < np ? ln->pages[k] : 0;
     }
-    cudaCheck(cudaMemcpyAsync(e->d_lin, h, ((size_t)9 * LB + (size_t)B * e->max_pages) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    cudaCheck(cudaMemcpyAsync(e->d_lin, h, ((size_t)9 * LB + (size_t)B * ld) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
     gpu_replay(e, &e->lane_graph[bi][b], e->o.graphs, [&] { gpu_model(e, B, e->lin, true, 0, b, HEAD_ALL, true); });
     cudaCheck(cudaMemcpyAsync(h + 7 * LB, e->lin.out, n * sizeof(int), cudaMemcpyDeviceToHost, e->stream));
     int nd = 0;

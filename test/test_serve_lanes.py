@@ -247,29 +247,32 @@ def test_a_prompt_that_can_never_fit_is_400_with_the_numbers(four):
     assert re.search(r"the prompt's \d+ tokens", b["message"]), b
 
 
-def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one):
-    """greedy lanes take their next token while the next step runs (the scheduler queues the
-    step's argmax): a lane that a stop string or a leaving client then ends holds that token too
-    when a step took it first. while a long stream keeps the steps going on the other lane,
-    conversations whose turns end on stop strings, a completion continued after its stop, and a
-    conversation continued after a cancelled stream give what a one-lane server without reuse
-    gives, and continue from retained prefixes"""
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one, temperature):
+    """lanes take their next token while the next step runs (the scheduler queues the step's
+    pick: greedy lanes' argmax, sampled lanes' draw in the step): a lane that a stop string or a
+    leaving client then ends holds that token too when a step took it first. while a long stream
+    keeps the steps going on the other lane, conversations whose turns end on stop strings, a
+    completion continued after its stop, and a conversation continued after a cancelled stream
+    give what a one-lane server without reuse gives (seeded when sampled), and continue from
+    retained prefixes"""
+    T = dict(temperature=temperature, seed=7) if temperature else dict(temperature=0)
     s = start("--max-concurrency", "2", "--device-state-slots", "2", "--host-state-slots", "2")
     try:
         # the long stream: its client leaves at the end (its steps run beside everything below)
-        long = dict(messages=[{"role": "user", "content": words(20, 9)}], max_tokens=1900, temperature=0, extra_body=NOTHINK)
+        long = dict(messages=[{"role": "user", "content": words(20, 9)}], max_tokens=1900, extra_body=NOTHINK, **T)
         res, done = {}, threading.Event()
         bg = stream_in_background(s, long, res, "bg", until=done)
         hist = [{"role": "system", "content": SYSTEM}]
         cached = []
         for k in range(3):
             hist.append({"role": "user", "content": words(12 + 5 * k, 40 + k)})
-            ref = chat(one, hist, max_tokens=30, extra_body=NOTHINK)
+            ref = chat(one, hist, max_tokens=30, extra_body=NOTHINK, **T)
             w = ref["content"].split()
             assert len(w) > 4, ref
             stop = [w[len(w) // 2]]
-            ref = chat(one, hist, max_tokens=30, stop=stop, extra_body=NOTHINK)
-            got = chat(s, hist, max_tokens=30, stop=stop, extra_body=NOTHINK)
+            ref = chat(one, hist, max_tokens=30, stop=stop, extra_body=NOTHINK, **T)
+            got = chat(s, hist, max_tokens=30, stop=stop, extra_body=NOTHINK, **T)
             same_output(got, ref)
             assert got["completion"] < 30, got  # it ended on the stop string
             cached.append(got["cached"])
@@ -277,22 +280,22 @@ def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one):
         assert cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1], cached
         # a completion stopped by a stop string, then continued by its client
         c = oai(s)
-        ref1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0)
+        ref1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, **T)
         stop = [ref1.choices[0].text.split()[4]]
-        r1 = c.completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0, stop=stop)
-        o1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, temperature=0, stop=stop)
+        r1 = c.completions.create(model=MODEL, prompt="And God said", max_tokens=40, stop=stop, **T)
+        o1 = oai(one).completions.create(model=MODEL, prompt="And God said", max_tokens=40, stop=stop, **T)
         assert r1.choices[0].text == o1.choices[0].text and r1.choices[0].finish_reason == "stop"
-        p2 = "And God said" + r1.choices[0].text + " and"
-        r2 = c.completions.create(model=MODEL, prompt=p2, max_tokens=20, temperature=0)
-        o2 = oai(one).completions.create(model=MODEL, prompt=p2, max_tokens=20, temperature=0)
+        p2 = "And God said" + r1.choices[0].text + stop[0] + " and"  # the client puts the stop string back, and more
+        r2 = c.completions.create(model=MODEL, prompt=p2, max_tokens=20, **T)
+        o2 = oai(one).completions.create(model=MODEL, prompt=p2, max_tokens=20, **T)
         assert r2.choices[0].text == o2.choices[0].text
         assert r2.usage.prompt_tokens_details.cached_tokens > 0
         # a stream its client leaves, then the conversation goes on from the retained prefix
         hist2 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": words(30, 77)}]
-        stream_until(s, dict(messages=hist2, max_tokens=200, temperature=0, extra_body=NOTHINK), 4, res, "left", True)
+        stream_until(s, dict(messages=hist2, max_tokens=200, extra_body=NOTHINK, **T), 4, res, "left", True)
         hist2.append({"role": "assistant", "content": res["left"][0]})
         hist2.append({"role": "user", "content": words(10, 78)})
-        a, b = chat(s, hist2, max_tokens=20, extra_body=NOTHINK), chat(one, hist2, max_tokens=20, extra_body=NOTHINK)
+        a, b = chat(s, hist2, max_tokens=20, extra_body=NOTHINK, **T), chat(one, hist2, max_tokens=20, extra_body=NOTHINK, **T)
         same_output(a, b)
         assert a["cached"] > 0, a
         done.set()
