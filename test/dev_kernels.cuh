@@ -7,6 +7,8 @@
 //     versions").
 //   * the separate kernels attn_prep (ninfer.cu 7.6) fuses: m-rope and the kv append, each
 //     tested against its cpu twin, and attn_prep against them (Attention.PrepMatchesSeparateKernels).
+//   * the wide gemv's versions (gemv_xp_kernel's: the x prefetched a group ahead), with the
+//     product's prep and grid, tested bit for bit against it.
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 #pragma once
 
@@ -352,6 +354,217 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
         }
     });
 }
+
+// ---- the wide kernel's versions (gemv_xp_kernel: several columns a launch, ninfer.cu 7.2) ----
+// version 1, x prefetched: gemv_xp_kernel with each group's b words and sums loaded one group
+// ahead (a register double buffer: group u + 1's loads fly while group u's mmas run), where the
+// product loads a group's x from l1 / l2 right before its mmas. the arithmetic is the
+// product's, operation for operation, so its columns are the product's bits
+// (Gemv.WideVersionsEqualTheProduct); Bench.DISABLED_GemvWideVersions times them.
+namespace gemv_dev {
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                   const float* __restrict__ xps, int cp, int cg, int groups) {
+    const int64_t rset = blockIdx.x / groups;
+    const int c0 = (int)(blockIdx.x % groups) * cg;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    if (a.C <= 0) return;
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
+    static_assert(D == 2, "the double buffer alternates within a stage's two groups");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t row0 = rset * RW * 16;
+    extern __shared__ __align__(16) uint8_t xp_smem[];
+    uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_h[r] = nullptr;
+        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+    }
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    uint32_t wslot = 0;
+    auto issue = [&]() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
+            cp_async16(slot + dst_b0, src_b0[r]);
+            cp_async16(slot + dst_b1, src_b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
+            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
+            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
+            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
+        }
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_entry();
+    const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
+    const float* sl = xps + c0 + 2 * t;
+    // group u's b words and sums for every tile of the column group
+    auto load_x = [&](int u, uint4 (&v)[NT][NQ4], float2 (&sv)[NT]) {
+        const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+        const float* su = sl + (size_t)u * cp;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const bool live = nt * 8 + g < C;
+#pragma unroll
+            for (int q = 0; q < NQ4; q++) v[nt][q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
+            sv[nt] = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
+        }
+    };
+    uint4 xv0[NT][NQ4], xv1[NT][NQ4];
+    float2 xs0[NT], xs1[NT];
+    if (n_it > 0) load_x(warp * D, xv0, xs0);
+    float acc[RW][NT][4];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
+    // one group's mmas from its x (v, sv), as the product's loop body
+    auto group = [&](const uint8_t* st, int d, const uint4 (&v)[NT][NQ4], const float2 (&sv)[NT]) {
+        uint32_t A[RW][GemvWideA<F>::N][4];
+        float s0[RW], s1[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            uint32_t raw[2][Fm::RAW];
+            gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
+            gemv_afrag<F>(raw, A[r]);
+            s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float sx[4] = {sv[nt].x, sv[nt].y, sv[nt].x, sv[nt].y};
+            uint32_t b[Fm::STEPS][2];
+#pragma unroll
+            for (int q = 0; q < NQ4; q++) {
+                b[2 * q][0] = v[nt][q].x; b[2 * q][1] = v[nt][q].y;
+                if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[nt][q].z; b[2 * q + 1][1] = v[nt][q].w; }
+            }
+#pragma unroll
+            for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
+        }
+    };
+    uint32_t rslot = 0;
+    int ub = warp * D;
+    for (int it = 0; it < n_it; it++, ub += NW * D) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = sm_w + rslot;
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+        load_x(ub + 1, xv1, xs1);                              // group ub + 1 flies while ub's mmas run
+        group(st, 0, xv0, xs0);
+        if (it + 1 < n_it) load_x(ub + NW * D, xv0, xs0);      // the next stage's first group
+        group(st, 1, xv1, xs1);
+    }
+    pdl_release();
+    cp_async_wait<0>();
+    __syncthreads();
+    float4* red = (float4*)xp_smem;
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
+        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
+        const int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < C) gemv_store(a, row, col, s);
+    }
+}
+template <int F, int NW, int NT, int RW, int S>
+static void gemv_xp_pf_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups, cudaStream_t stream) {
+    auto k = gemv_xp_pf_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>;
+    static bool init = false;
+    if (!init) {
+        cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemv_xp_smem<F, NW, NT, RW, S>()));
+        init = true;
+    }
+    launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
+}
+// gemv_xp_launch's prep and grid with version 1's kernel
+template <int F, int NW>
+static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream) {
+    CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS && a.w.cols <= GEMV_XP_MAX_K, "gemv_xp_pf: %d columns, k %lld", a.C, (long long)a.w.cols);
+    constexpr int W = gemv_xs_words(F);
+    const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
+    GemvXpBuf& xb = gemv_xp_buffer(stream);
+    xb.held = false;  // this prep's key is not recorded: no product reads it again
+    uint4* xp = (uint4*)xb.p;
+    float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);
+    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
+    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
+    cudaCheck(cudaGetLastError());
+    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
+    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
+    int groups, cc;
+    split(std::min(g_gemv_xp_cols, (int)GEMV_WIDE_COLS), groups, cc);
+    int rw = g_gemv_xp_rw >= 2 && cc <= 32 && CEIL_DIV(tiles, (int64_t)2) * groups >= g_gemv_xp_blocks ? 2 : 1;
+    while (CEIL_DIV(tiles, (int64_t)rw) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
+    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
+    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw) * groups);
+    if (rw == 2) {
+        switch (NT) {
+            case 1: gemv_xp_pf_go<F, NW, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_pf_go<F, NW, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_pf_go<F, NW, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    } else {
+        switch (NT) {
+            case 1: gemv_xp_pf_go<F, NW, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_pf_go<F, NW, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 4: gemv_xp_pf_go<F, NW, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_pf_go<F, NW, 8, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+}
+}  // namespace gemv_dev
+
+// gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched) where
+// gemv() takes the wide kernel; elsewhere gemv() itself
+static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
+                              const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
+    if (v == 0 || !gemv_wide_takes(w, C, xt.mode)) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
+    CHECK(v == 1, "wide gemv version %d", v);
+    const GemvKernel k = gemv_pick(w);
+    const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+        switch (w.format) {
+            case FMT_Q4: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q4, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q4, 4>(a, stream); break;
+            case FMT_Q5: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q5, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q5, 4>(a, stream); break;
+            case FMT_Q6: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q6, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q6, 4>(a, stream); break;
+            default: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_W8, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_W8, 4>(a, stream); break;
+        }
+    });
+}
+static const int GEMV_WIDE_VERSIONS = 2;
 
 // ---- the separate attention-input kernels (attn_prep fuses them) ----------------------------
 

@@ -398,6 +398,61 @@ TEST(Gemv, ColumnsIndependentOfCount) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
+// the wide kernel's versions (test/dev_kernels.cuh) give the product's bits: every column of
+// every version equals gemv()'s (memcmp), on the 9b's wide shapes with their fused transforms,
+// a residual, f32 output, partial tiles, both row-tile forms and both warp splits
+TEST(Gemv, WideVersionsEqualTheProduct) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
+    const Case cases[] = {
+        {FMT_Q4, 4096, 4096, false, false, GEMV_X_RMS, 0, "9b gdn query_key q4 + norm"},
+        {FMT_Q5, 8192, 4096, false, false, GEMV_X_PLAIN, 0, "9b value_z q5"},
+        {FMT_Q5, 4096, 12288, false, true, GEMV_X_SWIGLU, 0, "9b down q5 + swiglu, residual"},
+        {FMT_Q6, 248320, 4096, true, false, GEMV_X_RMS, 0, "9b head q6 f32 + final norm"},
+        {FMT_W8, 4096, 8192, false, false, GEMV_X_PLAIN, GEMV_OCC_ROWS, "w8 8 warps a tile"},
+        {FMT_Q4, 16392, 1024, true, false, GEMV_X_RMS, GEMV_OCC_ROWS, "q4 16392x1024 f32 + norm: partial last tile"},
+    };
+    const int Cmax = 64;
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        g_gemv_occ_rows = tc.occ;
+        HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+        Rng r = rng();
+        const bool sw = tc.mode == GEMV_X_SWIGLU;
+        const int ldx = (int)align_up(sw ? 2 * tc.cols : tc.cols, 8) + 8, ldy = (int)tc.rows + 3;
+        auto x = rand_bf16(r, (size_t)Cmax * ldx, 2.f);
+        auto nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
+        auto res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
+        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+        Dev dx(x.size() * 2); up(dx, x);
+        Dev dn(nw.size() * 2); up(dn, nw);
+        const size_t esz = tc.f32 ? 4 : 2, ysz = (size_t)Cmax * ldy * esz;
+        Dev dref(ysz), dy(ysz);
+        Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
+        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        for (int n : {1, 2, 5, 8, 16, 17, 32, 40, 64})
+            for (int rwf : {2, 1}) {
+                g_gemv_xp_rw = rwf;
+                auto run = [&](int v, Dev& out) {
+                    if (tc.resid) up(out, res); else out.poison();
+                    gemv_wide_version(v, dm, dx.as<bf16_t>(), ldx, n, out.p, ldy, tc.f32, tc.resid ? out.as<bf16_t>() : nullptr, ldy, 0, xt);
+                };
+                run(0, dref);
+                auto ref = down<uint8_t>(dref, (size_t)n * ldy * esz);
+                for (int v = 1; v < GEMV_WIDE_VERSIONS; v++) {
+                    run(v, dy);
+                    auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
+                    int bad = 0;
+                    for (int c = 0; c < n; c++)
+                        if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
+                    EXPECT_EQ(bad, 0) << "version " << v << ": " << bad << " of " << n << " columns differ from the product's (rw " << rwf << ")";
+                }
+            }
+        g_gemv_xp_rw = 2;
+    }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
 // GemvX::again: a wide product whose x is the previous product's reads that product's prepared
 // x (the 9b's value_z after query_key: a q5 after a q4, the input norm fused) and gives what its
 // own prep gives, bit for bit; a previous product whose prep differs (another format class, x,
@@ -2378,6 +2433,45 @@ TEST(Bench, DISABLED_GemvWide) {
                             100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 * C / ms);
             }
     bench_wide_form(1);
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
+// the wide kernel's versions (test/dev_kernels.cuh: 0 the product, 1 the x prefetched a group
+// ahead) on the 9b's wide shapes, fused as the decode fuses them, and the 9b chain, at 8..64
+// columns; weights rotate past the l2 as in Bench.DISABLED_GemvWide
+TEST(Bench, DISABLED_GemvWideVersions) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    g_gemv_occ_rows = 0;
+    const int Cmax = 64;
+    BenchXY io(2 * Cmax, Cmax, 7);
+    Dev dn(12288 * 2);
+    bench_bf16(dn, 8, 16);
+    BENCH_PRINT("%-20s %-14s %2s %3s %9s %8s %6s\n", "gemv wide", "shape", "C", "ver", "us", "GB/s", "of cp");
+    for (const BenchShape& sh : kBenchShapes) {
+        if (!sh.wide) continue;
+        RotatedMats rm(sh);
+        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        for (int C : {8, 16, 32, 64})
+            for (int v = 0; v < GEMV_WIDE_VERSIONS; v++) {
+                GemvX xt; xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+                const int ldx = (int)sh.cols * (xmode == GEMV_X_SWIGLU ? 2 : 1);
+                double ms = rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                    gemv_wide_version(v, m, io.x.as<bf16_t>(), ldx, C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                });
+                double gbs = (double)rm.bytes / (ms * 1e-3) / 1e9;
+                BENCH_PRINT("%-20s %-14s %2d %3d %9.2f %8.0f %5.0f%%\n", sh.name, bench_shape_name(sh).c_str(), C, v, ms * 1e3, gbs, 100 * gbs / bw);
+            }
+    }
+    Chain9B ch;
+    const auto& seq = ch.seq;
+    for (int C : {8, 16, 32, 64})
+        for (int v = 0; v < GEMV_WIDE_VERSIONS; v++) {
+            double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                gemv_wide_version(v, ch.mats[i], io.x.as<bf16_t>(), (int)seq[i].cols, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s);
+            }, 7);
+            BENCH_PRINT("decode gemv chain 9b (plain): C=%d version %d: %.3f ms, <= %.0f tok/s aggregate\n", C, v, ms, 1000.0 * C / ms);
+        }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 

@@ -10,13 +10,14 @@
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu;
 # draw: sampled streams (--temperature 0.6) at C = 16, 64 with the host sampler and with the lanes'
-# draws (NINFER_LANE_DRAW=0 / 1), then test_serve_lanes.py with the draws on
+# draws (NINFER_LANE_DRAW=0 / 1), then test_serve_lanes.py with the draws on; wide: the wide gemv's
+# versions (Bench.DISABLED_GemvWideVersions: the x prefetched, C = 8..64)
 set -u
 . "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
 . "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
 cd "$(dirname "$0")/.."
 C=${CARRY:-.carry-lanes}
-STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,draw,long}
+STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,draw,wide,long}
 RUN_GREP='lanes|scheduler'
 unpack
 test_models "tiny tiny-gqa3" "groupwise-int bf16"
@@ -35,6 +36,7 @@ if has load; then
   else echo "serve64 did not come up"; tail -3 $OUT/serve64.log; fi
   kill $S; wait $S 2>/dev/null
 fi
+has wide && timeout 300 build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench.DISABLED_GemvWideVersions' 2>&1 | grep -vE '^\[|^$'
 has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
 has bench && timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
 if has serve || has pytest || has draw; then
