@@ -36,8 +36,9 @@
 //                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
-//                            7.7 argmax, 7.8 sampling on the device (mask_logits, and one
-//                            speculative verification column: sample_spec_kernel), 7.9
+//                            7.7 argmax, 7.8 sampling on the device (mask_logits, one
+//                            speculative verification column: sample_spec_kernel, the
+//                            lanes' draws: sample_lanes), 7.9
 //                            shared-memory matrix helpers, 7.10 gemm + linear, 7.11 deltanet
 //                            prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
@@ -9941,11 +9942,16 @@ static void served_memory_plan(const ServedModel* s, const ServeOptions& o) {
     if (en.gpu) {
         const GpuEngine* e = en.g;
         const int live = e->o.lanes * e->lane_slots;
-        char spec[96] = "", lanes[160] = "";
+        char spec[96] = "", lanes[192] = "";
         if (e->mtp.K) snprintf(spec, sizeof spec, " (with the mtp layer's)");
-        if (e->o.lanes > 1)
-            snprintf(lanes, sizeof lanes, ", %d lane(s) of up to %d tokens in a pool of %d pages of %d tokens (batched decode)", e->o.lanes, e->capacity,
-                     (int)(e->kv_rows / KV_PAGE), (int)KV_PAGE);
+        if (e->o.lanes > 1) {
+            SampleScratch sz;
+            char draws[64] = "";
+            if (!e->lane_smp.empty())
+                snprintf(draws, sizeof draws, ", their samplers %.1f MiB", e->o.lanes * sample_layout(&sz, nullptr, e->domain, false) / mib);
+            snprintf(lanes, sizeof lanes, ", %d lane(s) of up to %d tokens in a pool of %d pages of %d tokens (batched decode%s)", e->o.lanes, e->capacity,
+                     (int)(e->kv_rows / KV_PAGE), (int)KV_PAGE, draws);
+        }
         fprintf(stderr, "ninfer-serve: memory plan (gpu %d): weights %.1f MiB, kv %d tokens of %s (%.1f MiB%s%s), deltanet state %d slots of %.1f MiB "
                 "(%d live%s + %d device state slots), workspace %.1f MiB (+ 2 x %.1f MiB: the wide products' x), cuda graphs %s; %s\n",
                 e->device, e->arena_bytes / mib, (int)e->kv_rows, kv_dtype_name(e->o.kv),
