@@ -545,17 +545,256 @@ static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream) {
     }
     cudaCheck(cudaGetLastError());
 }
+
+// version 2, x shared in shared memory: blocks of R row sets of the product's warp set (R x NW
+// warps, warp (w, r): split w of k for row set r, 1 block an sm at the accumulators' ~255
+// registers, the same 8 warps an sm as the product's 2 blocks of 4). the R warps of split w
+// read the same x groups, so they copy each stage's x (the column group's b words and sums,
+// as laid out in the prepared buffer) into shared memory together, cp.async in the stages the
+// weights take, and meet on a named barrier (1 + w) per stage: the x read from l2 once per R
+// row sets instead of once per warp. at C = 64 the product's x reads (4 KB a group a warp for
+// 32 columns, 4x the q4 weights') are ~80% of its l2 traffic. the arithmetic is the product's.
+// only NW = 4 (the 9b's split) and up to 4 column tiles; other shapes run the product.
+// the wait counts: the prologue commits S - 1 weight groups, then one group of their x (the x
+// is the previous kernel's output: after pdl_entry); iteration 0 waits for all of them, and
+// from then on each iteration's group is one stage, weights and x, as the product's.
+template <int F, int NT, int RW, int S> struct GemvSxLayout {
+    static constexpr int NW = 4, R = 2, D = 2;
+    static constexpr int XQ = NT * 8 * (gemv_xs_words(F) / 4) * 4;  // uint4 of b words a group (cg = NT * 8 columns)
+    static constexpr int XG = XQ * 16 + NT * 8 * 4;                 // bytes a group: the b words, then the sums
+    static constexpr size_t W_BYTES = (size_t)NW * R * S * RW * GemvAsyncLayout<F>::BYTES;
+    static constexpr size_t X_BYTES = (size_t)NW * S * D * XG;
+    static constexpr size_t RED = (size_t)R * RW * NW * NT * 32 * 16;
+    static constexpr size_t SMEM = W_BYTES + X_BYTES > RED ? W_BYTES + X_BYTES : RED;
+};
+__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+template <int F, int NT, int RW, int S>
+__global__ void __launch_bounds__(4 * 2 * 32, 1) gemv_xp_sx_kernel(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps,
+                                                                    int cp, int cg, int groups) {
+    using Lx = GemvSxLayout<F, NT, RW, S>;
+    constexpr int NW = Lx::NW, R = Lx::R, D = Lx::D;
+    const int64_t bset = blockIdx.x / groups;
+    const int c0 = (int)(blockIdx.x % groups) * cg;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    if (a.C <= 0) return;
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
+    const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = wi % NW, rs = wi / NW;  // the k split, the row set
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t row0 = (bset * R + rs) * RW * 16;
+    extern __shared__ __align__(16) uint8_t sx_smem[];
+    uint8_t* sm_w = sx_smem + (size_t)wi * S * SB;
+    uint8_t* sm_x = sx_smem + Lx::W_BYTES + (size_t)warp * S * D * Lx::XG;  // the split's x stages
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+        src_h[r] = nullptr;
+        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+    }
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w), xbase = (uint32_t)__cvta_generic_to_shared(sm_x);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    // the x copies of a stage, shared by the split's R warps: the column group's columns that
+    // lie inside the buffer (cp - c0 of them at most; the others are dead columns, never stored)
+    const int xcols = min(cg, cp - c0), xq = xcols * NQ4 * 4, xs4 = xcols / 4, tid = rs * 32 + lane;
+    uint32_t wslot = 0, xslot = 0;
+    int ui = warp * D;  // the first group of the next stage whose x is to issue
+    auto issue_w = [&]() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
+            cp_async16(slot + dst_b0, src_b0[r]);
+            cp_async16(slot + dst_b1, src_b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
+            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
+            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
+            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
+        }
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
+    };
+    auto issue_x = [&]() {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const uint4* xsrc = xp + ((size_t)(ui + d) * cp + c0) * NQ4 * 4;
+            const float* ssrc = xps + (size_t)(ui + d) * cp + c0;
+            const uint32_t xd = xbase + xslot + d * Lx::XG;
+            for (int i = tid; i < xq + xs4; i += R * 32) {
+                if (i < xq) cp_async16(xd + i * 16, xsrc + i);
+                else cp_async16(xd + Lx::XQ * 16 + (i - xq) * 16, ssrc + (i - xq) * 4);
+            }
+        }
+        xslot = xslot + D * Lx::XG == S * D * Lx::XG ? 0 : xslot + D * Lx::XG;
+        ui += NW * D;
+    };
+    // the first stages' weights before the wait (as the product), their x after it in one more
+    // group: the first stage waits for everything, the later ones as the product's
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue_w();
+        cp_async_commit();
+    }
+    pdl_entry();
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < n_it) issue_x();
+    cp_async_commit();
+    float acc[RW][NT][4];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
+    uint32_t rslot = 0, rxslot = 0;
+    for (int it = 0; it < n_it; it++) {
+        if (it == 0) cp_async_wait<0>();
+        else cp_async_wait<S - 2>();
+        bar_named(1 + warp, R * 32);  // the split's copies of this stage landed; every warp of it is past stage it - 1
+        const uint8_t* st = sm_w + rslot;
+        const uint8_t* sxg = sm_x + rxslot;
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        rxslot = rxslot + D * Lx::XG == S * D * Lx::XG ? 0 : rxslot + D * Lx::XG;
+        if (it + S - 1 < n_it) { issue_w(); issue_x(); }
+        cp_async_commit();
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const uint4* xu = (const uint4*)(sxg + d * Lx::XG) + (size_t)g * NQ4 * 4 + t;
+            const float* su = (const float*)(sxg + d * Lx::XG + Lx::XQ * 16) + 2 * t;
+            uint32_t A[RW][GemvWideA<F>::N][4];
+            float s0[RW], s1[RW];
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                uint32_t raw[2][Fm::RAW];
+                gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
+                gemv_afrag<F>(raw, A[r]);
+                s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 v[NQ4];
+                const bool live = nt * 8 + g < C;
+#pragma unroll
+                for (int q = 0; q < NQ4; q++) v[q] = live ? xu[(size_t)nt * 8 * NQ4 * 4 + q * 4] : make_uint4(0, 0, 0, 0);
+                const float2 sv = nt * 8 + 2 * t < C ? *(const float2*)(su + nt * 8) : make_float2(0.f, 0.f);
+                const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                uint32_t b[Fm::STEPS][2];
+#pragma unroll
+                for (int q = 0; q < NQ4; q++) {
+                    b[2 * q][0] = v[q].x; b[2 * q][1] = v[q].y;
+                    if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[q].z; b[2 * q + 1][1] = v[q].w; }
+                }
+#pragma unroll
+                for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
+            }
+        }
+    }
+    pdl_release();
+    cp_async_wait<0>();
+    __syncthreads();
+    float4* red = (float4*)sx_smem;  // [R][RW][NW][NT][32]
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[(((size_t)(rs * RW + r) * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < R * RW * NT * 128; idx += blockDim.x) {
+        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;  // i: row set x tile
+        float sum = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) sum += ((const float*)&red[(((size_t)i * NW + v) * NT + nt) * 32 + ln])[j];
+        const int64_t row = bset * R * RW * 16 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < C) gemv_store(a, row, col, sum);
+    }
+}
+template <int F, int NT, int RW, int S>
+static void gemv_xp_sx_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups, cudaStream_t stream) {
+    using Lx = GemvSxLayout<F, NT, RW, S>;
+    static_assert(Lx::SMEM <= 227 * 1024, "version 2's shared memory");
+    auto k = gemv_xp_sx_kernel<F, NT, RW, S>;
+    static bool init = false;
+    if (!init) {
+        cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Lx::SMEM));
+        init = true;
+    }
+    launch_k(k, grid, Lx::NW * Lx::R * 32, Lx::SMEM, stream, a, xp, xps, cp, cg, groups);
+}
+// gemv_xp_launch's prep and column groups, version 2's blocks (R row sets of RW tiles); false
+// where version 2 does not apply (8 warps a tile, 8 column tiles): the caller runs the product
+template <int F, int NW>
+static bool gemv_xp_sx_launch(const GemvArgs& a, cudaStream_t stream) {
+    if (NW != 4) return false;
+    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
+    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
+    int groups, cc;
+    split(std::min(g_gemv_xp_cols, 32), groups, cc);
+    const int R = 2;
+    int rw = g_gemv_xp_rw >= 2 && CEIL_DIV(tiles, (int64_t)2 * R) * groups >= g_gemv_xp_blocks ? 2 : 1;
+    while (CEIL_DIV(tiles, (int64_t)rw * R) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
+    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : 4;
+    constexpr int W = gemv_xs_words(F);
+    const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
+    GemvXpBuf& xb = gemv_xp_buffer(stream);
+    xb.held = false;
+    uint4* xp = (uint4*)xb.p;
+    float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);
+    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
+    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
+    cudaCheck(cudaGetLastError());
+    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw * R) * groups);
+    if (rw == 2) {
+        switch (NT) {
+            case 1: gemv_xp_sx_go<F, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_sx_go<F, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_sx_go<F, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    } else {
+        switch (NT) {
+            case 1: gemv_xp_sx_go<F, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            case 2: gemv_xp_sx_go<F, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+            default: gemv_xp_sx_go<F, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+    return true;
+}
 }  // namespace gemv_dev
 
-// gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched) where
+// gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched, 2: x
+// shared in shared memory) where
 // gemv() takes the wide kernel; elsewhere gemv() itself
 static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                               const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     if (v == 0 || !gemv_wide_takes(w, C, xt.mode)) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
-    CHECK(v == 1, "wide gemv version %d", v);
+    CHECK(v == 1 || v == 2, "wide gemv version %d", v);
     const GemvKernel k = gemv_pick(w);
     const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+        if (v == 2) {
+            bool ran;
+            switch (w.format) {
+                case FMT_Q4: ran = !nw8 && gemv_dev::gemv_xp_sx_launch<FMT_Q4, 4>(a, stream); break;
+                case FMT_Q5: ran = !nw8 && gemv_dev::gemv_xp_sx_launch<FMT_Q5, 4>(a, stream); break;
+                case FMT_Q6: ran = !nw8 && gemv_dev::gemv_xp_sx_launch<FMT_Q6, 4>(a, stream); break;
+                default: ran = !nw8 && gemv_dev::gemv_xp_sx_launch<FMT_W8, 4>(a, stream); break;
+            }
+            if (ran) return;
+            GemvArgs b = a;  // the product's kernel for what version 2 does not take
+            gemv(b.w, b.x, b.ldx, b.C, b.y, b.ldy, b.y_f32, b.resid, b.ldr, stream, GemvX{b.xmode, b.xw, b.eps});
+            return;
+        }
         switch (w.format) {
             case FMT_Q4: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q4, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q4, 4>(a, stream); break;
             case FMT_Q5: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q5, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q5, 4>(a, stream); break;
@@ -564,7 +803,7 @@ static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int
         }
     });
 }
-static const int GEMV_WIDE_VERSIONS = 2;
+static const int GEMV_WIDE_VERSIONS = 3;
 
 // ---- the separate attention-input kernels (attn_prep fuses them) ----------------------------
 

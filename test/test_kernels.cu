@@ -398,9 +398,11 @@ TEST(Gemv, ColumnsIndependentOfCount) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
-// the wide kernel's versions (test/dev_kernels.cuh) give the product's bits: every column of
-// every version equals gemv()'s (memcmp), on the 9b's wide shapes with their fused transforms,
-// a residual, f32 output, partial tiles, both row-tile forms and both warp splits
+// the wide kernel's versions (test/dev_kernels.cuh: 1 the x prefetched, 2 the x shared in
+// shared memory) give the product's bits: every column of every version equals gemv()'s
+// (memcmp), on the 9b's wide shapes with their fused transforms, a residual, f32 output,
+// partial tiles and row sets, both row-tile forms and both warp splits (version 2 takes the
+// 4-warp split only: on the 8-warp cases it runs the product)
 TEST(Gemv, WideVersionsEqualTheProduct) {
     NEED_GPU();
     struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
@@ -411,6 +413,8 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
         {FMT_Q6, 248320, 4096, true, false, GEMV_X_RMS, 0, "9b head q6 f32 + final norm"},
         {FMT_W8, 4096, 8192, false, false, GEMV_X_PLAIN, GEMV_OCC_ROWS, "w8 8 warps a tile"},
         {FMT_Q4, 16392, 1024, true, false, GEMV_X_RMS, GEMV_OCC_ROWS, "q4 16392x1024 f32 + norm: partial last tile"},
+        {FMT_Q4, 16392, 1024, true, false, GEMV_X_RMS, 0, "q4 16392x1024 f32 + norm, 4 warps a tile: partial last row sets"},
+        {FMT_W8, 4096, 8192, false, true, GEMV_X_PLAIN, 0, "w8 4 warps a tile, residual"},
     };
     const int Cmax = 64;
     for (const Case& tc : cases) {
@@ -2437,7 +2441,7 @@ TEST(Bench, DISABLED_GemvWide) {
 }
 
 // the wide kernel's versions (test/dev_kernels.cuh: 0 the product, 1 the x prefetched a group
-// ahead) on the 9b's wide shapes, fused as the decode fuses them, and the 9b chain, at 8..64
+// ahead, 2 the x shared in shared memory by 2 row sets) on the 9b's wide shapes, fused as the decode fuses them, and the 9b chain, at 8..64
 // columns; weights rotate past the l2 as in Bench.DISABLED_GemvWide
 TEST(Bench, DISABLED_GemvWideVersions) {
     NEED_GPU();

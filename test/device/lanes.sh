@@ -11,7 +11,7 @@
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu;
 # draw: sampled streams (--temperature 0.6) at C = 16, 64 with the host sampler and with the lanes'
 # draws (NINFER_LANE_DRAW=0 / 1), then test_serve_lanes.py with the draws on; wide: the wide gemv's
-# versions (Bench.DISABLED_GemvWideVersions: the x prefetched, C = 8..64)
+# versions (Bench.DISABLED_GemvWideVersions: the x prefetched / shared, C = 8..64)
 set -u
 . "$(dirname "$0")/cards.sh"  # card_serve_9b, card_serve_4b: the model cards' serve commands
 . "$(dirname "$0")/common.sh"  # has, unpack, test_models, model_9b, models_done, run
