@@ -3663,11 +3663,12 @@ static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const 
     launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp,
              xps, cp, cg, groups);
 }
-// the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
-// the prep, then the product: column groups of at most g_gemv_xp_cols (balanced), RW = 2
-// where the grid keeps g_gemv_xp_blocks blocks and the block has at most 32 columns
+// a wide product's prepared x in the stream's buffer (gemv_xprep_kernel; not run again where
+// `again` and the buffer holds this very prep): its b words, sums and padded column count.
+// record false: the buffer's key is dropped (a test's kernel version that no product follows)
+struct GemvXpIn { const uint4* xp; const float* xps; int cp; };
 template <int F, int NW>
-static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
+static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again, bool record = true) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
     CHECK(a.w.cols <= GEMV_XP_MAX_K, "gemv: rows of %lld columns for the prepared x (at most %d)", (long long)a.w.cols,
           (int)GEMV_XP_MAX_K);
@@ -3683,31 +3684,45 @@ static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
         launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
         cudaCheck(cudaGetLastError());
     }
-    xb.key = key; xb.held = true;
-
-    // column groups of cc columns, whole 8-column tiles (balanced: the last group is the short one)
+    xb.key = key; xb.held = record;
+    return {xp, xps, cp};
+}
+// a wide launch's shape: column groups of cc columns, whole 8-column tiles (balanced: the last
+// group is the short one), of at most `most` columns; rw row tiles a warp (2 where the grid
+// keeps g_gemv_xp_blocks blocks and a block has at most 32 columns); row_sets row sets of rw
+// tiles a block; NT 8-column tiles a block
+struct GemvXpPlan { int groups, cc, rw, NT; unsigned grid; };
+static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets) {
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
-    int groups, cc;
-    split(std::min(g_gemv_xp_cols, (int)GEMV_WIDE_COLS), groups, cc);
-    int rw = g_gemv_xp_rw >= 2 && cc <= 32 && CEIL_DIV(tiles, (int64_t)2) * groups >= g_gemv_xp_blocks ? 2 : 1;
+    GemvXpPlan p;
+    auto split = [&](int m) { p.groups = CEIL_DIV(a.C, m); p.cc = CEIL_DIV(CEIL_DIV(a.C, p.groups), 8) * 8; p.groups = CEIL_DIV(a.C, p.cc); };
+    split(std::min(most, (int)GEMV_WIDE_COLS));
+    p.rw = g_gemv_xp_rw >= 2 && p.cc <= 32 && CEIL_DIV(tiles, (int64_t)2 * row_sets) * p.groups >= g_gemv_xp_blocks ? 2 : 1;
     // few blocks: smaller column groups (each reads the weights again, from l2: the blocks of
     // one row set run together)
-    while (CEIL_DIV(tiles, (int64_t)rw) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
-    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
-    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw) * groups);
-    if (rw == 2) {
-        switch (NT) {
-            case 1: gemv_xp_go<F, NW, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_go<F, NW, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_go<F, NW, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
+    while (CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups < g_gemv_xp_blocks && p.cc > 8) split(p.cc / 2);
+    p.NT = p.cc <= 8 ? 1 : p.cc <= 16 ? 2 : p.cc <= 32 ? 4 : 8;
+    p.grid = (unsigned)(CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups);
+    return p;
+}
+// the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
+// the prep, then the product in gemv_xp_plan's shape
+template <int F, int NW>
+static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
+    const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, again);
+    const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
+    if (p.rw == 2) {
+        switch (p.NT) {
+            case 1: gemv_xp_go<F, NW, 1, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
+            case 2: gemv_xp_go<F, NW, 2, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
+            default: gemv_xp_go<F, NW, 4, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
         }
     } else {
-        switch (NT) {
-            case 1: gemv_xp_go<F, NW, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_go<F, NW, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 4: gemv_xp_go<F, NW, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_go<F, NW, 8, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
+        switch (p.NT) {
+            case 1: gemv_xp_go<F, NW, 1, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
+            case 2: gemv_xp_go<F, NW, 2, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
+            case 4: gemv_xp_go<F, NW, 4, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
+            default: gemv_xp_go<F, NW, 8, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
         }
     }
     cudaCheck(cudaGetLastError());

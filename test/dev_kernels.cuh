@@ -362,6 +362,67 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
 // product's, operation for operation, so its columns are the product's bits
 // (Gemv.WideVersionsEqualTheProduct); Bench.DISABLED_GemvWideVersions times them.
 namespace gemv_dev {
+// the product's wide forms (gemv_xp_launch: NT tiles, RW row tiles a warp, S stages) as a tag
+// go(Form<NT, RW, S>()), for a version's launcher to instantiate its kernel with plan p's form;
+// NT 8 only with one row tile (what gemv_xp_plan gives)
+template <int NT_, int RW_, int S_> struct Form { static constexpr int NT = NT_, RW = RW_, S = S_; };
+template <typename Go>
+static void gemv_xp_forms(const GemvXpPlan& p, Go go) {
+    if (p.rw == 2) {
+        switch (p.NT) {
+            case 1: go(Form<1, 2, 3>()); break;
+            case 2: go(Form<2, 2, 3>()); break;
+            default: go(Form<4, 2, 3>()); break;
+        }
+    } else {
+        switch (p.NT) {
+            case 1: go(Form<1, 1, 4>()); break;
+            case 2: go(Form<2, 1, 4>()); break;
+            case 4: go(Form<4, 1, 4>()); break;
+            default: go(Form<8, 1, 4>()); break;
+        }
+    }
+}
+// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
+// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
+template <int F, int NW, int RW, int S> struct XpWeights {
+    using Ly = GemvAsyncLayout<F>;
+    static constexpr int D = 2, SB = RW * Ly::BYTES;
+    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
+    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
+    int lane;
+    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
+        const int g = lane >> 2, t = lane & 3;
+        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            h[r] = nullptr;
+            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+        }
+        base = (uint32_t)__cvta_generic_to_shared(sm);
+        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
+        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+        d_s = Ly::OFF_S + (lane - 16) * 4;
+    }
+    // the copies of the next stage into the next slot
+    __device__ __forceinline__ void issue() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t st = base + slot + r * Ly::BYTES;
+            cp_async16(st + d_b0, b0[r]);
+            cp_async16(st + d_b1, b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
+            if (lane >= 16) cp_async4(st + d_s, sc[r]);
+            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
+            if (Ly::HB) h[r] += NW * D * Ly::HB;
+        }
+        slot = slot + SB == S * SB ? 0 : slot + SB;
+    }
+};
 template <int F, int NW, int NT, int RW, int S, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
                                                                    const float* __restrict__ xps, int cp, int cg, int groups) {
@@ -382,36 +443,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, c
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
-    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++) {
-        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_h[r] = nullptr;
-        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-    }
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
-    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
-    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    uint32_t wslot = 0;
-    auto issue = [&]() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
-            cp_async16(slot + dst_b0, src_b0[r]);
-            cp_async16(slot + dst_b1, src_b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
-            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
-            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
-            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
-        }
-        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
-    };
+    auto issue = [&]() { ws.issue(); };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n_it) issue();
@@ -508,41 +542,16 @@ static void gemv_xp_pf_go(unsigned grid, const GemvArgs& a, const uint4* xp, con
     }
     launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
 }
-// gemv_xp_launch's prep and grid with version 1's kernel
+// gemv_xp_launch's prep and plan with version 1's kernel
 template <int F, int NW>
 static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream) {
-    CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS && a.w.cols <= GEMV_XP_MAX_K, "gemv_xp_pf: %d columns, k %lld", a.C, (long long)a.w.cols);
-    constexpr int W = gemv_xs_words(F);
-    const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
-    GemvXpBuf& xb = gemv_xp_buffer(stream);
-    xb.held = false;  // this prep's key is not recorded: no product reads it again
-    uint4* xp = (uint4*)xb.p;
-    float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);
-    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
-    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
-    cudaCheck(cudaGetLastError());
-    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
-    int groups, cc;
-    split(std::min(g_gemv_xp_cols, (int)GEMV_WIDE_COLS), groups, cc);
-    int rw = g_gemv_xp_rw >= 2 && cc <= 32 && CEIL_DIV(tiles, (int64_t)2) * groups >= g_gemv_xp_blocks ? 2 : 1;
-    while (CEIL_DIV(tiles, (int64_t)rw) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
-    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : cc <= 32 ? 4 : 8;
-    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw) * groups);
-    if (rw == 2) {
-        switch (NT) {
-            case 1: gemv_xp_pf_go<F, NW, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_pf_go<F, NW, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_pf_go<F, NW, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-        }
-    } else {
-        switch (NT) {
-            case 1: gemv_xp_pf_go<F, NW, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_pf_go<F, NW, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 4: gemv_xp_pf_go<F, NW, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_pf_go<F, NW, 8, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-        }
-    }
+    const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
+    const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
+    auto go = [&](auto kernel_tag) {
+        using K = decltype(kernel_tag);
+        gemv_xp_pf_go<F, NW, K::NT, K::RW, K::S>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+    };
+    gemv_xp_forms(p, go);
     cudaCheck(cudaGetLastError());
 }
 
@@ -591,40 +600,15 @@ __global__ void __launch_bounds__(4 * 2 * 32, 1) gemv_xp_sx_kernel(GemvArgs a, c
     extern __shared__ __align__(16) uint8_t sx_smem[];
     uint8_t* sm_w = sx_smem + (size_t)wi * S * SB;
     uint8_t* sm_x = sx_smem + Lx::W_BYTES + (size_t)warp * S * D * Lx::XG;  // the split's x stages
-    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
-    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++) {
-        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_h[r] = nullptr;
-        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-    }
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w), xbase = (uint32_t)__cvta_generic_to_shared(sm_x);
-    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
-    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
+    const uint32_t xbase = (uint32_t)__cvta_generic_to_shared(sm_x);
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     // the x copies of a stage, shared by the split's R warps: the column group's columns that
     // lie inside the buffer (cp - c0 of them at most; the others are dead columns, never stored)
     const int xcols = min(cg, cp - c0), xq = xcols * NQ4 * 4, xs4 = xcols / 4, tid = rs * 32 + lane;
-    uint32_t wslot = 0, xslot = 0;
+    uint32_t xslot = 0;
     int ui = warp * D;  // the first group of the next stage whose x is to issue
-    auto issue_w = [&]() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
-            cp_async16(slot + dst_b0, src_b0[r]);
-            cp_async16(slot + dst_b1, src_b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
-            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
-            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
-            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
-        }
-        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
-    };
+    auto issue_w = [&]() { ws.issue(); };
     auto issue_x = [&]() {
 #pragma unroll
         for (int d = 0; d < D; d++) {
@@ -731,42 +715,18 @@ static void gemv_xp_sx_go(unsigned grid, const GemvArgs& a, const uint4* xp, con
     }
     launch_k(k, grid, Lx::NW * Lx::R * 32, Lx::SMEM, stream, a, xp, xps, cp, cg, groups);
 }
-// gemv_xp_launch's prep and column groups, version 2's blocks (R row sets of RW tiles); false
-// where version 2 does not apply (8 warps a tile, 8 column tiles): the caller runs the product
+// gemv_xp_launch's prep and plan with version 2's blocks (2 row sets of RW tiles, at most 32
+// columns); false where version 2 does not apply (8 warps a tile): the caller runs the product
 template <int F, int NW>
 static bool gemv_xp_sx_launch(const GemvArgs& a, cudaStream_t stream) {
     if (NW != 4) return false;
-    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-    auto split = [&](int most, int& groups, int& cc) { groups = CEIL_DIV(a.C, most); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
-    int groups, cc;
-    split(std::min(g_gemv_xp_cols, 32), groups, cc);
-    const int R = 2;
-    int rw = g_gemv_xp_rw >= 2 && CEIL_DIV(tiles, (int64_t)2 * R) * groups >= g_gemv_xp_blocks ? 2 : 1;
-    while (CEIL_DIV(tiles, (int64_t)rw * R) * groups < g_gemv_xp_blocks && cc > 8) split(cc / 2, groups, cc);
-    const int NT = cc <= 8 ? 1 : cc <= 16 ? 2 : 4;
-    constexpr int W = gemv_xs_words(F);
-    const int units = (int)a.w.gpr, cp = (a.C + 7) / 8 * 8;
-    GemvXpBuf& xb = gemv_xp_buffer(stream);
-    xb.held = false;
-    uint4* xp = (uint4*)xb.p;
-    float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);
-    const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
-    launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
-    cudaCheck(cudaGetLastError());
-    const unsigned grid = (unsigned)(CEIL_DIV(tiles, (int64_t)rw * R) * groups);
-    if (rw == 2) {
-        switch (NT) {
-            case 1: gemv_xp_sx_go<F, 1, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_sx_go<F, 2, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_sx_go<F, 4, 2, 3>(grid, a, xp, xps, cp, cc, groups, stream); break;
-        }
-    } else {
-        switch (NT) {
-            case 1: gemv_xp_sx_go<F, 1, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            case 2: gemv_xp_sx_go<F, 2, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-            default: gemv_xp_sx_go<F, 4, 1, 4>(grid, a, xp, xps, cp, cc, groups, stream); break;
-        }
-    }
+    const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
+    const GemvXpPlan p = gemv_xp_plan(a, std::min(g_gemv_xp_cols, 32), 2);
+    auto go = [&](auto kernel_tag) {
+        using K = decltype(kernel_tag);
+        if constexpr (K::NT <= 4) gemv_xp_sx_go<F, K::NT, K::RW, K::S>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+    };
+    gemv_xp_forms(p, go);
     cudaCheck(cudaGetLastError());
     return true;
 }

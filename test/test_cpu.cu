@@ -898,6 +898,24 @@ TEST(Generation, ConstraintOpensAfterItsIdAndHoldsTheOutput) {
     text_model_close(&t);
 }
 
+// n lanes of cpu engines (max_context rows, prefill pieces of chunk) on one scheduler, and a
+// one-sequence engine beside them for the references
+struct CpuLanesRig {
+    Model m; FrontendIds fr; std::vector<Engine> eng; LaneSched ls;
+    Engine* one() { return &eng.back(); }
+    ~CpuLanesRig() { for (Engine& e : eng) engine_free(&e); model_close(&m); }
+};
+static bool cpu_lanes_rig(CpuLanesRig* r, const char* path, int n, int max_context, int chunk, std::string* err) {
+    if (!model_open(&r->m, path, err) || !frontend_ids(&r->m, &r->fr, err)) return false;
+    GpuOpts o; o.max_context = max_context; o.prefill_chunk = chunk;
+    r->eng.resize(n + 1);
+    for (Engine& e : r->eng) if (!engine_build(&e, &r->m, false, o, err)) return false;
+    std::vector<Engine*> lp;
+    for (int k = 0; k < n; k++) lp.push_back(&r->eng[k]);
+    sched_build(&r->ls, lp);
+    return true;
+}
+
 // the lanes' scheduler on the cpu reference path (section 9's LaneSched, the server's shape):
 // requests on threads, each on its own lane; a decode step runs the waiting lanes' tokens one
 // after another, and prefill pieces (8 tokens here, so prompts take several) go between the
@@ -906,19 +924,11 @@ TEST(Generation, ConstraintOpensAfterItsIdAndHoldsTheOutput) {
 TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     const char* path = "build/models/tiny.ninfer";
     if (!file_exists(path)) FAIL() << path << " missing (make models)";
-    Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, path, &err)) << err;
-    FrontendIds fr;
-    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
-    GpuOpts o; o.max_context = 96; o.prefill_chunk = 8;
     const int N = 6;
-    std::vector<Engine> eng(N + 1);
-    for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
-    Engine& one = eng[N];
-    std::vector<Engine*> lp;
-    for (int k = 0; k < N; k++) lp.push_back(&eng[k]);
-    LaneSched ls;
-    sched_build(&ls, lp);
+    CpuLanesRig rig; std::string err;
+    ASSERT_TRUE(cpu_lanes_rig(&rig, path, N, 96, 8, &err)) << err;
+    const FrontendIds& fr = rig.fr;
+    LaneSched& ls = rig.ls;
     // greedy and sampled (the sampled lanes draw in their steps); request 2 stops at the id of its
     // reference's token 5, requests 0 (greedy: its next token may be queued) and 3 (sampled) are
     // cancelled after 9 and 7 tokens; request 4 is greedy with a logit_bias (drawn: k = 1),
@@ -933,55 +943,33 @@ TEST(Lanes, SchedulerThreadsMatchOneAtATime) {
     rq[5].own = true; rq[5].sp.temperature = 1.1f; rq[5].sp.top_k = 0; rq[5].sp.top_p = 0.9f; rq[5].sp.min_p = 0.02f;
     rq[5].sp.presence = 0.5f; rq[5].sp.frequency = 0.3f; rq[5].sp.seed = 21; rq[5].sp.logit_bias = {{3, 1.5f}};
     LanesCase c;
-    c.what = "cpu lanes"; c.ls = &ls; c.lanes = eng.data(); c.one = &one;
+    c.what = "cpu lanes"; c.ls = &ls; c.lanes = rig.eng.data(); c.one = rig.one();
     c.sp.top_k = 20; c.sp.top_p = 0.95f; c.sp.seed = 9; c.domain = fr.domain;
     c.stop_req = 2; c.stop_at = 5;
     c.poll_yields = true;
     lanes_match_alone(c, rq);
     EXPECT_GT(ls.decode_draws, 0u) << "no sampled lane drew in its step";
-    for (Engine& e : eng) engine_free(&e);
-    model_close(&m);
 }
 
 // the lanes' draws (test_util.h lanes_draw_requests) on the cpu path, on the kjv model (whose
 // sampled text repeats tokens: the penalties matter, which they do not on tiny's random logits)
 TEST(Lanes, SampledLanesDrawInTheStepKjv) {
-    Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, "models/kjv/kjv.ninfer", &err)) << err;
-    FrontendIds fr;
-    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
-    GpuOpts o; o.max_context = 640; o.prefill_chunk = 64;
-    std::vector<Engine> eng(9);
-    for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
-    std::vector<Engine*> lp;
-    for (int k = 0; k < 8; k++) lp.push_back(&eng[k]);
-    LaneSched ls;
-    sched_build(&ls, lp);
-    std::vector<LaneReq> rq = lanes_draw_requests(fr.domain);
-    LanesCase c = lanes_draw_case(fr.domain);
-    c.ls = &ls; c.lanes = eng.data(); c.one = &eng[8];
+    CpuLanesRig rig; std::string err;
+    ASSERT_TRUE(cpu_lanes_rig(&rig, "models/kjv/kjv.ninfer", 8, 640, 64, &err)) << err;
+    std::vector<LaneReq> rq = lanes_draw_requests(rig.fr.domain);
+    LanesCase c = lanes_draw_case(rig.fr.domain);
+    c.ls = &rig.ls; c.lanes = rig.eng.data(); c.one = rig.one();
     lanes_match_alone(c, rq);
-    EXPECT_GT(ls.decode_draws, 0u) << "no sampled lane drew in its step";
-    for (Engine& e : eng) engine_free(&e);
-    model_close(&m);
+    EXPECT_GT(rig.ls.decode_draws, 0u) << "no sampled lane drew in its step";
 }
 
 // the queued token's three ends (test_util.h lanes_queued_token) on the cpu path
 TEST(Lanes, QueuedTokenTakenBackOrFedWhenALaneEnds) {
-    Model m; std::string err;
-    ASSERT_TRUE(model_open(&m, "models/kjv/kjv.ninfer", &err)) << err;
-    FrontendIds fr;
-    ASSERT_TRUE(frontend_ids(&m, &fr, &err)) << err;
-    GpuOpts o; o.max_context = 160; o.prefill_chunk = 16;
-    std::vector<Engine> eng(3);
-    for (Engine& e : eng) ASSERT_TRUE(engine_build(&e, &m, false, o, &err)) << err;
-    LaneSched ls;
-    sched_build(&ls, {&eng[0], &eng[1]});
-    lanes_queued_token(&ls, eng.data(), &eng[2], fr.domain);
-    const uint64_t draws = ls.decode_draws;
-    lanes_queued_token(&ls, eng.data(), &eng[2], fr.domain, 0.8f);  // a sampled lane's drawn token
+    CpuLanesRig rig; std::string err;
+    ASSERT_TRUE(cpu_lanes_rig(&rig, "models/kjv/kjv.ninfer", 2, 160, 16, &err)) << err;
+    lanes_queued_token(&rig.ls, rig.eng.data(), rig.one(), rig.fr.domain);
+    const uint64_t draws = rig.ls.decode_draws;
+    lanes_queued_token(&rig.ls, rig.eng.data(), rig.one(), rig.fr.domain, 0.8f);  // a sampled lane's drawn token
     EXPECT_EQ(draws, 0u);
-    EXPECT_GT(ls.decode_draws, 0u) << "the sampled lanes did not draw in their steps";
-    for (Engine& e : eng) engine_free(&e);
-    model_close(&m);
+    EXPECT_GT(rig.ls.decode_draws, 0u) << "the sampled lanes did not draw in their steps";
 }

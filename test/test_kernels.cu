@@ -314,6 +314,32 @@ TEST(Gemv, FusedXTransforms) {
         }
 }
 
+// a matrix of the column-count tests and its inputs on the device: Cmax columns of x (for
+// swiglu [gate | up]), a norm weight, a residual (on the host too), the case's x transform
+struct GemvColsCase { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
+struct GemvColsRig {
+    HostMat hm;
+    int ldx, ldy;
+    size_t esz, ysz;
+    std::vector<uint16_t> x, nw, res;
+    Dev dw, dx, dn;
+    Mat dm;
+    GemvX xt;
+    GemvColsRig(const GemvColsCase& tc, int Cmax)
+        : hm(make_mat(tc.f, tc.rows, tc.cols, g_stream++)),
+          ldx((int)align_up(tc.mode == GEMV_X_SWIGLU ? 2 * tc.cols : tc.cols, 8) + 8), ldy((int)tc.rows + 3),
+          esz(tc.f32 ? 4 : 2), ysz((size_t)Cmax * ldy * esz),
+          dw(hm.bytes.size()), dx((size_t)Cmax * ldx * 2), dn((size_t)tc.cols * 2) {
+        Rng r = rng();
+        x = rand_bf16(r, (size_t)Cmax * ldx, 2.f);
+        nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
+        res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
+        up(dw, hm.bytes); up(dx, x); up(dn, nw);
+        dm = mat_from(&hm.obj, dw.as<uint8_t>());
+        xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+    }
+};
+
 // gemv() gives each column bit for bit the one-column product's result, whatever the column
 // count of the launch: what makes an mtp verification column a one-token step (and a batched
 // lane a lone sequence). every format, the fused x transforms, a residual, the long rows whose
@@ -322,8 +348,7 @@ TEST(Gemv, FusedXTransforms) {
 // warp), on both warp splits (occ 0: the 9b's, 4 warps a 16-row tile below 8193 columns)
 TEST(Gemv, ColumnsIndependentOfCount) {
     NEED_GPU();
-    struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
-    const Case cases[] = {
+    const GemvColsCase cases[] = {
         {FMT_Q5, 4096, 12288, false, true, GEMV_X_SWIGLU, GEMV_OCC_ROWS, "9b down q5 + swiglu, residual"},
         {FMT_Q6, 4096, 12288, false, true, GEMV_X_PLAIN, GEMV_OCC_ROWS, "q6 down, residual"},
         {FMT_Q4, 24576, 4096, false, false, GEMV_X_RMS, GEMV_OCC_ROWS, "9b gate_up q4 + norm"},
@@ -338,23 +363,16 @@ TEST(Gemv, ColumnsIndependentOfCount) {
     };
     const int counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 31, 32, 33, 48, 64, 70};
     const int Cmax = 70;
-    for (const Case& tc : cases) {
+    for (const GemvColsCase& tc : cases) {
         SCOPED_TRACE(tc.name);
         g_gemv_occ_rows = tc.occ;
-        HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
-        Rng r = rng();
-        const bool sw = tc.mode == GEMV_X_SWIGLU;
-        const int ldx = (int)align_up(sw ? 2 * tc.cols : tc.cols, 8) + 8, ldy = (int)tc.rows + 3;
-        auto x = rand_bf16(r, (size_t)Cmax * ldx, 2.f);
-        auto nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
-        auto res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
-        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
-        Dev dx(x.size() * 2); up(dx, x);
-        Dev dn(nw.size() * 2); up(dn, nw);
-        const size_t esz = tc.f32 ? 4 : 2, ysz = (size_t)Cmax * ldy * esz;
-        Dev dref(ysz), dy(ysz);
-        Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
-        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        GemvColsRig rig(tc, Cmax);
+        const int ldx = rig.ldx, ldy = rig.ldy;
+        const size_t esz = rig.esz, ysz = rig.ysz;
+        const std::vector<uint16_t>& res = rig.res;
+        Dev &dx = rig.dx, dref(ysz), dy(ysz);
+        const Mat& dm = rig.dm;
+        const GemvX& xt = rig.xt;
         // the reference: one launch per column on the x-staged kernel
         if (tc.resid) up(dref, res); else dref.poison();
         const int xp_from = g_gemv_xp_from, xp_plain_from = g_gemv_xp_plain_from;
@@ -405,8 +423,7 @@ TEST(Gemv, ColumnsIndependentOfCount) {
 // 4-warp split only: on the 8-warp cases it runs the product)
 TEST(Gemv, WideVersionsEqualTheProduct) {
     NEED_GPU();
-    struct Case { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
-    const Case cases[] = {
+    const GemvColsCase cases[] = {
         {FMT_Q4, 4096, 4096, false, false, GEMV_X_RMS, 0, "9b gdn query_key q4 + norm"},
         {FMT_Q5, 8192, 4096, false, false, GEMV_X_PLAIN, 0, "9b value_z q5"},
         {FMT_Q5, 4096, 12288, false, true, GEMV_X_SWIGLU, 0, "9b down q5 + swiglu, residual"},
@@ -417,23 +434,16 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
         {FMT_W8, 4096, 8192, false, true, GEMV_X_PLAIN, 0, "w8 4 warps a tile, residual"},
     };
     const int Cmax = 64;
-    for (const Case& tc : cases) {
+    for (const GemvColsCase& tc : cases) {
         SCOPED_TRACE(tc.name);
         g_gemv_occ_rows = tc.occ;
-        HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
-        Rng r = rng();
-        const bool sw = tc.mode == GEMV_X_SWIGLU;
-        const int ldx = (int)align_up(sw ? 2 * tc.cols : tc.cols, 8) + 8, ldy = (int)tc.rows + 3;
-        auto x = rand_bf16(r, (size_t)Cmax * ldx, 2.f);
-        auto nw = rand_bf16(r, (size_t)tc.cols, 0.5f);
-        auto res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
-        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
-        Dev dx(x.size() * 2); up(dx, x);
-        Dev dn(nw.size() * 2); up(dn, nw);
-        const size_t esz = tc.f32 ? 4 : 2, ysz = (size_t)Cmax * ldy * esz;
-        Dev dref(ysz), dy(ysz);
-        Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
-        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        GemvColsRig rig(tc, Cmax);
+        const int ldx = rig.ldx, ldy = rig.ldy;
+        const size_t esz = rig.esz, ysz = rig.ysz;
+        const std::vector<uint16_t>& res = rig.res;
+        Dev &dx = rig.dx, dref(ysz), dy(ysz);
+        const Mat& dm = rig.dm;
+        const GemvX& xt = rig.xt;
         for (int n : {1, 2, 5, 8, 16, 17, 32, 40, 64})
             for (int rwf : {2, 1}) {
                 g_gemv_xp_rw = rwf;
