@@ -8529,8 +8529,9 @@ struct LaneSched {
     std::vector<char> expected;      // [lanes] in the last decode step and not back yet
     std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
     // a sampled lane that draws in its step (generate_lane's `drawn`): its sampler, copied at its
-    // first decode step and from then on advanced by the tokens its steps feed (the lane's own
-    // sampler counts the same tokens as it emits them, beside the next step)
+    // first decode step and from then on advanced by the tokens its steps feed (on the gpu the
+    // lane's device counts are, uploaded from this copy; the lane's own sampler counts the same
+    // tokens as it emits them, beside the next step)
     std::vector<Sampler> draw;       // [lanes]
     std::vector<char> draw_on;       // [lanes] the lane draws in its steps
     std::vector<char> draw_fresh;    // [lanes] ... and draw's counts hold the token its next step feeds (no step yet)
@@ -8603,8 +8604,9 @@ static void sched_run_decode(LaneSched* ls) {
     const std::vector<int>& domain = ls->step_domain;
     Engine* en0 = ls->lanes[batch[0]];
     const int n = (int)batch.size();
-    for (int k : batch) {  // a drawing lane's sampler counts the token its step feeds (sampler_accept before its next sample())
-        if (ls->draw_on[k] && !ls->draw_fresh[k]) sampler_accept(&ls->draw[k], ls->want[k]);
+    for (int k : batch) {  // a drawing lane's sampler counts the token its step feeds (sampler_accept before its next sample();
+        // on the gpu the lane's device counts do, and the copy was only the upload's source)
+        if (!en0->gpu && ls->draw_on[k] && !ls->draw_fresh[k]) sampler_accept(&ls->draw[k], ls->want[k]);
         ls->decode_draws += ls->draw_on[k] != 0;
     }
     if (en0->gpu) {
