@@ -3380,6 +3380,11 @@ enum { GEMV_XP_STREAMS = 8,          // streams with a reserved buffer (the engi
 static int g_gemv_xp_rw = 2;         // row tiles a warp where the grid allows (1 or 2)
 static int g_gemv_xp_cols = 32;      // the most columns a block (8, 16, 32 or 64; RW 2 at most 32)
 static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shrinks column groups / row tiles
+// past 32 columns, products of at least this many weights (rows x k; 0: none) take 4 row tiles
+// a warp where that leaves 96 blocks: each warp's x words then serve 64 rows, half the x
+// traffic (h200, 64 columns: 9b gate_up 91.2 -> 77.4 us, down 59.8 -> 53.3, head 1051 -> 950;
+// the 4096 x 4096 products slower, 21.0 -> 32.2: test/bench-notes.md, issue 14)
+static int64_t g_gemv_xp_rw4_min = (int64_t)40 << 20;
 // from how many columns the prepared x takes a product that the x-staged kernel could: products
 // with a fused transform from 1 (its prep computes 1 / rms once, where the x-staged kernel's
 // blocks each sum it), plain ones from 2 (h200, the 9b chain, bench-notes issue 14: fused C = 1
@@ -3689,18 +3694,21 @@ static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again,
 }
 // a wide launch's shape: column groups of cc columns, whole 8-column tiles (balanced: the last
 // group is the short one), of at most `most` columns; rw row tiles a warp (2 where the grid
-// keeps g_gemv_xp_blocks blocks and a block has at most 32 columns); row_sets row sets of rw
-// tiles a block; NT 8-column tiles a block
+// keeps g_gemv_xp_blocks blocks and a block has at most 32 columns, 4 where rw4 and
+// g_gemv_xp_rw4_min say); row_sets row sets of rw tiles a block; NT 8-column tiles a block
 struct GemvXpPlan { int groups, cc, rw, NT; unsigned grid; };
-static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets) {
+static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets, bool rw4 = true) {
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
     GemvXpPlan p;
     auto split = [&](int m) { p.groups = CEIL_DIV(a.C, m); p.cc = CEIL_DIV(CEIL_DIV(a.C, p.groups), 8) * 8; p.groups = CEIL_DIV(a.C, p.cc); };
     split(std::min(most, (int)GEMV_WIDE_COLS));
     p.rw = g_gemv_xp_rw >= 2 && p.cc <= 32 && CEIL_DIV(tiles, (int64_t)2 * row_sets) * p.groups >= g_gemv_xp_blocks ? 2 : 1;
+    if (rw4 && p.rw == 2 && a.C > 32 && g_gemv_xp_rw4_min > 0 && a.w.rows * a.w.cols >= g_gemv_xp_rw4_min &&
+        CEIL_DIV(tiles, (int64_t)4 * row_sets) * p.groups >= 96)
+        p.rw = 4;
     // few blocks: smaller column groups (each reads the weights again, from l2: the blocks of
     // one row set run together)
-    while (CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups < g_gemv_xp_blocks && p.cc > 8) split(p.cc / 2);
+    while (p.rw < 4 && CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups < g_gemv_xp_blocks && p.cc > 8) split(p.cc / 2);
     p.NT = p.cc <= 8 ? 1 : p.cc <= 16 ? 2 : p.cc <= 32 ? 4 : 8;
     p.grid = (unsigned)(CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups);
     return p;
@@ -3711,7 +3719,9 @@ template <int F, int NW>
 static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, again);
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
-    if (p.rw == 2) {
+    if (p.rw == 4) {  // cc > 16: C > 32 in at most 32-column groups
+        gemv_xp_go<F, NW, 4, 4, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+    } else if (p.rw == 2) {
         switch (p.NT) {
             case 1: gemv_xp_go<F, NW, 1, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
             case 2: gemv_xp_go<F, NW, 2, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
@@ -3734,6 +3744,7 @@ static void gemv_xp_init_one() {
 }
 template <int F, int NW>
 static void gemv_xp_init_nw() {
+    gemv_xp_init_one<F, NW, 4, 4, 3>();
     gemv_xp_init_one<F, NW, 1, 2, 3>(); gemv_xp_init_one<F, NW, 2, 2, 3>(); gemv_xp_init_one<F, NW, 4, 2, 3>();
     gemv_xp_init_one<F, NW, 1, 1, 4>(); gemv_xp_init_one<F, NW, 2, 1, 4>(); gemv_xp_init_one<F, NW, 4, 1, 4>();
     gemv_xp_init_one<F, NW, 8, 1, 4>();
@@ -6580,11 +6591,12 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
 //                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
 //                  step was not: h200, issue 16)
-//   lane_draw false  a sampled lane of a lanes step draws its next token in the step, on the
+//   lane_draw true   a sampled lane of a lanes step draws its next token in the step, on the
 //                  device (sample_lanes: each lane's counts and bias table there), instead of its
 //                  logits row copied out for the host sampler, so its token can be queued as a
-//                  greedy lane's (LaneSched). off until measured and checked on the device: the
-//                  cpu lanes draw in the step always (NINFER_LANE_DRAW=1 on)
+//                  greedy lane's (LaneSched): 9b served, 256-token sampled streams, steady
+//                  3,052 -> 3,554 tok/s at C = 16, 4,362 -> 5,370 at C = 64 (h200, issue 14).
+//                  the cpu lanes draw in the step always (NINFER_LANE_DRAW=0: off)
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
@@ -6598,7 +6610,7 @@ struct GpuTuning {
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
-    bool lane_draw = false;
+    bool lane_draw = true;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {

@@ -7,8 +7,9 @@
 //     versions").
 //   * the separate kernels attn_prep (ninfer.cu 7.6) fuses: m-rope and the kv append, each
 //     tested against its cpu twin, and attn_prep against them (Attention.PrepMatchesSeparateKernels).
-//   * the wide gemv's versions (gemv_xp_kernel's: the x prefetched a group ahead), with the
-//     product's prep and grid, tested bit for bit against it.
+//   * the wide gemv's versions (gemv_xp_kernel's: the x prefetched a group ahead, shared in
+//     shared memory, more row tiles a warp), with the product's prep, tested bit for bit
+//     against it.
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 #pragma once
 
@@ -364,11 +365,13 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
 namespace gemv_dev {
 // the product's wide forms (gemv_xp_launch: NT tiles, RW row tiles a warp, S stages) as a tag
 // go(Form<NT, RW, S>()), for a version's launcher to instantiate its kernel with plan p's form;
-// NT 8 only with one row tile (what gemv_xp_plan gives)
+// NT 8 only with one row tile, 4 row tiles with NT 4 only (what gemv_xp_plan gives)
 template <int NT_, int RW_, int S_> struct Form { static constexpr int NT = NT_, RW = RW_, S = S_; };
 template <typename Go>
 static void gemv_xp_forms(const GemvXpPlan& p, Go go) {
-    if (p.rw == 2) {
+    if (p.rw == 4) {
+        go(Form<4, 4, 3>());
+    } else if (p.rw == 2) {
         switch (p.NT) {
             case 1: go(Form<1, 2, 3>()); break;
             case 2: go(Form<2, 2, 3>()); break;
@@ -721,27 +724,79 @@ template <int F, int NW>
 static bool gemv_xp_sx_launch(const GemvArgs& a, cudaStream_t stream) {
     if (NW != 4) return false;
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
-    const GemvXpPlan p = gemv_xp_plan(a, std::min(g_gemv_xp_cols, 32), 2);
+    const GemvXpPlan p = gemv_xp_plan(a, std::min(g_gemv_xp_cols, 32), 2, false);  // its kernel has 2 row tiles a warp at most
     auto go = [&](auto kernel_tag) {
         using K = decltype(kernel_tag);
-        if constexpr (K::NT <= 4) gemv_xp_sx_go<F, K::NT, K::RW, K::S>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+        if constexpr (K::NT <= 4 && K::RW <= 2) gemv_xp_sx_go<F, K::NT, K::RW, K::S>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
     };
     gemv_xp_forms(p, go);
     cudaCheck(cudaGetLastError());
     return true;
 }
+
+// versions 3..6, more rows a warp: the product's kernel (gemv_xp_kernel, the same bits) in
+// forms its plan does not take. the x words a warp loads serve RW row tiles, so the x traffic
+// (the rows / (16 RW) row sets each loading all the columns' x from l1 / l2) falls with RW:
+// v3 RW 2 up to 64 columns a block (NT 8), v4 RW 4 up to 32, v5 v4 with column groups split
+// only below 96 blocks (v3, v4: the product's 132)
+// v6 v5's form with version 1's kernel (the x prefetched)
+struct XpRowsForm { int rw, most, blocks; bool pf; };
+static const XpRowsForm kXpRowsForms[] = {{2, 64, 132, false}, {4, 32, 132, false}, {4, 32, 96, false}, {4, 32, 96, true}};
+template <int F, int NW, int NT, int RW, int S, bool PF>
+static void gemv_xp_rows_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in, int cc, int groups, cudaStream_t stream) {
+    auto k = PF ? gemv_xp_pf_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v> : gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>;
+    static bool init = false;
+    if (!init) {
+        cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemv_xp_smem<F, NW, NT, RW, S>()));
+        init = true;
+    }
+    launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, in.xp, in.xps, in.cp, cc, groups);
+}
+template <int F, int NW, int RW, bool PF>
+static void gemv_xp_rows_launch(const GemvArgs& a, const XpRowsForm& f, cudaStream_t stream) {
+    const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
+    const int64_t sets = CEIL_DIV(CEIL_DIV(a.w.rows, (int64_t)16), (int64_t)RW);
+    int groups = 0, cc = 0;
+    auto split = [&](int m) { groups = CEIL_DIV(a.C, m); cc = CEIL_DIV(CEIL_DIV(a.C, groups), 8) * 8; groups = CEIL_DIV(a.C, cc); };
+    split(f.most);
+    while (sets * groups < f.blocks && cc > 8) split(cc / 2);
+    const unsigned grid = (unsigned)(sets * groups);
+    if (cc <= 8) gemv_xp_rows_go<F, NW, 1, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if (cc <= 16) gemv_xp_rows_go<F, NW, 2, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if (cc <= 32) gemv_xp_rows_go<F, NW, 4, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if constexpr (RW == 2) gemv_xp_rows_go<F, NW, 8, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else CHECK(false, "wide gemv: %d columns a block with %d row tiles a warp", cc, RW);
+    cudaCheck(cudaGetLastError());
+}
+template <int F, int NW>
+static void gemv_xp_rows(const GemvArgs& a, int v, cudaStream_t stream) {
+    const XpRowsForm& f = kXpRowsForms[v - 3];
+    if (f.rw == 2) gemv_xp_rows_launch<F, NW, 2, false>(a, f, stream);
+    else if (f.pf) gemv_xp_rows_launch<F, NW, 4, true>(a, f, stream);
+    else gemv_xp_rows_launch<F, NW, 4, false>(a, f, stream);
+}
 }  // namespace gemv_dev
 
+static const int GEMV_WIDE_VERSIONS = 7;
 // gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched, 2: x
-// shared in shared memory) where
+// shared in shared memory, 3..6: more row tiles a warp, kXpRowsForms) where
 // gemv() takes the wide kernel; elsewhere gemv() itself
 static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                               const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     if (v == 0 || !gemv_wide_takes(w, C, xt.mode)) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
-    CHECK(v == 1 || v == 2, "wide gemv version %d", v);
+    CHECK(v >= 1 && v < GEMV_WIDE_VERSIONS, "wide gemv version %d", v);
     const GemvKernel k = gemv_pick(w);
     const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+        if (v >= 3) {
+            switch (w.format) {
+                case FMT_Q4: nw8 ? gemv_dev::gemv_xp_rows<FMT_Q4, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_Q4, 4>(a, v, stream); break;
+                case FMT_Q5: nw8 ? gemv_dev::gemv_xp_rows<FMT_Q5, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_Q5, 4>(a, v, stream); break;
+                case FMT_Q6: nw8 ? gemv_dev::gemv_xp_rows<FMT_Q6, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_Q6, 4>(a, v, stream); break;
+                default: nw8 ? gemv_dev::gemv_xp_rows<FMT_W8, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_W8, 4>(a, v, stream); break;
+            }
+            return;
+        }
         if (v == 2) {
             bool ran;
             switch (w.format) {
@@ -763,7 +818,6 @@ static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int
         }
     });
 }
-static const int GEMV_WIDE_VERSIONS = 3;
 
 // ---- the separate attention-input kernels (attn_prep fuses them) ----------------------------
 

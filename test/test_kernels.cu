@@ -344,7 +344,7 @@ struct GemvColsRig {
 // count of the launch: what makes an mtp verification column a one-token step (and a batched
 // lane a lone sequence). every format, the fused x transforms, a residual, the long rows whose
 // staged x holds fewer than 8 columns (the 9b down), and the wide kernel's column counts (one
-// to eight tiles, column groups, more than 64 columns: two launches, one or two row tiles a
+// to eight tiles, column groups, more than 64 columns: two launches, one, two or four row tiles a
 // warp), on both warp splits (occ 0: the 9b's, 4 warps a 16-row tile below 8193 columns)
 TEST(Gemv, ColumnsIndependentOfCount) {
     NEED_GPU();
@@ -384,22 +384,26 @@ TEST(Gemv, ColumnsIndependentOfCount) {
         cudaCheck(cudaDeviceSynchronize());
         g_gemv_xp_from = xp_from; g_gemv_xp_plain_from = xp_plain_from;
         auto ref = down<uint8_t>(dref, ysz);
-        // the wide kernel's forms (rw / cols / blocks: g_gemv_xp_rw / _cols / _blocks; from: the
-        // columns from which it takes every product, 0 the shipped rule; ych: the register and
-        // async kernels' column chunks in one launch): the shipped rule, one row tile a warp, 16
-        // columns a block, the largest groups (a target of one block; 64 columns: 8 tiles), the
-        // smallest (a huge target), groups of 24 columns, the x-staged kernel below 8 columns
-        // (the wide one past its staged x's), the register kernel in launches of 8
-        const struct { int rw, cols, blocks, from, ych; } forms[] = {
-            {2, 32, 132, 0, 1}, {1, 32, 132, 0, 1}, {2, 16, 132, 0, 1}, {2, 32, 1, 0, 1}, {1, 64, 1, 0, 1},
-            {2, 32, 1 << 20, 0, 1}, {2, 24, 264, 0, 1}, {2, 32, 132, 8, 1}, {1, 32, 132, 0, 0}};
+        // the wide kernel's forms (rw / cols / blocks / rw4: g_gemv_xp_rw / _cols / _blocks /
+        // _rw4_min; from: the columns from which it takes every product, 0 the shipped rule;
+        // ych: the register and async kernels' column chunks in one launch): the shipped rule,
+        // one row tile a warp, 16 columns a block, the largest groups (a target of one block; 64
+        // columns: 8 tiles), the smallest (a huge target), groups of 24 columns, the x-staged
+        // kernel below 8 columns (the wide one past its staged x's), the register kernel in
+        // launches of 8, 4 row tiles a warp for every product past 32 columns
+        const int64_t rw4 = g_gemv_xp_rw4_min;
+        const struct { int rw, cols, blocks, from, ych; int64_t rw4; } forms[] = {
+            {2, 32, 132, 0, 1, rw4}, {1, 32, 132, 0, 1, rw4}, {2, 16, 132, 0, 1, rw4}, {2, 32, 1, 0, 1, rw4}, {1, 64, 1, 0, 1, rw4},
+            {2, 32, 1 << 20, 0, 1, rw4}, {2, 24, 264, 0, 1, rw4}, {2, 32, 132, 8, 1, rw4}, {1, 32, 132, 0, 0, rw4},
+            {2, 32, 132, 0, 1, 1}};
         auto defaults = [=] {
             g_gemv_ychunks = 1;
             g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132; g_gemv_xp_from = xp_from; g_gemv_xp_plain_from = xp_plain_from;
+            g_gemv_xp_rw4_min = rw4;
         };
         for (const auto& fm : forms)
             for (int n : counts) {
-                g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; g_gemv_ychunks = fm.ych;
+                g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks; g_gemv_ychunks = fm.ych; g_gemv_xp_rw4_min = fm.rw4;
                 if (fm.from) g_gemv_xp_from = g_gemv_xp_plain_from = fm.from;
                 if (tc.resid) up(dy, res); else dy.poison();
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
@@ -410,7 +414,8 @@ TEST(Gemv, ColumnsIndependentOfCount) {
                 for (int c = 0; c < n; c++)
                     if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
-                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych << ")";
+                                  << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych
+                                  << ", rw4 " << fm.rw4 << ")";
             }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
