@@ -6544,8 +6544,9 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 // lanes (GpuOpts::lanes > 1, the server's --max-concurrency): one weight arena and workspace,
 // several sequences. each lane has its own group of gdn slots (its live pair, or the mtp
 // round's K+1) and its kv rows in one pool of kv_rows rows shared by all lanes, in pages of
-// KV_PAGE rows that a lane takes as it grows (gpu_lane_reserve) and gives back when it is
-// reset; every kernel reads kv rows through the lane's page table (section 7's KvCache). the
+// KV_PAGE rows that a lane takes for its request (gpu_lane_reserve: the server reserves a
+// request's prompt + output rows as it enters) and gives back when its request ends or it is
+// evicted (gpu_lane_trim; a reset keeps them); every kernel reads kv rows through the lane's page table (section 7's KvCache). the
 // single-sequence functions (gpu_forward, generate_gpu, the snapshots, ...) act on the
 // current lane (gpu_lane_select). gpu_decode_lanes runs one decode token of up to LANES_MAX
 // lanes as one forward call: every column its own sequence (lanes mode of attn_decode,
@@ -7458,7 +7459,9 @@ static void gpu_lane_trim(GpuEngine* e, int l, int rows) {
 }
 
 // the current lane forgets its sequence: zero deltanet state in its group's first slot, which
-// becomes live, position 0, its pages back to the pool (the other slots and lanes stay)
+// becomes live, position 0 (the other slots and lanes stay). its pages stay its own: they are
+// the request's reservation (a request that starts afresh resets after it entered), which
+// gpu_lane_trim gives back
 static void gpu_lane_reset(GpuEngine* e) {
     const Geometry& g = e->m->geo;
     e->slot = e->slot0;
@@ -7468,7 +7471,6 @@ static void gpu_lane_reset(GpuEngine* e) {
         cudaCheck(cudaMemsetAsync(e->rec[l] + (int64_t)e->slot * e->rec_slot, 0, e->rec_slot * 4, e->stream));
     }
     e->pos = 0; e->rope_delta = 0; e->last_logits = nullptr; e->mtp.pos = 0;
-    gpu_lane_trim(e, e->lane, 0);
 }
 
 // fill the host mirror of a step block for T columns at kv rows e->pos.., upload it

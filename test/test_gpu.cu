@@ -1281,8 +1281,10 @@ static void lanes_case(const char* path, bool graphs) {
             free_lanes.pop_back();
             jb.lane = l;
             gpu_lane_select(e, l);
-            gpu_lane_reset(e);
-            ASSERT_TRUE(gpu_lane_reserve(e, l, (int)jb.prompt.size() + jb.n));
+            const size_t held = e->lanes[l].pages.size(), free0 = e->free_pages.size();
+            gpu_lane_reset(e);  // the reservation survives a fresh start (the server resets after it entered)
+            ASSERT_EQ(e->lanes[l].pages.size(), held);
+            ASSERT_EQ(e->free_pages.size(), free0);
             for (int i = 0; i < (int)jb.prompt.size(); i += e->T_max) {
                 const int T = std::min(e->T_max, (int)jb.prompt.size() - i);
                 gpu_forward(e, jb.prompt.data() + i, nullptr, nullptr, T, i + T == (int)jb.prompt.size() ? row.data() : nullptr, false);
@@ -1308,6 +1310,7 @@ static void lanes_case(const char* path, bool graphs) {
             if (jb.lane >= 0 && (int)jb.got.size() == jb.n) {  // done: the lane's pages back to the pool
                 gpu_lane_select(e, jb.lane);
                 gpu_lane_reset(e);
+                gpu_lane_trim(e, jb.lane, 0);
                 free_lanes.push_back(jb.lane);
                 jb.lane = -1;
                 done++;

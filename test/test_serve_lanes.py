@@ -34,14 +34,14 @@ def start(*args):
 def one():
     s = start("--no-prefix-reuse")
     yield s
-    assert s.stop() == 0
+    assert s.stop() == 0, s.text()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def four():
     s = start("--max-concurrency", "4", "--no-prefix-reuse")
     yield s
-    assert s.stop() == 0
+    assert s.stop() == 0, s.text()[-3000:]
 
 
 def requests_mix():
@@ -159,7 +159,7 @@ def test_streams_interleave_and_cancelled_lanes_free(one):
         lines = s.request_lines(since, n=5, pattern=" POST /v1/chat")
         assert sum(" 499 " in l for l in lines) == 2 and sum(" 200 " in l for l in lines) == 3, lines
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
 
 
 def test_prefix_reuse_across_lanes(one):
@@ -188,7 +188,7 @@ def test_prefix_reuse_across_lanes(one):
                 hists[c].append({"role": "assistant", "content": out[c]["content"], "reasoning_content": out[c]["reasoning"]})
                 refs[c].append(hists[c][-1])
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
 
 
 def test_pending_rules_count_the_lanes():
@@ -216,7 +216,7 @@ def test_pending_rules_count_the_lanes():
             for t in ths:
                 t.join()
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
 
 
 def test_concurrency_flags():
@@ -230,7 +230,7 @@ def test_concurrency_flags():
         line = s.wait_log(r"memory plan")
         assert "3 lane(s)" in line and "3 device state slots" in line, line  # --device-state-slots defaults to C
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
 
 
 def test_spec_mtp_lanes_equal_one_at_a_time(one):
@@ -242,7 +242,7 @@ def test_spec_mtp_lanes_equal_one_at_a_time(one):
         for a, b in zip(got, run_all(one, reqs, False)):
             same_output(a, b)
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
 
 
 def test_a_prompt_that_can_never_fit_is_400_with_the_numbers(four):
@@ -308,4 +308,4 @@ def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one, temperature):
         done.set()
         bg.join()
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.text()[-3000:]
