@@ -3382,9 +3382,10 @@ static int g_gemv_xp_cols = 32;      // the most columns a block (8, 16, 32 or 6
 static int g_gemv_xp_blocks = 132;   // blocks the launch aims at before it shrinks column groups / row tiles
 // past 32 columns, products of at least this many weights (rows x k; 0: none) take 4 row tiles
 // a warp where that leaves 96 blocks: each warp's x words then serve 64 rows, half the x
-// traffic (h200, 64 columns: 9b gate_up 91.2 -> 77.4 us, down 59.8 -> 53.3, head 1051 -> 950;
-// the 4096 x 4096 products slower, 21.0 -> 32.2: test/bench-notes.md, issue 14)
-static int64_t g_gemv_xp_rw4_min = (int64_t)40 << 20;
+// traffic (h200, 64 columns: 9b gate_up 91.2 -> 77.4 us, down 59.8 -> 53.3, head 1051 -> 950,
+// value_z 39.0 -> 34.8; the 4096 x 4096 products slower, 21.0 -> 25.9: test/bench-notes.md,
+// issue 14)
+static int64_t g_gemv_xp_rw4_min = (int64_t)32 << 20;
 // from how many columns the prepared x takes a product that the x-staged kernel could: products
 // with a fused transform from 1 (its prep computes 1 / rms once, where the x-staged kernel's
 // blocks each sum it), plain ones from 2 (h200, the 9b chain, bench-notes issue 14: fused C = 1

@@ -19,6 +19,45 @@ from test_serve_reuse import KJV, MODEL, SERVE, SYSTEM, oai, same_output, chat, 
 NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
+# on a gpu a prefix whose rows came from decode steps equals a fresh prefill of them only within
+# the prefill kernels' tolerance (GpuModel.PrefillKernelsMatchDecodeKernels; the tap's prompt
+# logprobs differ from the cpu's by up to 7e-2), so greedy text continued from such a prefix may
+# part from a fresh prefill's where the fresh top two are closer than this (a device run: 0.008
+# at token 5 of "... Thou shalt not and"). the cpu path's prefill and decode are one arithmetic:
+# there the text is equal
+NEAR_TIE = 0.1
+
+
+def same_or_near_tie(got, ref, gpu):
+    """a completion's text equals the reference completion's (requested with logprobs=2), or on
+    a gpu parts from it only at a token where the reference's top two are within NEAR_TIE, the
+    reference's runner-up taken there"""
+    text = ref.choices[0].text
+    if got == text or not gpu:
+        assert got == text
+        return
+    lp = ref.choices[0].logprobs
+    head = ""
+    for tok, top in zip(lp.tokens, lp.top_logprobs):
+        if not got.startswith(head + tok):
+            (a, va), (b, vb) = sorted(top.items(), key=lambda kv: -kv[1])[:2]
+            assert a == tok and va - vb < NEAR_TIE and got[len(head):].startswith(b), (got, text, head, top)
+            return
+        head += tok
+    assert False, (got, text)
+
+
+def on_gpu(s):
+    """the server runs on a gpu (its memory plan's line says so)"""
+    return " on gpu " in s.text()
+
+
+def kv_pool(one, rows):
+    """--kv-capacity rows on a gpu server (its lanes share one pool of kv pages; the cpu path
+    keeps --max-context rows a lane and takes no --kv-capacity)"""
+    return ["--kv-capacity", str(rows)] if on_gpu(one) else []
+
+
 def words(n, seed):
     import random
     r = random.Random(seed)
@@ -191,11 +230,13 @@ def test_prefix_reuse_across_lanes(one):
         assert s.stop() == 0, s.text()[-3000:]
 
 
-def test_pending_rules_count_the_lanes():
+def test_pending_rules_count_the_lanes(one):
     """with C lanes busy and no room in the queue, the next request is 429. the two streams have
     room for 1500 tokens and their clients leave once the third request is answered: on a gpu
     the kjv decodes 400 tokens before a third client's request is in"""
-    s = start("--max-concurrency", "2", "--max-pending-requests", "0", "--no-prefix-reuse")
+    # a pool for both streams' reservations (prompt + 1500 rows each; on the gpu a request
+    # waits for pages that the running ones hold)
+    s = start("--max-concurrency", "2", "--max-pending-requests", "0", "--no-prefix-reuse", *kv_pool(one, 4096))
     try:
         import openai
         long = dict(messages=[{"role": "user", "content": "Who was Moses?"}], max_tokens=1500, temperature=0, extra_body=NOTHINK)
@@ -264,7 +305,8 @@ def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one, temperature):
     give what a one-lane server without reuse gives (seeded when sampled), and continue from
     retained prefixes"""
     T = dict(temperature=temperature, seed=7) if temperature else dict(temperature=0)
-    s = start("--max-concurrency", "2", "--device-state-slots", "2", "--host-state-slots", "2")
+    # the pool holds the long stream's reservation (prompt + 1900 rows) and the others'
+    s = start("--max-concurrency", "2", "--device-state-slots", "2", "--host-state-slots", "2", *kv_pool(one, 4096))
     try:
         # the long stream: its client leaves at the end (its steps run beside everything below)
         long = dict(messages=[{"role": "user", "content": words(20, 9)}], max_tokens=1900, extra_body=NOTHINK, **T)
@@ -294,8 +336,8 @@ def test_lanes_ending_on_stop_strings_or_cancels_then_reused(one, temperature):
         assert r1.choices[0].text == o1.choices[0].text and r1.choices[0].finish_reason == "stop"
         p2 = "And God said" + r1.choices[0].text + stop[0] + " and"  # the client puts the stop string back, and more
         r2 = c.completions.create(model=MODEL, prompt=p2, max_tokens=20, **T)
-        o2 = oai(one).completions.create(model=MODEL, prompt=p2, max_tokens=20, **T)
-        assert r2.choices[0].text == o2.choices[0].text
+        o2 = oai(one).completions.create(model=MODEL, prompt=p2, max_tokens=20, logprobs=2, **T)
+        same_or_near_tie(r2.choices[0].text, o2, on_gpu(s))
         assert r2.usage.prompt_tokens_details.cached_tokens > 0
         # a stream its client leaves, then the conversation goes on from the retained prefix
         hist2 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": words(30, 77)}]

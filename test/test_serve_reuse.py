@@ -382,6 +382,8 @@ def test_a_client_leaving_during_the_boundary_prefill_leaves_a_usable_sequence(p
     from test_serve import Conn, http
     s = start("--prefill-chunk", "128")
     try:
+        if " on gpu " in s.text():  # the memory plan's line
+            pytest.skip("timing: a gpu prefills the 1128-token prompt in ~17 ms, before the client leaves at 0.3 s (the cpu path's test)")
         hist = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": " ".join(["and the lord spake unto moses"] * 100)}]
         body = json.dumps({"model": MODEL, "messages": hist, "max_tokens": 4, "temperature": 0}).encode()
         since = len(s.log)
