@@ -8558,8 +8558,15 @@ struct LaneSched {
     bool running = false;            // a step is on the device
     bool piece_due = false;          // an exclusive piece goes before the next decode step
     double last_end = 0;             // when the last decode step ended
+    bool back_to_back = false;       // ... with a lane queued, and no exclusive turn taken since
     uint64_t decode_steps = 0, decode_tokens = 0;  // statistics: lanes per decode step
     uint64_t decode_draws = 0;       // ... tokens drawn in the steps (sampled lanes')
+    // ... seconds in the decode steps (host work, device, wait), and between a step that ended
+    // with a lane queued and the next one when no exclusive turn came between (the time the
+    // device idles for the scheduler alone); the stats line's figures since its last
+    double step_s = 0, gap_s = 0;
+    uint64_t gaps = 0;
+    uint64_t stats_steps = 0, stats_tokens = 0;  // decode_steps / _tokens at the last stats line
 };
 static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     const size_t n = lanes.size();
@@ -8598,7 +8605,7 @@ static void sched_turn(LaneSched* ls, int lane) {
     ls->turns.push_back(lane);
     ls->cv.wait(lk, [&] { return !ls->running && ls->turns.front() == lane && (ls->piece_due || !sched_decode_ready(ls)); });
     ls->turns.pop_front();
-    ls->running = true; ls->held[lane] = 1;
+    ls->running = true; ls->held[lane] = 1; ls->back_to_back = false;
 }
 static void sched_turn_end(LaneSched* ls, int lane) {
     std::lock_guard<std::mutex> lk(ls->mu);
@@ -8685,9 +8692,12 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
             for (int k = 0; k < (int)ls->want.size(); k++)
                 if (ls->want[k] >= 0) { ls->step_lanes.push_back(k); ls->step_domain.push_back(ls->domain[k]); ls->in_step[k] = 1; }
             ls->running = true;
+            const double t0 = now_s();
+            if (ls->back_to_back) { ls->gap_s += t0 - ls->last_end; ls->gaps++; }
             lk.unlock();
             sched_run_decode(ls);
             lk.lock();
+            bool queued = false;
             for (int k : ls->step_lanes) {
                 ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0; ls->draw_fresh[k] = 0;
                 const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
@@ -8696,9 +8706,11 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
                 if (!stops || std::find(stops->begin(), stops->end(), a) != stops->end()) continue;
                 ls->want[k] = a; ls->row[k] = 0; ls->expected[k] = 0;  // queued: the lane is back already
                 ls->queued[k] = 1; ls->queued_at[k] = ls->steps[k];
+                queued = true;
             }
             ls->decode_steps++; ls->decode_tokens += ls->step_lanes.size();
             ls->running = false; ls->piece_due = true; ls->last_end = now_s();
+            ls->step_s += ls->last_end - t0; ls->back_to_back = queued;
             ls->cv.notify_all();
             continue;
         }
@@ -9940,6 +9952,20 @@ static void served_generate(void* self, const ServePrompt& p, const ServeSamplin
                 : full || rq.grammar ? "length" : "stop";
 }
 
+// the lanes' scheduler since the last stats line: decode steps, lanes a step, the mean step and
+// the mean back-to-back gap between steps (LaneSched::gap_s)
+static std::string served_stats(void* self) {
+    LaneSched& ls = ((ServedModel*)self)->sched;
+    std::lock_guard<std::mutex> lk(ls.mu);
+    const uint64_t steps = ls.decode_steps - ls.stats_steps, tokens = ls.decode_tokens - ls.stats_tokens;
+    char b[160];
+    snprintf(b, sizeof b, " decode_steps=%llu lanes_per_step=%.2f step_ms=%.3f gap_ms=%.3f", (unsigned long long)steps,
+             steps ? (double)tokens / steps : 0.0, steps ? 1e3 * ls.step_s / steps : 0.0, ls.gaps ? 1e3 * ls.gap_s / ls.gaps : 0.0);
+    ls.stats_steps = ls.decode_steps; ls.stats_tokens = ls.decode_tokens;
+    ls.step_s = ls.gap_s = 0; ls.gaps = 0;
+    return b;
+}
+
 static void served_close(void* self) {
     ServedModel* s = (ServedModel*)self;
     prefix_free(&s->pc);
@@ -10054,6 +10080,7 @@ static ServeEngine* served_load(const char* path, const ServeOptions& o, std::st
     s->api.structured = s->t.spec.K == 0;  // nor a constrained round
     s->api.generate = served_generate;
     s->api.close = served_close;
+    if (s->lanes.size() > 1) s->api.stats = served_stats;
     return &s->api;
 }
 

@@ -253,6 +253,9 @@ struct ServeEngine {
     void (*generate)(void* self, const ServePrompt& prompt, const ServeSampling& s,
                      const ServeSink& sink, ServeResult* out) = nullptr;
     void (*close)(void* self) = nullptr;  // optional, at exit
+    // optional: the engine's figures since its last call (" key=value" pairs), appended to the
+    // stats line; any thread, with the server's lock held (it must not take that lock)
+    std::string (*stats)(void* self) = nullptr;
 };
 
 struct ServeOptions;
@@ -2551,9 +2554,10 @@ static bool serve_job_emit(void* ctx, const ServeEvent& ev) {
 static void serve_stats_line() {  // called with g_serve.mu held
     ServeState& s = g_serve;
     if (s.st_requests == 0 && !s.running && s.queue.empty()) return;  // quiet when idle
-    fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d\n",
+    const std::string eng = s.eng && s.eng->stats ? s.eng->stats(s.eng->self) : std::string();
+    fprintf(stderr, "ninfer-serve: stats: requests=%ld prompt_tokens=%ld completion_tokens=%ld decode_tok_s=%.1f running=%d pending=%zu connections=%d%s\n",
             s.st_requests, s.st_prompt, s.st_completion, s.st_decode_s > 0 ? s.st_completion / s.st_decode_s : 0.0,
-            s.running, s.queue.size(), s.n_conns);
+            s.running, s.queue.size(), s.n_conns, eng.c_str());
     s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
 }
 

@@ -201,6 +201,40 @@ def test_streams_interleave_and_cancelled_lanes_free(one):
         assert s.stop() == 0, s.text()[-3000:]
 
 
+def test_stats_line_counts_the_lanes_steps():
+    """the stats line's scheduler figures (--log-stats-interval-ms): the decode steps of four
+    concurrent requests on two lanes, lanes a step, the step and the gap between steps, summed
+    over the lines, account for every decoded token (each request's first token comes from its
+    prefill; its last one may have been fed by a step that started before the lane ended)"""
+    s = start("--max-concurrency", "2", "--no-prefix-reuse", "--log-stats-interval-ms", "100")
+    try:
+        reqs = [dict(messages=[{"role": "user", "content": words(10, 60 + i)}], max_tokens=24 + 8 * i, temperature=0, extra_body=NOTHINK)
+                for i in range(4)]
+        got = {}
+        th = [threading.Thread(target=lambda i=i: got.__setitem__(i, chat(s, **reqs[i]))) for i in range(4)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        time.sleep(0.5)  # the last busy interval's line
+        lines = [l for l in s.text().splitlines() if "stats:" in l]
+        steps = tokens = 0
+        busy = False
+        for l in lines:
+            m = re.search(r" decode_steps=(\d+) lanes_per_step=([\d.]+) step_ms=([\d.]+) gap_ms=([\d.]+)", l)
+            assert m, l
+            n, lps, step, gap = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
+            assert (n == 0) == (lps == 0) and (n == 0) == (step == 0) and gap >= 0, l
+            assert n == 0 or 1.0 <= lps <= 2.0, l
+            steps += n; tokens += n * lps
+            busy |= lps > 1.0
+        done = sum(got[i]["completion"] for i in range(4))
+        assert done - 4 - 0.01 * steps <= tokens <= done + 0.01 * steps, (tokens, done, lines)
+        assert busy, lines  # some steps ran both lanes
+    finally:
+        assert s.stop() == 0, s.text()[-3000:]
+
+
 def test_prefix_reuse_across_lanes(one):
     """two conversations running at once on two lanes, each turn continuing from its previous
     turn's boundary (wherever that state lives), greedy outputs as without reuse"""

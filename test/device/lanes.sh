@@ -28,11 +28,13 @@ has tests && run test_gpu 300 build/test/test_gpu
 has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'
 up() { for i in $(seq 1 900); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.2; done; return 1; }
 if has load; then
-  build/apps/ninfer-serve /tmp/9b.ninfer --port 18090 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 0 2>$OUT/serve64.log & S=$!
+  build/apps/ninfer-serve /tmp/9b.ninfer --port 18090 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 1000 2>$OUT/serve64.log & S=$!
   if up 18090; then
     grep "memory plan" $OUT/serve64.log | cut -c1-400
     timeout 300 python3 test/loadgen.py decode --url http://127.0.0.1:18090 --concurrency 1,2,4,8,16,32,64 --prompt-words 480 --max-tokens 256
     for r in 4 16; do timeout 120 python3 test/loadgen.py poisson --url http://127.0.0.1:18090 --rate $r --requests 64 --prompt-words 480 --max-tokens 128; done
+    echo "the scheduler's figures a second (the stats lines: steps, lanes a step, step and gap ms):"
+    grep "stats:" $OUT/serve64.log | sed 's/.*decode_tok_s=\([0-9.]*\).*running=\([0-9]*\).* decode_steps=/tok_s=\1 running=\2 steps=/' | head -60
   else echo "serve64 did not come up"; tail -3 $OUT/serve64.log; fi
   kill $S; wait $S 2>/dev/null
 fi
