@@ -1784,6 +1784,14 @@ struct Sampler {
                                             // the others' logits become -inf before anything else, greedy too
 };
 
+// d draws as s would from here on (its parameters and counts; not s's scratch, nor its mask).
+// d's vectors keep their capacity: a copy into the same Sampler allocates once
+static void sampler_copy(Sampler* d, const Sampler& s) {
+    d->p = s.p; d->domain = s.domain;
+    d->counts.assign(s.counts.begin(), s.counts.end());
+    d->mask = nullptr;
+}
+
 static void sampler_build(Sampler* s, const SamplerParams& p, int domain) {
     s->p = p; s->domain = domain;
     s->counts.assign(domain, 0);
@@ -8665,13 +8673,13 @@ static void sched_run_decode(LaneSched* ls) {
 // returned is sample()'s with this sampler at the lane's new position (RNG_DECODE), which the
 // first call of a generation copies (its counts holding id already)
 static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, LaneNext next, const Sampler* smp = nullptr) {
+    // the copy (a vocabulary of counts) outside the lock: only this lane's thread sets draw_on
+    // (here and in sched_done), and no step reads the lane's copy before it is set
+    const bool first_draw = smp && !ls->draw_on[lane];
+    if (first_draw) sampler_copy(&ls->draw[lane], *smp);
     std::unique_lock<std::mutex> lk(ls->mu);
     CHECK(!ls->held[lane], "lane %d decodes while it holds the turn", lane);
-    if (smp && !ls->draw_on[lane]) {
-        ls->draw[lane] = *smp;
-        ls->draw[lane].mask = nullptr;
-        ls->draw_on[lane] = 1; ls->draw_fresh[lane] = 1;
-    }
+    if (first_draw) { ls->draw_on[lane] = 1; ls->draw_fresh[lane] = 1; }
     uint64_t mine = ls->steps[lane];
     if (ls->queued[lane]) {
         mine = ls->queued_at[lane];
