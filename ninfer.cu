@@ -6556,12 +6556,13 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 // KV_PAGE rows that a lane takes for its request (gpu_lane_reserve: the server reserves a
 // request's prompt + output rows as it enters) and gives back when its request ends or it is
 // evicted (gpu_lane_trim; a reset keeps them); every kernel reads kv rows through the lane's
-// page table (section 7's KvCache). the single-sequence functions (gpu_forward, generate_gpu, the snapshots, ...) act on the
-// current lane (gpu_lane_select). gpu_decode_lanes runs one decode token of up to LANES_MAX
-// lanes as one forward call: every column its own sequence (lanes mode of attn_decode,
-// conv_step, gdn_step), the products gemv over all the columns (weights read once a step),
-// each column bit for bit the one-token step its lane would take alone (the gemv is column-
-// count invariant, attention takes each column's own split plan), so batching is lossless.
+// page table (section 7's KvCache). the single-sequence functions (gpu_forward, generate_gpu,
+// the snapshots, ...) act on the current lane (gpu_lane_select). gpu_decode_lanes runs one
+// decode token of up to LANES_MAX lanes as one forward call: every column its own sequence
+// (lanes mode of attn_decode, conv_step, gdn_step), the products gemv over all the columns
+// (weights read once a step), each column bit for bit the one-token step its lane would take
+// alone (the gemv is column-count invariant, attention takes each column's own split plan), so
+// batching is lossless.
 // graphs per (batch bucket: 1, 2, 4, .. LANES_MAX columns, context bucket of the longest lane);
 // padding columns embed token 0, write no kv row (kvpos -1) and use the trash gdn slot.
 
