@@ -535,15 +535,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, c
         if (row < rows && col < C) gemv_store(a, row, col, s);
     }
 }
-template <int F, int NW, int NT, int RW, int S>
-static void gemv_xp_pf_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups, cudaStream_t stream) {
-    auto k = gemv_xp_pf_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>;
+// one launch of the product's kernel (PF false) or version 1's (PF true) in the form NT, RW, S,
+// its shared memory set at its first launch
+template <int F, int NW, int NT, int RW, int S, bool PF>
+static void gemv_xp_dev_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in, int cg, int groups, cudaStream_t stream) {
+    auto k = PF ? gemv_xp_pf_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v> : gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>;
     static bool init = false;
     if (!init) {
         cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemv_xp_smem<F, NW, NT, RW, S>()));
         init = true;
     }
-    launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp, xps, cp, cg, groups);
+    launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, in.xp, in.xps, in.cp, cg, groups);
 }
 // gemv_xp_launch's prep and plan with version 1's kernel
 template <int F, int NW>
@@ -552,7 +554,7 @@ static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream) {
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
     auto go = [&](auto kernel_tag) {
         using K = decltype(kernel_tag);
-        gemv_xp_pf_go<F, NW, K::NT, K::RW, K::S>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+        gemv_xp_dev_go<F, NW, K::NT, K::RW, K::S, true>(p.grid, a, in, p.cc, p.groups, stream);
     };
     gemv_xp_forms(p, go);
     cudaCheck(cudaGetLastError());
@@ -742,16 +744,6 @@ static bool gemv_xp_sx_launch(const GemvArgs& a, cudaStream_t stream) {
 // v6 v5's form with version 1's kernel (the x prefetched)
 struct XpRowsForm { int rw, most, blocks; bool pf; };
 static const XpRowsForm kXpRowsForms[] = {{2, 64, 132, false}, {4, 32, 132, false}, {4, 32, 96, false}, {4, 32, 96, true}};
-template <int F, int NW, int NT, int RW, int S, bool PF>
-static void gemv_xp_rows_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in, int cc, int groups, cudaStream_t stream) {
-    auto k = PF ? gemv_xp_pf_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v> : gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>;
-    static bool init = false;
-    if (!init) {
-        cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemv_xp_smem<F, NW, NT, RW, S>()));
-        init = true;
-    }
-    launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, in.xp, in.xps, in.cp, cc, groups);
-}
 template <int F, int NW, int RW, bool PF>
 static void gemv_xp_rows_launch(const GemvArgs& a, const XpRowsForm& f, cudaStream_t stream) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
@@ -761,10 +753,10 @@ static void gemv_xp_rows_launch(const GemvArgs& a, const XpRowsForm& f, cudaStre
     split(f.most);
     while (sets * groups < f.blocks && cc > 8) split(cc / 2);
     const unsigned grid = (unsigned)(sets * groups);
-    if (cc <= 8) gemv_xp_rows_go<F, NW, 1, RW, 3, PF>(grid, a, in, cc, groups, stream);
-    else if (cc <= 16) gemv_xp_rows_go<F, NW, 2, RW, 3, PF>(grid, a, in, cc, groups, stream);
-    else if (cc <= 32) gemv_xp_rows_go<F, NW, 4, RW, 3, PF>(grid, a, in, cc, groups, stream);
-    else if constexpr (RW == 2) gemv_xp_rows_go<F, NW, 8, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    if (cc <= 8) gemv_xp_dev_go<F, NW, 1, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if (cc <= 16) gemv_xp_dev_go<F, NW, 2, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if (cc <= 32) gemv_xp_dev_go<F, NW, 4, RW, 3, PF>(grid, a, in, cc, groups, stream);
+    else if constexpr (RW == 2) gemv_xp_dev_go<F, NW, 8, RW, 3, PF>(grid, a, in, cc, groups, stream);
     else CHECK(false, "wide gemv: %d columns a block with %d row tiles a warp", cc, RW);
     cudaCheck(cudaGetLastError());
 }

@@ -317,6 +317,15 @@ TEST(Gemv, FusedXTransforms) {
 // a matrix of the column-count tests and its inputs on the device: Cmax columns of x (for
 // swiglu [gate | up]), a norm weight, a residual (on the host too), the case's x transform
 struct GemvColsCase { NumFormat f; int64_t rows, cols; bool f32, resid; int mode; int occ; const char* name; };
+// how many of the n columns (col_bytes apart, their first `bytes` compared) of the output y
+// differ from ref's, bit for bit
+static int differing_columns(const Dev& y, const std::vector<uint8_t>& ref, int n, size_t col_bytes, size_t bytes) {
+    const auto got = down<uint8_t>(y, (size_t)n * col_bytes);
+    int bad = 0;
+    for (int c = 0; c < n; c++)
+        if (memcmp(got.data() + (size_t)c * col_bytes, ref.data() + (size_t)c * col_bytes, bytes)) bad++;
+    return bad;
+}
 struct GemvColsRig {
     HostMat hm;
     int ldx, ldy;
@@ -337,6 +346,11 @@ struct GemvColsRig {
         up(dw, hm.bytes); up(dx, x); up(dn, nw);
         dm = mat_from(&hm.obj, dw.as<uint8_t>());
         xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        rows = (int)tc.rows;
+    }
+    int rows;
+    int differing(const Dev& y, const std::vector<uint8_t>& ref, int n) const {
+        return differing_columns(y, ref, n, (size_t)ldy * esz, (size_t)rows * esz);
     }
 };
 
@@ -409,10 +423,7 @@ TEST(Gemv, ColumnsIndependentOfCount) {
                 gemv(dm, dx.as<bf16_t>(), ldx, n, dy.p, ldy, tc.f32, tc.resid ? dy.as<bf16_t>() : nullptr, ldy, 0, xt);
                 cudaCheck(cudaDeviceSynchronize());
                 defaults();
-                auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
-                int bad = 0;
-                for (int c = 0; c < n; c++)
-                    if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
+                const int bad = rig.differing(dy, ref, n);
                 EXPECT_EQ(bad, 0) << bad << " of the columns of a " << n << "-column launch differ from their one-column products (rw "
                                   << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ", from " << fm.from << ", ych " << fm.ych
                                   << ", rw4 " << fm.rw4 << ")";
@@ -460,10 +471,7 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
                 auto ref = down<uint8_t>(dref, (size_t)n * ldy * esz);
                 for (int v = 1; v < GEMV_WIDE_VERSIONS; v++) {
                     run(v, dy);
-                    auto got = down<uint8_t>(dy, (size_t)n * ldy * esz);
-                    int bad = 0;
-                    for (int c = 0; c < n; c++)
-                        if (memcmp(got.data() + (size_t)c * ldy * esz, ref.data() + (size_t)c * ldy * esz, (size_t)tc.rows * esz)) bad++;
+                    const int bad = rig.differing(dy, ref, n);
                     EXPECT_EQ(bad, 0) << "version " << v << ": " << bad << " of " << n << " columns differ from the product's (rw " << rwf << ")";
                 }
             }
@@ -523,10 +531,7 @@ TEST(Gemv, AgainReadsThePreviousProductsPreparedX) {
                     if (poison) cudaCheck(cudaMemset(xb.p, 0xFF, gemv_xp_buf_bytes() / 2));  // the b words, not the sums
                     dy.poison();
                     gemv(mvz, dx.as<bf16_t>(), ldx, n, dy.p, ldy, false, nullptr, 0, 0, again);
-                    auto got = down<uint8_t>(dy, (size_t)n * ldy * 2);
-                    int bad = 0;
-                    for (int c = 0; c < n; c++)
-                        if (memcmp(got.data() + (size_t)c * ldy * 2, ref.data() + (size_t)c * ldy * 2, 8192 * 2)) bad++;
+                    const int bad = differing_columns(dy, ref, n, (size_t)ldy * 2, 8192 * 2);
                     if (taken) EXPECT_GT(bad, 0) << what << ": the poisoned prepared x was not read (its prep ran again)";
                     else EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " columns differ from value_z's own prep";
                 };
