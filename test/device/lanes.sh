@@ -40,7 +40,10 @@ if has load; then
 fi
 has wide && timeout 300 build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench.DISABLED_GemvWideVersions' 2>&1 | grep -vE '^\[|^$'
 has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r 2 2>&1 | tail -4
-has bench && timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
+# ATT_MIN_KEYS="128 256 ...": bench_gpu once per decode attention split size (NINFER_ATT_MIN_KEYS)
+for mk in ${ATT_MIN_KEYS:-128}; do
+  has bench && echo "== bench_gpu, NINFER_ATT_MIN_KEYS=$mk" && NINFER_ATT_MIN_KEYS=$mk timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
+done
 if has serve || has pytest || has draw; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
 fi
