@@ -2561,15 +2561,13 @@ static void serve_stats_line() {  // called with g_serve.mu held
     s.st_requests = s.st_prompt = s.st_completion = 0; s.st_decode_s = 0;
 }
 
-static void* serve_engine_main(void* first) {
+static void* serve_engine_main(void*) {
     ServeState& s = g_serve;
     std::unique_lock<std::mutex> lk(s.mu);
-    double interval = first ? s.opt.log_stats_interval_ms / 1e3 : 0, next_stats = serve_now() + interval;  // one thread logs the stats
     for (;;) {
-        if (interval > 0 && serve_now() >= next_stats) { serve_stats_line(); next_stats = serve_now() + interval; }
         if (s.queue.empty()) {
             if (s.engine_exit) break;
-            s.engine_cv.wait_for(lk, std::chrono::milliseconds(interval > 0 ? std::min(1000, s.opt.log_stats_interval_ms) : 1000));
+            s.engine_cv.wait_for(lk, std::chrono::milliseconds(1000));
             continue;
         }
         std::shared_ptr<ServeJob> j = s.queue.front();
@@ -4202,7 +4200,7 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     // interleaves the running ones, ServeEngine.generate)
     std::vector<pthread_t> engine_threads(o.max_concurrency);
     for (pthread_t& t : engine_threads)
-        if (pthread_create(&t, nullptr, serve_engine_main, &t == &engine_threads[0] ? (void*)1 : nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
+        if (pthread_create(&t, nullptr, serve_engine_main, nullptr) != 0) { fprintf(stderr, "ninfer-serve: error: cannot start the engine thread\n"); return 1; }
     fprintf(stderr, "ninfer-serve: listening on http://%s:%d (model %s, max context %d)\n",
             o.host.find(':') != std::string::npos ? ("[" + o.host + "]").c_str() : o.host.c_str(), bound_port,
             s.model_id.c_str(), eng->max_context > 0 ? eng->max_context : o.max_context);
@@ -4219,13 +4217,26 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    // accept until a signal
+    // accept until a signal; this thread logs the stats lines (never busy with a request, so
+    // they come on time however loaded the engine threads are)
+    const double stats_every = o.log_stats_interval_ms / 1e3;
+    double next_stats = serve_now() + stats_every;
     for (;;) {
+        int wait_ms = -1;
+        if (stats_every > 0) {
+            const double now = serve_now();
+            if (now >= next_stats) {
+                std::lock_guard<std::mutex> lk(s.mu);
+                serve_stats_line();
+                next_stats = now + stats_every;
+            }
+            wait_ms = (int)std::min(ceil((next_stats - now) * 1e3), 1e9);
+        }
         struct pollfd p[2] = {{lfd, POLLIN, 0}, {s.stop_pipe[0], POLLIN, 0}};
-        int r = poll(p, 2, -1);
+        int r = poll(p, 2, wait_ms);
         if (serve_stopping()) break;
         if (r < 0) { if (errno == EINTR) continue; fprintf(stderr, "ninfer-serve: poll: %s\n", strerror(errno)); break; }
-        if (!(p[0].revents & POLLIN)) continue;
+        if (r == 0 || !(p[0].revents & POLLIN)) continue;
         int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(10000);

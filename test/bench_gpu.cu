@@ -11,6 +11,7 @@
 #define NINFER_TESTING
 #include "../ninfer.cu"
 #include "test_util.h"
+#include <cuda_profiler_api.h>
 #include <random>
 #include <functional>
 
@@ -220,6 +221,13 @@ int main(int argc, char** argv) {
                 }
                 printf("lanes      %2d lanes at %4d: %.3f ms a step (device %.3f ms), %.0f tok/s in all\n", n, le->lanes[0].pos, ms, dev,
                        n / ms * 1e3);
+                // NINFER_PROFILE_LANES=1: one more step of 64 lanes at ~640 between cudaProfilerStart
+                // and Stop (ncu --profile-from-start off: its kernels alone)
+                if (n == LANES_MAX && ctx == 640 && getenv("NINFER_PROFILE_LANES")) {
+                    cudaCheck(cudaProfilerStart());
+                    gpu_decode_lanes(le, n, ls.data(), lid.data(), nullptr, am.data());
+                    cudaCheck(cudaProfilerStop());
+                }
             }
         }
         gpu_free(le);

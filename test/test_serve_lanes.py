@@ -235,6 +235,29 @@ def test_stats_line_counts_the_lanes_steps():
         assert s.stop() == 0, s.text()[-3000:]
 
 
+def test_stats_lines_come_while_every_lane_is_busy():
+    """the stats lines come every --log-stats-interval-ms while every engine thread runs a
+    request: the accept thread logs them (an engine thread logged them between requests, so a
+    loaded server went quiet exactly when its figures mattered)"""
+    # lines every 10 ms, looked at for 0.15 s: the kjv on a gpu decodes the 1500 tokens in ~0.5 s
+    s = start("--max-concurrency", "2", "--no-prefix-reuse", "--log-stats-interval-ms", "10")
+    try:
+        long = dict(messages=[{"role": "user", "content": words(20, 1)}], max_tokens=1500, temperature=0, extra_body=NOTHINK)
+        res, done = {}, threading.Event()
+        th = [stream_in_background(s, long, res, k, until=done) for k in ("a", "b")]
+        since = len(s.log)
+        time.sleep(0.15)
+        busy = [l for l in list(s.log)[since:] if "stats:" in l and " running=2 " in l]
+        ended = [k for k in ("a", "b") if k in res]
+        done.set()
+        for t in th:
+            t.join()
+        assert not ended, "the streams ended within 0.15 s: too short to see the lines"
+        assert len(busy) >= 5, list(s.log)[since:]
+    finally:
+        assert s.stop() == 0, s.text()[-3000:]
+
+
 def test_prefix_reuse_across_lanes(one):
     """two conversations running at once on two lanes, each turn continuing from its previous
     turn's boundary (wherever that state lives), greedy outputs as without reuse"""

@@ -9,6 +9,8 @@
 # prefill on the 9b (ninfer-bench pp131072, pieces of 4096): serve runs both model cards'
 # serve commands verbatim (synthetic 9b / 4b at the cards' paths) with an openai sdk chat each,
 # pytest the real-server lanes tests (test_serve_lanes.py: kjv, concurrent = one at a time) on the gpu;
+# profile: ncu's kernel times of one 64-lane step; pin: the served rates with the server and the
+# load generator on separate cpus;
 # draw: sampled streams (--temperature 0.6) at C = 16, 64 with the host sampler and with the lanes'
 # draws (NINFER_LANE_DRAW=0 / 1), then test_serve_lanes.py with the draws on; wide: the wide gemv's
 # versions (Bench.DISABLED_GemvWideVersions: the x prefetched / shared, C = 8..64)
@@ -21,7 +23,7 @@ STAGES=${1:-kernels,tests,spec,load,bench,serve,pytest,draw,wide,long}
 RUN_GREP='lanes|scheduler'
 unpack
 test_models "tiny tiny-gqa3" "groupwise-int bf16"
-if has load || has bench || has serve || has long || has draw; then model_9b; fi
+if has load || has bench || has serve || has long || has draw || has profile || has pin; then model_9b; fi
 models_done
 has kernels && run test_kernels 300 build/test/test_kernels
 has tests && run test_gpu 300 build/test/test_gpu
@@ -44,6 +46,26 @@ has bench && timeout 120 build/apps/ninfer-bench /tmp/9b.ninfer -p 512 -n 128 -r
 for mk in ${ATT_MIN_KEYS:-128}; do
   has bench && echo "== bench_gpu, NINFER_ATT_MIN_KEYS=$mk" && NINFER_ATT_MIN_KEYS=$mk timeout 200 build/test/bench_gpu /tmp/9b.ninfer 2>&1 | grep -E '^lanes|step graph|copy bandwidth'
 done
+# profile: ncu's kernel times of one 64-lane step at a ~640-token context (bench_gpu's
+# NINFER_PROFILE_LANES step), summed by kernel (test/device/ncu_sum.py)
+if has profile; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  NINFER_PROFILE_LANES=1 timeout 300 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+    --log-file $OUT/ncu_lanes.csv build/test/bench_gpu /tmp/9b.ninfer > $OUT/ncu_bench.out 2>&1
+  echo "== ncu rc=$?"; python3 test/device/ncu_sum.py $OUT/ncu_lanes.csv 40 || tail -5 $OUT/ncu_bench.out
+fi
+# pin: the served C = 16 / 64 rates with the server on cpus 0-11 and the load generator on
+# 12-15 (its python threads off the server's cores, as a client on another host), the stats
+# lines a second beside them
+if has pin; then
+  taskset -c 0-11 build/apps/ninfer-serve /tmp/9b.ninfer --port 18092 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 1000 2>$OUT/serve_pin.log & S=$!
+  if up 18092; then
+    echo "== pinned: server on cpus 0-11, loadgen on 12-15"
+    timeout 200 taskset -c 12-15 python3 test/loadgen.py decode --url http://127.0.0.1:18092 --concurrency 16,64 --prompt-words 480 --max-tokens 256
+    grep "stats:" $OUT/serve_pin.log | sed 's/.*decode_tok_s=\([0-9.]*\).*running=\([0-9]*\).* decode_steps=/tok_s=\1 running=\2 steps=/' | grep -v "steps=0 " | head -40
+  else echo "serve (pin) did not come up"; tail -3 $OUT/serve_pin.log; fi
+  kill $S; wait $S 2>/dev/null
+fi
 if has serve || has pytest || has draw; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl && export PYTHONPATH=/tmp/site
 fi
