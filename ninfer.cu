@@ -4491,11 +4491,18 @@ struct AttnArgs {
     float* part_ml;                   // [Hkv][n_splits][G*C][2]
     float scale;
 };
-template <int QPW, int KV>  // queries per warp: the block serves up to 4*QPW queries; KV: the cache format
+// queries per warp: the block serves up to 4*QPW queries; KV: the cache format. the softmax
+// of query qi is warp qi / QPW's; the p v products are split so that each v row is read once
+// a block: warp w takes query group w / KS (4 queries) over key slice w % KS (keys ks, ks + KS,
+// ...), and for KS > 1 the slices' sums meet in shared memory at the end (a v tile read once
+// per warp, as when each warp took its own queries over every key, was the kernel's bound:
+// ~2.5x the useful l2 traffic at 64 lanes)
+template <int QPW, int KV>
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
-    constexpr int NQ = 4 * QPW;
+    constexpr int NQ = 4 * QPW, KS = 4 / QPW;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int qg = warp / KS, ks = warp % KS;  // the p v part's query group and key slice
     // the block's columns: all C (one sequence), or lanes: column blockIdx.z alone, with the
     // same arithmetic as a lone launch of that column (only the partials' slots differ)
     const int z = a.lanes ? (int)blockIdx.z : 0, C = a.lanes ? 1 : a.C;
@@ -4506,6 +4513,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     const int G = a.Hq / a.Hkv, nq = G * C, nq_all = G * a.C, q_first = z * G;
     __shared__ __align__(16) float qs[NQ][ATT_HD];
     __shared__ float ps[NQ][ATT_KEYS];
+    __shared__ float al[NQ];                                  // each query's rescale of this tile
+    __shared__ __align__(16) float red[KS > 1 ? KS * NQ : 1][ATT_HD];  // the key slices' sums
     __shared__ int vis[NQ];
     int lmax = 0;
     for (int c = 0; c < C; c++) lmax = max(lmax, pos[c] + 1);
@@ -4516,14 +4525,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
         qs[qi][d] = v;
     }
     if (tid < NQ) vis[tid] = tid < nq ? pos[tid / G] : -1;
-    // running softmax state of the queries this warp owns (qi = warp + 4k), replicated in lanes
-    float m_run[QPW], l_run[QPW], acc[QPW][8];
+    // running softmax state of the queries this warp owns (qi = warp * QPW + k), replicated in
+    // lanes; acc: the p v sums of query group qg over key slice ks, lanes over dims
+    float m_run[QPW], l_run[QPW], acc[4][8];
 #pragma unroll
-    for (int k = 0; k < QPW; k++) {
-        m_run[k] = -INFINITY; l_run[k] = 0.f;
+    for (int k = 0; k < QPW; k++) { m_run[k] = -INFINITY; l_run[k] = 0.f; }
 #pragma unroll
-        for (int d = 0; d < 8; d++) acc[k][d] = 0.f;
-    }
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int d = 0; d < 8; d++) acc[q][d] = 0.f;
     const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
     const int kbeg = sp * split_keys;
     const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
@@ -4559,7 +4569,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
         // (2) online softmax per owned query
 #pragma unroll
         for (int k = 0; k < QPW; k++) {
-            int qi = warp + 4 * k;
+            int qi = warp * QPW + k;
             float v0 = ps[qi][lane], v1 = ps[qi][lane + 32], v2 = ps[qi][lane + 64], v3 = ps[qi][lane + 96];
             float cm = warp_max(fmaxf(fmaxf(v0, v1), fmaxf(v2, v3)));
             float mn = fmaxf(m_run[k], cm);
@@ -4569,41 +4579,67 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
             ps[qi][lane] = e0; ps[qi][lane + 32] = e1; ps[qi][lane + 64] = e2; ps[qi][lane + 96] = e3;
             l_run[k] = l_run[k] * alpha + warp_sum(e0 + e1 + e2 + e3);
             m_run[k] = mn;
-#pragma unroll
-            for (int d = 0; d < 8; d++) acc[k][d] *= alpha;
+            if (lane == 0) al[qi] = alpha;
         }
-        __syncwarp();
-        // (3) acc += p v, lanes over dims; each warp reads only the probabilities it wrote.
-        // v rows in batches of 8 so that 8 loads are in flight, not one
-        for (int t0 = 0; t0 < nk; t0 += 8) {
+        __syncthreads();
+        // (3) acc = acc * alpha + p v over the warp's key slice, lanes over dims. v rows in
+        // batches of 8 so that 8 loads are in flight, not one
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float alpha = al[qg * 4 + q];
+#pragma unroll
+            for (int d = 0; d < 8; d++) acc[q][d] *= alpha;
+        }
+        for (int t0 = ks; t0 < nk; t0 += 8 * KS) {
             KvVec<KV> raw[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                if (t0 + j < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j, lane * 8);
+                if (t0 + j * KS < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j * KS, lane * 8);
                 else raw[j].zero();
             }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
+                const int t = t0 + j * KS;
                 float vf[8];
                 raw[j].get(vf);
 #pragma unroll
-                for (int k = 0; k < QPW; k++) {
-                    float p = t0 + j < nk ? ps[warp + 4 * k][t0 + j] : 0.f;
+                for (int q = 0; q < 4; q++) {
+                    float p = t < nk ? ps[qg * 4 + q][t] : 0.f;
 #pragma unroll
-                    for (int d = 0; d < 8; d++) acc[k][d] = fmaf(p, vf[d], acc[k][d]);
+                    for (int d = 0; d < 8; d++) acc[q][d] = fmaf(p, vf[d], acc[q][d]);
                 }
             }
         }
-        __syncthreads();  // ps is rewritten by the next chunk
+        __syncthreads();  // ps and al are rewritten by the next chunk
+    }
+    // the partials: query qi's p v sum (its key slices added in slice order), m and l
+    if constexpr (KS > 1) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float* r = &red[ks * NQ + qg * 4 + q][lane * 8];
+            *(float4*)r = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+            *(float4*)(r + 4) = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+        }
+        __syncthreads();
     }
 #pragma unroll
     for (int k = 0; k < QPW; k++) {
-        int qi = warp + 4 * k;
+        int qi = warp * QPW + k;
         if (qi >= nq) continue;
+        float o[8];
+#pragma unroll
+        for (int d = 0; d < 8; d++) o[d] = acc[k][d];  // KS == 1: this warp's group is its own queries
+        if constexpr (KS > 1) {
+#pragma unroll
+            for (int d = 0; d < 8; d++) o[d] = red[qi][lane * 8 + d];
+            for (int s2 = 1; s2 < KS; s2++)
+#pragma unroll
+                for (int d = 0; d < 8; d++) o[d] += red[s2 * NQ + qi][lane * 8 + d];
+        }
         int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
         float* pa = a.part_acc + slot * ATT_HD + lane * 8;
-        *(float4*)pa = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
-        *(float4*)(pa + 4) = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
+        *(float4*)pa = make_float4(o[0], o[1], o[2], o[3]);
+        *(float4*)(pa + 4) = make_float4(o[4], o[5], o[6], o[7]);
         if (lane == 0) { a.part_ml[slot * 2] = m_run[k]; a.part_ml[slot * 2 + 1] = l_run[k]; }
     }
 }

@@ -1382,7 +1382,8 @@ TEST(GpuLanes, SchedulerThreadsMatchOneAtATimeKjv) {
 // their own counts and bias tables there (sample_lanes), greedy lanes take the argmax, and a
 // sampler the device's draws cannot take (top_k 0 over the whole domain) samples its row on the
 // host; every output equals the request alone on a one-sequence engine (whose picks are
-// generate_gpu's device sampler, equal to sample(): test_kernels Sampling.*)
+// generate_gpu's device sampler, equal to sample(): test_kernels Sampling.*; the top_k 0
+// request's reference samples on the host as its lane does, lanes_match_alone)
 TEST(GpuLanes, SampledLanesDrawInTheStepKjv) {
     NEED_GPU();
     const char* path = "models/kjv/kjv.ninfer";

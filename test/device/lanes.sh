@@ -26,7 +26,7 @@ test_models "tiny tiny-gqa3" "groupwise-int bf16"
 if has load || has bench || has serve || has long || has draw || has profile || has pin; then model_9b; fi
 models_done
 has kernels && run test_kernels 300 build/test/test_kernels
-has tests && run test_gpu 300 build/test/test_gpu
+has tests && run test_gpu 300 build/test/test_gpu ${GPU_FILTER:+--gtest_filter=$GPU_FILTER}  # GPU_FILTER: a gtest filter
 has spec && run test_spec_gpu 300 build/test/test_spec --gtest_filter='SpecGpu*'
 up() { for i in $(seq 1 900); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 0.2; done; return 1; }
 if has load; then
@@ -61,7 +61,7 @@ if has pin; then
   taskset -c 0-11 build/apps/ninfer-serve /tmp/9b.ninfer --port 18092 --max-concurrency 64 --max-context 1024 --kv-capacity 65536 --log-stats-interval-ms 1000 2>$OUT/serve_pin.log & S=$!
   if up 18092; then
     echo "== pinned: server on cpus 0-11, loadgen on 12-15"
-    timeout 200 taskset -c 12-15 python3 test/loadgen.py decode --url http://127.0.0.1:18092 --concurrency 16,64 --prompt-words 480 --max-tokens 256
+    timeout 200 taskset -c 12-15 python3 test/loadgen.py decode --url http://127.0.0.1:18092 --concurrency ${PIN_C:-16,64} --prompt-words 480 --max-tokens 256
     grep "stats:" $OUT/serve_pin.log | sed 's/.*decode_tok_s=\([0-9.]*\).*running=\([0-9]*\).* decode_steps=/tok_s=\1 running=\2 steps=/' | grep -v "steps=0 " | head -40
   else echo "serve (pin) did not come up"; tail -3 $OUT/serve_pin.log; fi
   kill $S; wait $S 2>/dev/null
