@@ -4494,9 +4494,8 @@ struct AttnArgs {
 // queries per warp: the block serves up to 4*QPW queries; KV: the cache format. the softmax
 // of query qi is warp qi / QPW's; the p v products are split so that each v row is read once
 // a block: warp w takes query group w / KS (4 queries) over key slice w % KS (keys ks, ks + KS,
-// ...), and for KS > 1 the slices' sums meet in shared memory at the end (a v tile read once
-// per warp, as when each warp took its own queries over every key, was the kernel's bound:
-// ~2.5x the useful l2 traffic at 64 lanes)
+// ...), and for KS > 1 the slices' sums meet in shared memory at the end (not each warp its own
+// queries over every key: that read each v tile once per warp)
 template <int QPW, int KV>
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
