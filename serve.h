@@ -4219,18 +4219,17 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     // accept until a signal; this thread logs the stats lines (never busy with a request, so
     // they come on time however loaded the engine threads are)
+    // (and while draining, below)
     const double stats_every = o.log_stats_interval_ms / 1e3;
     double next_stats = serve_now() + stats_every;
+    auto stats_due = [&]() {  // called with s.mu held
+        if (stats_every > 0 && serve_now() >= next_stats) { serve_stats_line(); next_stats = serve_now() + stats_every; }
+    };
     for (;;) {
         int wait_ms = -1;
         if (stats_every > 0) {
-            const double now = serve_now();
-            if (now >= next_stats) {
-                std::lock_guard<std::mutex> lk(s.mu);
-                serve_stats_line();
-                next_stats = now + stats_every;
-            }
-            wait_ms = (int)std::min(ceil((next_stats - now) * 1e3), 1e9);
+            { std::lock_guard<std::mutex> lk(s.mu); stats_due(); }
+            wait_ms = (int)std::min(ceil((next_stats - serve_now()) * 1e3), 1e9);
         }
         struct pollfd p[2] = {{lfd, POLLIN, 0}, {s.stop_pipe[0], POLLIN, 0}};
         int r = poll(p, 2, wait_ms);
@@ -4273,11 +4272,11 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
         fprintf(stderr, "ninfer-serve: shutting down: %d connection(s), %zu queued, %s\n", s.n_conns, s.queue.size(),
                 (std::to_string(s.running) + " running").c_str());
         double deadline = serve_now() + o.drain_timeout_ms / 1e3;
-        while (s.n_conns > 0 && serve_now() < deadline && s.signals < 2) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
+        while (s.n_conns > 0 && serve_now() < deadline && s.signals < 2) { s.conns_cv.wait_for(lk, std::chrono::milliseconds(50)); stats_due(); }
         s.force_cancel = true;
         for (auto& j : s.queue) j->cv.notify_all();
         deadline = serve_now() + 3.0;
-        while (s.n_conns > 0 && serve_now() < deadline) s.conns_cv.wait_for(lk, std::chrono::milliseconds(50));
+        while (s.n_conns > 0 && serve_now() < deadline) { s.conns_cv.wait_for(lk, std::chrono::milliseconds(50)); stats_due(); }
         s.engine_exit = true;
         s.engine_cv.notify_all();
     }
