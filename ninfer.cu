@@ -2624,6 +2624,22 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 
 enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the wide kernel, or in chunks
 
+// the decode step's causal conv (conv_step's math, model.md 3.7) made where a product stores
+// its bf16 outputs: row r of the product is channel off + r (rows < `rows`), column c reads
+// the conv state of slot sin[c] (none where < 0: zeros) and writes it to slot sout[c] (none
+// where < 0). each (row, column) is stored by one thread, so a column's channels need no other
+// block's: what holds where every column is its own sequence of one token (a lone decode step,
+// the lanes), not for the mtp verify's chain of columns (conv_step runs it)
+struct GemvConv {
+    const bf16_t* w = nullptr;                   // [4][dim] (tap 3 the current token)
+    bf16_t* state = nullptr; int64_t stride = 0; // slot s at state + s * stride: [3][dim], oldest first
+    const int* sin = nullptr; const int* sout = nullptr;  // per column
+    bf16_t* y = nullptr; int ldy = 0;            // [C][ldy] the conv output (silu applied)
+    int dim = 0, off = 0, rows = 0;
+};
+__host__ __device__ inline void gemv_conv_cols(GemvConv& cv, int c0) {  // the conv of columns c0..
+    if (cv.w) { cv.sin += c0; cv.sout += c0; cv.y += (int64_t)c0 * cv.ldy; }
+}
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
     const bf16_t* x; int ldx; // x[c*ldx + k]
@@ -2635,10 +2651,14 @@ struct GemvArgs {
     // decode step needs no separate kernel for it. GEMV_X_RMS: x is the residual stream and the
     // product reads bf16(x * rsqrt(mean(x^2) + eps) * (1 + xw)) (rmsnorm_kernel's math);
     // GEMV_X_SWIGLU: x is [gate | up] (up at + cols) and the product reads
-    // bf16(bf16(silu(gate)) * up) (swiglu_kernel's math).
+    // bf16(bf16(silu(gate)) * up) (swiglu_kernel's math). GEMV_X_GATED (the wide kernel's
+    // prep only): x is the deltanet's core output, and the product reads the gated norm of each
+    // 128-wide head with the gate z (xz, ldz) and the norm weight xw (gated_rmsnorm_kernel's math).
     int xmode; const bf16_t* xw; float eps;
+    const bf16_t* xz; int ldz;
+    GemvConv cv;              // y's causal conv in the epilogue (GemvConv; cv.w null: none)
 };
-enum { GEMV_X_PLAIN = 0, GEMV_X_RMS = 1, GEMV_X_SWIGLU = 2 };
+enum { GEMV_X_PLAIN = 0, GEMV_X_RMS = 1, GEMV_X_SWIGLU = 2, GEMV_X_GATED = 3 };
 
 __device__ __forceinline__ uint2 ldg_stream_u2(const void* p) {
     uint2 v;
@@ -2936,6 +2956,22 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt
 }
 
 // y[col][row] = s (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of s)
+// channel off + r of column c: conv_step_kernel's arithmetic on the stored bf16 u
+__device__ __forceinline__ void gemv_conv_store(const GemvConv& cv, int r, int c, float u) {
+    const int ch = cv.off + r, D = cv.dim, sin = cv.sin[c], sout = cv.sout[c];
+    const float w0 = bf2f(cv.w[ch]), w1 = bf2f(cv.w[D + ch]), w2 = bf2f(cv.w[2 * D + ch]), w3 = bf2f(cv.w[3 * D + ch]);
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f;
+    if (sin >= 0) {
+        const bf16_t* st = cv.state + sin * cv.stride;
+        s0 = bf2f(st[ch]); s1 = bf2f(st[D + ch]); s2 = bf2f(st[2 * D + ch]);
+    }
+    const float acc = fmaf(w3, u, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
+    cv.y[(int64_t)c * cv.ldy + ch] = f2bf(silu_f(acc));
+    if (sout >= 0) {
+        bf16_t* st = cv.state + sout * cv.stride;
+        st[ch] = f2bf(s1); st[D + ch] = f2bf(s2); st[2 * D + ch] = f2bf(u);
+    }
+}
 __device__ __forceinline__ void gemv_store(const GemvArgs& a, int64_t row, int col, float s) {
     if (a.y_f32) {
         if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
@@ -2943,6 +2979,7 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int64_t row, int c
     } else {
         float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
         ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
+        if (a.cv.w && row < a.cv.rows) gemv_conv_store(a.cv, (int)row, col, bfround(v));
     }
 }
 
@@ -2983,6 +3020,7 @@ __device__ __forceinline__ GemvArgs gemv_col_chunk(const GemvArgs& a0) {
     a.x += (int64_t)c0 * a.ldx;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    gemv_conv_cols(a.cv, c0);
     a.C = a.C - c0 < GEMV_MAX_COLS ? a.C - c0 : GEMV_MAX_COLS;
     return a;
 }
@@ -3404,10 +3442,10 @@ static int g_gemv_xp_from = 1, g_gemv_xp_plain_from = 2;
 // layout and 1 / rms tree); a product whose caller says its x is the previous product's
 // (GemvX::again) reads it as it is when its own prep would write the same bits
 struct GemvXpKey {
-    const bf16_t* x; int ldx, C, xmode; const bf16_t* xw; float eps; int64_t k; bool w8; int nw;
+    const bf16_t* x; int ldx, C, xmode; const bf16_t* xw; float eps; int64_t k; bool w8; int nw; const bf16_t* xz; int ldz;
     bool operator==(const GemvXpKey& o) const {
         return x == o.x && ldx == o.ldx && C == o.C && xmode == o.xmode && xw == o.xw && eps == o.eps && k == o.k && w8 == o.w8 &&
-               nw == o.nw;
+               nw == o.nw && xz == o.xz && ldz == o.ldz;
     }
 };
 struct GemvXpBuf { cudaStream_t s; uint8_t* p; bool used; bool held; GemvXpKey key; };
@@ -3443,6 +3481,39 @@ static void gemv_xp_forget(cudaStream_t s) {
     for (auto& b : g_gemv_xpbuf) if (b.used && b.s == s) b.held = false;
 }
 
+// GEMV_X_GATED: 1 / rms of the 128-wide head whose LPT entries this thread holds (xr), bit for
+// bit gated_rmsnorm_kernel's: its block_sum over 128 threads of one entry each (each 32-entry
+// slice's shuffle tree, then (w0 + w2) + (w1 + w3) of the slices) replayed on the head's
+// 128 / LPT consecutive threads of the warp, an entry's partner at offset m a thread m / LPT
+// away (m >= LPT) or in the thread's own entries
+enum { GEMV_GATED_N = 128 };
+template <int LPT>
+__device__ __forceinline__ float gemv_gated_inv(const uint4 (&xr)[2], float eps) {
+    static_assert(GEMV_GATED_N % LPT == 0 && 32 % LPT == 0, "gated norm: whole heads of whole threads");
+    const bf16_t* e = (const bf16_t*)xr;
+    float sq[LPT];
+#pragma unroll
+    for (int j = 0; j < LPT; j++) { const float v = bf2f(e[j]); sq[j] = v * v; }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) {
+        if (m >= LPT) {
+#pragma unroll
+            for (int j = 0; j < LPT; j++) sq[j] += __shfl_xor_sync(0xffffffffu, sq[j], m / LPT);
+        } else {
+            float t[LPT];
+#pragma unroll
+            for (int j = 0; j < LPT; j++) t[j] = sq[j] + sq[j ^ m];
+#pragma unroll
+            for (int j = 0; j < LPT; j++) sq[j] = t[j];
+        }
+    }
+    constexpr int TPW = 32 / LPT;  // threads a 32-entry slice
+    float ss = sq[0];
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2 * TPW);
+    ss += __shfl_xor_sync(0xffffffffu, ss, TPW);
+    return rsqrtf(ss / (float)GEMV_GATED_N + eps);
+}
+
 // grid (C, chunks): block (c, y) prepares column c's entries [y * blockDim.x, ...) step
 // chunks * blockDim.x; blockDim.x = NW * 32 of the matrix's x-staged kernel, so block_sum is
 // that kernel's 1 / rms tree (its threads >= NW * 32 add zeros: the same bits)
@@ -3467,31 +3538,50 @@ __global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, 
     }
     const int n_x = units * 4;
     for (int i0 = blockIdx.y * blockDim.x; i0 < n_x; i0 += gridDim.y * blockDim.x) {
-        const int i = i0 + threadIdx.x;
-        float part = 0.f;
-        if (i < n_x) {
-            const int tt = i & 3, u = i >> 2;
-            const int64_t k0 = (int64_t)u * Fm::G + tt * Fm::LPT;
-            const bf16_t* src = xc + k0;
-            uint4 xr[2];
+        const int i = i0 + threadIdx.x, tt = i & 3, u = i >> 2;
+        const bool live = i < n_x;
+        const int64_t k0 = (int64_t)u * Fm::G + tt * Fm::LPT;
+        const bf16_t* src = xc + k0;
+        uint4 xr[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            if (live && q * 8 < Fm::LPT) xr[q] = __ldg((const uint4*)src + q);
+        if (a.xmode == GEMV_X_GATED) {  // every lane: the head's sum of squares is a shuffle tree
+            const float ginv = gemv_gated_inv<Fm::LPT>(xr, a.eps);
+            const bf16_t* zc = a.xz + (int64_t)c * a.ldz + k0;
+            const bf16_t* gw = a.xw + (k0 & (GEMV_GATED_N - 1));
 #pragma unroll
             for (int q = 0; q < 2; q++) {
-                if (q * 8 >= Fm::LPT) { xr[q] = make_uint4(0, 0, 0, 0); continue; }
-                uint4 v = __ldg((const uint4*)src + q);
+                if (!live || q * 8 >= Fm::LPT) continue;
+                const uint4 zv = __ldg((const uint4*)zc + q), wv = __ldg((const uint4*)gw + q);
+                bf16_t* e = (bf16_t*)&xr[q];
+                const bf16_t* ze = (const bf16_t*)&zv;
+                const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float nrm = bfround(bf2f(e[j]) * ginv);
+                    const float pw = bfround(bf2f(we[j]) * nrm);
+                    e[j] = f2bf(pw * silu_f(bf2f(ze[j])));
+                }
+            }
+        }
+        float part = 0.f;
+        if (live) {
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                if (q * 8 >= Fm::LPT) continue;
+                bf16_t* e = (bf16_t*)&xr[q];
                 if (a.xmode == GEMV_X_RMS) {
                     const uint4 wv = __ldg((const uint4*)(a.xw + k0) + q);
-                    bf16_t* e = (bf16_t*)&v;
                     const bf16_t* we = (const bf16_t*)&wv;
 #pragma unroll
                     for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv * (1.f + bf2f(we[j])));
                 } else if (a.xmode == GEMV_X_SWIGLU) {
                     const uint4 uv = __ldg((const uint4*)(src + K) + q);
-                    bf16_t* e = (bf16_t*)&v;
                     const bf16_t* ue = (const bf16_t*)&uv;
 #pragma unroll
                     for (int j = 0; j < 8; j++) e[j] = f2bf(bfround(silu_f(bf2f(e[j]))) * bf2f(ue[j]));
                 }
-                xr[q] = v;
             }
             uint32_t bw[W];
 #pragma unroll
@@ -3505,7 +3595,7 @@ __global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, 
         }
         part += __shfl_xor_sync(0xffffffffu, part, 1);
         part += __shfl_xor_sync(0xffffffffu, part, 2);
-        if (i < n_x && (i & 3) == 0) xps[(size_t)(i >> 2) * cp + c] = part;
+        if (live && tt == 0) xps[(size_t)u * cp + c] = part;
     }
 }
 
@@ -3536,6 +3626,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
     const int c0 = (int)(blockIdx.x % groups) * cg;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    gemv_conv_cols(a.cv, c0);
     a.C = a.C - c0 < cg ? a.C - c0 : cg;
     if (a.C <= 0) return;  // never taken (groups = ceil(C / cg)), but ptxas builds the measured sass from it
     using Fm = GemvFmt<F>;
@@ -3692,7 +3783,7 @@ static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again,
     uint4* xp = (uint4*)xb.p;
     float* xps = (float*)(xb.p + (size_t)units * cp * W * 16);  // after xp: 16 W bytes a (unit, column)
     // the q formats share G, LPT and gemv_xfrag: one prep serves a q4 and a q5 matrix alike
-    const GemvXpKey key = {a.x, a.ldx, a.C, a.xmode, a.xw, a.eps, a.w.cols, F == FMT_W8, NW};
+    const GemvXpKey key = {a.x, a.ldx, a.C, a.xmode, a.xw, a.eps, a.w.cols, F == FMT_W8, NW, a.xz, a.ldz};
     if (!(again && xb.held && xb.key == key)) {
         const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
         launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
@@ -3826,6 +3917,7 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
     if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
+    CHECK(a.xmode != GEMV_X_GATED, "gemv: the gated norm is the wide kernel's prep's (not kernel %d's)", (int)k);
     // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
     CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
     const dim3 rgrid(tiles, (unsigned)CEIL_DIV(a.C, (int)GEMV_MAX_COLS));
@@ -3846,7 +3938,12 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 // again: the caller's word that x is the previous product's on this stream, transform and all,
 // and nothing wrote it since: a wide product then reads the prepared x that product left
-struct GemvX { int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; bool again = false; };
+// z, ldz: GEMV_X_GATED's gate. conv (nullable): the causal conv the epilogue makes of y (GemvConv)
+struct GemvX {
+    int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; bool again = false;
+    const bf16_t* z = nullptr; int ldz = 0;
+    const GemvConv* conv = nullptr;
+};
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
 // columns run in launches of gemv_launch_cols)
 static bool gemv_fusable(const Mat& w) {
@@ -3861,6 +3958,11 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
     CHECK(cols >= 1 && cols <= GEMV_WIDE_COLS, "gemv: %d columns per launch", cols);
+    CHECK(xt.mode != GEMV_X_GATED || (xt.z && w.cols % GEMV_GATED_N == 0), "gemv: a gated norm of %lld columns in heads of %d (gate %s)",
+          (long long)w.cols, (int)GEMV_GATED_N, xt.z ? "given" : "missing");
+    CHECK(!xt.conv || (!y_f32 && xt.conv->w && xt.conv->rows <= w.rows && xt.conv->off + xt.conv->rows <= xt.conv->dim),
+          "gemv: a conv epilogue needs bf16 outputs and channels inside the conv (rows %d at %d of %d)", xt.conv ? xt.conv->rows : 0,
+          xt.conv ? xt.conv->off : 0, xt.conv ? xt.conv->dim : 0);
     for (int c0 = 0; c0 < C; c0 += cols) {
         GemvArgs a;
         a.w = w;
@@ -3870,6 +3972,8 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
         a.ldy = ldy; a.y_f32 = y_f32;
         a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
         a.xmode = xt.mode; a.xw = xt.w; a.eps = xt.eps;
+        a.xz = xt.z ? xt.z + (int64_t)c0 * xt.ldz : nullptr; a.ldz = xt.ldz;
+        if (xt.conv) { a.cv = *xt.conv; gemv_conv_cols(a.cv, c0); }
         launch(a);
     }
 }
@@ -3881,6 +3985,7 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
 // adds a bf16 residual. all pointers are device pointers.
 static bool gemv_wide_takes(const Mat& w, int C, int xmode) {
     const GemvKernel k = gemv_pick(w);
+    if (xmode == GEMV_X_GATED) return gemv_xs_kernel_k(k);  // the prep alone makes it
     const int xp_from = xmode == GEMV_X_PLAIN ? g_gemv_xp_plain_from : g_gemv_xp_from;
     return gemv_xs_kernel_k(k) && (C > gemv_launch_cols(w, k) || (xp_from >= 1 && C >= xp_from));
 }
@@ -3922,6 +4027,7 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
 // at x + token*ldx + head*n. two passes over the row (the second hits l1), so y may alias x.
 
 enum { NORM_THREADS = 128 };
+static_assert((int)GEMV_GATED_N == (int)NORM_THREADS, "the wide prep's gated norm replays a block of one head entry a thread");
 
 // y = bf16( x * rsqrt(mean(x^2) + eps) * (1 + w) ), all fp32 (model.md 4.1); plain_w: * w
 // (used by no text norm of qwen3.5, kept for the vision tower and tests)
@@ -5598,7 +5704,7 @@ enum { LINEAR_GEMV_MAX = 8 };
 static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
                    cudaStream_t stream, GemvX xt = GemvX(), bool gemv_only = false) {
     if (T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w)) {
-        CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
+        CHECK(xt.mode == GEMV_X_PLAIN && !xt.conv, "linear: x transforms and the conv epilogue are for the gemv");
         gemv_xp_forget(stream);
         gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
     } else {
@@ -6574,7 +6680,11 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 //
 //   decode (T <= 8, GpuTuning::fuse_x): the products that read a norm of the residual stream, and
 //     down (swiglu of gate_up), make their x while staging it (GemvX), so a step has 24 row
-//     norms (the a/b branch of each deltanet layer) instead of 65 and no swiglu kernel.
+//     norms (the a/b branch of each deltanet layer) instead of 65 and no swiglu kernel; a
+//     deltanet layer's output product reads the gated norm from its prep (no gated_rmsnorm
+//     kernel), and where every column is its own one-token sequence (a lone step, the lanes)
+//     its input products make the causal conv in their epilogue (GemvConv: no conv_step), each
+//     bit for bit the separate kernel's.
 //
 // speed and where a decode step's time goes: README ("Speed") and test/bench-notes.md.
 //
@@ -7305,6 +7415,7 @@ struct LayerFuse {
     bool input_norm;  // the input projections read rmsnorm(x) (the deltanet a/b branch still runs the norm)
     bool post_norm;   // gate_up reads rmsnorm(x)
     bool swiglu;      // down reads swiglu(gate_up)
+    bool gated;       // a deltanet layer's output reads the gated norm of its core output (the wide prep's)
 };
 static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T, bool decode) {
     auto ok = [&](const Mat& m) { return decode && e->o.tune.fuse_x && gemv_fusable(m); };
@@ -7315,6 +7426,7 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     // product's bits are the same either way: fused (a launch saved; the wide kernel's prep
     // makes it once a product)
     f.swiglu = ok(w.down);
+    f.gated = !w.full && ok(w.gdn.output) && e->m->geo.dv == GEMV_GATED_N;
     return f;
 }
 // the head reads rmsnorm(x) of its rows
@@ -7344,6 +7456,9 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv || lanes);
     };
     const LayerFuse fu = gpu_layer_fuse(e, w, T, decode);
+    // the conv in the input products' epilogue where every column is its own one-token
+    // sequence (a lone step, the lanes); the mtp verify's chain takes conv_step
+    const bool conv_fused = decode && tu.fuse_x && (lanes || T == 1);
     const bool fin = fu.input_norm;
     GemvX nin;
     if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
@@ -7390,15 +7505,22 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
                 linear(d.b_proj, e->xb, H, pb, Hv2, nullptr, s2);
             }
         });
-        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
-        GemvX nin2 = nin;
+        GemvConv cqk, cvz;  // conv channels [q | k] from query_key's rows, [v] from value_z's first vd
+        GemvX nin1 = nin, nin2 = nin;
+        if (conv_fused) {
+            cqk.w = (const bf16_t*)d.convolution.p; cqk.state = e->conv[l]; cqk.stride = e->conv_slot; cqk.sin = P.slots;
+            cqk.sout = P.slots + T; cqk.y = e->cy; cqk.ldy = C; cqk.dim = C; cqk.off = 0; cqk.rows = 2 * kd;
+            cvz = cqk; cvz.off = 2 * kd; cvz.rows = vd;
+            nin1.conv = &cqk; nin2.conv = &cvz;
+        }
+        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin1);
         nin2.again = true;  // value_z reads query_key's x: one prep for both
         linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin2);
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
         if (decode) {
-            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s, lanes);
+            if (!conv_fused) conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s, lanes);
         } else {
             conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
         }
@@ -7420,8 +7542,14 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
             if (T >= tu.gdn_chunked_min) gdn_prefill_chunked(a, s);
             else gdn_prefill(a, s);
         }
-        gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
-        linear(d.output, e->gn, vd, e->x, H, e->x, s);
+        if (fu.gated) {
+            GemvX gx;
+            gx.mode = GEMV_X_GATED; gx.w = (const bf16_t*)d.norm.p; gx.eps = g.eps; gx.z = z; gx.ldz = LU;
+            linear(d.output, e->core, vd, e->x, H, e->x, s, gx);
+        } else {
+            gated_rmsnorm(e->core, vd, z, LU, e->gn, vd, (const bf16_t*)d.norm.p, g.dv, T, g.Hv, g.eps, s);
+            linear(d.output, e->gn, vd, e->x, H, e->x, s);
+        }
     }
     GemvX npost, sw;
     if (fu.post_norm) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }

@@ -64,14 +64,18 @@ int main(int argc, char** argv) {
         double mbytes = 0;
         cudaGraph_t gr;
         cudaCheck(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        int kernels = 0, fused_norms = 0, fused_swiglu = 0;
+        int kernels = 0, fused_norms = 0, fused_swiglu = 0, fused_gated = 0;
         // as the step runs them: a product that reads a norm of x (nw) or swiglu of gate_up
         // makes it while staging x where the x-staged kernel takes it (gpu_layer)
-        auto mm = [&](const Mat& w, const Vec* nw, bool fused, bool sw = false) {
+        const int LU = g.conv_dim + g.Hv * g.dv;
+        auto mm = [&](const Mat& w, const Vec* nw, bool fused, bool sw = false, bool gated = false) {
             GemvX xt;
             const bf16_t* x = e->xb;
             int ldx = (int)w.cols <= g.H ? g.H : (int)w.cols;
-            if (fused) {
+            if (fused && gated) {
+                xt.mode = GEMV_X_GATED; xt.w = (const bf16_t*)nw->p; xt.eps = g.eps; xt.z = e->u + g.conv_dim; xt.ldz = LU;
+                x = e->core; ldx = (int)w.cols; fused_gated++;
+            } else if (fused) {
                 if (sw) { xt.mode = GEMV_X_SWIGLU; x = e->gu; ldx = 2 * g.I; fused_swiglu++; }
                 else { xt.mode = GEMV_X_RMS; xt.w = (const bf16_t*)nw->p; xt.eps = g.eps; x = e->x; fused_norms++; }
             }
@@ -89,7 +93,7 @@ int main(int argc, char** argv) {
             } else {
                 mm(lw.gdn.query_key, &lw.input_norm, fu.input_norm); mm(lw.gdn.value_z, &lw.input_norm, fu.input_norm);
                 if (e->ab[l].rows) mm(e->ab[l], nullptr, false); else { mm(lw.gdn.a_proj, nullptr, false); mm(lw.gdn.b_proj, nullptr, false); }
-                mm(lw.gdn.output, nullptr, false);
+                mm(lw.gdn.output, &lw.gdn.norm, fu.gated, false, true);
             }
             mm(lw.gate_up, &lw.post_norm, fu.post_norm); mm(lw.down, nullptr, fu.swiglu, true);
         }
@@ -103,8 +107,9 @@ int main(int argc, char** argv) {
             float t_step = time_graph(e->graph[0], 50);
             printf("decode     step graph %.3f ms/token on the device (%.1f tok/s without host round trips)\n", t_step, 1e3 / t_step);
         }
-        printf("decode     matrices only: %d products (%d with a fused norm, %d with fused swiglu), %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n",
-               kernels, fused_norms, fused_swiglu, mbytes / 1e9, t_mm, mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
+        printf("decode     matrices only: %d products (%d with a fused norm, %d with fused swiglu, %d with the gated norm; the conv "
+               "epilogues left out), %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n",
+               kernels, fused_norms, fused_swiglu, fused_gated, mbytes / 1e9, t_mm, mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
         // rmsnorm kernels left in the step: 2 per layer + the final one, less those the products
         // make themselves (a layer's input norm counts once however many products fuse it)
         int norm_kernels = 0;
@@ -119,18 +124,19 @@ int main(int argc, char** argv) {
         while (g.full[l_gdn]) l_gdn++;
         while (!g.full[l_full]) l_full++;
         const LayerWeights& wg = e->w.layers[l_gdn]; const LayerWeights& wf = e->w.layers[l_full];
-        const int C = g.conv_dim, vd = g.Hv * g.dv, LU = C + vd, qd = g.Hq * g.head_dim, ld = qd + g.Hkv * g.head_dim;
+        const int C = g.conv_dim, vd = g.Hv * g.dv, qd = g.Hq * g.head_dim, ld = qd + g.Hkv * g.head_dim;
         int ns, sk; gpu_attn_plan(0, &ns, &sk);
         struct Kind { const char* name; int count; std::function<void(cudaStream_t)> f; };
         std::vector<Kind> kinds = {
             {"rmsnorm (row of H)", norm_kernels, [&](cudaStream_t s) { rmsnorm(e->x, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, 1, 1, g.eps, false, s); }},
-            {"conv_step", g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
+            // a lone step makes the conv in its input products' epilogue (fuse_x)
+            {"conv_step", e->o.tune.fuse_x ? 0 : g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
             {"gdn_step", g.n_gdn, [&](cudaStream_t s) {
                 GdnStepArgs a; a.qkv = e->cy; a.ldqkv = C; a.a = e->pab; a.b = e->pab + g.Hv; a.ldab = 2 * g.Hv;
                 a.a_log = (const float*)wg.gdn.a_log.p; a.dt_bias = (const float*)wg.gdn.dt_bias.p; a.state = e->rec[l_gdn];
                 a.slot_stride = e->rec_slot; a.slots = e->dec.slots; a.out = e->core; a.ldo = vd; a.C = 1; a.Hk = g.Hk; a.Hv = g.Hv;
                 gdn_step(a, s); }},
-            {"gated_rmsnorm", g.n_gdn, [&](cudaStream_t s) { gated_rmsnorm(e->core, vd, e->u + C, LU, e->gn, vd, (const bf16_t*)wg.gdn.norm.p, g.dv, 1, g.Hv, g.eps, s); }},
+            {"gated_rmsnorm", g.n_gdn - fused_gated, [&](cudaStream_t s) { gated_rmsnorm(e->core, vd, e->u + C, LU, e->gn, vd, (const bf16_t*)wg.gdn.norm.p, g.dv, 1, g.Hv, g.eps, s); }},
             {"swiglu", swiglu_kernels, [&](cudaStream_t s) { swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, 1, s); }},
             {"attn_prep", g.n_full, [&](cudaStream_t s) {
                 AttnPrepArgs ap;

@@ -340,6 +340,7 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
 static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                          const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
     if (variant < 0) { gemv(w, x, ldx, C, y, ldy, y_f32, resid, ldr, stream, xt); return; }
+    CHECK(xt.mode != GEMV_X_GATED, "gemv: the gated norm is the wide kernel's prep's (variant %d)", variant);
     CHECK(xt.mode == GEMV_X_PLAIN || (variant >= 8 && gemv_fusable(w)),
           "gemv: an x transform needs the x-staged kernel (variant %d, %s, k %lld)", variant, format_name(w.format), (long long)w.cols);
     const int cols = variant == 8 ? gemv_launch_cols(w, GEMV_XS_8X3) : variant == 9 ? gemv_launch_cols(w, GEMV_XS_4X4)

@@ -480,6 +480,123 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
+// GEMV_X_GATED: the out product reading the gated norm of the deltanet's core output from its
+// prep equals gated_rmsnorm_kernel followed by the plain product, bit for bit (the prep replays
+// the kernel's sum-of-squares tree, gemv_gated_inv), for every format class, both warp splits,
+// a residual (the step adds into x), and the column counts of a lone step, the mtp verify and
+// the lanes (two launches past 64). the separate path's outputs and the gate are poisoned
+// beyond what they hold: a read past a head or a column shows as a difference
+TEST(Gemv, GatedNormPrepEqualsTheKernels) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t rows, cols; int occ; const char* name; };
+    const Case cases[] = {
+        {FMT_Q5, 4096, 4096, 0, "9b gdn output q5, 4 warps a tile"},
+        {FMT_Q4, 4096, 4096, GEMV_OCC_ROWS, "q4 4096x4096, 8 warps a tile"},
+        {FMT_Q6, 1024, 2048, GEMV_OCC_ROWS, "0.8b gdn output q6"},
+        {FMT_W8, 2560, 1024, 0, "w8 2560x1024 (8 heads)"},
+    };
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        g_gemv_occ_rows = tc.occ;
+        HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+        Rng r = rng();
+        const int Cmax = 70, K = (int)tc.cols, heads = K / 128, ldo = K + 8, ldz = 2 * K + 24, ldh = K, ldy = (int)tc.rows + 3;
+        auto o = rand_bf16(r, (size_t)Cmax * ldo, 1.5f), z = rand_bf16(r, (size_t)Cmax * ldz, 3.f);
+        auto nw = rand_bf16(r, 128, 1.f), res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
+        Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+        Dev dox(o.size() * 2), dz(z.size() * 2), dn(nw.size() * 2), dh((size_t)Cmax * ldh * 2);
+        up(dox, o); up(dz, z); up(dn, nw);
+        const Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
+        const bf16_t* zc = dz.as<bf16_t>() + 16;  // the gate at an offset (the step's z is u + conv_dim)
+        Dev dy0((size_t)Cmax * ldy * 2), dy1((size_t)Cmax * ldy * 2);
+        for (int n : {1, 2, 5, 8, 33, 64, 70}) {
+            SCOPED_TRACE(std::to_string(n) + " columns");
+            up(dy0, res); up(dy1, res); dh.poison();
+            gated_rmsnorm(dox.as<bf16_t>(), ldo, zc, ldz, dh.as<bf16_t>(), ldh, dn.as<bf16_t>(), 128, n, heads, 1e-6f, 0);
+            gemv(dm, dh.as<bf16_t>(), ldh, n, dy0.p, ldy, false, dy0.as<bf16_t>(), ldy, 0);
+            GemvX gx; gx.mode = GEMV_X_GATED; gx.w = dn.as<bf16_t>(); gx.eps = 1e-6f; gx.z = zc; gx.ldz = ldz;
+            gemv(dm, dox.as<bf16_t>(), ldo, n, dy1.p, ldy, false, dy1.as<bf16_t>(), ldy, 0, gx);
+            const auto y0 = down<uint16_t>(dy0, (size_t)n * ldy), y1 = down<uint16_t>(dy1, (size_t)n * ldy);
+            int bad = 0;
+            for (int c = 0; c < n; c++) bad += memcmp(&y0[(size_t)c * ldy], &y1[(size_t)c * ldy], (size_t)tc.rows * 2) != 0;
+            EXPECT_EQ(bad, 0) << bad << " of " << n << " columns differ from gated_rmsnorm + the product";
+        }
+    }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
+// GemvConv: the causal conv made in a product's epilogue equals the product followed by
+// conv_step, bit for bit: the product's outputs, the conv outputs and every slot of the conv
+// state, for a lone step (the slot read and the slot written differ, or there is none to
+// read or to write) and for the lanes (each column its own slot; 70 columns: two launches), on
+// every kernel a product can take (the wide one, the x-staged one below its column count, the
+// register kernel of bf16 weights in column chunks). two products fill the conv as the
+// deltanet's input projections do: query_key's rows all channels from 0, value_z's first half
+// the channels after them and its second half (z) none
+TEST(Gemv, ConvEpilogueEqualsConvStep) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t K; int xp_from; const char* name; };
+    const Case cases[] = {
+        {FMT_Q4, 1024, -1, "q4, the shipped kernels"},
+        {FMT_Q5, 1024, 0, "q5, the x-staged kernel below its column count"},
+        {FMT_W8, 512, -1, "w8"},
+        {FMT_BF16, 256, -1, "bf16, the register kernel"},
+    };
+    const int R1 = 512, R2 = 512, D = R1 + R2 / 2, LU = R1 + R2 + 8, SL = 80;  // conv channels D, slots SL
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        HostMat m1 = make_mat(tc.f, R1, tc.K, g_stream++), m2 = make_mat(tc.f, R2, tc.K, g_stream++);
+        Dev dw1(m1.bytes.size()), dw2(m2.bytes.size()); up(dw1, m1.bytes); up(dw2, m2.bytes);
+        const Mat mq = mat_from(&m1.obj, dw1.as<uint8_t>()), mv = mat_from(&m2.obj, dw2.as<uint8_t>());
+        Rng r = rng();
+        const int Cmax = 70, ldx = (int)tc.K + 8;
+        auto x = rand_bf16(r, (size_t)Cmax * ldx, 1.f), cw = rand_bf16(r, (size_t)4 * D, 0.5f);
+        auto st = rand_bf16(r, (size_t)SL * 3 * D, 1.f);
+        Dev dx(x.size() * 2), dcw(cw.size() * 2); up(dx, x); up(dcw, cw);
+        Dev st0(st.size() * 2), st1(st.size() * 2), u0((size_t)Cmax * LU * 2), u1((size_t)Cmax * LU * 2);
+        Dev y0((size_t)Cmax * D * 2), y1((size_t)Cmax * D * 2), dsl((size_t)2 * Cmax * 4);
+        struct Run { int n; bool lanes; int sin, sout; };
+        const Run runs[] = {{1, false, 3, 7}, {1, false, -1, 2}, {1, false, 5, -1}, {1, false, 4, 4},
+                            {3, true, 0, 0}, {8, true, 0, 0}, {64, true, 0, 0}, {70, true, 0, 0}};
+        const int from = g_gemv_xp_from, plain_from = g_gemv_xp_plain_from;
+        for (const Run& rn : runs) {
+            SCOPED_TRACE(std::to_string(rn.n) + " columns" + (rn.lanes ? " (lanes)" : ""));
+            std::vector<int> sl(2 * rn.n);
+            for (int c = 0; c < rn.n; c++) sl[c] = sl[rn.n + c] = rn.lanes ? (c * 37 + 11) % SL : c == 0 ? rn.sin : -1;
+            if (!rn.lanes) sl[rn.n] = rn.sout;
+            cudaCheck(cudaMemcpy(dsl.p, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice));
+            up(st0, st); up(st1, st); u0.poison(); u1.poison(); y0.poison(); y1.poison();
+            if (tc.xp_from >= 0) g_gemv_xp_from = g_gemv_xp_plain_from = tc.xp_from;
+            // separate: the two products into u, then conv_step
+            gemv(mq, dx.as<bf16_t>(), ldx, rn.n, u0.p, LU, false, nullptr, 0, 0);
+            gemv(mv, dx.as<bf16_t>(), ldx, rn.n, u0.as<bf16_t>() + R1, LU, false, nullptr, 0, 0);
+            conv_step(u0.as<bf16_t>(), LU, dcw.as<bf16_t>(), st0.as<bf16_t>(), 3 * D, dsl.as<int>(), y0.as<bf16_t>(), D, rn.n, D, 0, rn.lanes);
+            // fused
+            GemvConv c1;
+            c1.w = dcw.as<bf16_t>(); c1.state = st1.as<bf16_t>(); c1.stride = 3 * D; c1.sin = dsl.as<int>(); c1.sout = dsl.as<int>() + rn.n;
+            c1.y = y1.as<bf16_t>(); c1.ldy = D; c1.dim = D; c1.off = 0; c1.rows = R1;
+            GemvConv c2 = c1; c2.off = R1; c2.rows = R2 / 2;
+            GemvX x1, x2; x1.conv = &c1; x2.conv = &c2;
+            gemv(mq, dx.as<bf16_t>(), ldx, rn.n, u1.p, LU, false, nullptr, 0, 0, x1);
+            gemv(mv, dx.as<bf16_t>(), ldx, rn.n, u1.as<bf16_t>() + R1, LU, false, nullptr, 0, 0, x2);
+            cudaCheck(cudaDeviceSynchronize());
+            g_gemv_xp_from = from; g_gemv_xp_plain_from = plain_from;
+            const auto a_u = down<uint16_t>(u0, (size_t)rn.n * LU), b_u = down<uint16_t>(u1, (size_t)rn.n * LU);
+            const auto a_y = down<uint16_t>(y0, (size_t)rn.n * D), b_y = down<uint16_t>(y1, (size_t)rn.n * D);
+            const auto a_s = down<uint16_t>(st0, st.size()), b_s = down<uint16_t>(st1, st.size());
+            int bu = 0, by = 0, bs = 0;
+            for (int c = 0; c < rn.n; c++) {
+                bu += memcmp(&a_u[(size_t)c * LU], &b_u[(size_t)c * LU], (size_t)(R1 + R2) * 2) != 0;
+                by += memcmp(&a_y[(size_t)c * D], &b_y[(size_t)c * D], (size_t)D * 2) != 0;
+            }
+            for (int s = 0; s < SL; s++) bs += memcmp(&a_s[(size_t)s * 3 * D], &b_s[(size_t)s * 3 * D], (size_t)3 * D * 2) != 0;
+            EXPECT_EQ(bu, 0) << "product outputs of " << bu << " columns differ";
+            EXPECT_EQ(by, 0) << "conv outputs of " << by << " columns differ";
+            EXPECT_EQ(bs, 0) << bs << " conv state slots differ";
+        }
+    }
+}
+
 // GemvX::again: a wide product whose x is the previous product's reads that product's prepared
 // x (the 9b's value_z after query_key: a q5 after a q4, the input norm fused) and gives what its
 // own prep gives, bit for bit; a previous product whose prep differs (another format class, x,
