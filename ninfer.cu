@@ -2624,22 +2624,6 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 
 enum { GEMV_MAX_COLS = 8 };  // columns per launch (the mma n); more run on the wide kernel, or in chunks
 
-// the decode step's causal conv (conv_step's math, model.md 3.7) made where a product stores
-// its bf16 outputs: row r of the product is channel off + r (rows < `rows`), column c reads
-// the conv state of slot sin[c] (none where < 0: zeros) and writes it to slot sout[c] (none
-// where < 0). each (row, column) is stored by one thread, so a column's channels need no other
-// block's: what holds where every column is its own sequence of one token (a lone decode step,
-// the lanes), not for the mtp verify's chain of columns (conv_step runs it)
-struct GemvConv {
-    const bf16_t* w = nullptr;                   // [4][dim] (tap 3 the current token)
-    bf16_t* state = nullptr; int64_t stride = 0; // slot s at state + s * stride: [3][dim], oldest first
-    const int* sin = nullptr; const int* sout = nullptr;  // per column
-    bf16_t* y = nullptr; int ldy = 0;            // [C][ldy] the conv output (silu applied)
-    int dim = 0, off = 0, rows = 0;
-};
-__host__ __device__ inline void gemv_conv_cols(GemvConv& cv, int c0) {  // the conv of columns c0..
-    if (cv.w) { cv.sin += c0; cv.sout += c0; cv.y += (int64_t)c0 * cv.ldy; }
-}
 struct GemvArgs {
     Mat w;                    // device view, any of q4/q5/q6/w8 row-split or bf16 contiguous
     const bf16_t* x; int ldx; // x[c*ldx + k]
@@ -2656,7 +2640,6 @@ struct GemvArgs {
     // 128-wide head with the gate z (xz, ldz) and the norm weight xw (gated_rmsnorm_kernel's math).
     int xmode; const bf16_t* xw; float eps;
     const bf16_t* xz; int ldz;
-    GemvConv cv;              // y's causal conv in the epilogue (GemvConv; cv.w null: none)
 };
 enum { GEMV_X_PLAIN = 0, GEMV_X_RMS = 1, GEMV_X_SWIGLU = 2, GEMV_X_GATED = 3 };
 
@@ -2956,22 +2939,6 @@ __device__ __forceinline__ void gemv_compute(const uint32_t (&raw)[D][2][GemvFmt
 }
 
 // y[col][row] = s (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of s)
-// channel off + r of column c: conv_step_kernel's arithmetic on the stored bf16 u
-__device__ __forceinline__ void gemv_conv_store(const GemvConv& cv, int r, int c, float u) {
-    const int ch = cv.off + r, D = cv.dim, sin = cv.sin[c], sout = cv.sout[c];
-    const float w0 = bf2f(cv.w[ch]), w1 = bf2f(cv.w[D + ch]), w2 = bf2f(cv.w[2 * D + ch]), w3 = bf2f(cv.w[3 * D + ch]);
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f;
-    if (sin >= 0) {
-        const bf16_t* st = cv.state + sin * cv.stride;
-        s0 = bf2f(st[ch]); s1 = bf2f(st[D + ch]); s2 = bf2f(st[2 * D + ch]);
-    }
-    const float acc = fmaf(w3, u, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
-    cv.y[(int64_t)c * cv.ldy + ch] = f2bf(silu_f(acc));
-    if (sout >= 0) {
-        bf16_t* st = cv.state + sout * cv.stride;
-        st[ch] = f2bf(s1); st[D + ch] = f2bf(s2); st[2 * D + ch] = f2bf(u);
-    }
-}
 __device__ __forceinline__ void gemv_store(const GemvArgs& a, int64_t row, int col, float s) {
     if (a.y_f32) {
         if (a.resid) s += bf2f(a.resid[(int64_t)col * a.ldr + row]);
@@ -2979,7 +2946,6 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int64_t row, int c
     } else {
         float v = a.resid ? bf2f(a.resid[(int64_t)col * a.ldr + row]) + bfround(s) : s;
         ((bf16_t*)a.y)[(int64_t)col * a.ldy + row] = f2bf(v);
-        if (a.cv.w && row < a.cv.rows) gemv_conv_store(a.cv, (int)row, col, bfround(v));
     }
 }
 
@@ -3020,7 +2986,6 @@ __device__ __forceinline__ GemvArgs gemv_col_chunk(const GemvArgs& a0) {
     a.x += (int64_t)c0 * a.ldx;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
-    gemv_conv_cols(a.cv, c0);
     a.C = a.C - c0 < GEMV_MAX_COLS ? a.C - c0 : GEMV_MAX_COLS;
     return a;
 }
@@ -3517,7 +3482,7 @@ __device__ __forceinline__ float gemv_gated_inv(const uint4 (&xr)[2], float eps)
 // grid (C, chunks): block (c, y) prepares column c's entries [y * blockDim.x, ...) step
 // chunks * blockDim.x; blockDim.x = NW * 32 of the matrix's x-staged kernel, so block_sum is
 // that kernel's 1 / rms tree (its threads >= NW * 32 add zeros: the same bits)
-template <int F>
+template <int F, bool GATED>
 __global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, float* xps, int cp) {
     using Fm = GemvFmt<F>;
     constexpr int W = gemv_xs_words(F), NQ4 = W / 4;
@@ -3546,7 +3511,7 @@ __global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, 
 #pragma unroll
         for (int q = 0; q < 2; q++)
             if (live && q * 8 < Fm::LPT) xr[q] = __ldg((const uint4*)src + q);
-        if (a.xmode == GEMV_X_GATED) {  // every lane: the head's sum of squares is a shuffle tree
+        if constexpr (GATED) {  // every lane: the head's sum of squares is a shuffle tree
             const float ginv = gemv_gated_inv<Fm::LPT>(xr, a.eps);
             const bf16_t* zc = a.xz + (int64_t)c * a.ldz + k0;
             const bf16_t* gw = a.xw + (k0 & (GEMV_GATED_N - 1));
@@ -3626,7 +3591,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
     const int c0 = (int)(blockIdx.x % groups) * cg;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
-    gemv_conv_cols(a.cv, c0);
     a.C = a.C - c0 < cg ? a.C - c0 : cg;
     if (a.C <= 0) return;  // never taken (groups = ceil(C / cg)), but ptxas builds the measured sass from it
     using Fm = GemvFmt<F>;
@@ -3786,7 +3750,8 @@ static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again,
     const GemvXpKey key = {a.x, a.ldx, a.C, a.xmode, a.xw, a.eps, a.w.cols, F == FMT_W8, NW, a.xz, a.ldz};
     if (!(again && xb.held && xb.key == key)) {
         const int chunks = std::max(1, std::min(8, CEIL_DIV(units * 4, NW * 32)));
-        launch_k(gemv_xprep_kernel<F>, dim3((unsigned)a.C, (unsigned)chunks), NW * 32, 0, stream, a, xp, xps, cp);
+        launch_k(a.xmode == GEMV_X_GATED ? gemv_xprep_kernel<F, true> : gemv_xprep_kernel<F, false>, dim3((unsigned)a.C, (unsigned)chunks),
+                 NW * 32, 0, stream, a, xp, xps, cp);
         cudaCheck(cudaGetLastError());
     }
     xb.key = key; xb.held = record;
@@ -3938,11 +3903,10 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
 // what x is made from while the x-staged kernel stages it (GemvArgs::xmode)
 // again: the caller's word that x is the previous product's on this stream, transform and all,
 // and nothing wrote it since: a wide product then reads the prepared x that product left
-// z, ldz: GEMV_X_GATED's gate. conv (nullable): the causal conv the epilogue makes of y (GemvConv)
+// z, ldz: GEMV_X_GATED's gate
 struct GemvX {
     int mode = GEMV_X_PLAIN; const bf16_t* w = nullptr; float eps = 0.f; bool again = false;
     const bf16_t* z = nullptr; int ldz = 0;
-    const GemvConv* conv = nullptr;
 };
 // the x-staged kernel takes this matrix, so its products can fuse an x transform (any C: the
 // columns run in launches of gemv_launch_cols)
@@ -3960,9 +3924,6 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     CHECK(cols >= 1 && cols <= GEMV_WIDE_COLS, "gemv: %d columns per launch", cols);
     CHECK(xt.mode != GEMV_X_GATED || (xt.z && w.cols % GEMV_GATED_N == 0), "gemv: a gated norm of %lld columns in heads of %d (gate %s)",
           (long long)w.cols, (int)GEMV_GATED_N, xt.z ? "given" : "missing");
-    CHECK(!xt.conv || (!y_f32 && xt.conv->w && xt.conv->rows <= w.rows && xt.conv->off + xt.conv->rows <= xt.conv->dim),
-          "gemv: a conv epilogue needs bf16 outputs and channels inside the conv (rows %d at %d of %d)", xt.conv ? xt.conv->rows : 0,
-          xt.conv ? xt.conv->off : 0, xt.conv ? xt.conv->dim : 0);
     for (int c0 = 0; c0 < C; c0 += cols) {
         GemvArgs a;
         a.w = w;
@@ -3973,7 +3934,6 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
         a.resid = resid ? resid + (int64_t)c0 * ldr : nullptr; a.ldr = ldr;
         a.xmode = xt.mode; a.xw = xt.w; a.eps = xt.eps;
         a.xz = xt.z ? xt.z + (int64_t)c0 * xt.ldz : nullptr; a.ldz = xt.ldz;
-        if (xt.conv) { a.cv = *xt.conv; gemv_conv_cols(a.cv, c0); }
         launch(a);
     }
 }
@@ -4190,7 +4150,7 @@ static void rope_inv_freq(float theta, int rot, float* out) {
 // rounding, as the fused causal_conv1d kernel does; hf's torch fallback rounds the conv
 // output to bf16 before the silu as well).
 
-enum { CONV_THREADS = 128, CONV_TOKENS = 16 };
+enum { CONV_THREADS = 128, CONV_TOKENS = 16, CONV_LANES = 8 };
 
 struct ConvStepArgs {
     const bf16_t* u; int ldu;          // [C][conv_dim] raw projections
@@ -4203,16 +4163,37 @@ struct ConvStepArgs {
                                        // no slot shared by two columns (they run concurrently)
 };
 // decode: one thread per channel runs the C columns in order (a chain: the mtp verify's
-// columns continue each other); lanes: grid.z = column, each column its own chain of one
+// columns continue each other); lanes: grid.z = group of CONV_LANES columns, each column its
+// own chain of one, the group's loads all issued before any column's stores (the columns are
+// independent: one round of memory latency for the group instead of one a column)
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
     pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= a.conv_dim) return;
     int D = a.conv_dim;
     float w0 = bf2f(a.w[ch]), w1 = bf2f(a.w[D + ch]), w2 = bf2f(a.w[2 * D + ch]), w3 = bf2f(a.w[3 * D + ch]);
+    if (a.lanes) {
+        const int c0 = (int)blockIdx.z * CONV_LANES, n = a.C - c0 < CONV_LANES ? a.C - c0 : CONV_LANES;
+        float t0[CONV_LANES], t1[CONV_LANES], t2[CONV_LANES], uu[CONV_LANES];
+#pragma unroll
+        for (int i = 0; i < CONV_LANES; i++) {
+            if (i >= n) continue;
+            const bf16_t* st = a.state + a.slots[c0 + i] * a.slot_stride;
+            t0[i] = bf2f(st[ch]); t1[i] = bf2f(st[D + ch]); t2[i] = bf2f(st[2 * D + ch]);
+            uu[i] = bf2f(a.u[(int64_t)(c0 + i) * a.ldu + ch]);
+        }
+#pragma unroll
+        for (int i = 0; i < CONV_LANES; i++) {
+            if (i >= n) continue;
+            const float acc = fmaf(w3, uu[i], fmaf(w2, t2[i], fmaf(w1, t1[i], w0 * t0[i])));
+            a.y[(int64_t)(c0 + i) * a.ldy + ch] = f2bf(silu_f(acc));
+            bf16_t* st = a.state + a.slots[a.C + c0 + i] * a.slot_stride;
+            st[ch] = f2bf(t1[i]); st[D + ch] = f2bf(t2[i]); st[2 * D + ch] = f2bf(uu[i]);
+        }
+        return;
+    }
     float s0 = 0.f, s1 = 0.f, s2 = 0.f;  // u_{t-3}, u_{t-2}, u_{t-1}
-    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;
-    for (int c = c0; c < c1; c++) {
+    for (int c = 0; c < a.C; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const bf16_t* st = a.state + sin * a.slot_stride;
@@ -4231,7 +4212,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
                       bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream, bool lanes = false) {
     ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim, lanes ? 1 : 0};
-    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? C : 1), CONV_THREADS, 0, stream, a);
+    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? CEIL_DIV(C, (int)CONV_LANES) : 1), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
@@ -5704,7 +5685,7 @@ enum { LINEAR_GEMV_MAX = 8 };
 static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
                    cudaStream_t stream, GemvX xt = GemvX(), bool gemv_only = false) {
     if (T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w)) {
-        CHECK(xt.mode == GEMV_X_PLAIN && !xt.conv, "linear: x transforms and the conv epilogue are for the gemv");
+        CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
         gemv_xp_forget(stream);
         gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
     } else {
@@ -6681,10 +6662,8 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 //   decode (T <= 8, GpuTuning::fuse_x): the products that read a norm of the residual stream, and
 //     down (swiglu of gate_up), make their x while staging it (GemvX), so a step has 24 row
 //     norms (the a/b branch of each deltanet layer) instead of 65 and no swiglu kernel; a
-//     deltanet layer's output product reads the gated norm from its prep (no gated_rmsnorm
-//     kernel), and where every column is its own one-token sequence (a lone step, the lanes)
-//     its input products make the causal conv in their epilogue (GemvConv: no conv_step), each
-//     bit for bit the separate kernel's.
+//     deltanet layer's output product reads the gated norm from its prep, bit for bit the
+//     gated_rmsnorm kernel's (which prefill runs).
 //
 // speed and where a decode step's time goes: README ("Speed") and test/bench-notes.md.
 //
@@ -6733,6 +6712,9 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  (NINFER_FORK=0: one stream). ~1% of a step (v2)
 //   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
 //                  tests and bench_gpu). 3.32 -> 3.20 ms a step (v5)
+//   fuse_gated true decode (with fuse_x): a deltanet layer's output product reads the gated norm
+//                  from its prep (GEMV_X_GATED) instead of gated_rmsnorm's output (NINFER_FUSE_GATED=0:
+//                  off). 9b step 3.016 -> 2.990 ms, 64 lanes at 760 10.672 -> 10.616 (h200, issue 14)
 //   gdn_chunked_min 64  prefill pieces of this many tokens or more take the chunked delta rule
 //                  (NINFER_GDN_CHUNKED=N; 0: never). the pair costs ~22 us at any T <= 64, the
 //                  recurrent kernel 0.41 us a token: 0.92x at 48, 1.18x at 64 (h200, 9b)
@@ -6763,6 +6745,7 @@ struct GpuTuning {
     bool pdl = true;
     bool fork = true;
     bool fuse_x = true;
+    bool fuse_gated = true;
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
@@ -6774,6 +6757,7 @@ static GpuTuning gpu_tuning_from_env() {
     auto off = [](const char* name) { const char* v = getenv(name); return v && !strcmp(v, "0"); };
     t.pdl = !off("NINFER_PDL");
     t.fork = !off("NINFER_FORK");
+    t.fuse_gated = !off("NINFER_FUSE_GATED");
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
@@ -7426,7 +7410,7 @@ static LayerFuse gpu_layer_fuse(const GpuEngine* e, const LayerWeights& w, int T
     // product's bits are the same either way: fused (a launch saved; the wide kernel's prep
     // makes it once a product)
     f.swiglu = ok(w.down);
-    f.gated = !w.full && ok(w.gdn.output) && e->m->geo.dv == GEMV_GATED_N;
+    f.gated = !w.full && e->o.tune.fuse_gated && ok(w.gdn.output) && e->m->geo.dv == GEMV_GATED_N;
     return f;
 }
 // the head reads rmsnorm(x) of its rows
@@ -7456,9 +7440,6 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
         ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv || lanes);
     };
     const LayerFuse fu = gpu_layer_fuse(e, w, T, decode);
-    // the conv in the input products' epilogue where every column is its own one-token
-    // sequence (a lone step, the lanes); the mtp verify's chain takes conv_step
-    const bool conv_fused = decode && tu.fuse_x && (lanes || T == 1);
     const bool fin = fu.input_norm;
     GemvX nin;
     if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
@@ -7505,22 +7486,15 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
                 linear(d.b_proj, e->xb, H, pb, Hv2, nullptr, s2);
             }
         });
-        GemvConv cqk, cvz;  // conv channels [q | k] from query_key's rows, [v] from value_z's first vd
-        GemvX nin1 = nin, nin2 = nin;
-        if (conv_fused) {
-            cqk.w = (const bf16_t*)d.convolution.p; cqk.state = e->conv[l]; cqk.stride = e->conv_slot; cqk.sin = P.slots;
-            cqk.sout = P.slots + T; cqk.y = e->cy; cqk.ldy = C; cqk.dim = C; cqk.off = 0; cqk.rows = 2 * kd;
-            cvz = cqk; cvz.off = 2 * kd; cvz.rows = vd;
-            nin1.conv = &cqk; nin2.conv = &cvz;
-        }
-        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin1);
+        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
+        GemvX nin2 = nin;
         nin2.again = true;  // value_z reads query_key's x: one prep for both
         linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin2);
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;
         if (decode) {
-            if (!conv_fused) conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s, lanes);
+            conv_step(e->u, LU, (const bf16_t*)d.convolution.p, e->conv[l], e->conv_slot, P.slots, e->cy, C, T, C, s, lanes);
         } else {
             conv_prefill(e->u, LU, (const bf16_t*)d.convolution.p, cst, cst, e->cy, C, T, C, s);
         }

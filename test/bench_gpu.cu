@@ -107,8 +107,7 @@ int main(int argc, char** argv) {
             float t_step = time_graph(e->graph[0], 50);
             printf("decode     step graph %.3f ms/token on the device (%.1f tok/s without host round trips)\n", t_step, 1e3 / t_step);
         }
-        printf("decode     matrices only: %d products (%d with a fused norm, %d with fused swiglu, %d with the gated norm; the conv "
-               "epilogues left out), %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n",
+        printf("decode     matrices only: %d products (%d with a fused norm, %d with fused swiglu, %d with the gated norm), %.3f GB, %.3f ms (%.0f GB/s, %.1f%% of copy)\n",
                kernels, fused_norms, fused_swiglu, fused_gated, mbytes / 1e9, t_mm, mbytes / 1e9 / (t_mm * 1e-3), 100.0 * mbytes / 1e9 / (t_mm * 1e-3) / bw);
         // rmsnorm kernels left in the step: 2 per layer + the final one, less those the products
         // make themselves (a layer's input norm counts once however many products fuse it)
@@ -129,8 +128,7 @@ int main(int argc, char** argv) {
         struct Kind { const char* name; int count; std::function<void(cudaStream_t)> f; };
         std::vector<Kind> kinds = {
             {"rmsnorm (row of H)", norm_kernels, [&](cudaStream_t s) { rmsnorm(e->x, g.H, e->xb, g.H, (const bf16_t*)e->w.final_norm.p, g.H, 1, 1, g.eps, false, s); }},
-            // a lone step makes the conv in its input products' epilogue (fuse_x)
-            {"conv_step", e->o.tune.fuse_x ? 0 : g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
+            {"conv_step", g.n_gdn, [&](cudaStream_t s) { conv_step(e->u, LU, (const bf16_t*)wg.gdn.convolution.p, e->conv[l_gdn], e->conv_slot, e->dec.slots, e->cy, C, 1, C, s); }},
             {"gdn_step", g.n_gdn, [&](cudaStream_t s) {
                 GdnStepArgs a; a.qkv = e->cy; a.ldqkv = C; a.a = e->pab; a.b = e->pab + g.Hv; a.ldab = 2 * g.Hv;
                 a.a_log = (const float*)wg.gdn.a_log.p; a.dt_bias = (const float*)wg.gdn.dt_bias.p; a.state = e->rec[l_gdn];
