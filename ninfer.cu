@@ -4150,7 +4150,7 @@ static void rope_inv_freq(float theta, int rot, float* out) {
 // rounding, as the fused causal_conv1d kernel does; hf's torch fallback rounds the conv
 // output to bf16 before the silu as well).
 
-enum { CONV_THREADS = 128, CONV_TOKENS = 16, CONV_LANES = 8 };
+enum { CONV_THREADS = 128, CONV_TOKENS = 16 };
 
 struct ConvStepArgs {
     const bf16_t* u; int ldu;          // [C][conv_dim] raw projections
@@ -4163,37 +4163,16 @@ struct ConvStepArgs {
                                        // no slot shared by two columns (they run concurrently)
 };
 // decode: one thread per channel runs the C columns in order (a chain: the mtp verify's
-// columns continue each other); lanes: grid.z = group of CONV_LANES columns, each column its
-// own chain of one, the group's loads all issued before any column's stores (the columns are
-// independent: one round of memory latency for the group instead of one a column)
+// columns continue each other); lanes: grid.z = column, each column its own chain of one
 __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a) {
     pdl_entry_small();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= a.conv_dim) return;
     int D = a.conv_dim;
     float w0 = bf2f(a.w[ch]), w1 = bf2f(a.w[D + ch]), w2 = bf2f(a.w[2 * D + ch]), w3 = bf2f(a.w[3 * D + ch]);
-    if (a.lanes) {
-        const int c0 = (int)blockIdx.z * CONV_LANES, n = a.C - c0 < CONV_LANES ? a.C - c0 : CONV_LANES;
-        float t0[CONV_LANES], t1[CONV_LANES], t2[CONV_LANES], uu[CONV_LANES];
-#pragma unroll
-        for (int i = 0; i < CONV_LANES; i++) {
-            if (i >= n) continue;
-            const bf16_t* st = a.state + a.slots[c0 + i] * a.slot_stride;
-            t0[i] = bf2f(st[ch]); t1[i] = bf2f(st[D + ch]); t2[i] = bf2f(st[2 * D + ch]);
-            uu[i] = bf2f(a.u[(int64_t)(c0 + i) * a.ldu + ch]);
-        }
-#pragma unroll
-        for (int i = 0; i < CONV_LANES; i++) {
-            if (i >= n) continue;
-            const float acc = fmaf(w3, uu[i], fmaf(w2, t2[i], fmaf(w1, t1[i], w0 * t0[i])));
-            a.y[(int64_t)(c0 + i) * a.ldy + ch] = f2bf(silu_f(acc));
-            bf16_t* st = a.state + a.slots[a.C + c0 + i] * a.slot_stride;
-            st[ch] = f2bf(t1[i]); st[D + ch] = f2bf(t2[i]); st[2 * D + ch] = f2bf(uu[i]);
-        }
-        return;
-    }
     float s0 = 0.f, s1 = 0.f, s2 = 0.f;  // u_{t-3}, u_{t-2}, u_{t-1}
-    for (int c = 0; c < a.C; c++) {
+    const int c0 = a.lanes ? (int)blockIdx.z : 0, c1 = a.lanes ? c0 + 1 : a.C;
+    for (int c = c0; c < c1; c++) {
         int sin = a.slots[c], sout = a.slots[a.C + c];
         if (sin >= 0) {
             const bf16_t* st = a.state + sin * a.slot_stride;
@@ -4212,7 +4191,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_step_kernel(ConvStepArgs a)
 static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, int64_t slot_stride, const int* slots,
                       bf16_t* y, int ldy, int C, int conv_dim, cudaStream_t stream, bool lanes = false) {
     ConvStepArgs a{u, ldu, w, state, slot_stride, slots, y, ldy, C, conv_dim, lanes ? 1 : 0};
-    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? CEIL_DIV(C, (int)CONV_LANES) : 1), CONV_THREADS, 0, stream, a);
+    launch_k(conv_step_kernel, dim3(CEIL_DIV(conv_dim, CONV_THREADS), 1, lanes ? C : 1), CONV_THREADS, 0, stream, a);
     cudaCheck(cudaGetLastError());
 }
 
