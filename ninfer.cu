@@ -3922,8 +3922,9 @@ static void gemv_each_chunk(const Mat& w, const bf16_t* x, int ldx, int C, void*
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemv: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     CHECK(w.format != FMT_BF16 || w.cols % 8 == 0, "gemv: bf16 weights need cols %% 8 == 0 (cols %lld)", (long long)w.cols);
     CHECK(cols >= 1 && cols <= GEMV_WIDE_COLS, "gemv: %d columns per launch", cols);
-    CHECK(xt.mode != GEMV_X_GATED || (xt.z && w.cols % GEMV_GATED_N == 0), "gemv: a gated norm of %lld columns in heads of %d (gate %s)",
-          (long long)w.cols, (int)GEMV_GATED_N, xt.z ? "given" : "missing");
+    CHECK(xt.mode != GEMV_X_GATED || (xt.z && ((uintptr_t)xt.z & 15) == 0 && xt.ldz % 8 == 0 && w.cols % GEMV_GATED_N == 0),
+          "gemv: a gated norm of %lld columns in heads of %d needs its gate 16-byte aligned with ldz %% 8 == 0 (gate %s, ldz %d)",
+          (long long)w.cols, (int)GEMV_GATED_N, xt.z ? "given" : "missing", xt.ldz);
     for (int c0 = 0; c0 < C; c0 += cols) {
         GemvArgs a;
         a.w = w;
