@@ -8859,6 +8859,19 @@ static void sched_done(LaneSched* ls, int lane) {
     ls->cv.notify_all();
 }
 
+// how a lane's decode steps pick its tokens, for a sampler with no mask or tap (`plain`):
+// greedy without a bias: the step's argmax (no row to the host on the gpu); sampled (or biased):
+// the step draws the pick (drawn: on the gpu where the device sampler takes the sampler). either
+// way the scheduler may queue it as the next token (LaneSched's header); neither: the host
+// samples the step's logits row (sample())
+struct LanePick { bool greedy, drawn; };
+static LanePick lane_pick(const Engine* en, const Sampler* smp, bool plain) {
+    LanePick p;
+    p.greedy = plain && smp->p.temperature <= 0.0f && smp->p.logit_bias.empty();
+    p.drawn = plain && !p.greedy && (!en->gpu || gpu_lane_draw_ok(en->g, smp));  // en->g: engine_gpu would select the lane (its turn is not held)
+    return p;
+}
+
 // generate_cpu's contract for a lane of a LaneSched, on either path: the caller holds the
 // lane's turn (the prefill's pieces hand it back between them through the cancel poll, as
 // sched_yield); after the prompt the turn goes back and every token is a decode step. the
@@ -8904,13 +8917,8 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
     if (s.cancelled) return s;
     t0 = now_s();
     constraint_start(gc);
-    // greedy without a bias, a mask or a tap: the step's argmax is the pick (no row to the host
-    // on the gpu); sampled (or biased) without a mask or a tap: the step draws the pick (drawn:
-    // on the gpu where the device sampler takes the sampler). either way the scheduler may
-    // queue it as the next token (LaneSched's header)
-    const bool plain = !gc && !(tap && tap->sampled);
-    const bool greedy = plain && smp->p.temperature <= 0.0f && smp->p.logit_bias.empty();
-    const bool drawn = plain && !greedy && (!en->gpu || gpu_lane_draw_ok(en->g, smp));  // en->g: engine_gpu would select the lane (its turn is not held)
+    const LanePick lp = lane_pick(en, smp, !gc && !(tap && tap->sampled));
+    const bool greedy = lp.greedy, drawn = lp.drawn;
     const bool fast = greedy || drawn;
     int amax = -1;
     for (int n = 0; n < max_new; n++) {

@@ -218,8 +218,8 @@ static void lanes_match_alone(const LanesCase& c, std::vector<LaneReq>& rq) {
             // host (sample()); so does its reference then: the device sampler of a top_k <= 0 row
             // sums in another order than sample() (Sampling.MatchesCpuSampler), so a draw at a
             // near tie may part. everything else is the device's on both sides
-            const bool greedy = smp.p.temperature <= 0.0f && smp.p.logit_bias.empty();
-            const bool host = c.one->gpu && c.lanes[0].gpu && !greedy && !gpu_lane_draw_ok(c.lanes[0].g, &smp);
+            const LanePick lp = lane_pick(&c.lanes[0], &smp, true);
+            const bool host = c.one->gpu && c.lanes[0].gpu && !lp.greedy && !lp.drawn;
             if (host) c.one->g->o.tune.force_host_sample = true;
             engine_generate(c.one, &smp, r.prompt, r.n, {}, nullptr, [&](int id) { r.ref.push_back(id); });
             if (host) c.one->g->o.tune.force_host_sample = false;
