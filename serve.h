@@ -4218,8 +4218,8 @@ static int serve_main(int argc, char** argv, const ServeBackend& backend) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     // accept until a signal; this thread logs the stats lines (never busy with a request, so
-    // they come on time however loaded the engine threads are)
-    // (and while draining, below)
+    // they come on time however loaded the engine threads are), and goes on logging them while
+    // the server drains (below)
     const double stats_every = o.log_stats_interval_ms / 1e3;
     double next_stats = serve_now() + stats_every;
     auto stats_due = [&]() {  // called with s.mu held
