@@ -8638,15 +8638,20 @@ static int engine_capacity(const Engine* en) { return en->gpu ? en->g->capacity 
 // ask again (each does host work between tokens: the sampler, the detokenizer, the stream)
 // for at most LANE_WAIT_US, so the batch does not split in two. a lane that ends leaves the
 // step at once; its next request, or another, may take the lane.
+// the decode steps run on the scheduler's own thread (sched_runner): it starts the next step as
+// soon as the last one's bookkeeping is done, with the lanes' queued tokens (below), instead of
+// handing the device to a lane thread woken by the step's end (a wake-up and the mutex behind
+// every woken lane: the served gap between steps, test/bench-notes.md, issue 14).
 // a greedy lane (no bias, mask or tap: its pick is the step's argmax) and a sampled lane that
 // draws in its step (no mask or tap: the step runs sample() with the scheduler's copy of its
 // sampler, on the gpu the device sampler per lane, GpuTuning::lane_draw) do their host work
 // while the next step runs: at the end of its step the scheduler queues the step's pick as the
 // lane's next token (unless it is a stop id or the lane's limits end it there), so the next
-// step can start as soon as the first lane is back instead of the last. a lane whose host work
-// then ends it (a stop string, the client gone) takes the queued token back if its step has not
-// started (sched_done), else its state holds that token too, fed back as every earlier one
-// (its position says so, and prefix_finish keeps exactly the rows the state holds).
+// step can start as soon as the last one ends (the runner starts it then). a lane whose host
+// work then ends it (a stop string, the client gone) waits for the step that takes its queued
+// token (sched_done): its state holds that token too, fed back as every earlier one (its
+// position says so, and prefix_finish keeps exactly the rows the state holds). taking the
+// token back instead would save the lane at most a step, and only where a piece came first.
 enum { LANE_WAIT_US = 5000 };
 // what a lane's decode step lets the scheduler do at its end: queue the step's argmax as the
 // lane's next token when it is none of `stops` (null: queue nothing)
@@ -8666,7 +8671,6 @@ struct LaneSched {
     std::vector<LaneNext> next;      // [lanes] what its step in progress lets the scheduler queue
     std::vector<char> queued;        // [lanes] want holds the token the scheduler queued (the lane has not asked for it yet)
     std::vector<uint64_t> queued_at; // [lanes] ... the lane's steps when it was queued
-    std::vector<char> in_step;       // [lanes] in the decode step on the device now
     std::vector<char> expected;      // [lanes] in the last decode step and not back yet
     std::vector<std::vector<float>> rows;  // cpu lanes: [lanes][vocab] the last logits row
     // a sampled lane that draws in its step (generate_lane's `drawn`): its sampler, copied at its
@@ -8681,6 +8685,10 @@ struct LaneSched {
     std::vector<int> step_lanes, step_domain, step_ids, step_amax;
     std::unique_ptr<bool[]> step_rows, step_fresh;
     std::vector<const Sampler*> step_draw;
+    std::thread runner;              // the decode steps' thread (sched_runner; started by sched_build)
+    std::condition_variable run_cv;  // ... waits on it: a lane's arrival, a turn's end, a lane done, the stop
+    bool runner_idle = false;        // ... is waiting on run_cv
+    bool stop = false;               // ... returns (sched_stop)
     bool running = false;            // a step is on the device
     bool piece_due = false;          // an exclusive piece goes before the next decode step
     double last_end = 0;             // when the last decode step ended
@@ -8693,13 +8701,15 @@ struct LaneSched {
     double step_s = 0, gap_s = 0;
     uint64_t gaps = 0;
     uint64_t stats_steps = 0, stats_tokens = 0;  // decode_steps / _tokens at the last stats line
+    ~LaneSched();                    // sched_stop: the runner ends before the lanes it steps
 };
+static void sched_runner(LaneSched* ls);
 static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
     const size_t n = lanes.size();
     ls->lanes = lanes;
     ls->busy.assign(n, 0); ls->held.assign(n, 0); ls->want.assign(n, -1); ls->row.assign(n, 0);
     ls->amax.assign(2 * n, 0); ls->domain.assign(n, 0); ls->steps.assign(n, 0); ls->expected.assign(n, 0);
-    ls->next.assign(n, LaneNext()); ls->queued.assign(n, 0); ls->queued_at.assign(n, 0); ls->in_step.assign(n, 0);
+    ls->next.assign(n, LaneNext()); ls->queued.assign(n, 0); ls->queued_at.assign(n, 0);
     ls->rows.assign(n, {});
     ls->step_lanes.reserve(n); ls->step_domain.reserve(n); ls->step_ids.assign(n, 0); ls->step_amax.assign(n, 0);
     ls->step_rows.reset(new bool[n]); ls->step_fresh.reset(new bool[n]); ls->step_draw.assign(n, nullptr);
@@ -8709,7 +8719,20 @@ static void sched_build(LaneSched* ls, const std::vector<Engine*>& lanes) {
         lanes[k]->sched = ls;
         lanes[k]->lane = (int)k;  // the scheduler's index (on the gpu also the GpuEngine's lane)
     }
+    CHECK(!ls->runner.joinable(), "the lanes' scheduler built twice");
+    ls->stop = false;
+    ls->runner = std::thread(sched_runner, ls);
 }
+// the runner returns (it finishes a step in progress first); the lanes are idle or gone
+static void sched_stop(LaneSched* ls) {
+    if (!ls->runner.joinable()) return;
+    { std::lock_guard<std::mutex> lk(ls->mu); ls->stop = true; ls->run_cv.notify_one(); }
+    ls->runner.join();
+}
+LaneSched::~LaneSched() { sched_stop(this); }
+// wake the runner where it waits (a lane's arrival, a turn's end, a lane done: each may make a
+// step ready); the caller holds the mutex
+static void sched_wake(LaneSched* ls) { if (ls->runner_idle) ls->run_cv.notify_one(); }
 // a decode step may start: someone waits, and the lanes of the last step are back (or late)
 static bool sched_decode_ready(const LaneSched* ls) {
     bool any = false, late = false;
@@ -8738,6 +8761,7 @@ static void sched_turn_end(LaneSched* ls, int lane) {
     if (!ls->held[lane]) return;
     ls->held[lane] = 0; ls->running = false; ls->piece_due = false;
     ls->cv.notify_all();
+    sched_wake(ls);
 }
 // between two pieces of exclusive work: a decode step may run
 static void sched_yield(LaneSched* ls, int lane) {
@@ -8807,56 +8831,68 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
         ls->want[lane] = id; ls->row[lane] = row; ls->expected[lane] = 0;
     }
     ls->domain[lane] = domain; ls->next[lane] = next;
-    // no notify: an arrival can only make a decode step ready, and the arriving lane looks
-    // itself (below); waking every waiting lane at each arrival was a thundering herd on the one
-    // mutex (test/bench_sched.cc, bench-notes)
-    for (;;) {
-        if (ls->steps[lane] != mine) return ls->amax[2 * lane + ((mine + 1) & 1)];
+    // the runner alone is woken: waking every waiting lane at each arrival was a thundering
+    // herd on the one mutex (test/bench_sched.cc, bench-notes)
+    sched_wake(ls);
+    ls->cv.wait(lk, [&] { return ls->steps[lane] != mine; });
+    return ls->amax[2 * lane + ((mine + 1) & 1)];
+}
+// the decode steps' thread: a step of every lane that waits, whenever one is ready (no
+// exclusive piece due first, the device free). at a step's end it queues each lane's next token
+// where it may (LaneSched's header) and, the mutex still held, looks for the next step at once
+static void sched_runner(LaneSched* ls) {
+    if (ls->lanes[0]->gpu) cudaCheck(cudaSetDevice(ls->lanes[0]->g->device));  // the engine's device on this thread too
+    std::unique_lock<std::mutex> lk(ls->mu);
+    while (!ls->stop) {
         const bool pieces = ls->piece_due && !ls->turns.empty();
-        if (!ls->running && !pieces && sched_decode_ready(ls)) {
-            ls->step_lanes.clear(); ls->step_domain.clear();
-            for (int k = 0; k < (int)ls->want.size(); k++)
-                if (ls->want[k] >= 0) { ls->step_lanes.push_back(k); ls->step_domain.push_back(ls->domain[k]); ls->in_step[k] = 1; }
-            ls->running = true;
-            const double t0 = now_s();
-            if (ls->back_to_back) { ls->gap_s += t0 - ls->last_end; ls->gaps++; }
-            lk.unlock();
-            sched_run_decode(ls);
-            lk.lock();
-            bool queued = false;
-            for (int k : ls->step_lanes) {
-                ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->in_step[k] = 0; ls->draw_fresh[k] = 0;
-                const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
-                const std::vector<int>* stops = ls->next[k].stops;
-                ls->next[k] = LaneNext();
-                if (!stops || std::find(stops->begin(), stops->end(), a) != stops->end()) continue;
-                ls->want[k] = a; ls->row[k] = 0; ls->expected[k] = 0;  // queued: the lane is back already
-                ls->queued[k] = 1; ls->queued_at[k] = ls->steps[k];
-                queued = true;
-            }
-            ls->decode_steps++; ls->decode_tokens += ls->step_lanes.size();
-            ls->running = false; ls->piece_due = true; ls->last_end = now_s();
-            ls->step_s += ls->last_end - t0; ls->back_to_back = queued;
-            ls->cv.notify_all();
+        if (ls->running || pieces || !sched_decode_ready(ls)) {
+            bool any = false;
+            for (int w : ls->want) any |= w >= 0;
+            ls->runner_idle = true;
+            if (any && !ls->running && !pieces) ls->run_cv.wait_for(lk, std::chrono::microseconds(LANE_WAIT_US));  // a late lane
+            else ls->run_cv.wait(lk);
+            ls->runner_idle = false;
             continue;
         }
-        // a late lane of the last step: look again when its wait runs out
-        ls->cv.wait_for(lk, std::chrono::microseconds(LANE_WAIT_US));
+        ls->step_lanes.clear(); ls->step_domain.clear();
+        for (int k = 0; k < (int)ls->want.size(); k++)
+            if (ls->want[k] >= 0) { ls->step_lanes.push_back(k); ls->step_domain.push_back(ls->domain[k]); }
+        ls->running = true;
+        const double t0 = now_s();
+        if (ls->back_to_back) { ls->gap_s += t0 - ls->last_end; ls->gaps++; }
+        lk.unlock();
+        sched_run_decode(ls);
+        lk.lock();
+        bool queued = false;
+        for (int k : ls->step_lanes) {
+            ls->want[k] = -1; ls->steps[k]++; ls->expected[k] = 1; ls->draw_fresh[k] = 0;
+            const int a = ls->amax[2 * k + (ls->steps[k] & 1)];
+            const std::vector<int>* stops = ls->next[k].stops;
+            ls->next[k] = LaneNext();
+            if (!stops || std::find(stops->begin(), stops->end(), a) != stops->end()) continue;
+            ls->want[k] = a; ls->row[k] = 0; ls->expected[k] = 0;  // queued: the lane is back already
+            ls->queued[k] = 1; ls->queued_at[k] = ls->steps[k];
+            queued = true;
+        }
+        ls->decode_steps++; ls->decode_tokens += ls->step_lanes.size();
+        ls->running = false; ls->piece_due = true; ls->last_end = now_s();
+        ls->step_s += ls->last_end - t0; ls->back_to_back = queued;
+        ls->cv.notify_all();
     }
 }
-// the lane is done decoding: the next step does not wait for it. a token queued for it comes
-// back if its step has not started; if it has, the lane waits for it to end (its state then
-// holds the token: the caller reads the lane's position)
+// the lane is done decoding: the next step does not wait for it. a token queued for it is
+// in a step or in the next one: the lane waits for that step's end (its state then holds the
+// token: the caller reads the lane's position)
 static void sched_done(LaneSched* ls, int lane) {
     std::unique_lock<std::mutex> lk(ls->mu);
     if (ls->queued[lane]) {
-        if (!ls->in_step[lane] && ls->steps[lane] == ls->queued_at[lane]) ls->want[lane] = -1;
-        else ls->cv.wait(lk, [&] { return ls->steps[lane] != ls->queued_at[lane]; });
+        ls->cv.wait(lk, [&] { return ls->steps[lane] != ls->queued_at[lane]; });
         ls->queued[lane] = 0;
     }
     ls->expected[lane] = 0;
     ls->draw_on[lane] = 0; ls->draw_fresh[lane] = 0;
     ls->cv.notify_all();
+    sched_wake(ls);
 }
 
 // how a lane's decode steps pick its tokens, for a sampler with no mask or tap (`plain`):
@@ -9884,8 +9920,12 @@ static bool lane_poll(void* ctx) {
     return p->sink->cancelled(p->sink->ctx);
 }
 
+// serve.h's threads call in on their own: the engine's device is theirs too (a kernel launched
+// into a stream of another device than the thread's current one fails: --device 1)
+static void served_thread(ServedModel* s) { if (s->t.en.gpu) cudaCheck(cudaSetDevice(s->t.en.g->device)); }
 static bool served_prepare(void* self, const ServeChat& chat, ServePrompt* out, ServeError* err) {
     ServedModel* s = (ServedModel*)self;
+    served_thread(s);
     if (!chat.reasoning_effort.empty()) {
         err->code = "reasoning_effort_not_supported"; err->param = "reasoning_effort";
         err->message = "this model's chat template has no reasoning effort levels";
@@ -9987,6 +10027,7 @@ static void served_on_token(void* ctx, int id, int channel) {
 
 static void served_generate(void* self, const ServePrompt& p, const ServeSampling& smp, const ServeSink& sink, ServeResult* res) {
     ServedModel* s = (ServedModel*)self;
+    served_thread(s);
     TextRequest rq;
     rq.prompt = p.tokens;
     rq.thinking_open = p.thinking && !p.raw;
@@ -10102,6 +10143,7 @@ static std::string served_stats(void* self) {
 
 static void served_close(void* self) {
     ServedModel* s = (ServedModel*)self;
+    sched_stop(&s->sched);
     prefix_free(&s->pc);
     for (auto& e : s->extra) engine_free(e.get());
     text_model_close(&s->t);

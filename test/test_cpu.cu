@@ -963,8 +963,8 @@ TEST(Lanes, SampledLanesDrawInTheStepKjv) {
     EXPECT_GT(rig.ls.decode_draws, 0u) << "no sampled lane drew in its step";
 }
 
-// the queued token's three ends (test_util.h lanes_queued_token) on the cpu path
-TEST(Lanes, QueuedTokenTakenBackOrFedWhenALaneEnds) {
+// a queued token when its lane ends (test_util.h lanes_queued_token) on the cpu path
+TEST(Lanes, QueuedTokenFedWhenALaneEnds) {
     CpuLanesRig rig; std::string err;
     ASSERT_TRUE(cpu_lanes_rig(&rig, "models/kjv/kjv.ninfer", 2, 160, 16, &err)) << err;
     lanes_queued_token(&rig.ls, rig.eng.data(), rig.one(), rig.fr.domain);

@@ -1397,9 +1397,9 @@ TEST(GpuLanes, SampledLanesDrawInTheStepKjv) {
     EXPECT_GT(rig.ls.decode_draws, 0u) << "no sampled lane drew in its step";
 }
 
-// the queued token's three ends (test_util.h lanes_queued_token) on the gpu lanes, against a
+// a queued token when its lane ends (test_util.h lanes_queued_token) on the gpu lanes, against a
 // one-sequence engine; then a sampled lane's drawn token (lane_draw)
-TEST(GpuLanes, QueuedTokenTakenBackOrFedWhenALaneEndsKjv) {
+TEST(GpuLanes, QueuedTokenFedWhenALaneEndsKjv) {
     NEED_GPU();
     const char* path = "models/kjv/kjv.ninfer";
     if (!file_exists(path)) GTEST_SKIP();
