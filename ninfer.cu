@@ -7713,7 +7713,10 @@ static bool gpu_lane_draw_ok(const GpuEngine* e, const Sampler* smp) {
 // counts holding ids[i] (fresh[i]: the sampler is uploaded first, and its counts hold it
 // already). every lane's pos += 1, the live slot updated in place. the caller reserved each
 // lane's pages for pos + 1 (gpu_lane_reserve).
-static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out, int* amax,
+// in two halves: gpu_lanes_launch queues the step (inputs, graph, draws, copies back) and
+// returns; gpu_lanes_wait waits for it and reads the picks (the scheduler wakes the last step's
+// lanes between the two, off the device's path)
+static void gpu_lanes_launch(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out,
                              const Sampler* const* draw = nullptr, const bool* fresh = nullptr) {
     const Geometry& g = e->m->geo;
     CHECK(e->o.lanes > 1 && n >= 1 && n <= e->o.lanes, "a lanes step of %d lanes on an engine of %d lanes", n, e->o.lanes);
@@ -7778,8 +7781,12 @@ static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids,
         if (row_out && row_out[i])
             cudaCheck(cudaMemcpyAsync(e->h_lane_logits + (size_t)ls[i] * g.vocab, e->logits + (size_t)i * g.vocab, (size_t)g.vocab * 4,
                                       cudaMemcpyDeviceToHost, e->stream));
+}
+// draw: as the launch's (the lanes that drew: their picks)
+static void gpu_lanes_wait(GpuEngine* e, int n, const int* ls, int* amax, const Sampler* const* draw = nullptr) {
     cudaCheck(cudaStreamSynchronize(e->stream));
-    for (int i = 0; i < n; i++) { amax[i] = draw && draw[i] ? e->h_draw->picks[i] : h[7 * LB + i]; e->lanes[ls[i]].pos += 1; }
+    const int* h = e->h_lin + 7 * LANES_MAX;
+    for (int i = 0; i < n; i++) { amax[i] = draw && draw[i] ? e->h_draw->picks[i] : h[i]; e->lanes[ls[i]].pos += 1; }
     const GpuLane& cur = e->lanes[e->lane];
     e->pos = cur.pos;
     e->last_logits = nullptr;
@@ -8685,9 +8692,11 @@ struct LaneSched {
     std::vector<int> step_lanes, step_domain, step_ids, step_amax;
     std::unique_ptr<bool[]> step_rows, step_fresh;
     std::vector<const Sampler*> step_draw;
+    bool step_any_draw = false;      // ... some lane of the step draws in it
     std::thread runner;              // the decode steps' thread (sched_runner; started by sched_build)
     std::condition_variable run_cv;  // ... waits on it: a lane's arrival, a turn's end, a lane done, the stop
     bool runner_idle = false;        // ... is waiting on run_cv
+    bool wake_due = false;           // ... wakes the last step's lanes once the next step is launched
     bool stop = false;               // ... returns (sched_stop)
     bool running = false;            // a step is on the device
     bool piece_due = false;          // an exclusive piece goes before the next decode step
@@ -8768,12 +8777,13 @@ static void sched_yield(LaneSched* ls, int lane) {
     sched_turn_end(ls, lane);
     sched_turn(ls, lane);
 }
-// the decode step of the lanes ls->step_lanes (the caller holds the device: running);
-// step_domain[i]: the ids lane step_lanes[i]'s argmax runs over (taken under the lock: the lane
-// may ask again meanwhile)
-static void sched_run_decode(LaneSched* ls) {
+// the decode step of the lanes ls->step_lanes (the caller holds the device: running), in two
+// halves: sched_launch_decode queues it on the gpu (nothing on the cpu), sched_finish_decode
+// waits for it (on the cpu runs it) and leaves each lane's pick in ls->amax. step_domain[i]: the
+// ids lane step_lanes[i]'s argmax runs over (taken under the lock: the lane may ask again
+// meanwhile)
+static void sched_launch_decode(LaneSched* ls) {
     const std::vector<int>& batch = ls->step_lanes;
-    const std::vector<int>& domain = ls->step_domain;
     Engine* en0 = ls->lanes[batch[0]];
     const int n = (int)batch.size();
     for (int k : batch) {  // a drawing lane's sampler counts the token its step feeds (sampler_accept before its next sample();
@@ -8781,19 +8791,28 @@ static void sched_run_decode(LaneSched* ls) {
         if (!en0->gpu && ls->draw_on[k] && !ls->draw_fresh[k]) sampler_accept(&ls->draw[k], ls->want[k]);
         ls->decode_draws += ls->draw_on[k] != 0;
     }
+    if (!en0->gpu) return;
+    int* ids = ls->step_ids.data();
+    bool* rows = ls->step_rows.get();
+    bool* fresh = ls->step_fresh.get();
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        const int k = batch[i];
+        ids[i] = ls->want[k]; rows[i] = ls->row[k];
+        ls->step_draw[i] = ls->draw_on[k] ? &ls->draw[k] : nullptr; fresh[i] = ls->draw_fresh[k];
+        any |= ls->draw_on[k] != 0;
+    }
+    ls->step_any_draw = any;
+    gpu_lanes_launch(en0->g, n, batch.data(), ids, rows, any ? ls->step_draw.data() : nullptr, fresh);
+}
+static void sched_finish_decode(LaneSched* ls) {
+    const std::vector<int>& batch = ls->step_lanes;
+    const std::vector<int>& domain = ls->step_domain;
+    Engine* en0 = ls->lanes[batch[0]];
+    const int n = (int)batch.size();
     if (en0->gpu) {
-        int* ids = ls->step_ids.data();
         int* amax = ls->step_amax.data();
-        bool* rows = ls->step_rows.get();
-        bool* fresh = ls->step_fresh.get();
-        bool any = false;
-        for (int i = 0; i < n; i++) {
-            const int k = batch[i];
-            ids[i] = ls->want[k]; rows[i] = ls->row[k];
-            ls->step_draw[i] = ls->draw_on[k] ? &ls->draw[k] : nullptr; fresh[i] = ls->draw_fresh[k];
-            any |= ls->draw_on[k] != 0;
-        }
-        gpu_decode_lanes(en0->g, n, batch.data(), ids, rows, amax, any ? ls->step_draw.data() : nullptr, fresh);
+        gpu_lanes_wait(en0->g, n, batch.data(), amax, ls->step_any_draw ? ls->step_draw.data() : nullptr);
         for (int i = 0; i < n; i++) ls->amax[2 * batch[i] + ((ls->steps[batch[i]] + 1) & 1)] = amax[i];
         return;
     }
@@ -8846,6 +8865,7 @@ static void sched_runner(LaneSched* ls) {
     while (!ls->stop) {
         const bool pieces = ls->piece_due && !ls->turns.empty();
         if (ls->running || pieces || !sched_decode_ready(ls)) {
+            if (ls->wake_due) { ls->wake_due = false; ls->cv.notify_all(); }  // (the step's end said a step follows: it always does)
             bool any = false;
             for (int w : ls->want) any |= w >= 0;
             ls->runner_idle = true;
@@ -8860,8 +8880,12 @@ static void sched_runner(LaneSched* ls) {
         ls->running = true;
         const double t0 = now_s();
         if (ls->back_to_back) { ls->gap_s += t0 - ls->last_end; ls->gaps++; }
+        const bool wake = ls->wake_due;
+        ls->wake_due = false;
         lk.unlock();
-        sched_run_decode(ls);
+        sched_launch_decode(ls);
+        if (wake) ls->cv.notify_all();  // the last step's lanes, while this one runs (waking 64 threads takes ~0.1 ms)
+        sched_finish_decode(ls);
         lk.lock();
         bool queued = false;
         for (int k : ls->step_lanes) {
@@ -8877,7 +8901,11 @@ static void sched_runner(LaneSched* ls) {
         ls->decode_steps++; ls->decode_tokens += ls->step_lanes.size();
         ls->running = false; ls->piece_due = true; ls->last_end = now_s();
         ls->step_s += ls->last_end - t0; ls->back_to_back = queued;
-        ls->cv.notify_all();
+        // the step's lanes are woken by the next step's launch where one follows at once, else
+        // here (a piece due, a lane late, or none waiting)
+        const bool next = !(ls->piece_due && !ls->turns.empty()) && sched_decode_ready(ls);
+        if (next) ls->wake_due = true;
+        else ls->cv.notify_all();
     }
 }
 // the lane is done decoding: the next step does not wait for it. a token queued for it is

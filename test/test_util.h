@@ -169,6 +169,12 @@ static void gdn_ref_step(double* S, const double* q, const double* k, const V& v
 // ---- the lanes' scheduler against one request at a time ----------------------------------
 
 // the first index where a and b differ (the shorter one's length when one is a prefix), -1 when equal
+// one gpu lanes step, both halves (ninfer.cu's scheduler wakes lanes between them)
+static void gpu_decode_lanes(GpuEngine* e, int n, const int* ls, const int* ids, const bool* row_out, int* amax,
+                             const Sampler* const* draw = nullptr, const bool* fresh = nullptr) {
+    gpu_lanes_launch(e, n, ls, ids, row_out, draw, fresh);
+    gpu_lanes_wait(e, n, ls, amax, draw);
+}
 static int first_difference(const std::vector<int>& a, const std::vector<int>& b) {
     for (size_t s = 0; s < std::min(a.size(), b.size()); s++) if (a[s] != b[s]) return (int)s;
     return a.size() == b.size() ? -1 : (int)std::min(a.size(), b.size());
