@@ -1,5 +1,6 @@
-// an emulation of the lanes' decode-step rendezvous (ninfer.cu section 9, LaneSched /
-// sched_decode), to measure what the host adds to a step: N lane threads on one mutex and
+// an emulation of the lanes' decode-step rendezvous as it was before the scheduler's own
+// thread (sched_runner, 2026-12-02) took the steps: the lane threads ran them (ninfer.cu
+// section 9, LaneSched / sched_decode), to measure what the host adds to a step: N lane threads on one mutex and
 // condition variable; a step (a sleep of STEP_US, the device's time) runs when every lane of the
 // last step has asked again (or LANE_WAIT_US has passed); each lane spins WORK_US between
 // tokens (its sampler, detokenizer and stream). mode 1: every arrival wakes all the waiting
