@@ -17,6 +17,8 @@ gpu machine as it is). measurements, not tests: timings go to test/bench-notes.m
 """
 import argparse
 import json
+import multiprocessing as mp
+import os
 import random
 import sys
 import threading
@@ -98,22 +100,53 @@ def sampling(a, i):
     return extra
 
 
-def decode(a):
-    model = model_of(a.url)
-    print("C  aggregate_tok_s  steady_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s")
-    for C in [int(x) for x in a.concurrency.split(",")]:
-        out = [None] * C
+def decode_streams(a, model, ids, go):
+    """the streams ids of a decode level, each on its own thread, started together once go (a
+    multiprocessing event) is set: a list of (id, stream_chat's result)"""
+    out = {}
 
-        def one(i):
-            msgs = [{"role": "user", "content": text_of(a.prompt_words, 1000 + i)}]
-            out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
-        th = [threading.Thread(target=one, args=(i,)) for i in range(C)]
+    def one(i):
+        msgs = [{"role": "user", "content": text_of(a.prompt_words, 1000 + i)}]
+        out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
+    th = [threading.Thread(target=one, args=(i,)) for i in ids]
+    go.wait()
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    return [(i, out[i]) for i in ids]
+
+
+def decode_worker(a, model, ids, go, q):
+    c0 = time.process_time()
+    res = decode_streams(a, model, ids, go)
+    q.put((res, time.process_time() - c0))
+
+
+def decode(a):
+    """each level's C streams run on --procs processes (threads within each): one python process
+    parses ~6,000 stream events a second at most under its interpreter lock, which is below what
+    ninfer-serve serves at C = 64 (test/bench-notes.md, session 13), so a single process measured
+    itself. client_cpu: the load generator's cpu seconds over the level's wall time (per process,
+    the largest): near 1.0 a process was saturated and its figures are its own limit"""
+    model = model_of(a.url)
+    print("C  aggregate_tok_s  steady_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s  procs  client_cpu  events_per_token")
+    ctx = mp.get_context("fork")
+    for C in [int(x) for x in a.concurrency.split(",")]:
+        procs = max(1, min(C, a.procs or len(os.sched_getaffinity(0))))
+        go, q = ctx.Event(), ctx.Queue()
+        ws = [ctx.Process(target=decode_worker, args=(a, model, list(range(k, C, procs)), go, q)) for k in range(procs)]
+        for w in ws:
+            w.start()
+        time.sleep(0.2)  # the workers' threads are made before the start
         t0 = time.time()
-        for x in th:
-            x.start()
-        for x in th:
-            x.join()
+        go.set()
+        got = [q.get() for _ in ws]
         wall = time.time() - t0
+        for w in ws:
+            w.join()
+        out = [o for res, _ in got for _, o in sorted(res)]
+        cpu = max(c for _, c in got) / wall
         ttfts = sorted(o[3] for o in out)
         # decode rate: tokens after the first over the time after the first, per stream and in all
         per = [(o[2]["completion_tokens"] - 1) / max(o[5][-1] - o[5][0], 1e-9) for o in out if len(o[5]) > 1]
@@ -122,12 +155,18 @@ def decode(a):
         agg = sum(o[2]["completion_tokens"] - 1 for o in out) / max(last - first, 1e-9)
         # steady: while every stream decodes (after the last first token, before the first last
         # one), the tokens of all streams over that window: the batched decode without the
-        # prefills of streams joining and the tails of streams ending
+        # prefills of streams joining and the tails of streams ending. a stream event carries one
+        # token's text, or more where the server held a token's text back (an incomplete utf-8
+        # character, which a random model's output is full of): a stream's events in the window
+        # count its tokens a stream event (completion_tokens / events; events_per_token in all)
         w0 = max(o[5][0] for o in out if o[5])
         w1 = min(o[5][-1] for o in out if o[5])
-        steady = sum(sum(1 for t in o[5] if w0 < t <= w1) for o in out) / (w1 - w0) if w1 > w0 else float("nan")
+        steady = sum(sum(1 for t in o[5] if w0 < t <= w1) * o[2]["completion_tokens"] / len(o[5]) for o in out if o[5]) / (w1 - w0) \
+            if w1 > w0 else float("nan")
+        ept = sum(len(o[5]) for o in out) / max(sum(o[2]["completion_tokens"] for o in out), 1)
         p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
-        print("%d  %15.1f  %12.1f  %16.1f  %11.1f  %11.1f  %6.2f" % (C, agg, steady, sum(per) / max(len(per), 1), p(0.5), p(0.99), wall), flush=True)
+        print("%d  %15.1f  %12.1f  %16.1f  %11.1f  %11.1f  %6.2f  %5d  %10.2f  %16.3f" %
+              (C, agg, steady, sum(per) / max(len(per), 1), p(0.5), p(0.99), wall, procs, cpu, ept), flush=True)
     return 0
 
 
@@ -171,6 +210,7 @@ def main():
     ap.add_argument("--prompt-words", type=int, default=400)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=0, help="decode: processes the streams run on (0: one a usable cpu, at most C)")
     ap.add_argument("--temperature", type=float, default=0.0, help="decode / poisson: sampled streams (0: greedy)")
     a = ap.parse_args()
     sys.exit({"chat": chat, "decode": decode, "poisson": poisson}[a.mode](a))
