@@ -3717,6 +3717,163 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
     }
 }
 
+// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
+// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
+template <int F, int NW, int RW, int S> struct XpWeights {
+    using Ly = GemvAsyncLayout<F>;
+    static constexpr int D = 2, SB = RW * Ly::BYTES;
+    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
+    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
+    int lane;
+    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
+        const int g = lane >> 2, t = lane & 3;
+        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            h[r] = nullptr;
+            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+        }
+        base = (uint32_t)__cvta_generic_to_shared(sm);
+        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
+        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+        d_s = Ly::OFF_S + (lane - 16) * 4;
+    }
+    // the copies of the next stage into the next slot
+    __device__ __forceinline__ void issue() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t st = base + slot + r * Ly::BYTES;
+            cp_async16(st + d_b0, b0[r]);
+            cp_async16(st + d_b1, b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
+            if (lane >= 16) cp_async4(st + d_s, sc[r]);
+            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
+            if (Ly::HB) h[r] += NW * D * Ly::HB;
+        }
+        slot = slot + SB == S * SB ? 0 : slot + SB;
+    }
+};
+// the wide kernel with each group's b words and sums loaded one group ahead (a register double
+// buffer: group u + 1's x loads fly while group u's mmas run; gemv_xp_kernel loads a group's x
+// from l1 / l2 right before its mmas), the same arithmetic operation for operation (its columns
+// are gemv_xp_kernel's bits). the launcher takes it for blocks of 32 columns (4 tiles) with 1-2
+// row tiles a warp, where it was faster (the 9b's products at 32 columns: 5.40 -> 5.25 ms a
+// chain); at 8-16 columns it was slower, and with 4 row tiles its buffers spill (bench-notes,
+// session 13).
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                   const float* __restrict__ xps, int cp, int cg, int groups) {
+    const int64_t rset = blockIdx.x / groups;
+    const int c0 = (int)(blockIdx.x % groups) * cg;
+    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+    a.C = a.C - c0 < cg ? a.C - c0 : cg;
+    if (a.C <= 0) return;
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
+    static_assert(D == 2, "the double buffer alternates within a stage's two groups");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr, C = a.C;
+    const int64_t row0 = rset * RW * 16;
+    extern __shared__ __align__(16) uint8_t xp_smem[];
+    uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    auto issue = [&]() { ws.issue(); };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    pdl_entry();
+    const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
+    const float* sl = xps + c0 + 2 * t;
+    // group u's b words and sums for every tile of the column group
+    auto load_x = [&](int u, uint4 (&v)[NT][NQ4], float2 (&sv)[NT]) {
+        const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+        const float* su = sl + (size_t)u * cp;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const bool live = nt * 8 + g < C;
+#pragma unroll
+            for (int q = 0; q < NQ4; q++) v[nt][q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
+            sv[nt] = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
+        }
+    };
+    uint4 xv0[NT][NQ4], xv1[NT][NQ4];
+    float2 xs0[NT], xs1[NT];
+    if (n_it > 0) load_x(warp * D, xv0, xs0);
+    float acc[RW][NT][4];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
+    // one group's mmas from its x (v, sv), as the product's loop body
+    auto group = [&](const uint8_t* st, int d, const uint4 (&v)[NT][NQ4], const float2 (&sv)[NT]) {
+        uint32_t A[RW][GemvWideA<F>::N][4];
+        float s0[RW], s1[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            uint32_t raw[2][Fm::RAW];
+            gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
+            gemv_afrag<F>(raw, A[r]);
+            s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float sx[4] = {sv[nt].x, sv[nt].y, sv[nt].x, sv[nt].y};
+            uint32_t b[Fm::STEPS][2];
+#pragma unroll
+            for (int q = 0; q < NQ4; q++) {
+                b[2 * q][0] = v[nt][q].x; b[2 * q][1] = v[nt][q].y;
+                if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[nt][q].z; b[2 * q + 1][1] = v[nt][q].w; }
+            }
+#pragma unroll
+            for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
+        }
+    };
+    uint32_t rslot = 0;
+    int ub = warp * D;
+    for (int it = 0; it < n_it; it++, ub += NW * D) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        const uint8_t* st = sm_w + rslot;
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+        load_x(ub + 1, xv1, xs1);                              // group ub + 1 flies while ub's mmas run
+        group(st, 0, xv0, xs0);
+        if (it + 1 < n_it) load_x(ub + NW * D, xv0, xs0);      // the next stage's first group
+        group(st, 1, xv1, xs1);
+    }
+    pdl_release();
+    cp_async_wait<0>();
+    __syncthreads();
+    float4* red = (float4*)xp_smem;
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
+        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
+        const int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
+        if (row < rows && col < C) gemv_store(a, row, col, s);
+    }
+}
+
 // blocks an sm the registers allow (65536 / (NW * 32 * MINB) a thread): 128 registers up to
 // 2 tiles of accumulators (NT * RW), ~170 (NW 4) or 255 (NW 8) at 4, 255 at 8 (they spill at 128)
 template <int NW, int NT, int RW> struct GemvXpMinb {
@@ -3726,11 +3883,15 @@ template <int F, int NW, int NT, int RW, int S>
 static size_t gemv_xp_smem() {
     return std::max((size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES, (size_t)RW * NW * NT * 32 * 16);
 }
+// one launch of the form NT, RW, S: gemv_xp_pf_kernel for 4 tiles with 1-2 row tiles a warp,
+// else gemv_xp_kernel
 template <int F, int NW, int NT, int RW, int S>
 static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const float* xps, int cp, int cg, int groups,
                        cudaStream_t stream) {
-    launch_k(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, xp,
-             xps, cp, cg, groups);
+    constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
+    const size_t smem = gemv_xp_smem<F, NW, NT, RW, S>();
+    if constexpr (NT == 4 && RW <= 2) launch_k(gemv_xp_pf_kernel<F, NW, NT, RW, S, MINB>, grid, NW * 32, smem, stream, a, xp, xps, cp, cg, groups);
+    else launch_k(gemv_xp_kernel<F, NW, NT, RW, S, MINB>, grid, NW * 32, smem, stream, a, xp, xps, cp, cg, groups);
 }
 // a wide product's prepared x in the stream's buffer (gemv_xprep_kernel; not run again where
 // `again` and the buffer holds this very prep): its b words, sums and padded column count.
@@ -3802,10 +3963,13 @@ static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     }
     cudaCheck(cudaGetLastError());
 }
+// the shared memory of the kernel gemv_xp_go launches in the form NT, RW, S
 template <int F, int NW, int NT, int RW, int S>
 static void gemv_xp_init_one() {
-    cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)gemv_xp_smem<F, NW, NT, RW, S>()));
+    constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
+    const int smem = (int)gemv_xp_smem<F, NW, NT, RW, S>();
+    if constexpr (NT == 4 && RW <= 2) cudaCheck(cudaFuncSetAttribute(gemv_xp_pf_kernel<F, NW, NT, RW, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    else cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 template <int F, int NW>
 static void gemv_xp_init_nw() {
@@ -4364,7 +4528,7 @@ static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
 // normalizes, rounds to bf16 and applies the output gate: y = bf16(o * bf16(sigmoid(gate))).
 // scores are fp32 (q*k products of bf16, scale 1/16 exact); p and the sums fp32.
 
-enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16 };
+enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16, ATT_VB = 8, ATT_KU = 8 };
 
 // kv cache formats (reference-engine.md 15). the codes live in [Hkv][cap][256] planes like the
 // bf16 cache (one byte per element for int8 / fp8), plus fp16 scales [Hkv][cap][4], one per 64
@@ -4563,7 +4727,7 @@ struct AttnArgs {
 // a block: warp w takes query group w / KS (4 queries) over key slice w % KS (keys ks, ks + KS,
 // ...), and for KS > 1 the slices' sums meet in shared memory at the end (not each warp its own
 // queries over every key: that read each v tile once per warp)
-template <int QPW, int KV>
+template <int QPW, int KV, int VB, int KU>
 __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
     constexpr int NQ = 4 * QPW, KS = 4 / QPW;
@@ -4614,7 +4778,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
 #pragma unroll
             for (int q = 0; q < NQ; q++) sc[q] = 0.f;
             if (tid < nk) {
-#pragma unroll 8
+#pragma unroll KU
                 for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
                     KvVec<KV> raw;
                     raw.load(a.kc, a.ksc, trow + tid, d8 * 8);
@@ -4649,22 +4813,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
         }
         __syncthreads();
         // (3) acc = acc * alpha + p v over the warp's key slice, lanes over dims. v rows in
-        // batches of 8 so that 8 loads are in flight, not one
+        // batches of VB so that VB loads are in flight, not one
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const float alpha = al[qg * 4 + q];
 #pragma unroll
             for (int d = 0; d < 8; d++) acc[q][d] *= alpha;
         }
-        for (int t0 = ks; t0 < nk; t0 += 8 * KS) {
-            KvVec<KV> raw[8];
+        for (int t0 = ks; t0 < nk; t0 += VB * KS) {
+            KvVec<KV> raw[VB];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < VB; j++) {
                 if (t0 + j * KS < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j * KS, lane * 8);
                 else raw[j].zero();
             }
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < VB; j++) {
                 const int t = t0 + j * KS;
                 float vf[8];
                 raw[j].get(vf);
@@ -4748,11 +4912,11 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 // row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
 // cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
 // is bit for bit that of a lone shared-kv launch of it with the same split_keys.
-template <int KV>
+template <int KV, int VB, int KU>
 static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
-    if (nq <= 4) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
-    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
-    else launch_k(attn_decode_kernel<4, KV>, grid, ATT_THREADS, 0, stream, a);
+    if (nq <= 4) launch_k(attn_decode_kernel<1, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
+    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_kernel<4, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
 }
 struct AttnDecodeArgs {
     KvCache c;
@@ -4767,6 +4931,9 @@ struct AttnDecodeArgs {
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
 };
+// VB v rows in flight a warp, KU the score loop's unroll (8-dim chunks of a key): the launch's
+// form, not its arithmetic (test/test_kernels.cu's Bench.DISABLED_AttnVersions times others)
+template <int VB = ATT_VB, int KU = ATT_KU>
 static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
     const int kv = in.c.kv, C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits, split_keys = in.split_keys, ldq = in.ldq,
               ldg = in.ldg, ldy = in.ldy;
@@ -4792,9 +4959,9 @@ static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
         a.scale = 1.0f / sqrtf((float)ATT_HD);
         int nq = in.lanes ? G : G * a.C;
         dim3 grid(Hkv, n_splits, in.lanes ? C : 1);
-        if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
-        else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
-        else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
+        if (kv == KV_INT8) attn_decode_launch<KV_INT8, VB, KU>(nq, grid, a, stream);
+        else if (kv == KV_FP8) attn_decode_launch<KV_FP8, VB, KU>(nq, grid, a, stream);
+        else attn_decode_launch<KV_BF16, VB, KU>(nq, grid, a, stream);
         cudaCheck(cudaGetLastError());
         launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
                                                               in.y + (int64_t)c0 * ldy, ldy);

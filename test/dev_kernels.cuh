@@ -358,11 +358,10 @@ static void gemv_variant(int variant, const Mat& w, const bf16_t* x, int ldx, in
 }
 
 // ---- the wide kernel's versions (gemv_xp_kernel: several columns a launch, ninfer.cu 7.2) ----
-// version 1, x prefetched: gemv_xp_kernel with each group's b words and sums loaded one group
-// ahead (a register double buffer: group u + 1's loads fly while group u's mmas run), where the
-// product loads a group's x from l1 / l2 right before its mmas. the arithmetic is the
-// product's, operation for operation, so its columns are the product's bits
-// (Gemv.WideVersionsEqualTheProduct); Bench.DISABLED_GemvWideVersions times them.
+// the product's two kernels (gemv_xp_kernel; gemv_xp_pf_kernel, the x prefetched a group ahead)
+// in forms and plans its launcher does not take. the arithmetic is the product's, operation for
+// operation, so their columns are the product's bits (Gemv.WideVersionsEqualTheProduct);
+// Bench.DISABLED_GemvWideVersions times them.
 namespace gemv_dev {
 // the product's wide forms (gemv_xp_launch: NT tiles, RW row tiles a warp, S stages) as a tag
 // go(Form<NT, RW, S>()), for a version's launcher to instantiate its kernel with plan p's form;
@@ -387,156 +386,7 @@ static void gemv_xp_forms(const GemvXpPlan& p, Go go) {
         }
     }
 }
-// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
-// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
-template <int F, int NW, int RW, int S> struct XpWeights {
-    using Ly = GemvAsyncLayout<F>;
-    static constexpr int D = 2, SB = RW * Ly::BYTES;
-    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
-    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
-    int lane;
-    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
-        const int g = lane >> 2, t = lane & 3;
-        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            h[r] = nullptr;
-            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-        }
-        base = (uint32_t)__cvta_generic_to_shared(sm);
-        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
-        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-        d_s = Ly::OFF_S + (lane - 16) * 4;
-    }
-    // the copies of the next stage into the next slot
-    __device__ __forceinline__ void issue() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t st = base + slot + r * Ly::BYTES;
-            cp_async16(st + d_b0, b0[r]);
-            cp_async16(st + d_b1, b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
-            if (lane >= 16) cp_async4(st + d_s, sc[r]);
-            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
-            if (Ly::HB) h[r] += NW * D * Ly::HB;
-        }
-        slot = slot + SB == S * SB ? 0 : slot + SB;
-    }
-};
-template <int F, int NW, int NT, int RW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
-                                                                   const float* __restrict__ xps, int cp, int cg, int groups) {
-    const int64_t rset = blockIdx.x / groups;
-    const int c0 = (int)(blockIdx.x % groups) * cg;
-    a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
-    if (a.resid) a.resid += (int64_t)c0 * a.ldr;
-    a.C = a.C - c0 < cg ? a.C - c0 : cg;
-    if (a.C <= 0) return;
-    using Fm = GemvFmt<F>;
-    using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
-    static_assert(D == 2, "the double buffer alternates within a stage's two groups");
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const Mat& w = a.w;
-    const int64_t rows = w.rows;
-    const int units = (int)w.gpr, C = a.C;
-    const int64_t row0 = rset * RW * 16;
-    extern __shared__ __align__(16) uint8_t xp_smem[];
-    uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
-    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    auto issue = [&]() { ws.issue(); };
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < n_it) issue();
-        cp_async_commit();
-    }
-    pdl_entry();
-    const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
-    const float* sl = xps + c0 + 2 * t;
-    // group u's b words and sums for every tile of the column group
-    auto load_x = [&](int u, uint4 (&v)[NT][NQ4], float2 (&sv)[NT]) {
-        const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
-        const float* su = sl + (size_t)u * cp;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const bool live = nt * 8 + g < C;
-#pragma unroll
-            for (int q = 0; q < NQ4; q++) v[nt][q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
-            sv[nt] = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
-        }
-    };
-    uint4 xv0[NT][NQ4], xv1[NT][NQ4];
-    float2 xs0[NT], xs1[NT];
-    if (n_it > 0) load_x(warp * D, xv0, xs0);
-    float acc[RW][NT][4];
-#pragma unroll
-    for (int r = 0; r < RW; r++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
-    // one group's mmas from its x (v, sv), as the product's loop body
-    auto group = [&](const uint8_t* st, int d, const uint4 (&v)[NT][NQ4], const float2 (&sv)[NT]) {
-        uint32_t A[RW][GemvWideA<F>::N][4];
-        float s0[RW], s1[RW];
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            uint32_t raw[2][Fm::RAW];
-            gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
-            gemv_afrag<F>(raw, A[r]);
-            s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float sx[4] = {sv[nt].x, sv[nt].y, sv[nt].x, sv[nt].y};
-            uint32_t b[Fm::STEPS][2];
-#pragma unroll
-            for (int q = 0; q < NQ4; q++) {
-                b[2 * q][0] = v[nt][q].x; b[2 * q][1] = v[nt][q].y;
-                if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[nt][q].z; b[2 * q + 1][1] = v[nt][q].w; }
-            }
-#pragma unroll
-            for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
-        }
-    };
-    uint32_t rslot = 0;
-    int ub = warp * D;
-    for (int it = 0; it < n_it; it++, ub += NW * D) {
-        cp_async_wait<S - 2>();
-        __syncwarp();
-        const uint8_t* st = sm_w + rslot;
-        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-        if (it + S - 1 < n_it) issue();
-        cp_async_commit();
-        load_x(ub + 1, xv1, xs1);                              // group ub + 1 flies while ub's mmas run
-        group(st, 0, xv0, xs0);
-        if (it + 1 < n_it) load_x(ub + NW * D, xv0, xs0);      // the next stage's first group
-        group(st, 1, xv1, xs1);
-    }
-    pdl_release();
-    cp_async_wait<0>();
-    __syncthreads();
-    float4* red = (float4*)xp_smem;
-#pragma unroll
-    for (int r = 0; r < RW; r++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
-        const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, j = idx & 3;
-        float s = 0.f;
-#pragma unroll
-        for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[j];
-        const int64_t row = row0 + 16 * i + (ln >> 2) + (j >= 2 ? 8 : 0);
-        const int col = nt * 8 + 2 * (ln & 3) + (j & 1);
-        if (row < rows && col < C) gemv_store(a, row, col, s);
-    }
-}
-// one launch of the product's kernel (PF false) or version 1's (PF true) in the form NT, RW, S,
+// one launch of gemv_xp_kernel (PF false) or gemv_xp_pf_kernel (PF true) in the form NT, RW, S,
 // its shared memory set at its first launch
 template <int F, int NW, int NT, int RW, int S, bool PF>
 static void gemv_xp_dev_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in, int cg, int groups, cudaStream_t stream) {
@@ -548,14 +398,17 @@ static void gemv_xp_dev_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in,
     }
     launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, in.xp, in.xps, in.cp, cg, groups);
 }
-// gemv_xp_launch's prep and plan with version 1's kernel
+// gemv_xp_launch's prep and plan with one kernel in every form: gemv_xp_pf_kernel (pf, version
+// 1: where the product does not take it too) or gemv_xp_kernel (version 7: the product before it
+// took the prefetch)
 template <int F, int NW>
-static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream) {
+static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream, bool pf) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
     auto go = [&](auto kernel_tag) {
         using K = decltype(kernel_tag);
-        gemv_xp_dev_go<F, NW, K::NT, K::RW, K::S, true>(p.grid, a, in, p.cc, p.groups, stream);
+        if (pf) gemv_xp_dev_go<F, NW, K::NT, K::RW, K::S, true>(p.grid, a, in, p.cc, p.groups, stream);
+        else gemv_xp_dev_go<F, NW, K::NT, K::RW, K::S, false>(p.grid, a, in, p.cc, p.groups, stream);
     };
     gemv_xp_forms(p, go);
     cudaCheck(cudaGetLastError());
@@ -770,9 +623,10 @@ static void gemv_xp_rows(const GemvArgs& a, int v, cudaStream_t stream) {
 }
 }  // namespace gemv_dev
 
-static const int GEMV_WIDE_VERSIONS = 7;
-// gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched, 2: x
-// shared in shared memory, 3..6: more row tiles a warp, kXpRowsForms) where
+static const int GEMV_WIDE_VERSIONS = 8;
+// gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched in every
+// form, 2: x shared in shared memory, 3..6: more row tiles a warp, kXpRowsForms, 7: x prefetched
+// in none, the product before session 13) where
 // gemv() takes the wide kernel; elsewhere gemv() itself
 static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                               const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
@@ -781,7 +635,7 @@ static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int
     const GemvKernel k = gemv_pick(w);
     const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
-        if (v >= 3) {
+        if (v >= 3 && v <= 6) {
             switch (w.format) {
                 case FMT_Q4: nw8 ? gemv_dev::gemv_xp_rows<FMT_Q4, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_Q4, 4>(a, v, stream); break;
                 case FMT_Q5: nw8 ? gemv_dev::gemv_xp_rows<FMT_Q5, 8>(a, v, stream) : gemv_dev::gemv_xp_rows<FMT_Q5, 4>(a, v, stream); break;
@@ -803,11 +657,12 @@ static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int
             gemv(b.w, b.x, b.ldx, b.C, b.y, b.ldy, b.y_f32, b.resid, b.ldr, stream, GemvX{b.xmode, b.xw, b.eps});
             return;
         }
+        const bool pf = v == 1;
         switch (w.format) {
-            case FMT_Q4: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q4, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q4, 4>(a, stream); break;
-            case FMT_Q5: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q5, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q5, 4>(a, stream); break;
-            case FMT_Q6: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q6, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_Q6, 4>(a, stream); break;
-            default: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_W8, 8>(a, stream) : gemv_dev::gemv_xp_pf_launch<FMT_W8, 4>(a, stream); break;
+            case FMT_Q4: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q4, 8>(a, stream, pf) : gemv_dev::gemv_xp_pf_launch<FMT_Q4, 4>(a, stream, pf); break;
+            case FMT_Q5: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q5, 8>(a, stream, pf) : gemv_dev::gemv_xp_pf_launch<FMT_Q5, 4>(a, stream, pf); break;
+            case FMT_Q6: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_Q6, 8>(a, stream, pf) : gemv_dev::gemv_xp_pf_launch<FMT_Q6, 4>(a, stream, pf); break;
+            default: nw8 ? gemv_dev::gemv_xp_pf_launch<FMT_W8, 8>(a, stream, pf) : gemv_dev::gemv_xp_pf_launch<FMT_W8, 4>(a, stream, pf); break;
         }
     });
 }

@@ -147,6 +147,10 @@ def decode(a):
             w.join()
         out = [o for res, _ in got for _, o in sorted(res)]
         cpu = max(c for _, c in got) / wall
+        bad = sum(1 for o in out if not o[5] or not o[2])
+        if bad:
+            print("C = %d: %d of %d streams ended without tokens or usage (the server's log says why)" % (C, bad, C), file=sys.stderr)
+            return 1
         ttfts = sorted(o[3] for o in out)
         # decode rate: tokens after the first over the time after the first, per stream and in all
         per = [(o[2]["completion_tokens"] - 1) / max(o[5][-1] - o[5][0], 1e-9) for o in out if len(o[5]) > 1]

@@ -2616,6 +2616,77 @@ TEST(Bench, DISABLED_DecodeOps9B) {
     }
 }
 
+// the decode attention's versions (attn_decode<VB, KU>: v rows in flight a warp, the score
+// loop's unroll over 8-dim chunks of a key): the same arithmetic, so their outputs are the
+// product's bits (checked here on every case). cases as the engine runs them: 64 lanes at the
+// served depth (700-820 keys each, one launch of lanes), 16 lanes at ~4096, one sequence at
+// 32768 (tg at depth); the 9b's heads (Hq 16, Hkv 4), bf16; 8 layers' pools, each its own
+// memory, rotated in the graph so the cache comes from dram. GB/s counts the k and v bytes once.
+template <int VB, int KU> static void attn_version(const AttnDecodeArgs& ad, cudaStream_t s) { attn_decode<VB, KU>(ad, s); }
+TEST(Bench, DISABLED_AttnVersions) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    const int Hq = 16, Hkv = 4, ldq = (Hq + Hkv) * ATT_HD, ldy = Hq * ATT_HD, layers = 8;
+    using Fn = void (*)(const AttnDecodeArgs&, cudaStream_t);
+    struct Version { const char* name; Fn fn; };
+    const Version versions[] = {{"product", attn_version<ATT_VB, ATT_KU>}, {"vb 16", attn_version<16, 8>}, {"ku 16", attn_version<8, 16>},
+                                {"vb 16 ku 16", attn_version<16, 16>}, {"ku 32", attn_version<8, 32>}, {"vb 16 ku 32", attn_version<16, 32>}};
+    struct Case { const char* name; int C, lo, hi; };
+    BENCH_PRINT("%-16s %-12s %9s %8s %6s\n", "attn decode", "version", "us/layer", "GB/s", "of cp");
+    for (const Case& cs : {Case{"64 lanes ~760", 64, 700, 820}, Case{"16 lanes ~4096", 16, 4000, 4200}, Case{"1 seq 32768", 1, 32768, 32768}}) {
+        Rng r = rng();
+        std::vector<int> len(cs.C), pos(cs.C), sk(cs.C);
+        int page_ld = 0, ns_max = 0;
+        double bytes = 0;
+        for (int c = 0; c < cs.C; c++) {
+            len[c] = cs.lo + r.below(cs.hi - cs.lo + 1); pos[c] = len[c] - 1;
+            page_ld = std::max(page_ld, CEIL_DIV(len[c], KV_PAGE));
+            int ns; gpu_attn_plan(gpu_bucket_of(len[c]), &ns, &sk[c]);
+            ns_max = std::max(ns_max, ns);
+            bytes += 2.0 * Hkv * len[c] * ATT_HD * 2;
+        }
+        const int64_t cap = (int64_t)cs.C * page_ld * KV_PAGE;
+        std::vector<int> table((size_t)cs.C * page_ld);
+        for (size_t i = 0; i < table.size(); i++) table[i] = (int)i;  // lane c's pages in order
+        std::vector<std::unique_ptr<KvPlanes>> P;
+        std::vector<uint8_t> used(cs.C * page_ld, 1);
+        Dev dused(used.size());
+        up(dused, used);
+        for (int l = 0; l < layers; l++) {
+            P.emplace_back(new KvPlanes(KV_BF16, Hkv, cap));
+            fill_pool_kernel<<<2048, 256>>>(KV_BF16, P[l]->kc.p, nullptr, Hkv * cap, cap, dused.as<uint8_t>(), (uint32_t)r.u64());
+            fill_pool_kernel<<<2048, 256>>>(KV_BF16, P[l]->vc.p, nullptr, Hkv * cap, cap, dused.as<uint8_t>(), (uint32_t)r.u64());
+        }
+        cudaCheck(cudaGetLastError());
+        auto q = rand_bf16(r, (size_t)cs.C * ldq, 1.f), gate = rand_bf16(r, (size_t)cs.C * ldy, 1.f);
+        Dev dq(q.size() * 2), dgate(gate.size() * 2), dpos(cs.C * 4), dsk(cs.C * 4), dtab(table.size() * 4);
+        up(dq, q); up(dgate, gate); up(dpos, pos); up(dsk, sk); up(dtab, table);
+        Dev scr(attn_scratch_floats(Hq, Hkv, ns_max, cs.C > 1 ? cs.C : 0) * 4), y((size_t)cs.C * ldy * 2);  // one sequence: the shared-kv layout
+        auto args = [&](int l) {
+            AttnDecodeArgs ad;
+            ad.c = P[l]->cache(); ad.c.pages = dtab.as<int>(); ad.c.page_ld = page_ld;
+            ad.q = dq.as<bf16_t>(); ad.ldq = ldq; ad.pos = dpos.as<int>(); ad.C = cs.C; ad.Hq = Hq; ad.Hkv = Hkv;
+            ad.scratch = scr.as<float>(); ad.gate = dgate.as<bf16_t>(); ad.ldg = ldy; ad.y = y.as<bf16_t>(); ad.ldy = ldy;
+            if (cs.C > 1) { ad.n_splits = ns_max; ad.lanes = true; ad.split_keys_col = dsk.as<int>(); }
+            else { ad.n_splits = ns_max; ad.split_keys = sk[0]; ad.c.page_ld = 0; }
+            return ad;
+        };
+        std::vector<uint16_t> ref;
+        for (const Version& v : versions) {
+            y.poison();
+            v.fn(args(0), 0);
+            auto got = down<uint16_t>(y, (size_t)cs.C * ldy);
+            if (ref.empty()) ref = got;
+            size_t diff = 0;
+            for (size_t i = 0; i < got.size(); i++) diff += got[i] != ref[i];
+            EXPECT_EQ(diff, 0u) << cs.name << ", " << v.name << ": " << diff << " elements differ from the product's";
+            double ms = time_graph_ms([&](cudaStream_t s, int i) { v.fn(args(i % layers), s); }, layers);
+            double gbs = bytes / (ms * 1e-3) / 1e9;
+            BENCH_PRINT("%-16s %-12s %9.2f %8.0f %5.0f%%\n", cs.name, v.name, ms * 1e3, gbs, 100 * gbs / bw);
+        }
+    }
+}
+
 // the prefill delta rule at 9b sizes (Hk 16, Hv 32): the recurrent kernel against the chunked
 // pair over piece lengths (where the chunked form starts to pay: g_gdn_chunked_min), the prep
 // kernel alone, and the scan's column splits at T = 4096
