@@ -4912,11 +4912,13 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 // row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
 // cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
 // is bit for bit that of a lone shared-kv launch of it with the same split_keys.
+// VB, KU: the form of the one-query-a-warp kernel (a decode step's 4 queries of a kv head);
+// the mtp verify's 8-16 queries keep ATT_VB, ATT_KU (their score registers)
 template <int KV, int VB, int KU>
 static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
     if (nq <= 4) launch_k(attn_decode_kernel<1, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
-    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
-    else launch_k(attn_decode_kernel<4, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
+    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_kernel<4, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
 }
 struct AttnDecodeArgs {
     KvCache c;
@@ -4932,9 +4934,10 @@ struct AttnDecodeArgs {
     bf16_t* y = nullptr; int ldy = 0;
 };
 // VB v rows in flight a warp, KU the score loop's unroll (8-dim chunks of a key): the launch's
-// form, not its arithmetic (test/test_kernels.cu's Bench.DISABLED_AttnVersions times others)
-template <int VB = ATT_VB, int KU = ATT_KU>
-static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
+// form, not its arithmetic (attn_decode picks one; test/test_kernels.cu's
+// Bench.DISABLED_AttnVersions times the others)
+template <int VB, int KU>
+static void attn_decode_form(const AttnDecodeArgs& in, cudaStream_t stream) {
     const int kv = in.c.kv, C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits, split_keys = in.split_keys, ldq = in.ldq,
               ldg = in.ldg, ldy = in.ldy;
     const bf16_t* gate = in.gate;
@@ -4967,6 +4970,15 @@ static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
                                                               in.y + (int64_t)c0 * ldy, ldy);
         cudaCheck(cudaGetLastError());
     }
+}
+
+// the form by the launch: the whole score loop unrolled (a key's 32 loads in flight) for one
+// sequence, where few blocks stream a long context; half of it for the lanes, whose blocks each
+// take a short tile (9b, bf16, Bench.DISABLED_AttnVersions on the h200: 1 sequence at 32768
+// 168 -> 156 us a layer, 64 lanes at ~760 98 -> 95; bench-notes, session 13)
+static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
+    if (in.lanes) attn_decode_form<ATT_VB, 16>(in, stream);
+    else attn_decode_form<ATT_VB, 32>(in, stream);
 }
 
 // ---- 7.7 argmax -----------------------------------------------------------------------------

@@ -2622,15 +2622,16 @@ TEST(Bench, DISABLED_DecodeOps9B) {
 // served depth (700-820 keys each, one launch of lanes), 16 lanes at ~4096, one sequence at
 // 32768 (tg at depth); the 9b's heads (Hq 16, Hkv 4), bf16; 8 layers' pools, each its own
 // memory, rotated in the graph so the cache comes from dram. GB/s counts the k and v bytes once.
-template <int VB, int KU> static void attn_version(const AttnDecodeArgs& ad, cudaStream_t s) { attn_decode<VB, KU>(ad, s); }
+template <int VB, int KU> static void attn_version(const AttnDecodeArgs& ad, cudaStream_t s) { attn_decode_form<VB, KU>(ad, s); }
 TEST(Bench, DISABLED_AttnVersions) {
     NEED_GPU();
     double bw = copy_bandwidth();
     const int Hq = 16, Hkv = 4, ldq = (Hq + Hkv) * ATT_HD, ldy = Hq * ATT_HD, layers = 8;
     using Fn = void (*)(const AttnDecodeArgs&, cudaStream_t);
     struct Version { const char* name; Fn fn; };
-    const Version versions[] = {{"product", attn_version<ATT_VB, ATT_KU>}, {"vb 16", attn_version<16, 8>}, {"ku 16", attn_version<8, 16>},
-                                {"vb 16 ku 16", attn_version<16, 16>}, {"ku 32", attn_version<8, 32>}, {"vb 16 ku 32", attn_version<16, 32>}};
+    const Version versions[] = {{"product", attn_decode}, {"vb 8 ku 8", attn_version<8, 8>}, {"vb 16", attn_version<16, 8>},
+                                {"ku 16", attn_version<8, 16>}, {"vb 16 ku 16", attn_version<16, 16>}, {"ku 32", attn_version<8, 32>},
+                                {"vb 16 ku 32", attn_version<16, 32>}};
     struct Case { const char* name; int C, lo, hi; };
     BENCH_PRINT("%-16s %-12s %9s %8s %6s\n", "attn decode", "version", "us/layer", "GB/s", "of cp");
     for (const Case& cs : {Case{"64 lanes ~760", 64, 700, 820}, Case{"16 lanes ~4096", 16, 4000, 4200}, Case{"1 seq 32768", 1, 32768, 32768}}) {
