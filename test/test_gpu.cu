@@ -444,11 +444,21 @@ TEST_P(GpuModel, DecodeFusedMatchesSeparate) {
         for (int s = 0; s < steps; s++) { gpu_decode(B.g, ids[n + s]); rows[fuse].push_back(device_row(B.g)); }
     }
     B.g->o.tune.fuse_x = true;
+    // the gated norm from the output product's prep (GpuTuning::fuse_gated) against
+    // gated_rmsnorm_kernel + the plain product: the prep replays the kernel's sums, so bit for bit
+    std::vector<std::vector<float>> gated_off;
+    B.g->o.tune.fuse_gated = false;
+    gpu_reset(B.g);
+    gpu_forward(B.g, ids.data(), nullptr, nullptr, n, nullptr, false);
+    for (int s = 0; s < steps; s++) { gpu_decode(B.g, ids[n + s]); gated_off.push_back(device_row(B.g)); }
+    B.g->o.tune.fuse_gated = true;
     B.g->o.graphs = graphs;
     double w = 0;
     for (int s = 0; s < steps; s++) w = std::max(w, rel_l2(rows[1][s].data(), rows[0][s].data(), V));
     fprintf(stderr, "  %s: %d decode steps, fused vs separate norms/swiglu: worst rel-l2 %.2e\n", GetParam().name, steps, w);
     EXPECT_LT(w, 1e-2);
+    for (int s = 0; s < steps; s++)
+        EXPECT_EQ(memcmp(gated_off[s].data(), rows[1][s].data(), (size_t)V * 4), 0) << "step " << s << ": the gated norm's prep differs from the kernels";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kModels), [](const ::testing::TestParamInfo<ModelCase>& i) { return std::string(i.param.name); });
