@@ -399,8 +399,8 @@ static void gemv_xp_dev_go(unsigned grid, const GemvArgs& a, const GemvXpIn& in,
     launch_k(k, grid, NW * 32, gemv_xp_smem<F, NW, NT, RW, S>(), stream, a, in.xp, in.xps, in.cp, cg, groups);
 }
 // gemv_xp_launch's prep and plan with one kernel in every form: gemv_xp_pf_kernel (pf, version
-// 1: where the product does not take it too) or gemv_xp_kernel (version 7: the product before it
-// took the prefetch)
+// 1: also where the product does not take it) or gemv_xp_kernel (version 7: no prefetch, the
+// baseline the product's choice was measured against)
 template <int F, int NW>
 static void gemv_xp_pf_launch(const GemvArgs& a, cudaStream_t stream, bool pf) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
@@ -626,7 +626,7 @@ static void gemv_xp_rows(const GemvArgs& a, int v, cudaStream_t stream) {
 static const int GEMV_WIDE_VERSIONS = 8;
 // gemv() with the wide kernel of version v (0: the product's gemv(), 1: x prefetched in every
 // form, 2: x shared in shared memory, 3..6: more row tiles a warp, kXpRowsForms, 7: x prefetched
-// in none, the product before session 13) where
+// in no form) where
 // gemv() takes the wide kernel; elsewhere gemv() itself
 static void gemv_wide_version(int v, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
                               const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {

@@ -100,54 +100,57 @@ def sampling(a, i):
     return extra
 
 
-def decode_streams(a, model, ids, go):
-    """the streams ids of a decode level, each on its own thread, started together once go (a
-    multiprocessing event) is set: a list of (id, stream_chat's result)"""
+def decode_streams(a, model, ids, start):
+    """the streams ids of a decode level, each on its own thread, started together once every
+    process is at start (a multiprocessing barrier): a list of (id, stream_chat's result, or None
+    where the request failed: the error goes to stderr)"""
     out = {}
 
     def one(i):
         msgs = [{"role": "user", "content": text_of(a.prompt_words, 1000 + i)}]
-        out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
+        try:
+            out[i] = stream_chat(a.url, model, msgs, a.max_tokens, sampling(a, i))
+        except Exception as e:  # the level reports it; the other streams go on
+            print("stream %d: %s" % (i, e), file=sys.stderr)
     th = [threading.Thread(target=one, args=(i,)) for i in ids]
-    go.wait()
+    start.wait()
     for x in th:
         x.start()
     for x in th:
         x.join()
-    return [(i, out[i]) for i in ids]
+    return [(i, out.get(i)) for i in ids]
 
 
-def decode_worker(a, model, ids, go, q):
+def decode_worker(a, model, ids, start, q):
     c0 = time.process_time()
-    res = decode_streams(a, model, ids, go)
+    res = decode_streams(a, model, ids, start)
     q.put((res, time.process_time() - c0))
 
 
 def decode(a):
-    """each level's C streams run on --procs processes (threads within each): one python process
-    parses ~6,000 stream events a second at most under its interpreter lock, which is below what
-    ninfer-serve serves at C = 64 (test/bench-notes.md, session 13), so a single process measured
-    itself. client_cpu: the load generator's cpu seconds over the level's wall time (per process,
-    the largest): near 1.0 a process was saturated and its figures are its own limit"""
+    """each level's C streams run on --procs processes (threads within each): 64 streams' threads
+    behind one python interpreter lock timed the events late (5,980 events/s against 6,010 with 4
+    processes, one server: test/bench-notes.md, session 13). client_cpu: the load generator's cpu
+    seconds over the level's wall time (per process, the largest): near 1.0 a process was
+    saturated and its figures are its own limit"""
     model = model_of(a.url)
     print("C  aggregate_tok_s  steady_tok_s  per_stream_tok_s  ttft_p50_ms  ttft_p99_ms  wall_s  procs  client_cpu  events_per_token")
     ctx = mp.get_context("fork")
     for C in [int(x) for x in a.concurrency.split(",")]:
         procs = max(1, min(C, a.procs or len(os.sched_getaffinity(0))))
-        go, q = ctx.Event(), ctx.Queue()
-        ws = [ctx.Process(target=decode_worker, args=(a, model, list(range(k, C, procs)), go, q)) for k in range(procs)]
+        start, q = ctx.Barrier(procs + 1), ctx.Queue()
+        ws = [ctx.Process(target=decode_worker, args=(a, model, list(range(k, C, procs)), start, q)) for k in range(procs)]
         for w in ws:
             w.start()
-        time.sleep(0.2)  # the workers' threads are made before the start
+        start.wait()  # every worker's threads are made
         t0 = time.time()
-        go.set()
         got = [q.get() for _ in ws]
         wall = time.time() - t0
         for w in ws:
             w.join()
         out = [o for res, _ in got for _, o in sorted(res)]
         cpu = max(c for _, c in got) / wall
-        bad = sum(1 for o in out if not o[5] or not o[2])
+        bad = sum(1 for o in out if o is None or not o[5] or not o[2])
         if bad:
             print("C = %d: %d of %d streams ended without tokens or usage (the server's log says why)" % (C, bad, C), file=sys.stderr)
             return 1
