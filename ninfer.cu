@@ -4521,14 +4521,13 @@ static void gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
 // their positions first; then column c attends to keys 0..pos[c] (mtp verification: the
 // draft columns see each other causally).
 // attn_decode: block (kv head h, split sp) handles keys [sp*split_keys, +split_keys) for all
-// G*C queries of that kv head, 128 keys at a time: (1) thread = key: scores for every query
-// (q in shared memory, broadcast reads; no shuffles), (2) warp w owns queries w, w+4, ..:
-// online softmax over the 128 scores, (3) lanes over dims (8 each, 16-byte v rows): acc +=
-// p v. the partial (m, l, acc) of each split goes to scratch; attn_combine merges the splits,
-// normalizes, rounds to bf16 and applies the output gate: y = bf16(o * bf16(sigmoid(gate))).
-// scores are fp32 (q*k products of bf16, scale 1/16 exact); p and the sums fp32.
+// G*C queries of that kv head on the tensor cores (q K^T and p v as mma.sync, the kernel's
+// comment says how); the partial (m, l, acc) of each split goes to scratch; attn_combine
+// merges the splits, normalizes, rounds to bf16 and applies the output gate:
+// y = bf16(o * bf16(sigmoid(gate))). scores are fp32 (q*k products of bf16 summed in fp32,
+// scale 1/16 exact); p and the sums fp32.
 
-enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16, ATT_VB = 8, ATT_KU = 8 };
+enum { ATT_HD = 256, ATT_KEYS = 128, ATT_THREADS = 128, ATT_MAX_Q = 16 };
 
 // kv cache formats (reference-engine.md 15). the codes live in [Hkv][cap][256] planes like the
 // bf16 cache (one byte per element for int8 / fp8), plus fp16 scales [Hkv][cap][4], one per 64
@@ -4722,17 +4721,69 @@ struct AttnArgs {
     float* part_ml;                   // [Hkv][n_splits][G*C][2]
     float scale;
 };
-// queries per warp: the block serves up to 4*QPW queries; KV: the cache format. the softmax
-// of query qi is warp qi / QPW's; the p v products are split so that each v row is read once
-// a block: warp w takes query group w / KS (4 queries) over key slice w % KS (keys ks, ks + KS,
-// ...), and for KS > 1 the slices' sums meet in shared memory at the end (not each warp its own
-// queries over every key: that read each v tile once per warp)
-template <int QPW, int KV, int VB, int KU>
-__global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
+
+// a lane's 8 consecutive elements d0..d0+7 of one cache row as 4 bf16x2 words, the lower dim in
+// the low half. int8 and e4m3 codes are bf16 values, so the codes convert exactly.
+template <int KV>
+__device__ __forceinline__ uint4 kv_frag8(const void* c, int64_t row, int d0) {
+    if constexpr (KV == KV_BF16) {
+        return *(const uint4*)((const bf16_t*)c + row * ATT_HD + d0);
+    } else {
+        const uint2 r = *(const uint2*)((const uint8_t*)c + row * ATT_HD + d0);
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const uint32_t pair = ((e < 2 ? r.x : r.y) >> (16 * (e & 1))) & 0xFFFF;
+            float2 f;
+            if constexpr (KV == KV_INT8) {
+                f = make_float2((float)(int8_t)(pair & 0xFF), (float)(int8_t)(pair >> 8));
+            } else {
+                __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+                f = __half22float2(*(const __half2*)&hr);
+            }
+            __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+            w[e] = *(const uint32_t*)&b;
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+// two floats as one bf16x2 word (rne), lo in the low half
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t*)&b;
+}
+// p as bf16 hi + lo (hi = bf16(p), lo = bf16(p - hi)): p to ~2^-17 relative through bf16 mma
+__device__ __forceinline__ void split_bf2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    hi = pack_bf2(a, b);
+    const __nv_bfloat162 h = *(const __nv_bfloat162*)&hi;
+    lo = pack_bf2(a - __low2float(h), b - __high2float(h));
+}
+
+// block (kv head h, split sp[, lanes: column blockIdx.z]) takes keys [sp*split_keys, +split_keys)
+// of all its queries (G per column: up to 8 for NT 1, 16 for NT 2); warp w takes the split's
+// 16-key chunks w, w+4, ... and keeps its own online softmax; the 4 warps merge at the end in
+// warp order. per chunk, with mma.sync m16n8k16 (bf16 in, fp32 sums), g = lane/4, t = lane%4:
+//   S = Q K^T [16 queries][16 keys]: A = q (shared), B = K rows straight from global: lane
+//       (g, t) reads 16 bytes (dims 32c + 8t ..) of key g of each 8-key tile, and those dims
+//       fill its k slots of two k-steps; q's A fragments take the same dims, so the product is
+//       Q K^T over permuted dims. 4 lanes read a 64-byte run of a key: whole sectors.
+//   online softmax on S's registers: a query's 4 keys of the chunk are in one quad of lanes.
+//   O^T += V^T P^T [256 dims][8 queries]: A = V^T, lane (g, t) reads 16 bytes (dims 64i + 8g
+//       ..) of keys 2t, 2t+1, 8+2t, 9+2t (8 lanes a 128-byte run) and pairs two keys' halves
+//       per dim with a byte permute; B = P^T is S's accumulator layout as it stands (query g,
+//       keys 2t, 2t+1 of each tile), as bf16 hi + lo so that p keeps fp32-class precision.
+// int8 / fp8: the codes go in exactly; scores sum each 64-dim group apart and scale it by the
+// key's k scale; p is multiplied by the key's v scale of each group before its split.
+// scores scale by 1/16 after the sum (a power of two: the same as scaling q); p and the sums
+// fp32. keys past the split or past a query's last key get p = 0 (their rows are clamped to the
+// split's last key, so nothing past the visible cache is read).
+enum { ATT_CHUNK = 16, ATT_QLD = ATT_HD + 32 };  // q rows padded: the A fragments' loads are conflict-free
+template <int NT, int KV>
+__global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a) {
     pdl_entry_small();
-    constexpr int NQ = 4 * QPW, KS = 4 / QPW;
-    const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int qg = warp / KS, ks = warp % KS;  // the p v part's query group and key slice
+    constexpr bool Q8 = KV != KV_BF16;
+    constexpr int NQ = 8 * NT;
+    const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // the block's columns: all C (one sequence), or lanes: column blockIdx.z alone, with the
     // same arithmetic as a lone launch of that column (only the partials' slots differ)
     const int z = a.lanes ? (int)blockIdx.z : 0, C = a.lanes ? 1 : a.C;
@@ -4741,160 +4792,246 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(AttnArgs a) {
     const int* pages = a.pages ? a.pages + (int64_t)z * a.page_ld : nullptr;
     const int split_keys = a.lanes ? a.split_keys_col[z] : a.split_keys;
     const int G = a.Hq / a.Hkv, nq = G * C, nq_all = G * a.C, q_first = z * G;
-    __shared__ __align__(16) float qs[NQ][ATT_HD];
-    __shared__ float ps[NQ][ATT_KEYS];
-    __shared__ float al[NQ];                                  // each query's rescale of this tile
-    __shared__ __align__(16) float red[KS > 1 ? KS * NQ : 1][ATT_HD];  // the key slices' sums
-    __shared__ int vis[NQ];
+    __shared__ __align__(16) bf16_t qs[NQ][ATT_QLD];
+    __shared__ __align__(16) float red[4][8][ATT_HD];  // the warps' p v sums of one query tile
+    __shared__ float wml[4][NQ][2];                    // the warps' (m, l) per query
     int lmax = 0;
     for (int c = 0; c < C; c++) lmax = max(lmax, pos[c] + 1);
-    for (int i = tid; i < NQ * ATT_HD; i += ATT_THREADS) {
-        int qi = i / ATT_HD, d = i % ATT_HD;
-        float v = 0.f;
-        if (qi < nq) v = bf2f(qz[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
-        qs[qi][d] = v;
+    for (int i = tid; i < NQ * (ATT_HD / 8); i += ATT_THREADS) {
+        const int qi = i / (ATT_HD / 8), d = (i % (ATT_HD / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (qi < nq) v = *(const uint4*)(qz + (int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d);
+        *(uint4*)&qs[qi][d] = v;
     }
-    if (tid < NQ) vis[tid] = tid < nq ? pos[tid / G] : -1;
-    // running softmax state of the queries this warp owns (qi = warp * QPW + k), replicated in
-    // lanes; acc: the p v sums of query group qg over key slice ks, lanes over dims
-    float m_run[QPW], l_run[QPW], acc[4][8];
+    // the lane's query rows g and g + 8 (S's accumulator rows): the last key each sees
+    const int vis0 = g < nq ? pos[g / G] : -1, vis1 = NT == 2 && g + 8 < nq ? pos[(g + 8) / G] : -1;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows g, g + 8 (the lane's part of l)
+    // O^T: [query tile][64-dim group i][m-tile j][c]: dims 64i + 8g + 2j (c 0, 1) and + 1 (c 2, 3),
+    // queries 8 nt + 2t (c 0, 2) and + 1 (c 1, 3)
+    float acc[NT][4][4][4];
 #pragma unroll
-    for (int k = 0; k < QPW; k++) { m_run[k] = -INFINITY; l_run[k] = 0.f; }
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-    for (int q = 0; q < 4; q++)
+        for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int d = 0; d < 8; d++) acc[q][d] = 0.f;
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[nt][i][j][c] = 0.f;
     const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
     const int kbeg = sp * split_keys;
     const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
     __syncthreads();
-    for (int k0 = kbeg; k0 < kend; k0 += ATT_KEYS) {
-        const int nk = min(ATT_KEYS, kend - k0);
-        const int64_t trow = hrow + kv_row(pages, k0);  // the tile's keys are consecutive rows of one page
-        // (1) scores, thread = key
-        {
-            int key = k0 + tid;
-            float sc[NQ];
+    for (int k0 = kbeg + warp * ATT_CHUNK; k0 < kend; k0 += 4 * ATT_CHUNK) {
+        const int64_t trow = hrow + kv_row(pages, k0);  // the chunk's keys are consecutive rows of one page
+        const int last = kend - 1 - k0;
+        auto krow = [&](int k) { return trow + min(k, last); };
+        // (1) S: tile jt holds keys 8 jt .. 8 jt + 7 of the chunk; s[jt][c]: row g (c 0, 1) or
+        // g + 8 (c 2, 3), key 8 jt + 2t (c 0, 2) or + 1 (c 1, 3)
+        float s[2][4];
 #pragma unroll
-            for (int q = 0; q < NQ; q++) sc[q] = 0.f;
-            if (tid < nk) {
-#pragma unroll KU
-                for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
-                    KvVec<KV> raw;
-                    raw.load(a.kc, a.ksc, trow + tid, d8 * 8);
-                    float kf[8];
-                    raw.get(kf);
+        for (int jt = 0; jt < 2; jt++)
 #pragma unroll
-                    for (int q = 0; q < NQ; q++) {
-                        const float4 qa = *(const float4*)&qs[q][d8 * 8], qb = *(const float4*)&qs[q][d8 * 8 + 4];
-                        sc[q] = fmaf(qa.x, kf[0], fmaf(qa.y, kf[1], fmaf(qa.z, kf[2], fmaf(qa.w, kf[3], sc[q]))));
-                        sc[q] = fmaf(qb.x, kf[4], fmaf(qb.y, kf[5], fmaf(qb.z, kf[6], fmaf(qb.w, kf[7], sc[q]))));
+            for (int c = 0; c < 4; c++) s[jt][c] = 0.f;
+#pragma unroll
+        for (int gi = 0; gi < KV_GROUPS; gi++) {
+            float sg[2][4];
+#pragma unroll
+            for (int jt = 0; jt < 2; jt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) sg[jt][c] = 0.f;
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                const int d0 = 64 * gi + 32 * cc + 8 * t;
+                const uint4 qa = *(const uint4*)&qs[g][d0];
+                uint4 qb = make_uint4(0, 0, 0, 0);
+                if constexpr (NT == 2) qb = *(const uint4*)&qs[g + 8][d0];
+#pragma unroll
+                for (int jt = 0; jt < 2; jt++) {
+                    const uint4 u = kv_frag8<KV>(a.kc, krow(8 * jt + g), d0);
+                    float (&dst)[4] = Q8 ? sg[jt] : s[jt];
+                    mma_bf16_16816(dst, qa.x, qb.x, qa.y, qb.y, u.x, u.y);
+                    mma_bf16_16816(dst, qa.z, qb.z, qa.w, qb.w, u.z, u.w);
+                }
+            }
+            if constexpr (Q8) {
+#pragma unroll
+                for (int jt = 0; jt < 2; jt++) {
+                    const float sc0 = __half2float(a.ksc[krow(8 * jt + 2 * t) * KV_GROUPS + gi]);
+                    const float sc1 = __half2float(a.ksc[krow(8 * jt + 2 * t + 1) * KV_GROUPS + gi]);
+                    s[jt][0] = fmaf(sg[jt][0], sc0, s[jt][0]); s[jt][1] = fmaf(sg[jt][1], sc1, s[jt][1]);
+                    s[jt][2] = fmaf(sg[jt][2], sc0, s[jt][2]); s[jt][3] = fmaf(sg[jt][3], sc1, s[jt][3]);
+                }
+            }
+        }
+        // (2) online softmax of rows g and g + 8 (the quad's 4 lanes hold a row's 16 keys)
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < NT; r++) {
+            const int vis = r ? vis1 : vis0;
+            float cm = -INFINITY;
+#pragma unroll
+            for (int jt = 0; jt < 2; jt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = k0 + 8 * jt + 2 * t + e;
+                    float& v = s[jt][2 * r + e];
+                    v = key <= vis && key < kend ? v * a.scale : -INFINITY;
+                    cm = fmaxf(cm, v);
+                }
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+            const float mn = fmaxf(m_run[r], cm);
+            alpha[r] = mn == -INFINITY ? 1.f : expf(m_run[r] - mn);
+            float sum = 0.f;
+#pragma unroll
+            for (int jt = 0; jt < 2; jt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = s[jt][2 * r + e];
+                    v = mn == -INFINITY ? 0.f : expf(v - mn);
+                    sum += v;
+                }
+            l_run[r] = l_run[r] * alpha[r] + sum;
+            m_run[r] = mn;
+        }
+        // (3) O^T: rescale the columns (queries 8 nt + 2t, + 1: their alpha is in quads 2t, 2t + 1)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float a0 = __shfl_sync(0xffffffffu, alpha[nt], 8 * t), a1 = __shfl_sync(0xffffffffu, alpha[nt], 8 * t + 4);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc[nt][i][j][0] *= a0; acc[nt][i][j][1] *= a1; acc[nt][i][j][2] *= a0; acc[nt][i][j][3] *= a1;
+                }
+        }
+        // then add V^T P^T. the lane's keys: 2t, 2t + 1, 8 + 2t, 9 + 2t (B's k slots 2t, 2t + 1,
+        // 2t + 8, 2t + 9), which are S's columns of this lane: p of key kk[x] is s[x / 2][2r + x % 2]
+        int64_t vrow[4];
+#pragma unroll
+        for (int x = 0; x < 4; x++) vrow[x] = krow(8 * (x / 2) + 2 * t + (x & 1));
+        float vsc[4][KV_GROUPS];
+        if constexpr (Q8) {
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const uint2 r = *(const uint2*)(a.vsc + vrow[x] * KV_GROUPS);
+                const float2 lo = __half22float2(*(const __half2*)&r.x), hi = __half22float2(*(const __half2*)&r.y);
+                vsc[x][0] = lo.x; vsc[x][1] = lo.y; vsc[x][2] = hi.x; vsc[x][3] = hi.y;
+            }
+        }
+        uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) v[x] = kv_frag8<KV>(a.vc, vrow[x], 64 * i + 8 * g);
+            if (Q8 || i == 0) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int jt = 0; jt < 2; jt++) {
+                        float p0 = s[jt][2 * nt], p1 = s[jt][2 * nt + 1];
+                        if constexpr (Q8) { p0 *= vsc[2 * jt][i]; p1 *= vsc[2 * jt + 1][i]; }
+                        split_bf2(p0, p1, bh[nt][jt], bl[nt][jt]);
                     }
-                }
             }
+            const uint32_t* w0 = &v[0].x; const uint32_t* w1 = &v[1].x; const uint32_t* w2 = &v[2].x; const uint32_t* w3 = &v[3].x;
 #pragma unroll
-            for (int q = 0; q < NQ; q++) ps[q][tid] = (tid < nk && key <= vis[q]) ? sc[q] : -INFINITY;
-        }
-        __syncthreads();
-        // (2) online softmax per owned query
+            for (int j = 0; j < 4; j++) {
+                const uint32_t a0 = __byte_perm(w0[j], w1[j], 0x5410), a1 = __byte_perm(w0[j], w1[j], 0x7632);
+                const uint32_t a2 = __byte_perm(w2[j], w3[j], 0x5410), a3 = __byte_perm(w2[j], w3[j], 0x7632);
 #pragma unroll
-        for (int k = 0; k < QPW; k++) {
-            int qi = warp * QPW + k;
-            float v0 = ps[qi][lane], v1 = ps[qi][lane + 32], v2 = ps[qi][lane + 64], v3 = ps[qi][lane + 96];
-            float cm = warp_max(fmaxf(fmaxf(v0, v1), fmaxf(v2, v3)));
-            float mn = fmaxf(m_run[k], cm);
-            float alpha = mn == -INFINITY ? 1.f : expf(m_run[k] - mn);
-            float e0 = mn == -INFINITY ? 0.f : expf(v0 - mn), e1 = mn == -INFINITY ? 0.f : expf(v1 - mn);
-            float e2 = mn == -INFINITY ? 0.f : expf(v2 - mn), e3 = mn == -INFINITY ? 0.f : expf(v3 - mn);
-            ps[qi][lane] = e0; ps[qi][lane + 32] = e1; ps[qi][lane + 64] = e2; ps[qi][lane + 96] = e3;
-            l_run[k] = l_run[k] * alpha + warp_sum(e0 + e1 + e2 + e3);
-            m_run[k] = mn;
-            if (lane == 0) al[qi] = alpha;
-        }
-        __syncthreads();
-        // (3) acc = acc * alpha + p v over the warp's key slice, lanes over dims. v rows in
-        // batches of VB so that VB loads are in flight, not one
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float alpha = al[qg * 4 + q];
-#pragma unroll
-            for (int d = 0; d < 8; d++) acc[q][d] *= alpha;
-        }
-        for (int t0 = ks; t0 < nk; t0 += VB * KS) {
-            KvVec<KV> raw[VB];
-#pragma unroll
-            for (int j = 0; j < VB; j++) {
-                if (t0 + j * KS < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j * KS, lane * 8);
-                else raw[j].zero();
-            }
-#pragma unroll
-            for (int j = 0; j < VB; j++) {
-                const int t = t0 + j * KS;
-                float vf[8];
-                raw[j].get(vf);
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float p = t < nk ? ps[qg * 4 + q][t] : 0.f;
-#pragma unroll
-                    for (int d = 0; d < 8; d++) acc[q][d] = fmaf(p, vf[d], acc[q][d]);
+                for (int nt = 0; nt < NT; nt++) {
+                    mma_bf16_16816(acc[nt][i][j], a0, a1, a2, a3, bh[nt][0], bh[nt][1]);
+                    mma_bf16_16816(acc[nt][i][j], a0, a1, a2, a3, bl[nt][0], bl[nt][1]);
                 }
             }
         }
-        __syncthreads();  // ps and al are rewritten by the next chunk
     }
-    // the partials: query qi's p v sum (its key slices added in slice order), m and l
-    if constexpr (KS > 1) {
+    // the block's partials: the warps merged in warp order
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float* r = &red[ks * NQ + qg * 4 + q][lane * 8];
-            *(float4*)r = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
-            *(float4*)(r + 4) = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+    for (int r = 0; r < NT; r++) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+        if (t == 0) { wml[warp][g + 8 * r][0] = m_run[r]; wml[warp][g + 8 * r][1] = l_run[r]; }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {  // this lane's query columns 8 nt + 2t + e
+            const int qq = 8 * nt + 2 * t + e;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < 4; w++) M = fmaxf(M, wml[w][qq][0]);
+            const float mw = wml[warp][qq][0], f = mw == -INFINITY ? 0.f : expf(mw - M);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int d = 64 * i + 8 * g + 2 * j;
+                    *(float2*)&red[warp][2 * t + e][d] = make_float2(acc[nt][i][j][e] * f, acc[nt][i][j][2 + e] * f);
+                }
         }
         __syncthreads();
-    }
-#pragma unroll
-    for (int k = 0; k < QPW; k++) {
-        int qi = warp * QPW + k;
-        if (qi >= nq) continue;
-        float o[8];
-#pragma unroll
-        for (int d = 0; d < 8; d++) o[d] = acc[k][d];  // KS == 1: this warp's group is its own queries
-        if constexpr (KS > 1) {
-#pragma unroll
-            for (int d = 0; d < 8; d++) o[d] = red[qi][lane * 8 + d];
-            for (int s2 = 1; s2 < KS; s2++)
-#pragma unroll
-                for (int d = 0; d < 8; d++) o[d] += red[s2 * NQ + qi][lane * 8 + d];
+        for (int idx = tid; idx < 8 * ATT_HD; idx += ATT_THREADS) {
+            const int qq = idx / ATT_HD, d = idx % ATT_HD, qi = 8 * nt + qq;
+            if (qi >= nq) break;  // uniform over the rest of the loop: qi only grows
+            const int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
+            a.part_acc[slot * ATT_HD + d] = red[0][qq][d] + red[1][qq][d] + red[2][qq][d] + red[3][qq][d];
+            if (d == 0) {
+                float M = -INFINITY, L = 0.f;
+                for (int w = 0; w < 4; w++) M = fmaxf(M, wml[w][qi][0]);
+                for (int w = 0; w < 4; w++) {
+                    const float mw = wml[w][qi][0];
+                    L += mw == -INFINITY ? 0.f : wml[w][qi][1] * expf(mw - M);
+                }
+                a.part_ml[slot * 2] = M; a.part_ml[slot * 2 + 1] = L;
+            }
         }
-        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
-        float* pa = a.part_acc + slot * ATT_HD + lane * 8;
-        *(float4*)pa = make_float4(o[0], o[1], o[2], o[3]);
-        *(float4*)(pa + 4) = make_float4(o[4], o[5], o[6], o[7]);
-        if (lane == 0) { a.part_ml[slot * 2] = m_run[k]; a.part_ml[slot * 2 + 1] = l_run[k]; }
+        if (nt + 1 < NT) __syncthreads();  // red is rewritten by the next query tile
     }
 }
 
-// merge the splits of column c, query head hq (block), one thread per dim
+// merge the splits of column c, query head hq (block): warp w sums splits w, w + 8, .. (lanes
+// over dims, 8 each), then the 8 warps' sums are added in warp order. every split's partial is
+// written (empty ones m = -inf, l = 0, acc = 0) and weighs 0, so the loop has no branches.
+enum { ATT_COMBINE_WARPS = ATT_HD / 32 };
 __global__ void __launch_bounds__(ATT_HD) attn_combine_kernel(AttnArgs a, const bf16_t* __restrict__ gate, int ldg, bf16_t* y, int ldy) {
     pdl_entry_small();
-    const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, d = threadIdx.x;
+    const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = a.Hq / a.Hkv, nq = G * a.C, h = hq / G, qi = c * G + hq % G;
+    const int64_t slot0 = (int64_t)h * a.n_splits * nq + qi;  // split s: slot0 + s * nq
+    __shared__ __align__(16) float red[ATT_COMBINE_WARPS][ATT_HD];
+    __shared__ float wl[ATT_COMBINE_WARPS], wm[ATT_COMBINE_WARPS];
     float M = -INFINITY;
-    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, a.part_ml[(((int64_t)h * a.n_splits + s) * nq + qi) * 2]);
-    float L = 0.f, o = 0.f;
-    if (M != -INFINITY) {
-        for (int s = 0; s < a.n_splits; s++) {
-            int64_t slot = ((int64_t)h * a.n_splits + s) * nq + qi;
-            float m = a.part_ml[slot * 2];
-            if (m == -INFINITY) continue;
-            float e = expf(m - M);
-            L = fmaf(a.part_ml[slot * 2 + 1], e, L);
-            o = fmaf(a.part_acc[slot * ATT_HD + d], e, o);
-        }
+    for (int s = tid; s < a.n_splits; s += ATT_HD) M = fmaxf(M, a.part_ml[(slot0 + (int64_t)s * nq) * 2]);
+    M = warp_max(M);
+    if (lane == 0) wm[warp] = M;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < ATT_COMBINE_WARPS; w++) M = fmaxf(M, wm[w]);
+    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, L = 0.f;
+#pragma unroll 4
+    for (int s = warp; s < a.n_splits; s += ATT_COMBINE_WARPS) {
+        const int64_t slot = slot0 + (int64_t)s * nq;
+        const float m = a.part_ml[slot * 2], l = a.part_ml[slot * 2 + 1];
+        const float4 x0 = *(const float4*)(a.part_acc + slot * ATT_HD + lane * 8), x1 = *(const float4*)(a.part_acc + slot * ATT_HD + lane * 8 + 4);
+        const float e = m == -INFINITY ? 0.f : expf(m - M);
+        L = fmaf(l, e, L);
+        o[0] = fmaf(x0.x, e, o[0]); o[1] = fmaf(x0.y, e, o[1]); o[2] = fmaf(x0.z, e, o[2]); o[3] = fmaf(x0.w, e, o[3]);
+        o[4] = fmaf(x1.x, e, o[4]); o[5] = fmaf(x1.y, e, o[5]); o[6] = fmaf(x1.z, e, o[6]); o[7] = fmaf(x1.w, e, o[7]);
     }
-    float out = L > 0.f ? o / L : 0.f;
-    if (gate) out = bfround(out) * bfround(sigmoid_f(bf2f(gate[(int64_t)c * ldg + hq * ATT_HD + d])));
-    y[(int64_t)c * ldy + hq * ATT_HD + d] = f2bf(out);
+    *(float4*)&red[warp][lane * 8] = make_float4(o[0], o[1], o[2], o[3]);
+    *(float4*)&red[warp][lane * 8 + 4] = make_float4(o[4], o[5], o[6], o[7]);
+    if (lane == 0) wl[warp] = L;
+    __syncthreads();
+    float out = 0.f, Lt = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATT_COMBINE_WARPS; w++) { out += red[w][tid]; Lt += wl[w]; }
+    out = Lt > 0.f ? out / Lt : 0.f;
+    if (gate) out = bfround(out) * bfround(sigmoid_f(bf2f(gate[(int64_t)c * ldg + hq * ATT_HD + tid])));
+    y[(int64_t)c * ldy + hq * ATT_HD + tid] = f2bf(out);
 }
 
 // scratch floats attn_decode needs for (Hkv, n_splits, queries per launch); lanes > 0: for
@@ -4911,15 +5048,9 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 // batch's C): one launch of grid (Hkv, n_splits, C) and one combine; column c reads its page
 // row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
 // cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
-// is bit for bit that of a lone shared-kv launch of it with the same split_keys.
-// VB, KU: the form of the one-query-a-warp kernel (a decode step's 4 queries of a kv head);
-// the mtp verify's 8-16 queries keep ATT_VB, ATT_KU (their score registers)
-template <int KV, int VB, int KU>
-static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
-    if (nq <= 4) launch_k(attn_decode_kernel<1, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
-    else if (nq <= 8) launch_k(attn_decode_kernel<2, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
-    else launch_k(attn_decode_kernel<4, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
-}
+// is bit for bit that of a lone shared-kv launch of it with the same split_keys. a query's
+// arithmetic does not depend on the other queries of its launch (the tensor cores sum each
+// output element apart), so the verify's columns get the bits a decode step would.
 struct AttnDecodeArgs {
     KvCache c;
     const bf16_t* q = nullptr; int ldq = 0;  // column c, head hq at q + c*ldq + hq*256 (normed, roped)
@@ -4933,11 +5064,12 @@ struct AttnDecodeArgs {
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
 };
-// VB v rows in flight a warp, KU the score loop's unroll (8-dim chunks of a key): the launch's
-// form, not its arithmetic (attn_decode picks one; test/test_kernels.cu's
-// Bench.DISABLED_AttnVersions times the others)
-template <int VB, int KU>
-static void attn_decode_form(const AttnDecodeArgs& in, cudaStream_t stream) {
+template <int KV>
+static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
+    if (nq <= 8) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
+}
+static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
     const int kv = in.c.kv, C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits, split_keys = in.split_keys, ldq = in.ldq,
               ldg = in.ldg, ldy = in.ldy;
     const bf16_t* gate = in.gate;
@@ -4962,23 +5094,14 @@ static void attn_decode_form(const AttnDecodeArgs& in, cudaStream_t stream) {
         a.scale = 1.0f / sqrtf((float)ATT_HD);
         int nq = in.lanes ? G : G * a.C;
         dim3 grid(Hkv, n_splits, in.lanes ? C : 1);
-        if (kv == KV_INT8) attn_decode_launch<KV_INT8, VB, KU>(nq, grid, a, stream);
-        else if (kv == KV_FP8) attn_decode_launch<KV_FP8, VB, KU>(nq, grid, a, stream);
-        else attn_decode_launch<KV_BF16, VB, KU>(nq, grid, a, stream);
+        if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
+        else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
+        else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
         cudaCheck(cudaGetLastError());
         launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
                                                               in.y + (int64_t)c0 * ldy, ldy);
         cudaCheck(cudaGetLastError());
     }
-}
-
-// the form by the launch: the whole score loop unrolled (a key's 32 loads in flight) for one
-// sequence, where few blocks stream a long context; half of it for the lanes, whose blocks each
-// take a short tile (9b, bf16, Bench.DISABLED_AttnVersions on the h200: 1 sequence at 32768
-// 168 -> 156 us a layer, 64 lanes at ~760 98 -> 95; bench-notes, session 13)
-static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
-    if (in.lanes) attn_decode_form<ATT_VB, 16>(in, stream);
-    else attn_decode_form<ATT_VB, 32>(in, stream);
 }
 
 // ---- 7.7 argmax -----------------------------------------------------------------------------
@@ -5601,10 +5724,6 @@ __device__ __forceinline__ void cp_async16_m(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(const uint32_t*)&v;
-}
 
 // ---- 7.10 gemm (prefill products) and linear ------------------------------------------------
 // gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores

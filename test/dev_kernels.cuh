@@ -11,6 +11,7 @@
 //     shared memory, more row tiles a warp), with the product's prep, tested bit for bit
 //     against it.
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
+//   * attention decode's version 1 (thread per key, cuda cores), to time against the product.
 #pragma once
 
 namespace gemv_dev {
@@ -770,4 +771,223 @@ static void kv_append(const KvAppendArgs& a, cudaStream_t stream) {
 static int attn_split_keys(int64_t max_len, int n_splits) {
     int64_t per = CEIL_DIV(max_len, (int64_t)n_splits);
     return (int)(CEIL_DIV(per, (int64_t)ATT_KEYS) * ATT_KEYS);
+}
+
+// ---- attention decode, version 1 (the product's until session 14; bench-notes) -------------
+// thread-per-key scores over 128-key tiles, a warp's online softmax, p v on the cuda cores
+// (one v row a warp load); its combine is one thread per dim over the splits in order. kept to
+// time against the tensor-core kernel (Bench.DISABLED_AttnVersions). VB: v rows in flight a
+// warp, KU: the score loop's unroll (the product took KU 32 for one sequence, 16 for lanes).
+enum { ATT_VB = 8, ATT_KU = 8 };
+// queries per warp: the block serves up to 4*QPW queries; KV: the cache format. the softmax
+// of query qi is warp qi / QPW's; the p v products are split so that each v row is read once
+// a block: warp w takes query group w / KS (4 queries) over key slice w % KS (keys ks, ks + KS,
+// ...), and for KS > 1 the slices' sums meet in shared memory at the end (not each warp its own
+// queries over every key: that read each v tile once per warp)
+template <int QPW, int KV, int VB, int KU>
+__global__ void __launch_bounds__(ATT_THREADS) attn_decode_v1_kernel(AttnArgs a) {
+    pdl_entry_small();
+    constexpr int NQ = 4 * QPW, KS = 4 / QPW;
+    const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int qg = warp / KS, ks = warp % KS;  // the p v part's query group and key slice
+    // the block's columns: all C (one sequence), or lanes: column blockIdx.z alone, with the
+    // same arithmetic as a lone launch of that column (only the partials' slots differ)
+    const int z = a.lanes ? (int)blockIdx.z : 0, C = a.lanes ? 1 : a.C;
+    const bf16_t* qz = a.q + (int64_t)z * a.ldq;
+    const int* pos = a.pos + z;
+    const int* pages = a.pages ? a.pages + (int64_t)z * a.page_ld : nullptr;
+    const int split_keys = a.lanes ? a.split_keys_col[z] : a.split_keys;
+    const int G = a.Hq / a.Hkv, nq = G * C, nq_all = G * a.C, q_first = z * G;
+    __shared__ __align__(16) float qs[NQ][ATT_HD];
+    __shared__ float ps[NQ][ATT_KEYS];
+    __shared__ float al[NQ];                                  // each query's rescale of this tile
+    __shared__ __align__(16) float red[KS > 1 ? KS * NQ : 1][ATT_HD];  // the key slices' sums
+    __shared__ int vis[NQ];
+    int lmax = 0;
+    for (int c = 0; c < C; c++) lmax = max(lmax, pos[c] + 1);
+    for (int i = tid; i < NQ * ATT_HD; i += ATT_THREADS) {
+        int qi = i / ATT_HD, d = i % ATT_HD;
+        float v = 0.f;
+        if (qi < nq) v = bf2f(qz[(int64_t)(qi / G) * a.ldq + (h * G + qi % G) * ATT_HD + d]) * a.scale;
+        qs[qi][d] = v;
+    }
+    if (tid < NQ) vis[tid] = tid < nq ? pos[tid / G] : -1;
+    // running softmax state of the queries this warp owns (qi = warp * QPW + k), replicated in
+    // lanes; acc: the p v sums of query group qg over key slice ks, lanes over dims
+    float m_run[QPW], l_run[QPW], acc[4][8];
+#pragma unroll
+    for (int k = 0; k < QPW; k++) { m_run[k] = -INFINITY; l_run[k] = 0.f; }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int d = 0; d < 8; d++) acc[q][d] = 0.f;
+    const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
+    const int kbeg = sp * split_keys;
+    const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
+    __syncthreads();
+    for (int k0 = kbeg; k0 < kend; k0 += ATT_KEYS) {
+        const int nk = min(ATT_KEYS, kend - k0);
+        const int64_t trow = hrow + kv_row(pages, k0);  // the tile's keys are consecutive rows of one page
+        // (1) scores, thread = key
+        {
+            int key = k0 + tid;
+            float sc[NQ];
+#pragma unroll
+            for (int q = 0; q < NQ; q++) sc[q] = 0.f;
+            if (tid < nk) {
+#pragma unroll KU
+                for (int d8 = 0; d8 < ATT_HD / 8; d8++) {
+                    KvVec<KV> raw;
+                    raw.load(a.kc, a.ksc, trow + tid, d8 * 8);
+                    float kf[8];
+                    raw.get(kf);
+#pragma unroll
+                    for (int q = 0; q < NQ; q++) {
+                        const float4 qa = *(const float4*)&qs[q][d8 * 8], qb = *(const float4*)&qs[q][d8 * 8 + 4];
+                        sc[q] = fmaf(qa.x, kf[0], fmaf(qa.y, kf[1], fmaf(qa.z, kf[2], fmaf(qa.w, kf[3], sc[q]))));
+                        sc[q] = fmaf(qb.x, kf[4], fmaf(qb.y, kf[5], fmaf(qb.z, kf[6], fmaf(qb.w, kf[7], sc[q]))));
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < NQ; q++) ps[q][tid] = (tid < nk && key <= vis[q]) ? sc[q] : -INFINITY;
+        }
+        __syncthreads();
+        // (2) online softmax per owned query
+#pragma unroll
+        for (int k = 0; k < QPW; k++) {
+            int qi = warp * QPW + k;
+            float v0 = ps[qi][lane], v1 = ps[qi][lane + 32], v2 = ps[qi][lane + 64], v3 = ps[qi][lane + 96];
+            float cm = warp_max(fmaxf(fmaxf(v0, v1), fmaxf(v2, v3)));
+            float mn = fmaxf(m_run[k], cm);
+            float alpha = mn == -INFINITY ? 1.f : expf(m_run[k] - mn);
+            float e0 = mn == -INFINITY ? 0.f : expf(v0 - mn), e1 = mn == -INFINITY ? 0.f : expf(v1 - mn);
+            float e2 = mn == -INFINITY ? 0.f : expf(v2 - mn), e3 = mn == -INFINITY ? 0.f : expf(v3 - mn);
+            ps[qi][lane] = e0; ps[qi][lane + 32] = e1; ps[qi][lane + 64] = e2; ps[qi][lane + 96] = e3;
+            l_run[k] = l_run[k] * alpha + warp_sum(e0 + e1 + e2 + e3);
+            m_run[k] = mn;
+            if (lane == 0) al[qi] = alpha;
+        }
+        __syncthreads();
+        // (3) acc = acc * alpha + p v over the warp's key slice, lanes over dims. v rows in
+        // batches of VB so that VB loads are in flight, not one
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float alpha = al[qg * 4 + q];
+#pragma unroll
+            for (int d = 0; d < 8; d++) acc[q][d] *= alpha;
+        }
+        for (int t0 = ks; t0 < nk; t0 += VB * KS) {
+            KvVec<KV> raw[VB];
+#pragma unroll
+            for (int j = 0; j < VB; j++) {
+                if (t0 + j * KS < nk) raw[j].load(a.vc, a.vsc, trow + t0 + j * KS, lane * 8);
+                else raw[j].zero();
+            }
+#pragma unroll
+            for (int j = 0; j < VB; j++) {
+                const int t = t0 + j * KS;
+                float vf[8];
+                raw[j].get(vf);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float p = t < nk ? ps[qg * 4 + q][t] : 0.f;
+#pragma unroll
+                    for (int d = 0; d < 8; d++) acc[q][d] = fmaf(p, vf[d], acc[q][d]);
+                }
+            }
+        }
+        __syncthreads();  // ps and al are rewritten by the next chunk
+    }
+    // the partials: query qi's p v sum (its key slices added in slice order), m and l
+    if constexpr (KS > 1) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float* r = &red[ks * NQ + qg * 4 + q][lane * 8];
+            *(float4*)r = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+            *(float4*)(r + 4) = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < QPW; k++) {
+        int qi = warp * QPW + k;
+        if (qi >= nq) continue;
+        float o[8];
+#pragma unroll
+        for (int d = 0; d < 8; d++) o[d] = acc[k][d];  // KS == 1: this warp's group is its own queries
+        if constexpr (KS > 1) {
+#pragma unroll
+            for (int d = 0; d < 8; d++) o[d] = red[qi][lane * 8 + d];
+            for (int s2 = 1; s2 < KS; s2++)
+#pragma unroll
+                for (int d = 0; d < 8; d++) o[d] += red[s2 * NQ + qi][lane * 8 + d];
+        }
+        int64_t slot = ((int64_t)h * a.n_splits + sp) * nq_all + q_first + qi;
+        float* pa = a.part_acc + slot * ATT_HD + lane * 8;
+        *(float4*)pa = make_float4(o[0], o[1], o[2], o[3]);
+        *(float4*)(pa + 4) = make_float4(o[4], o[5], o[6], o[7]);
+        if (lane == 0) { a.part_ml[slot * 2] = m_run[k]; a.part_ml[slot * 2 + 1] = l_run[k]; }
+    }
+}
+
+// merge the splits of column c, query head hq (block), one thread per dim
+__global__ void __launch_bounds__(ATT_HD) attn_combine_v1_kernel(AttnArgs a, const bf16_t* __restrict__ gate, int ldg, bf16_t* y, int ldy) {
+    pdl_entry_small();
+    const int c = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq, d = threadIdx.x;
+    const int G = a.Hq / a.Hkv, nq = G * a.C, h = hq / G, qi = c * G + hq % G;
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, a.part_ml[(((int64_t)h * a.n_splits + s) * nq + qi) * 2]);
+    float L = 0.f, o = 0.f;
+    if (M != -INFINITY) {
+        for (int s = 0; s < a.n_splits; s++) {
+            int64_t slot = ((int64_t)h * a.n_splits + s) * nq + qi;
+            float m = a.part_ml[slot * 2];
+            if (m == -INFINITY) continue;
+            float e = expf(m - M);
+            L = fmaf(a.part_ml[slot * 2 + 1], e, L);
+            o = fmaf(a.part_acc[slot * ATT_HD + d], e, o);
+        }
+    }
+    float out = L > 0.f ? o / L : 0.f;
+    if (gate) out = bfround(out) * bfround(sigmoid_f(bf2f(gate[(int64_t)c * ldg + hq * ATT_HD + d])));
+    y[(int64_t)c * ldy + hq * ATT_HD + d] = f2bf(out);
+}
+
+template <int KV, int VB, int KU>
+static void attn_decode_v1_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
+    if (nq <= 4) launch_k(attn_decode_v1_kernel<1, KV, VB, KU>, grid, ATT_THREADS, 0, stream, a);
+    else if (nq <= 8) launch_k(attn_decode_v1_kernel<2, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
+    else launch_k(attn_decode_v1_kernel<4, KV, ATT_VB, ATT_KU>, grid, ATT_THREADS, 0, stream, a);
+}
+// attn_decode's contract (ninfer.cu 7.6), version 1's kernels
+static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
+    const int G = in.Hq / in.Hkv, cols = in.lanes ? in.C : ATT_MAX_Q / G;
+    for (int c0 = 0; c0 < in.C; c0 += cols) {
+        AttnArgs a;
+        a.q = in.q + (int64_t)c0 * in.ldq; a.ldq = in.ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
+        a.ksc = in.c.ksc; a.vsc = in.c.vsc;
+        a.C = std::min(in.C - c0, cols); a.Hq = in.Hq; a.Hkv = in.Hkv;
+        a.n_splits = in.n_splits; a.split_keys = in.split_keys;
+        a.pages = in.c.pages; a.page_ld = in.lanes ? in.c.page_ld : 0;
+        a.lanes = in.lanes; a.split_keys_col = in.split_keys_col;
+        a.part_acc = in.scratch;
+        a.part_ml = in.scratch + (size_t)in.Hkv * in.n_splits * (G * cols) * ATT_HD;
+        a.scale = 1.0f / sqrtf((float)ATT_HD);
+        const int nq = in.lanes ? G : G * a.C;
+        dim3 grid(in.Hkv, in.n_splits, in.lanes ? in.C : 1);
+        if (in.lanes) {
+            if (in.c.kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 16>(nq, grid, a, stream);
+            else if (in.c.kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 16>(nq, grid, a, stream);
+            else attn_decode_v1_launch<KV_BF16, ATT_VB, 16>(nq, grid, a, stream);
+        } else {
+            if (in.c.kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 32>(nq, grid, a, stream);
+            else if (in.c.kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 32>(nq, grid, a, stream);
+            else attn_decode_v1_launch<KV_BF16, ATT_VB, 32>(nq, grid, a, stream);
+        }
+        cudaCheck(cudaGetLastError());
+        launch_k(attn_combine_v1_kernel, a.C * in.Hq, ATT_HD, 0, stream, a, in.gate ? in.gate + (int64_t)c0 * in.ldg : nullptr, in.ldg,
+                 in.y + (int64_t)c0 * in.ldy, in.ldy);
+        cudaCheck(cudaGetLastError());
+    }
 }
