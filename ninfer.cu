@@ -4752,11 +4752,16 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
     __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *(const uint32_t*)&b;
 }
-// p as bf16 hi + lo (hi = bf16(p), lo = bf16(p - hi)): p to ~2^-17 relative through bf16 mma
-__device__ __forceinline__ void split_bf2(float a, float b, uint32_t& hi, uint32_t& lo) {
-    hi = pack_bf2(a, b);
-    const __nv_bfloat162 h = *(const __nv_bfloat162*)&hi;
-    lo = pack_bf2(a - __low2float(h), b - __high2float(h));
+// p as three bf16 terms (each the bf16 of what the ones before leave): p to ~2^-26 relative
+// through the bf16 mma, as exact as fp32 p (two terms, 2^-17, left the outputs 10x further
+// from the float64 rounding than the cuda-core kernel's; bench-notes, session 14)
+__device__ __forceinline__ void split_bf2(float a, float b, uint32_t (&w)[3]) {
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        w[k] = pack_bf2(a, b);
+        const __nv_bfloat162 h = *(const __nv_bfloat162*)&w[k];
+        a -= __low2float(h); b -= __high2float(h);
+    }
 }
 
 // block (kv head h, split sp[, lanes: column blockIdx.z]) takes keys [sp*split_keys, +split_keys)
@@ -4771,7 +4776,7 @@ __device__ __forceinline__ void split_bf2(float a, float b, uint32_t& hi, uint32
 //   O^T += V^T P^T [256 dims][8 queries]: A = V^T, lane (g, t) reads 16 bytes (dims 64i + 8g
 //       ..) of keys 2t, 2t+1, 8+2t, 9+2t (8 lanes a 128-byte run) and pairs two keys' halves
 //       per dim with a byte permute; B = P^T is S's accumulator layout as it stands (query g,
-//       keys 2t, 2t+1 of each tile), as bf16 hi + lo so that p keeps fp32-class precision.
+//       keys 2t, 2t+1 of each tile), as three bf16 terms so that p keeps fp32 precision.
 // int8 / fp8: the codes go in exactly; scores sum each 64-dim group apart and scale it by the
 // key's k scale; p is multiplied by the key's v scale of each group before its split.
 // scores scale by 1/16 after the sum (a power of two: the same as scaling q); p and the sums
@@ -4919,7 +4924,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a)
                 vsc[x][0] = lo.x; vsc[x][1] = lo.y; vsc[x][2] = hi.x; vsc[x][3] = hi.y;
             }
         }
-        uint32_t bh[NT][2], bl[NT][2];
+        uint32_t bp[NT][2][3];  // B = P^T: [query tile][keys 2t.. / 8 + 2t..][split term]
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             uint4 v[4];
@@ -4932,7 +4937,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a)
                     for (int jt = 0; jt < 2; jt++) {
                         float p0 = s[jt][2 * nt], p1 = s[jt][2 * nt + 1];
                         if constexpr (Q8) { p0 *= vsc[2 * jt][i]; p1 *= vsc[2 * jt + 1][i]; }
-                        split_bf2(p0, p1, bh[nt][jt], bl[nt][jt]);
+                        split_bf2(p0, p1, bp[nt][jt]);
                     }
             }
             const uint32_t* w0 = &v[0].x; const uint32_t* w1 = &v[1].x; const uint32_t* w2 = &v[2].x; const uint32_t* w3 = &v[3].x;
@@ -4941,10 +4946,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a)
                 const uint32_t a0 = __byte_perm(w0[j], w1[j], 0x5410), a1 = __byte_perm(w0[j], w1[j], 0x7632);
                 const uint32_t a2 = __byte_perm(w2[j], w3[j], 0x5410), a3 = __byte_perm(w2[j], w3[j], 0x7632);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    mma_bf16_16816(acc[nt][i][j], a0, a1, a2, a3, bh[nt][0], bh[nt][1]);
-                    mma_bf16_16816(acc[nt][i][j], a0, a1, a2, a3, bl[nt][0], bl[nt][1]);
-                }
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int k = 0; k < 3; k++) mma_bf16_16816(acc[nt][i][j], a0, a1, a2, a3, bp[nt][0][k], bp[nt][1][k]);
             }
         }
     }
@@ -6996,12 +7000,13 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //   gdn_chunked_min 64  prefill pieces of this many tokens or more take the chunked delta rule
 //                  (NINFER_GDN_CHUNKED=N; 0: never). the pair costs ~22 us at any T <= 64, the
 //                  recurrent kernel 0.41 us a token: 0.92x at 48, 1.18x at 64 (h200, 9b)
-//   attn_splits 256, attn_min_keys 128: decode attention splits a bucket's length into about
+//   attn_splits 128, attn_min_keys 128: decode attention splits a bucket's length into about
 //                  attn_splits pieces per kv head of at least attn_min_keys keys (a multiple of
 //                  128): Hkv x splits blocks, of which those past the context do nothing (a
-//                  context just past a bucket's half has half of them). 9b tg128 at depth 4096 /
-//                  32768: 274.8 / 203.9 tok/s with 64 and 256, 285.6 / 240.2 with these, 285.6 /
-//                  226.9 with 1024 and 128 (h200, issue 16) (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
+//                  context just past a bucket's half has half of them). 9b tg128 at depth 16384 /
+//                  32768 with the tensor-core kernel: 310.0 / 292.8 tok/s with 64 splits, 312.2 /
+//                  299.5 with 128, 306.4 / 291.8 with 256; the same at 4096 (h200, issue 16)
+//                  (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
 //   gemv_occ_rows 16384  products of at most this many rows take the x-staged gemv at 4
 //                  blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off), in
 //                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
@@ -7018,7 +7023,7 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
 // attn_prep is always on (the separate kernels measured no faster: ~0.2%) and device sampling
 // always where it applies (13% -> 0.4% of a decode token).
-enum { GPU_ATT_SPLITS = 256, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
+enum { GPU_ATT_SPLITS = 128, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
 struct GpuTuning {
     bool pdl = true;
     bool fork = true;

@@ -1183,7 +1183,9 @@ static void attn_case(int Hq, int Hkv, int C, int64_t cap, int base_len, int n_s
         off += got[i] != want; off1 += got1[i] != want;
     }
     fprintf(stderr, "  attention decode: %zu / %zu outputs off the float64 rounding (version 1: %zu)\n", off, got.size(), off1);
-    EXPECT_LE(off, 1.5 * off1 + 0.002 * got.size()) << "the product is less exact than version 1";
+    // (the bound's slack is counting noise: version 1 is off for 0-8 of 4-25k outputs; the
+    // product with p as two bf16 terms was off for 5-39, and failed it)
+    EXPECT_LE(off, 2 * off1 + 0.0005 * got.size() + 4) << "the product is less exact than version 1";
 }
 TEST(Attention, DecodeSplitK) {
     NEED_GPU();
