@@ -5051,7 +5051,7 @@ static size_t attn_scratch_floats(int Hq, int Hkv, int n_splits, int lanes = 0) 
 // through the one page table at c.pages. lanes mode (every column its own sequence, up to the
 // batch's C): one launch of grid (Hkv, n_splits, C) and one combine; column c reads its page
 // row c.pages + c*page_ld and splits by split_keys_col[c], so n_splits * split_keys_col[c] must
-// cover pos[c] + 1; its splits past pos[c] are empty and the combine skips them, so its output
+// cover pos[c] + 1; its splits past pos[c] are empty and they weigh 0 in the combine, so its output
 // is bit for bit that of a lone shared-kv launch of it with the same split_keys. a query's
 // arithmetic does not depend on the other queries of its launch (the tensor cores sum each
 // output element apart), so the verify's columns get the bits a decode step would.
