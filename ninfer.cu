@@ -9165,9 +9165,10 @@ static int sched_decode(LaneSched* ls, int lane, int id, bool row, int domain, L
 static void sched_runner(LaneSched* ls) {
     if (ls->lanes[0]->gpu) cudaCheck(cudaSetDevice(ls->lanes[0]->g->device));  // the engine's device on this thread too
     std::unique_lock<std::mutex> lk(ls->mu);
+    bool next = false;  // the last step's end found the next one ready, the mutex held since
     while (!ls->stop) {
         const bool pieces = ls->piece_due && !ls->turns.empty();
-        if (ls->running || pieces || !sched_decode_ready(ls)) {
+        if (!next && (ls->running || pieces || !sched_decode_ready(ls))) {
             if (ls->wake_due) { ls->wake_due = false; ls->cv.notify_all(); }  // (the step's end said a step follows: it always does)
             bool any = false;
             for (int w : ls->want) any |= w >= 0;
@@ -9177,6 +9178,7 @@ static void sched_runner(LaneSched* ls) {
             ls->runner_idle = false;
             continue;
         }
+        next = false;
         ls->step_lanes.clear(); ls->step_domain.clear();
         for (int k = 0; k < (int)ls->want.size(); k++)
             if (ls->want[k] >= 0) { ls->step_lanes.push_back(k); ls->step_domain.push_back(ls->domain[k]); }
@@ -9206,7 +9208,7 @@ static void sched_runner(LaneSched* ls) {
         ls->step_s += ls->last_end - t0; ls->back_to_back = queued;
         // the step's lanes are woken by the next step's launch where one follows at once, else
         // here (a piece due, a lane late, or none waiting)
-        const bool next = !(ls->piece_due && !ls->turns.empty()) && sched_decode_ready(ls);
+        next = !(ls->piece_due && !ls->turns.empty()) && sched_decode_ready(ls);
         if (next) ls->wake_due = true;
         else ls->cv.notify_all();
     }
