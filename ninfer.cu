@@ -4813,15 +4813,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows g, g + 8 (the lane's part of l)
     // O^T: [query tile][64-dim group i][m-tile j][c]: dims 64i + 8g + 2j (c 0, 1) and + 1 (c 2, 3),
     // queries 8 nt + 2t (c 0, 2) and + 1 (c 1, 3)
-    float acc[NT][4][4][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[nt][i][j][c] = 0.f;
+    float acc[NT][4][4][4] = {};
     const int64_t hrow = (int64_t)h * a.cap;  // cache row of physical row 0 of this kv head
     const int kbeg = sp * split_keys;
     const int kend = min(kbeg + split_keys, lmax);  // empty: the partial stays m = -inf (skipped)
@@ -4832,18 +4824,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_decode_kernel(AttnArgs a)
         auto krow = [&](int k) { return trow + min(k, last); };
         // (1) S: tile jt holds keys 8 jt .. 8 jt + 7 of the chunk; s[jt][c]: row g (c 0, 1) or
         // g + 8 (c 2, 3), key 8 jt + 2t (c 0, 2) or + 1 (c 1, 3)
-        float s[2][4];
-#pragma unroll
-        for (int jt = 0; jt < 2; jt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) s[jt][c] = 0.f;
+        float s[2][4] = {};
 #pragma unroll
         for (int gi = 0; gi < KV_GROUPS; gi++) {
-            float sg[2][4];
-#pragma unroll
-            for (int jt = 0; jt < 2; jt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) sg[jt][c] = 0.f;
+            float sg[2][4] = {};  // this group's sums (int8 / fp8: scaled by the key's k scale below)
 #pragma unroll
             for (int cc = 0; cc < 2; cc++) {
                 const int d0 = 64 * gi + 32 * cc + 8 * t;
@@ -5068,17 +5052,20 @@ struct AttnDecodeArgs {
     const bf16_t* gate = nullptr; int ldg = 0;  // nullable [C][Hq*256]
     bf16_t* y = nullptr; int ldy = 0;
 };
-template <int KV>
-static void attn_decode_launch(int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
-    if (nq <= 8) launch_k(attn_decode_kernel<1, KV>, grid, ATT_THREADS, 0, stream, a);
-    else launch_k(attn_decode_kernel<2, KV>, grid, ATT_THREADS, 0, stream, a);
+// the decode kernel of a launch: one query tile (up to 8 queries) or two
+static void attn_decode_launch(int kv, int nq, dim3 grid, const AttnArgs& a, cudaStream_t stream) {
+    auto go = [&](auto kernel1, auto kernel2) { launch_k(nq <= 8 ? kernel1 : kernel2, grid, ATT_THREADS, 0, stream, a); };
+    if (kv == KV_INT8) go(attn_decode_kernel<1, KV_INT8>, attn_decode_kernel<2, KV_INT8>);
+    else if (kv == KV_FP8) go(attn_decode_kernel<1, KV_FP8>, attn_decode_kernel<2, KV_FP8>);
+    else go(attn_decode_kernel<1, KV_BF16>, attn_decode_kernel<2, KV_BF16>);
 }
-static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
-    const int kv = in.c.kv, C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits, split_keys = in.split_keys, ldq = in.ldq,
-              ldg = in.ldg, ldy = in.ldy;
-    const bf16_t* gate = in.gate;
-    float* scratch = in.scratch;
-    CHECK(Hq % Hkv == 0 && split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
+using AttnCombineFn = void (*)(AttnArgs, const bf16_t*, int, bf16_t*, int);
+// attn_decode with the given kernels (decode(kv, nq, grid, args, stream) and the combine): the
+// launches, their columns and their scratch (test/dev_kernels.cuh runs version 1 through it)
+template <typename Decode>
+static void attn_decode_with(const AttnDecodeArgs& in, cudaStream_t stream, Decode decode, AttnCombineFn combine) {
+    const int C = in.C, Hq = in.Hq, Hkv = in.Hkv, n_splits = in.n_splits;
+    CHECK(Hq % Hkv == 0 && in.split_keys % ATT_KEYS == 0 && n_splits > 0, "attn_decode: bad arguments");
     int G = Hq / Hkv, cols = ATT_MAX_Q / G;
     CHECK(cols >= 1, "attn_decode: %d query heads per kv head is more than %d", G, ATT_MAX_Q);
     CHECK(!in.lanes || in.split_keys_col, "attn_decode: lanes without a split plan per column");
@@ -5087,26 +5074,23 @@ static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) {
     if (in.lanes) cols = C;  // one launch: the block's queries are one column's G
     for (int c0 = 0; c0 < C; c0 += cols) {
         AttnArgs a;
-        a.q = in.q + (int64_t)c0 * ldq; a.ldq = ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
+        a.q = in.q + (int64_t)c0 * in.ldq; a.ldq = in.ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
         a.ksc = in.c.ksc; a.vsc = in.c.vsc;
         a.C = C - c0 < cols ? C - c0 : cols; a.Hq = Hq; a.Hkv = Hkv;
-        a.n_splits = n_splits; a.split_keys = split_keys;
+        a.n_splits = n_splits; a.split_keys = in.split_keys;
         a.pages = in.c.pages; a.page_ld = in.lanes ? in.c.page_ld : 0;
         a.lanes = in.lanes; a.split_keys_col = in.split_keys_col;
-        a.part_acc = scratch;
-        a.part_ml = scratch + (size_t)Hkv * n_splits * (G * cols) * ATT_HD;
+        a.part_acc = in.scratch;
+        a.part_ml = in.scratch + (size_t)Hkv * n_splits * (G * cols) * ATT_HD;
         a.scale = 1.0f / sqrtf((float)ATT_HD);
-        int nq = in.lanes ? G : G * a.C;
-        dim3 grid(Hkv, n_splits, in.lanes ? C : 1);
-        if (kv == KV_INT8) attn_decode_launch<KV_INT8>(nq, grid, a, stream);
-        else if (kv == KV_FP8) attn_decode_launch<KV_FP8>(nq, grid, a, stream);
-        else attn_decode_launch<KV_BF16>(nq, grid, a, stream);
+        decode(in.c.kv, in.lanes ? G : G * a.C, dim3(Hkv, n_splits, in.lanes ? C : 1), a, stream);
         cudaCheck(cudaGetLastError());
-        launch_k(attn_combine_kernel, a.C * Hq, ATT_HD, 0, stream, a, gate ? gate + (int64_t)c0 * ldg : nullptr, ldg,
-                                                              in.y + (int64_t)c0 * ldy, ldy);
+        launch_k(combine, a.C * Hq, ATT_HD, 0, stream, a, in.gate ? in.gate + (int64_t)c0 * in.ldg : nullptr, in.ldg,
+                 in.y + (int64_t)c0 * in.ldy, in.ldy);
         cudaCheck(cudaGetLastError());
     }
 }
+static void attn_decode(const AttnDecodeArgs& in, cudaStream_t stream) { attn_decode_with(in, stream, attn_decode_launch, attn_combine_kernel); }
 
 // ---- 7.7 argmax -----------------------------------------------------------------------------
 // argmax over the first n logits of each of C columns (greedy sampling), lowest id on ties;

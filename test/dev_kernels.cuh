@@ -962,32 +962,16 @@ static void attn_decode_v1_launch(int nq, dim3 grid, const AttnArgs& a, cudaStre
 }
 // attn_decode's contract (ninfer.cu 7.6), version 1's kernels
 static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
-    const int G = in.Hq / in.Hkv, cols = in.lanes ? in.C : ATT_MAX_Q / G;
-    for (int c0 = 0; c0 < in.C; c0 += cols) {
-        AttnArgs a;
-        a.q = in.q + (int64_t)c0 * in.ldq; a.ldq = in.ldq; a.kc = in.c.kc; a.vc = in.c.vc; a.cap = in.c.cap; a.pos = in.pos + c0;
-        a.ksc = in.c.ksc; a.vsc = in.c.vsc;
-        a.C = std::min(in.C - c0, cols); a.Hq = in.Hq; a.Hkv = in.Hkv;
-        a.n_splits = in.n_splits; a.split_keys = in.split_keys;
-        a.pages = in.c.pages; a.page_ld = in.lanes ? in.c.page_ld : 0;
-        a.lanes = in.lanes; a.split_keys_col = in.split_keys_col;
-        a.part_acc = in.scratch;
-        a.part_ml = in.scratch + (size_t)in.Hkv * in.n_splits * (G * cols) * ATT_HD;
-        a.scale = 1.0f / sqrtf((float)ATT_HD);
-        const int nq = in.lanes ? G : G * a.C;
-        dim3 grid(in.Hkv, in.n_splits, in.lanes ? in.C : 1);
+    auto decode = [&](int kv, int nq, dim3 grid, const AttnArgs& a, cudaStream_t s) {
         if (in.lanes) {
-            if (in.c.kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 16>(nq, grid, a, stream);
-            else if (in.c.kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 16>(nq, grid, a, stream);
-            else attn_decode_v1_launch<KV_BF16, ATT_VB, 16>(nq, grid, a, stream);
+            if (kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 16>(nq, grid, a, s);
+            else if (kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 16>(nq, grid, a, s);
+            else attn_decode_v1_launch<KV_BF16, ATT_VB, 16>(nq, grid, a, s);
         } else {
-            if (in.c.kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 32>(nq, grid, a, stream);
-            else if (in.c.kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 32>(nq, grid, a, stream);
-            else attn_decode_v1_launch<KV_BF16, ATT_VB, 32>(nq, grid, a, stream);
+            if (kv == KV_INT8) attn_decode_v1_launch<KV_INT8, ATT_VB, 32>(nq, grid, a, s);
+            else if (kv == KV_FP8) attn_decode_v1_launch<KV_FP8, ATT_VB, 32>(nq, grid, a, s);
+            else attn_decode_v1_launch<KV_BF16, ATT_VB, 32>(nq, grid, a, s);
         }
-        cudaCheck(cudaGetLastError());
-        launch_k(attn_combine_v1_kernel, a.C * in.Hq, ATT_HD, 0, stream, a, in.gate ? in.gate + (int64_t)c0 * in.ldg : nullptr, in.ldg,
-                 in.y + (int64_t)c0 * in.ldy, in.ldy);
-        cudaCheck(cudaGetLastError());
-    }
+    };
+    attn_decode_with(in, stream, decode, attn_combine_v1_kernel);
 }
