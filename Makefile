@@ -14,11 +14,14 @@ BUILD    := build
 # sass for ampere .. blackwell plus ptx for what comes next
 ALL_ARCH := 80 86 89 90 120
 GPU_ARCH ?= $(ALL_ARCH)
-GENCODE  := $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+# sm_90 is built as sm_90a: the prefill gemm's wgmma path (hopper only; other archs, and a
+# binary without 90a code, take the mma.sync kernel)
+sm       = $(if $(filter 90,$(1)),90a,$(1))
+GENCODE  := $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(call sm,$(a)),code=sm_$(call sm,$(a))) \
             -gencode arch=compute_$(lastword $(GPU_ARCH)),code=compute_$(lastword $(GPU_ARCH))
-# tests use one target: they compile the whole translation unit and run on the h200 (sm_90)
+# tests use one target: they compile the whole translation unit and run on the h200 (sm_90a)
 TEST_ARCH ?= 90
-TEST_GENCODE := -gencode arch=compute_$(TEST_ARCH),code=sm_$(TEST_ARCH)
+TEST_GENCODE := -gencode arch=compute_$(call sm,$(TEST_ARCH)),code=sm_$(call sm,$(TEST_ARCH))
 
 CXXSTD   := -std=c++17
 HOSTFLAGS:= -O3 -fopenmp -Wall -Wno-unused-function

@@ -5925,6 +5925,213 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
                 }
             }
 }
+// the sm_90a path of gemm() for q4 / q5 / q6 (wgmma): the same contract and arithmetic:
+// codes enter the tensor core exact, each 64-k group's partial sum is scaled by its fp16
+// scale in fp32. a block is two warpgroups over a 128-row x 128-token tile: warpgroup w takes
+// rows 64w..64w+63 as wgmma's A from registers (each thread decodes its fragment's codes from
+// the raw planes, one group ahead of the tensor core), the x tile is B in shared memory,
+// 128-byte swizzled, in WG_STAGES cp.async stages. per group: 4 x m64n128k16 into tmp (the
+// group's partial), then acc += scale(row) * tmp; the next group's codes are decoded while
+// the tensor core runs. rows of D are weight rows, so a thread scales by only 2 values.
+enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_THREADS = 256 };
+static const size_t WG_SMEM = (size_t)WG_STAGES * WG_BN * 128 + 1024;
+
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
+    // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_fence_proxy() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+// waits for the group and names its operands (d: the accumulators, a: the A fragments) in the
+// wait itself: ptxas then keeps a's registers unreused and d unread until the wgmma is done (an
+// empty asm fence around the wait does not reach ptxas, which reused a's registers for the
+// next group's decode while the tensor core still read them)
+__device__ __forceinline__ void wg_wait0_with(float* d, uint32_t* a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(a[4]), "+r"(a[5]), "+r"(a[6]), "+r"(a[7]), "+r"(a[8]), "+r"(a[9]), "+r"(a[10]), "+r"(a[11]), "+r"(a[12]), "+r"(a[13]), "+r"(a[14]), "+r"(a[15])
+                 :: "memory");
+#endif
+}
+// d (64 fp32: m64 x n128) = A (registers, this warp's 16 rows x k16) . B (descriptor) [+ d]
+__device__ __forceinline__ void wg_mma_rs(float* d, const uint32_t* a, uint64_t db, int acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64,%65,%66,%67}, %69, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(db));
+#else
+    __trap();
+#endif
+}
+// orders the compiler's writes of v before the wgmma.fence that precedes a wgmma reading v
+__device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// one row's raw group: 32 bytes of low codes, the high bits, the fp16 scale
+template <int F> struct WgRaw { uint4 b0, b1; uint32_t h[F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1]; uint32_t sc; };
+template <int F>
+__device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw<F>& r) {
+    const uint4* b = (const uint4*)(w.base + row * w.base_row + (int64_t)kt * 32);
+    r.b0 = __ldg(b); r.b1 = __ldg(b + 1);
+    if constexpr (F == FMT_Q5) {
+        const unsigned int* h = (const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8);
+        r.h[0] = __ldg(h); r.h[1] = __ldg(h + 1);
+    }
+    if constexpr (F == FMT_Q6) {
+        const uint2* h = (const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16);
+        uint2 u0 = __ldg(h), u1 = __ldg(h + 1);
+        r.h[0] = u0.x; r.h[1] = u0.y; r.h[2] = u1.x; r.h[3] = u1.y;
+    }
+    r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
+}
+// the bf16x2 codes of lanes (k, k+1) = nibbles 2t, 2t+1 of low word wi (k = 8 wi + 2t)
+template <int F>
+__device__ __forceinline__ uint32_t wg_pair(const WgRaw<F>& r, int wi, int t) {
+    const uint32_t word = wi < 4 ? (&r.b0.x)[wi] : (&r.b1.x)[wi - 4];
+    const int k = 8 * wi + 2 * t;
+    uint32_t u0 = (word >> (8 * t)) & 15u, u1 = (word >> (8 * t + 4)) & 15u;
+    if constexpr (F == FMT_Q5) {
+        const uint32_t hw = r.h[k >> 5];
+        u0 |= ((hw >> (k & 31)) & 1u) << 4; u1 |= ((hw >> ((k + 1) & 31)) & 1u) << 4;
+    }
+    if constexpr (F == FMT_Q6) {
+        const uint32_t hw = r.h[(2 * k) >> 5];
+        u0 |= ((hw >> ((2 * k) & 31)) & 3u) << 4; u1 |= ((hw >> ((2 * k + 2) & 31)) & 3u) << 4;
+    }
+    constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
+    constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
+    return bf2_fma(((u0 ^ SB) | ((u1 ^ SB) << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+}
+// a thread's A fragments of one group (4 k16 steps x {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi})
+template <int F>
+__device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1, int t, uint32_t* a) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        a[4 * ks + 0] = wg_pair<F>(r0, 2 * ks, t);
+        a[4 * ks + 1] = wg_pair<F>(r1, 2 * ks, t);
+        a[4 * ks + 2] = wg_pair<F>(r0, 2 * ks + 1, t);
+        a[4 * ks + 3] = wg_pair<F>(r1, 2 * ks + 1, t);
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
+    pdl_entry();
+    extern __shared__ __align__(16) uint8_t wg_smem[];
+    const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
+    const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int64_t N = a.w.rows;
+    const int64_t n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;  // this warp's 16 rows
+    const int m0 = blockIdx.y * WG_BN;
+    const int nk = (int)(a.w.cols / 64);
+    const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+
+    auto load_x = [&](int kt) {
+        if (kt < nk) {
+            const uint32_t st = sbase + (uint32_t)(kt % WG_STAGES) * (WG_BN * 128);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
+                const int m = m0 + r < a.T ? m0 + r : a.T - 1;
+                cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
+            }
+        }
+        cp_async_commit_m();
+    };
+
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
+    for (int s = 0; s < WG_STAGES - 1; s++) load_x(s);
+    WgRaw<F> r0, r1;
+    uint32_t A[16], A2[16];
+    wg_load<F>(a.w, row0, 0, r0); wg_load<F>(a.w, row1, 0, r1);
+    wg_decode<F>(r0, r1, t, A);
+    float s0 = f16bits2f(r0.sc), s1 = f16bits2f(r1.sc);
+    wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_m<WG_STAGES - 2>();
+        wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
+        __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
+        load_x(kt + WG_STAGES - 1);
+        const uint32_t st = sbase + (uint32_t)(kt % WG_STAGES) * (WG_BN * 128);
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
+        wg_commit();
+        // no branch between the wgmma and its wait: ptxas then tracks the in-flight registers (the
+        // last steps decode and load the last group again, unused)
+        wg_decode<F>(r0, r1, t, A2);
+        const float n0s = f16bits2f(r0.sc), n1s = f16bits2f(r1.sc);
+        const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
+        wg_load<F>(a.w, row0, kn, r0); wg_load<F>(a.w, row1, kn, r1);
+        wg_wait0_with(tmp, A);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            acc[4 * j + 0] = fmaf(s0, tmp[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(s0, tmp[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) A[i] = A2[i];
+        s0 = n0s; s1 = n1s;
+    }
+    // D: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
+            if (m >= a.T || n >= N) continue;
+            const float v = acc[4 * j + e];
+            if (a.y_f32) {
+                ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
+            } else {
+                const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
+                ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
+            }
+        }
+}
+// whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
+__global__ void wg_probe_kernel(int* ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+static bool g_gemm_wgmma = false;  // gemm() takes the wgmma kernel for q4 / q5 / q6 (gpu_kernels_init)
+
 static bool gemm_ok(const Mat& w) {
     return (format_grouped(w.format) || w.format == FMT_BF16) && w.cols % GM_BK == 0;
 }
@@ -5933,6 +6140,14 @@ static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
+    if (g_gemm_wgmma && (w.format == FMT_Q4 || w.format == FMT_Q5 || w.format == FMT_Q6)) {
+        dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
+        if (w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4>, grid, WG_THREADS, WG_SMEM, stream, a);
+        else if (w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5>, grid, WG_THREADS, WG_SMEM, stream, a);
+        else launch_k(gemm_wgmma_kernel<FMT_Q6>, grid, WG_THREADS, WG_SMEM, stream, a);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
     switch (w.format) {
         case FMT_Q4: launch_k(gemm_kernel<FMT_Q4>, grid, GM_THREADS, GM_SMEM, stream, a); break;
@@ -6629,11 +6844,30 @@ static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
-static void gpu_kernels_init(bool pdl = true) {
+static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
     int dev = 0, major = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     g_launch_pdl = major >= 9 && pdl;
+    static int wg_here = -1;  // the probe once per process
+    if (wg_here < 0) {
+        wg_here = 0;
+        if (major == 9) {
+            int* d = nullptr;
+            cudaCheck(cudaMalloc(&d, sizeof(int)));
+            cudaCheck(cudaMemset(d, 0, sizeof(int)));
+            wg_probe_kernel<<<1, 1>>>(d);
+            cudaCheck(cudaGetLastError());
+            cudaCheck(cudaMemcpy(&wg_here, d, sizeof(int), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaFree(d));
+        }
+    }
+    g_gemm_wgmma = wg_here == 1 && wgmma;
+    if (wg_here == 1) {
+        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+    }
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
     gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>();
     gemv_xp_reserve((cudaStream_t)0);  // the default stream's (tests and tools launch there)
@@ -7010,6 +7244,7 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 enum { GPU_ATT_SPLITS = 128, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
 struct GpuTuning {
     bool pdl = true;
+    bool wgmma = true;  // the sm_90a prefill gemm where it runs (NINFER_WGMMA=0: the mma.sync one)
     bool fork = true;
     bool fuse_x = true;
     bool fuse_gated = true;
@@ -7023,6 +7258,7 @@ static GpuTuning gpu_tuning_from_env() {
     GpuTuning t;
     auto off = [](const char* name) { const char* v = getenv(name); return v && !strcmp(v, "0"); };
     t.pdl = !off("NINFER_PDL");
+    t.wgmma = !off("NINFER_WGMMA");
     t.fork = !off("NINFER_FORK");
     t.fuse_gated = !off("NINFER_FUSE_GATED");
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
@@ -7624,7 +7860,7 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     }
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
-    gpu_kernels_init(o.tune.pdl);
+    gpu_kernels_init(o.tune.pdl, o.tune.wgmma);
     g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;

@@ -1685,8 +1685,7 @@ TEST(Sampling, WholeVocabularyPeakedAgreesWithCpu) {
 // y = W x over T tokens by the gemm, against float64 dots of format.h's row decoder.
 // per element: |got - ref| <= 1e-5 sum_k |w_k x_k| (fp32 sums of exact products) for fp32;
 // the bf16 + residual output adds its two roundings (2^-8 each, relative).
-typedef void (*GemmFn)(const Mat&, const bf16_t*, int, int, void*, int, bool, const bf16_t*, int, cudaStream_t);
-static void check_gemm(NumFormat f, int64_t N, int64_t K, int T, GemmFn fn = gemm) {
+static void check_gemm(NumFormat f, int64_t N, int64_t K, int T) {
     SCOPED_TRACE(std::string(format_name(f)) + " " + std::to_string(N) + "x" + std::to_string(K) + " T=" + std::to_string(T));
     HostMat hm = make_mat(f, N, K, 1000 + f * 7 + N + K + T);
     Mat hmat = mat_from(&hm.obj, hm.bytes.data());
@@ -1700,8 +1699,8 @@ static void check_gemm(NumFormat f, int64_t N, int64_t K, int T, GemmFn fn = gem
     Dev dy((size_t)T * ldy * 4);
     Dev dyb((size_t)T * ldy * 2); up(dyb, res);
     cudaCheck(cudaMemset(dy.p, 0xFF, dy.n));  // poison: nan where the product leaves a hole
-    fn(dmat, dx.as<bf16_t>(), ldx, T, dy.as<float>(), ldy, true, nullptr, 0, 0);
-    fn(dmat, dx.as<bf16_t>(), ldx, T, dyb.as<bf16_t>(), ldy, false, dyb.as<bf16_t>(), ldy, 0);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dy.as<float>(), ldy, true, nullptr, 0, 0);
+    gemm(dmat, dx.as<bf16_t>(), ldx, T, dyb.as<bf16_t>(), ldy, false, dyb.as<bf16_t>(), ldy, 0);
     cudaCheck(cudaGetLastError());
     std::vector<float> y = down<float>(dy, (size_t)T * ldy);
     std::vector<uint16_t> yb = down<uint16_t>(dyb, (size_t)T * ldy);
@@ -1730,72 +1729,26 @@ static void check_gemm(NumFormat f, int64_t N, int64_t K, int T, GemmFn fn = gem
 
 TEST(Gemm, MatchesFloat64) {
     NEED_GPU();
+    gpu_kernels_init(true, false);  // the mma.sync kernel (sm_80 and up)
     for (NumFormat f : {FMT_Q4, FMT_Q5, FMT_Q6, FMT_W8, FMT_BF16}) {
         check_gemm(f, 300, 512, 200);
         check_gemm(f, 40, 128, 9);
     }
     check_gemm(FMT_Q4, 1000, 1024, 300);
+    gpu_kernels_init();
 }
 
-// the wgmma candidate (dev_kernels.cuh gemm_dev) on sm_90a: the same contract and tolerance
+// the wgmma kernel (sm_90a): q4 / q5 / q6 with partial tiles, one group, many groups
 TEST(Gemm, WgmmaMatchesFloat64) {
     NEED_GPU();
-    if (!gemm_dev::gemm_wgmma_available()) GTEST_SKIP() << "needs sm_90a";
+    if (!g_gemm_wgmma) GTEST_SKIP() << "no sm_90a code for this device";
     for (NumFormat f : {FMT_Q4, FMT_Q5, FMT_Q6}) {
-        check_gemm(f, 300, 512, 200, gemm_dev::gemm_wgmma);
-        check_gemm(f, 40, 128, 9, gemm_dev::gemm_wgmma);
-        check_gemm(f, 1000, 1024, 300, gemm_dev::gemm_wgmma);
+        check_gemm(f, 300, 512, 200);
+        check_gemm(f, 40, 128, 9);
+        check_gemm(f, 128, 64, 128);
+        check_gemm(f, 1000, 1024, 300);
     }
-    check_gemm(FMT_Q5, 4096, 4096, 512, gemm_dev::gemm_wgmma);
-}
-
-// diagnosis of the wgmma candidate: one block, one group, x one-hot (token t reads k = t % 64),
-// so y[t][n] = w[n][t % 64]; prints where each wrong value came from
-static void wgmma_debug(int64_t N, int64_t K, int T) {
-    fprintf(stderr, "== N %lld K %lld T %d\n", (long long)N, (long long)K, T);
-    HostMat hm = make_mat(FMT_Q4, N, K, 4242);
-    Mat hmat = mat_from(&hm.obj, hm.bytes.data());
-    std::vector<uint16_t> x((size_t)T * K, 0);
-    for (int t = 0; t < T; t++) x[(size_t)t * K + t % K] = 0x3F80;
-    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
-    Mat dmat = mat_from(&hm.obj, dw.as<uint8_t>());
-    Dev dx(x.size() * 2); up(dx, x);
-    Dev dy((size_t)T * N * 4);
-    cudaCheck(cudaMemset(dy.p, 0xFF, dy.n));
-    gemm_dev::gemm_wgmma(dmat, dx.as<bf16_t>(), (int)K, T, dy.as<float>(), (int)N, true, nullptr, 0, 0);
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> y = down<float>(dy, (size_t)T * N);
-    std::vector<float> w((size_t)N * K);
-    for (int64_t n = 0; n < N; n++) mat_row_dequant(hmat, n, w.data() + n * K);
-    int bad = 0;
-    std::vector<int> grid(16 * 16, 0);
-    for (int t = 0; t < T; t++)
-        for (int64_t n = 0; n < N; n++) {
-            float want = w[n * K + t % K], got = y[(size_t)t * N + n];
-            if (got == want) continue;
-            if (n < 128 && t < 128) grid[(n / 8) * 16 + t / 8]++;
-            if (bad++ < 12) {
-                std::string from = "none";
-                for (int64_t n2 = 0; n2 < N; n2++)
-                    for (int64_t k2 = 0; k2 < K; k2++)
-                        if (w[n2 * K + k2] == got) from += " (" + std::to_string(n2) + "," + std::to_string(k2) + ")";
-                fprintf(stderr, "t %3d n %3lld: got %g want %g; matches w[n][k] at %s\n", t, (long long)n, got, want, from.substr(0, 80).c_str());
-            }
-        }
-    fprintf(stderr, "bad %d of %d; grid rows n/8, columns t/8 (count of bad of 64):\n", bad, (int)(N * T));
-    for (int i = 0; i < 16; i++) {
-        for (int j = 0; j < 16; j++) fprintf(stderr, "%3d", grid[i * 16 + j]);
-        fprintf(stderr, "\n");
-    }
-    EXPECT_EQ(bad, 0);
-}
-TEST(Gemm, DISABLED_WgmmaDebug) {
-    NEED_GPU();
-    wgmma_debug(128, 64, 128);
-    wgmma_debug(128, 128, 128);
-    wgmma_debug(128, 256, 128);
-    wgmma_debug(256, 64, 128);
-    wgmma_debug(128, 64, 256);
+    check_gemm(FMT_Q5, 4096, 4096, 512);
 }
 
 // ---- gated delta rule prefill, recurrent (7.11) -------------------------------------------
@@ -2859,13 +2812,13 @@ TEST(Bench, DISABLED_GdnPrefill9B) {
     }
 }
 
-// the prefill gemm's versions on the 9b prefill shapes at T = 4096 (x bf16, y bf16): the
-// product's mma.sync gemm against the wgmma candidate (sm_90a). one weight copy: at these T the
-// product is compute-bound and the weights are read once per 128-token tile column anyway.
+// the prefill gemm's two kernels on the 9b prefill shapes at T = 4096 (x bf16, y bf16): mma.sync
+// (sm_80 and up) and wgmma (sm_90a). one weight copy: at these T the product is compute-bound
+// and the weights are read once per 128-token tile column anyway.
 TEST(Bench, DISABLED_GemmVersions) {
     NEED_GPU();
     const int T = 4096;
-    const bool wg = gemm_dev::gemm_wgmma_available();
+    const bool wg = g_gemm_wgmma;
     const BenchShape shapes[] = {
         {FMT_Q4, 4096, 4096, "gdn query_key q4", false}, {FMT_Q4, 5120, 4096, "attn query_key q4", false},
         {FMT_Q4, 24576, 4096, "mlp gate_up q4", false}, {FMT_Q5, 8192, 4096, "gdn value_z q5", false},
@@ -2880,14 +2833,13 @@ TEST(Bench, DISABLED_GemmVersions) {
         Dev w(mat_bytes(sh.f, sh.rows, sh.cols));
         Mat m = bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>(), 7);
         const double flop = 2.0 * sh.rows * sh.cols * T;
+        gpu_kernels_init(true, false);
         double t0 = time_graph_ms([&](cudaStream_t s, int) {
             gemm(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, s); }, 3, 9);
+        gpu_kernels_init();
         double t1 = 0;
-        if (wg) {
-            gemm_dev::gemm_wgmma(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, 0);  // the smem attribute, outside capture
-            t1 = time_graph_ms([&](cudaStream_t s, int) {
-                gemm_dev::gemm_wgmma(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, s); }, 3, 9);
-        }
+        if (wg) t1 = time_graph_ms([&](cudaStream_t s, int) {
+            gemm(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, s); }, 3, 9);
         BENCH_PRINT("%-20s %-12s %10.1f %8.1f %10.1f %8.1f %7.2fx\n", sh.name, bench_shape_name(sh).c_str(), t0 * 1e3, flop / (t0 * 1e-3) / 1e12,
                     t1 * 1e3, wg ? flop / (t1 * 1e-3) / 1e12 : 0.0, wg ? t0 / t1 : 0.0);
     }
