@@ -6070,12 +6070,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
     for (int s = 0; s < WG_STAGES - 1; s++) load_x(s);
     WgRaw<F> r0, r1;
-    uint32_t A[16], A2[16];
+    // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
+    // group decodes into the other, so no instruction defines a register of the wgmma in
+    // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
+    uint32_t A0[16], A1[16];
+    float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
     wg_load<F>(a.w, row0, 0, r0); wg_load<F>(a.w, row1, 0, r1);
-    wg_decode<F>(r0, r1, t, A);
-    float s0 = f16bits2f(r0.sc), s1 = f16bits2f(r1.sc);
+    wg_decode<F>(r0, r1, t, A0);
+    sa0 = f16bits2f(r0.sc); sa1 = f16bits2f(r1.sc);
     wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
-    for (int kt = 0; kt < nk; kt++) {
+    // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
+    auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         cp_async_wait_m<WG_STAGES - 2>();
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
@@ -6089,8 +6094,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         wg_commit();
         // no branch between the wgmma and its wait: ptxas then tracks the in-flight registers (the
         // last steps decode and load the last group again, unused)
-        wg_decode<F>(r0, r1, t, A2);
-        const float n0s = f16bits2f(r0.sc), n1s = f16bits2f(r1.sc);
+        wg_decode<F>(r0, r1, t, An);
+        n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
         const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
         wg_load<F>(a.w, row0, kn, r0); wg_load<F>(a.w, row1, kn, r1);
         wg_wait0_with(tmp, A);
@@ -6101,9 +6106,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
             acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
             acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
         }
-#pragma unroll
-        for (int i = 0; i < 16; i++) A[i] = A2[i];
-        s0 = n0s; s1 = n1s;
+    };
+    for (int kt = 0; kt < nk; kt += 2) {
+        step(kt, A0, sa0, sa1, A1, sb0, sb1);
+        if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
     }
     // D: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
 #pragma unroll
