@@ -39,7 +39,8 @@
 //                            7.7 argmax, 7.8 sampling on the device (mask_logits, one
 //                            speculative verification column: sample_spec_kernel, the
 //                            lanes' draws: sample_lanes), 7.9
-//                            shared-memory matrix helpers, 7.10 gemm + linear, 7.11 deltanet
+//                            shared-memory matrix helpers, 7.10 gemm (mma.sync; wgmma on
+//                            sm_90a) + linear, 7.11 deltanet
 //                            prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
@@ -5729,6 +5730,9 @@ __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_
 // step's buffers were filled before it, the next step's go to the other buffers.
 // requirements: cols % 64 == 0 (every qwen3.5 width); x 16-byte aligned with ldx % 8 == 0.
 // y as in the gemv: fp32, or bf16 with an optional residual y = bf16(resid + bf16(Wx)).
+// on sm_90a (hopper, the binary built with 90a code) q4 / q5 / q6 take gemm_wgmma_kernel
+// instead: the same arithmetic on wgmma, 1.6-1.7x this kernel at prefill sizes (bench-notes);
+// this one stays for w8, bf16 and every other arch.
 
 enum { GM_BM = 128, GM_BN = 128, GM_BK = 64, GM_THREADS = 256, GM_LDS = GM_BK + 8 };  // smem rows padded: conflict-free ldmatrix
 static const size_t GM_SMEM = (size_t)2 * (GM_BM + GM_BN) * GM_LDS * 2 + (size_t)2 * GM_BN * 2 * sizeof(float);
@@ -7214,6 +7218,9 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 // measured faster on (test/bench-notes.md) and has a test with it off (test_gpu).
 //   pdl      true  programmatic dependent launch on sm_90+ (NINFER_PDL=0: off). a decode step
 //                  3.43 -> 3.20 ms with it (session 2)
+//   wgmma    true  prefill q4 / q5 / q6 products on gemm_wgmma_kernel where sm_90a code runs
+//                  (NINFER_WGMMA=0: gemm_kernel's mma.sync, test_kernels Gemm.MatchesFloat64
+//                  tests both). 9b pp4096 11.1k -> 17.2k tok/s (session 16)
 //   fork     true  independent products on a second stream, graph branches in a capture
 //                  (NINFER_FORK=0: one stream). ~1% of a step (v2)
 //   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
@@ -7250,7 +7257,7 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 enum { GPU_ATT_SPLITS = 128, GPU_ATT_MIN_KEYS = 128 };  // GpuTuning::attn_splits / attn_min_keys' defaults
 struct GpuTuning {
     bool pdl = true;
-    bool wgmma = true;  // the sm_90a prefill gemm where it runs (NINFER_WGMMA=0: the mma.sync one)
+    bool wgmma = true;
     bool fork = true;
     bool fuse_x = true;
     bool fuse_gated = true;
