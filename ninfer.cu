@@ -6014,33 +6014,50 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
     }
     r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
 }
-// the bf16x2 codes of lanes (k, k+1) = nibbles 2t, 2t+1 of low word wi (k = 8 wi + 2t)
+// one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
+// nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
+// at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
+// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair). q5's high bit of lane k is bit k & 31 of
+// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) per word they
+// sit at constant positions.
 template <int F>
-__device__ __forceinline__ uint32_t wg_pair(const WgRaw<F>& r, int wi, int t) {
-    const uint32_t word = wi < 4 ? (&r.b0.x)[wi] : (&r.b1.x)[wi - 4];
-    const int k = 8 * wi + 2 * t;
-    uint32_t u0 = (word >> (8 * t)) & 15u, u1 = (word >> (8 * t + 4)) & 15u;
-    if constexpr (F == FMT_Q5) {
-        const uint32_t hw = r.h[k >> 5];
-        u0 |= ((hw >> (k & 31)) & 1u) << 4; u1 |= ((hw >> ((k + 1) & 31)) & 1u) << 4;
-    }
-    if constexpr (F == FMT_Q6) {
-        const uint32_t hw = r.h[(2 * k) >> 5];
-        u0 |= ((hw >> ((2 * k) & 31)) & 3u) << 4; u1 |= ((hw >> ((2 * k + 2) & 31)) & 3u) << 4;
-    }
+__device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t sel, uint32_t* out) {
+    const uint32_t w[8] = {r.b0.x, r.b0.y, r.b0.z, r.b0.w, r.b1.x, r.b1.y, r.b1.z, r.b1.w};
+    constexpr int NH = F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1;
+    uint32_t hs[NH];
+#pragma unroll
+    for (int i = 0; i < NH; i++) hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : F == FMT_Q5 ? r.h[i] >> (2 * t) : 0u;
     constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
     constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
-    return bf2_fma(((u0 ^ SB) | ((u1 ^ SB) << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+#pragma unroll
+    for (int wi = 0; wi < 8; wi++) {
+        uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
+        if constexpr (F == FMT_Q5) {
+            const uint32_t h = hs[wi >> 2];
+            const int j = 8 * (wi & 3);
+            p |= ((h >> j) & 1u) << 4 | ((h >> (j + 1)) & 1u) << 20;
+        }
+        if constexpr (F == FMT_Q6) {
+            const uint32_t h = hs[wi >> 1];
+            const int j = 16 * (wi & 1);
+            p |= ((h >> j) & 3u) << 4 | ((h >> (j + 2)) & 3u) << 20;
+        }
+        out[wi] = bf2_fma((p ^ (SB | SB << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+    }
 }
 // a thread's A fragments of one group (4 k16 steps x {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi})
 template <int F>
 __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1, int t, uint32_t* a) {
+    const uint32_t sel = (uint32_t)t | (uint32_t)(4 + t) << 8;
+    uint32_t p0[8], p1[8];
+    wg_decode_row<F>(r0, t, sel, p0);
+    wg_decode_row<F>(r1, t, sel, p1);
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        a[4 * ks + 0] = wg_pair<F>(r0, 2 * ks, t);
-        a[4 * ks + 1] = wg_pair<F>(r1, 2 * ks, t);
-        a[4 * ks + 2] = wg_pair<F>(r0, 2 * ks + 1, t);
-        a[4 * ks + 3] = wg_pair<F>(r1, 2 * ks + 1, t);
+        a[4 * ks + 0] = p0[2 * ks];
+        a[4 * ks + 1] = p1[2 * ks];
+        a[4 * ks + 2] = p0[2 * ks + 1];
+        a[4 * ks + 3] = p1[2 * ks + 1];
     }
 }
 
