@@ -5731,7 +5731,7 @@ __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_
 // requirements: cols % 64 == 0 (every qwen3.5 width); x 16-byte aligned with ldx % 8 == 0.
 // y as in the gemv: fp32, or bf16 with an optional residual y = bf16(resid + bf16(Wx)).
 // on sm_90a (hopper, the binary built with 90a code) q4 / q5 / q6 take gemm_wgmma_kernel
-// instead: the same arithmetic on wgmma, 1.6-1.7x this kernel at prefill sizes (bench-notes);
+// instead: the same arithmetic on wgmma, 1.7-1.9x this kernel at prefill sizes (bench-notes);
 // this one stays for w8, bf16 and every other arch.
 
 enum { GM_BM = 128, GM_BN = 128, GM_BK = 64, GM_THREADS = 256, GM_LDS = GM_BK + 8 };  // smem rows padded: conflict-free ldmatrix
@@ -7237,7 +7237,7 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  3.43 -> 3.20 ms with it (session 2)
 //   wgmma    true  prefill q4 / q5 / q6 products on gemm_wgmma_kernel where sm_90a code runs
 //                  (NINFER_WGMMA=0: gemm_kernel's mma.sync, test_kernels Gemm.MatchesFloat64
-//                  tests both). 9b pp4096 11.1k -> 17.2k tok/s (session 16)
+//                  tests both). 9b pp4096 11.1k -> 17.6k tok/s (session 16)
 //   fork     true  independent products on a second stream, graph branches in a capture
 //                  (NINFER_FORK=0: one stream). ~1% of a step (v2)
 //   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
