@@ -265,6 +265,201 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
     gemv_epilogue<NW, RT>(a, acc, row0, warp, lane);
 }
 
+// ---- gemv versions: the weights through one deep ring a 16-row worker (issue 16, session 17) ----
+// gemv_ring_kernel: the products of at most 8 columns from the prepared x of the wide kernel,
+// with its arithmetic for one 8-column tile (so its bits are the x-staged kernel's). the idea
+// was more bytes in flight than the x-staged kernel's per-warp cp.async stages (~1-3 KB a warp):
+//   * a worker is NW warps on one 16-row tile at a time (the matrix's warp split of k); RT
+//     workers a block, a grid of at most g_ring_bps blocks an sm; worker w walks tiles w,
+//     w + workers, ...
+//   * a worker's weights flow through a ring of NS slots, one piece a slot: 16 rows x PG groups
+//     of every plane (rows padded so a warp's reads of 8 rows hit distinct banks), copied by
+//     every thread of the worker with cp.async and counted on the slot's mbarrier; the ring runs
+//     across the worker's tiles, its first NS pieces asked for before griddepcontrol.wait.
+//   * warp wt takes group pairs wt, wt + NW, .. of each piece (PG / 2 a multiple of NW); the
+//     worker's warps meet on a named barrier after each piece, then refill its slot.
+// it lost to the product's kernels on every 9b shape (bench-notes, session 17: gate_up 42.7 vs
+// 23.1 us), as did a first form with one bulk copy (cp.async.bulk) a row and plane (65.9 us).
+// variants 15-19 of gemv_variant run it; shapes it cannot take run variant 9.
+__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+// the barriers' initialization visible to every proxy
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
+                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#endif
+}
+// one arrival on bar once every cp.async this thread issued before has landed (the barrier's
+// count includes it: .noinc)
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+template <int F, int PG> struct GemvRingLayout {  // one slot: 16 rows x PG groups of each plane
+    static constexpr int HB = GemvAsyncLayout<F>::HB;
+    static constexpr int RSB = PG * 32 + 32, RSH = HB ? PG * HB + 16 : 0, RSS = PG * 2 + 16;  // bytes a row
+    static constexpr int OFF_H = 16 * RSB, OFF_S = OFF_H + 16 * RSH;
+    static constexpr int BYTES = (OFF_S + 16 * RSS + 127) / 128 * 128;
+};
+// group j of a slot for the thread's rows g, g+8 (gemv_stage_group's words)
+template <int F, int PG>
+__device__ __forceinline__ void gemv_ring_group(uint32_t (&raw)[2][GemvFmt<F>::RAW], const uint8_t* st, int j, int g, int t) {
+    using Ly = GemvRingLayout<F, PG>;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        const uint2 v = *(const uint2*)(st + r * Ly::RSB + j * 32 + t * 8);
+        raw[h][0] = v.x; raw[h][1] = v.y;
+        if constexpr (F == FMT_Q5) raw[h][2] = *(const unsigned short*)(st + Ly::OFF_H + r * Ly::RSH + j * 8 + t * 2);
+        else if constexpr (F == FMT_Q6) raw[h][2] = *(const uint32_t*)(st + Ly::OFF_H + r * Ly::RSH + j * 16 + t * 4);
+        else raw[h][2] = 0;
+        raw[h][3] = *(const unsigned short*)(st + Ly::OFF_S + r * Ly::RSS + j * 2);
+    }
+}
+// dynamic shared memory: the rings [RT][NS][BYTES], then each worker's partial sums [RT][NW][32]
+// float4. early: the pdl trigger right after the first copies (else after the last piece)
+template <int F, int NW, int RT, int PG, int NS>
+__global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                  const float* __restrict__ xps, int cp, int early) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using Fm = GemvFmt<F>;
+    using Ly = GemvRingLayout<F, PG>;
+    static_assert((PG / 2) % NW == 0, "a piece holds whole rounds of the warps' group pairs");
+    constexpr int W = gemv_xs_words(F), NQ4 = W / 4;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r = warp / NW, wt = warp % NW;
+    const Mat& w = a.w;
+    const int64_t rows = w.rows, tiles = CEIL_DIV(rows, (int64_t)16);
+    const int units = (int)w.gpr, C = a.C, ppt = CEIL_DIV(units, PG);
+    const int64_t worker = (int64_t)blockIdx.x * RT + r, workers = (int64_t)gridDim.x * RT;
+    const int64_t n_items = worker < tiles ? ((tiles - 1 - worker) / workers + 1) * ppt : 0;
+    extern __shared__ __align__(128) uint8_t ring_smem_[];
+    uint8_t* ring = ring_smem_ + (size_t)r * NS * Ly::BYTES;
+    float4* red = (float4*)(ring_smem_ + (size_t)RT * NS * Ly::BYTES) + r * NW * 32;
+    __shared__ __align__(8) uint64_t full[RT][NS];
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < RT * NS; i++) mbar_init(&full[0][0] + i, NW * 32);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    // item i (piece i % ppt of the worker's tile i / ppt) into slot i % NS, by every thread of
+    // the worker: 16-byte copies, then one arrival each on the slot's barrier when they land
+    const int tw = wt * 32 + lane;
+    auto issue = [&](int64_t i) {
+        const int64_t tile = worker + (i / ppt) * workers;
+        const int u0 = (int)(i % ppt) * PG, ng = min(PG, units - u0);
+        const uint32_t st = smem_u32(ring + (size_t)(i % NS) * Ly::BYTES);
+        auto rowg = [&](int lr) { const int64_t x = tile * 16 + lr; return x < rows ? x : rows - 1; };  // past the end: never stored
+        // a plane of B bytes a group: 16 rows x PG * B / 16 chunks, those past ng skipped
+        auto plane = [&](auto bpg, uint32_t dst, const uint8_t* src, int64_t pitch, int rs) {
+            constexpr int B = decltype(bpg)::value, CPR = PG * B / 16, N = 16 * CPR;
+#pragma unroll
+            for (int k = 0; k < (N + NW * 32 - 1) / (NW * 32); k++) {
+                const int c = tw + k * NW * 32, lr = c / CPR, ch = c % CPR;
+                if (c < N && ch < ng * B / 16) cp_async16(dst + lr * rs + ch * 16, src + rowg(lr) * pitch + (size_t)u0 * B + ch * 16);
+            }
+        };
+        plane(std::integral_constant<int, 32>(), st, w.base, w.base_row, Ly::RSB);
+        plane(std::integral_constant<int, 2>(), st + Ly::OFF_S, w.scale, w.scale_row, Ly::RSS);
+        if constexpr (Ly::HB != 0) plane(std::integral_constant<int, Ly::HB>(), st + Ly::OFF_H, w.high, w.high_row, Ly::RSH);
+        cp_async_mbar_arrive(&full[r][i % NS]);
+    };
+    for (int64_t i = 0; i < NS && i < n_items; i++) issue(i);
+    if (early) pdl_release();  // the grid is resident (at most one wave): dependents may take what is left
+    pdl_entry();               // the weights are never written: only the prepared x waits
+
+    // this lane's b words: column g, thread t (+ u * cp * NQ4 * 4 uint4), and its sums
+    const uint4* xl = xp + (size_t)g * NQ4 * 4 + t;
+    const float* sl = xps + 2 * t;
+    const bool xlive = g < C, slive = 2 * t < C;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < n_items; i++) {
+        const int slot = (int)(i % NS), pc = (int)(i % ppt), u0 = pc * PG, ng = min(PG, units - u0);
+        mbar_wait(&full[r][slot], (uint32_t)((i / NS) & 1));
+        const uint8_t* st = ring + (size_t)slot * Ly::BYTES;
+        for (int q = wt; 2 * q < ng; q += NW) {
+#pragma unroll
+            for (int d = 0; d < 2; d++) {
+                const int j = 2 * q + d, u = u0 + j;
+                uint32_t raw[2][Fm::RAW];
+                gemv_ring_group<F, PG>(raw, st, j, g, t);
+                uint32_t A[GemvWideA<F>::N][4];
+                gemv_afrag<F>(raw, A);
+                const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+                uint4 v[NQ4];
+#pragma unroll
+                for (int q4 = 0; q4 < NQ4; q4++) v[q4] = xlive ? __ldg(xu + q4 * 4) : make_uint4(0, 0, 0, 0);
+                const float2 sv = slive ? __ldg((const float2*)(sl + (size_t)u * cp)) : make_float2(0.f, 0.f);
+                const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                uint32_t b[Fm::STEPS][2];
+#pragma unroll
+                for (int q4 = 0; q4 < NQ4; q4++) {
+                    b[2 * q4][0] = v[q4].x; b[2 * q4][1] = v[q4].y;
+                    if (2 * q4 + 1 < Fm::STEPS) { b[2 * q4 + 1][0] = v[q4].z; b[2 * q4 + 1][1] = v[q4].w; }
+                }
+                gemv_tile<F>(A, f16bits2f(raw[0][3]), f16bits2f(raw[1][3]), acc, b, sx);
+            }
+        }
+        bar_named(1 + r, NW * 32);  // every warp of the worker is past the slot
+        if (i + NS < n_items) issue(i + NS);
+        if (pc == ppt - 1) {  // the tile's last piece: its warps meet as gemv_epilogue's (s = 0, += warp v = 0..NW-1)
+            red[wt * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            bar_named(1 + r, NW * 32);
+            const int64_t row0 = (worker + (i / ppt) * workers) * 16;
+            for (int idx = wt * 32 + lane; idx < 128; idx += NW * 32) {
+                const int ln = idx >> 2, j = idx & 3;
+                float s = 0.f;
+#pragma unroll
+                for (int v = 0; v < NW; v++) s += ((const float*)&red[v * 32 + ln])[j];
+                const int64_t row = row0 + (ln >> 2) + (j >= 2 ? 8 : 0);
+                const int col = 2 * (ln & 3) + (j & 1);
+                if (row < rows && col < C) gemv_store(a, row, col, s);
+            }
+            // red is written again only after the next piece's barrier, which every reader passes first
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+        }
+    }
+    if (!early) pdl_release();
+#endif
+}
+
+// the ring kernel's launch: on sm_90+ (g_ring_ok, set by the first variant launch), for matrices
+// whose row pieces are all 16-byte aligned: k a multiple of 512, every plane's base and row pitch
+static bool g_ring_ok = false;  // the device is sm_90+ (its mbarrier forms)
+static int g_ring_bps = 1;     // blocks an sm (the grid is at most g_sms x this)
+static int g_ring_early = 1;   // the pdl trigger after the first copies (0: after the last piece)
+static bool ring_shape_ok(const Mat& w) {
+    auto a16 = [](const void* p, int64_t pitch) { return ((uintptr_t)p & 15) == 0 && pitch % 16 == 0; };
+    return format_grouped(w.format) && w.cols % 128 == 0 && w.gpr % 8 == 0 && a16(w.base, w.base_row) && a16(w.scale, w.scale_row) &&
+           (!(w.format == FMT_Q5 || w.format == FMT_Q6) || a16(w.high, w.high_row));
+}
+static bool ring_ok(const Mat& w) { return g_ring_ok && ring_shape_ok(w); }
+template <int F, int NW, int RT, int PG, int NS>
+static size_t ring_smem() { return (size_t)RT * NS * GemvRingLayout<F, PG>::BYTES + (size_t)RT * NW * 32 * 16; }
+template <int F, int NW, int RT, int PG, int NS>
+static void ring_go(const GemvArgs& a, const GemvXpIn& in, cudaStream_t stream) {
+    const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
+    const unsigned grid = (unsigned)std::min<int64_t>(CEIL_DIV(tiles, (int64_t)RT), (int64_t)g_sms * g_ring_bps);
+    launch_k(gemv_ring_kernel<F, NW, RT, PG, NS>, grid, RT * NW * 32, ring_smem<F, NW, RT, PG, NS>(), stream, a, in.xp, in.xps,
+             in.cp, g_ring_early);
+}
+template <int F, int NW, int RT, int PG, int NS>
+static void ring_init_one() {
+    cudaCheck(cudaFuncSetAttribute(gemv_ring_kernel<F, NW, RT, PG, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)ring_smem<F, NW, RT, PG, NS>()));
+}
 }  // namespace gemv_dev
 
 // the variants the tests and benches index; gemv() picks one of 2, 7, 8, 9 by shape.
@@ -276,7 +471,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
 //   per warp, more bytes in flight for matrices of few tiles): 10 <16, 3, 2>, 11 <16, 2, 2>,
 //   12 <8, 4, 3>, 13 <8, 3, 4> (the product's GEMV_XS_8X3_4); 14: 9 with 4 row tiles a block (the
 //   product's for several columns of a long matrix before the wide kernel took them)
-static const int GEMV_VARIANTS = 15;
+//   ring kernel <workers RT, groups a piece PG, slots NS> from the prepared x (sm_90+; elsewhere,
+//   and for shapes it cannot take, variant 9): 15 <2, 16, 4>, 16 <1, 16, 4>, 17 <2, 16, 3>,
+//   18 <2, 32, 3>, 19 <4, 16, 3> (blocks an sm: gemv_dev::g_ring_bps)
+static const int GEMV_VARIANTS = 20;
 // the dev x-staged variants' launch: the opt-in shared memory once, then gemv_launch's fallbacks
 template <int F, int NW, int S, int MINB>
 static void gemv_xs_dev_launch(const GemvArgs& a, cudaStream_t stream) {
@@ -310,6 +508,27 @@ static void gemv_xs_r4_launch(const GemvArgs& a, cudaStream_t stream) {
         launch_k(gemv_xs_kernel<F, 4, 4, 1, 4>, (unsigned)CEIL_DIV(a.w.rows, (int64_t)64), 4 * 4 * 32, gemv_xs_smem<F>(4, 4, xsb, 4), stream, a);
     }
 }
+// variants 15-19: the ring kernel in the form RT, PG, NS, with the matrix's warp split
+template <int F, int RT, int PG, int NS>
+static void gemv_ring_launch(const GemvArgs& a, cudaStream_t stream) {
+    using namespace gemv_dev;
+    static int major = -1;
+    if (major < 0) { int dev = 0; cudaCheck(cudaGetDevice(&dev)); cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)); }
+    g_ring_ok = major >= 9;
+    if (F == FMT_BF16 || !ring_ok(a.w)) { gemv_launch<F>(GEMV_XS_4X4, a, stream); return; }
+    if constexpr (F != FMT_BF16) {
+        const GemvKernel k = gemv_pick(a.w);
+        auto go = [&](auto nw) {
+            constexpr int NW = decltype(nw)::value;
+            static bool init = false;
+            if (!init) { ring_init_one<F, NW, RT, PG, NS>(); init = true; }
+            const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
+            ring_go<F, NW, RT, PG, NS>(a, in, stream);
+        };
+        if (k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4) go(std::integral_constant<int, 8>());
+        else go(std::integral_constant<int, 4>());
+    }
+}
 template <int F>
 static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t stream) {
     const unsigned t1 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)16), t2 = (unsigned)CEIL_DIV(a.w.rows, (int64_t)32);
@@ -332,6 +551,11 @@ static void gemv_launch_variant(int variant, const GemvArgs& a, cudaStream_t str
         case 12: gemv_xs_dev_launch<F, 8, 4, 3>(a, stream); break;
         case 13: gemv_launch<F>(GEMV_XS_8X3_4, a, stream); break;
         case 14: gemv_xs_r4_launch<F>(a, stream); break;
+        case 15: gemv_ring_launch<F, 2, 16, 4>(a, stream); break;
+        case 16: gemv_ring_launch<F, 1, 16, 4>(a, stream); break;
+        case 17: gemv_ring_launch<F, 2, 16, 3>(a, stream); break;
+        case 18: gemv_ring_launch<F, 2, 32, 3>(a, stream); break;
+        case 19: gemv_ring_launch<F, 4, 16, 3>(a, stream); break;
         default: CHECK(false, "gemv variant %d", variant);
     }
     cudaCheck(cudaGetLastError());
@@ -436,7 +660,6 @@ template <int F, int NT, int RW, int S> struct GemvSxLayout {
     static constexpr size_t RED = (size_t)R * RW * NW * NT * 32 * 16;
     static constexpr size_t SMEM = W_BYTES + X_BYTES > RED ? W_BYTES + X_BYTES : RED;
 };
-__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 template <int F, int NT, int RW, int S>
 __global__ void __launch_bounds__(4 * 2 * 32, 1) gemv_xp_sx_kernel(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps,
                                                                     int cp, int cg, int groups) {
@@ -975,3 +1198,4 @@ static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
     };
     attn_decode_with(in, stream, decode, attn_combine_v1_kernel);
 }
+

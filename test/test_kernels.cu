@@ -262,7 +262,7 @@ TEST(Gemv, FusedXTransforms) {
         {FMT_Q6, 300, 256, 5, false, false, GEMV_X_RMS, "q6 300x256 c5 + norm"},
     };
     for (const Case& tc : cases)
-        for (int variant : {8, 9, 13, 14}) {
+        for (int variant : {8, 9, 13, 14, 15}) {
             SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
             HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
             Rng r = rng();
@@ -476,6 +476,55 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
                 }
             }
         g_gemv_xp_rw = 2;
+    }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
+// the ring kernel's versions (test/dev_kernels.cuh, variants 15-19, sm_90+) give the product's
+// bits: memcmp against gemv() at the column counts they take, for every grouped format, both
+// warp splits, the fused transforms, a residual, f32 output, partial last tiles, a partial last
+// piece (k 2560: 40 groups, pieces of 16), long rows (k 9216, 12288) and a shape they cannot
+// take (k 4224: 66 groups; variant 9 runs), at 1 and 2 blocks an sm, the pdl trigger early and late
+TEST(Gemv, RingVersionsEqualTheProduct) {
+    NEED_GPU();
+    const GemvColsCase cases[] = {
+        {FMT_Q4, 4096, 4096, false, false, GEMV_X_RMS, 0, "9b gdn query_key q4 + norm"},
+        {FMT_Q5, 8192, 4096, false, false, GEMV_X_PLAIN, 0, "9b value_z q5"},
+        {FMT_Q5, 4096, 12288, false, true, GEMV_X_SWIGLU, 0, "9b down q5 + swiglu, residual (8 warps a tile)"},
+        {FMT_Q6, 248320, 4096, true, false, GEMV_X_RMS, 0, "9b head q6 f32 + final norm"},
+        {FMT_W8, 10240, 4096, false, false, GEMV_X_RMS, 0, "w8 10240x4096 + norm"},
+        {FMT_Q4, 9217, 2560, false, true, GEMV_X_RMS, GEMV_OCC_ROWS, "q4 9217x2560 + norm, residual, 8 warps: partial last piece and tile"},
+        {FMT_Q4, 18437, 2560, false, false, GEMV_X_RMS, GEMV_OCC_ROWS, "q4 18437x2560 + norm, 4 warps: partial last piece and tile"},
+        {FMT_Q5, 2560, 9216, true, false, GEMV_X_SWIGLU, GEMV_OCC_ROWS, "4b down q5 f32 + swiglu"},
+        {FMT_Q6, 1000, 5120, false, false, GEMV_X_PLAIN, 0, "q6 1000x5120"},
+        {FMT_Q4, 300, 4224, false, false, GEMV_X_PLAIN, 0, "q4 300x4224: not the copy engine's"},
+    };
+    const int Cmax = 8;
+    for (const GemvColsCase& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        g_gemv_occ_rows = tc.occ;
+        GemvColsRig rig(tc, Cmax);
+        const int ldx = rig.ldx, ldy = rig.ldy;
+        const size_t esz = rig.esz, ysz = rig.ysz;
+        Dev dref(ysz), dy(ysz);
+        auto run = [&](int v, int n, Dev& out) {
+            if (tc.resid) up(out, rig.res); else out.poison();
+            gemv_variant(v, rig.dm, rig.dx.as<bf16_t>(), ldx, n, out.p, ldy, tc.f32, tc.resid ? out.as<bf16_t>() : nullptr, ldy, 0, rig.xt);
+            cudaCheck(cudaDeviceSynchronize());
+        };
+        for (int n : {1, 2, 3, 5, 8}) {
+            run(-1, n, dref);
+            auto ref = down<uint8_t>(dref, (size_t)n * ldy * esz);
+            struct Form { int v, bps, early; } forms[] = {{15, 1, 1}, {15, 2, 1}, {15, 1, 0}, {16, 1, 1}, {17, 1, 1}, {18, 1, 1}, {19, 2, 1}};
+            for (const Form& f : forms) {
+                gemv_dev::g_ring_bps = f.bps; gemv_dev::g_ring_early = f.early;
+                run(f.v, n, dy);
+                gemv_dev::g_ring_bps = 1; gemv_dev::g_ring_early = 1;
+                const int bad = rig.differing(dy, ref, n);
+                EXPECT_EQ(bad, 0) << bad << " of " << n << " columns differ from the product's (variant " << f.v << ", blocks an sm "
+                                  << f.bps << ", early " << f.early << ")";
+            }
+        }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
@@ -2530,6 +2579,58 @@ TEST(Bench, DISABLED_DecodeGemvChain9B) {
                 BENCH_PRINT("decode gemv chain 9b: %zu gemvs, %.2f GB, variant %d (wide rows %d), C=%d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s (x%d cols)\n",
                             seq.size(), total / 1e9, v, wide, C, ms, gbs, 100 * gbs / bw, 1000.0 / ms, C);
             }
+}
+
+// the ring kernel's versions (variants 15-19) against the product (gemv(): the x-staged kernel for
+// plain x, the prep and the wide kernel for a fused norm, as in the decode step), each 9b shape
+// at one column with the weights rotated past the l2, then the chain of a 9b token's products
+TEST(Bench, DISABLED_GemvRing) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    g_gemv_occ_rows = 0;
+    BenchXY io(8, 8, 7);
+    Dev dn(12288 * 2);
+    bench_bf16(dn, 8, 16);
+    struct Form { const char* name; int v, bps, early; };
+    const Form forms[] = {{"product", -1, 1, 1}, {"rt2 ns4", 15, 1, 1}, {"rt2 ns4 2/sm", 15, 2, 1}, {"rt2 ns4 late", 15, 1, 0},
+                          {"rt1 ns4", 16, 1, 1}, {"rt1 ns4 2/sm", 16, 2, 1}, {"rt2 ns3", 17, 1, 1}, {"rt2 pg32 ns3", 18, 1, 1},
+                          {"rt4 ns3", 19, 1, 1}, {"rt4 ns3 2/sm", 19, 2, 1}};
+    auto set = [&](const Form& f) { gemv_dev::g_ring_bps = f.bps; gemv_dev::g_ring_early = f.early; };
+    auto reset = [&] { gemv_dev::g_ring_bps = 1; gemv_dev::g_ring_early = 1; };
+    BENCH_PRINT("%-20s %-14s %-14s %4s %9s %8s %6s\n", "gemv ring", "shape", "form", "x", "us", "GB/s", "of cp");
+    for (const BenchShape& sh : kBenchShapes) {
+        if (sh.f == FMT_BF16) continue;
+        RotatedMats rm(sh);
+        for (int fused : {0, 1})
+            for (const Form& f : forms) {
+                GemvX xt; if (fused) { xt.mode = GEMV_X_RMS; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                set(f);
+                double ms = rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                    gemv_variant(f.v, m, io.x.as<bf16_t>(), (int)sh.cols, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                });
+                reset();
+                double gbs = ((double)rm.bytes + 2.0 * sh.cols + 2.0 * sh.rows) / (ms * 1e-3) / 1e9;
+                BENCH_PRINT("%-20s %-14s %-14s %4s %9.2f %8.0f %5.0f%%\n", sh.name, bench_shape_name(sh).c_str(), f.name, fused ? "rms" : "plain",
+                            ms * 1e3, gbs, 100 * gbs / bw);
+            }
+    }
+    Chain9B ch;
+    for (int fused : {0, 1})
+        for (int C : {1, 4})
+            for (const Form& f : forms) {
+                GemvX xt; if (fused) { xt.mode = GEMV_X_RMS; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                set(f);
+                double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                    const bool bf = ch.seq[i].f == FMT_BF16;
+                    gemv_variant(bf ? -1 : f.v, ch.mats[i], io.x.as<bf16_t>(), (int)ch.seq[i].cols, C, io.y.p, (int)ch.seq[i].rows, false, nullptr, 0, s,
+                                 bf ? GemvX() : xt);
+                }, 11);
+                reset();
+                double gbs = ch.total / (ms * 1e-3) / 1e9;
+                BENCH_PRINT("gemv ring chain 9b, %s, C=%d, %-14s: %.3f ms -> %.0f GB/s (%.0f%% of copy)\n", fused ? "rms" : "plain", C, f.name, ms, gbs,
+                            100 * gbs / bw);
+            }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
 // the batched decode's products (issue 14): gemv() at C columns over the 9b shapes in the wide
