@@ -5743,6 +5743,25 @@ struct GemmArgs {
     void* y; int ldy; int y_f32;
     const bf16_t* resid; int ldr;
 };
+// y[m][n] = v (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of v),
+// the store of both gemm kernels
+__device__ __forceinline__ void gemm_store(const GemmArgs& a, int m, int64_t n, float v) {
+    if (a.y_f32) {
+        ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
+    } else {
+        const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
+        ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
+    }
+}
+// the bf16x2 of two q4 / q5 / q6 codes, exactly: u holds the raw offset-binary fields at bits
+// 0-5 and 16-21; flipping the sign bit (SB) gives code + SB, ored into the mantissa of bf16 128
+// that is 128 + code + SB, and one fma with -(128 + SB) leaves the code (both gemm kernels)
+template <int F>
+__device__ __forceinline__ uint32_t gemm_code_pair(uint32_t u) {
+    constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
+    constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
+    return bf2_fma((u ^ (SB | SB << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+}
 
 // one thread's share of a weight k step: row tid/2, lanes [32*(tid&1), +32) of the step
 // (w8: the whole group 2*kt + (tid&1); bf16: 32 elements)
@@ -5790,8 +5809,6 @@ __device__ __forceinline__ void gemm_store_w(const GemmRaw<F>& r, bf16_t* dst, f
         // lane l: nibble at bits 4*(l&7) of base word l>>3; q5: bit 4 from bit l of hi.x; q6:
         // bits 4-5 from bits 2l, 2l+1 of hi. u ^ sign bit is the offset-binary code, < 64.
         const uint32_t* w = (const uint32_t*)r.b;
-        constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
-        constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
         const uint64_t hi = F == FMT_Q6 ? ((uint64_t)r.hi.y << 32) | r.hi.x : (uint64_t)r.hi.x;
 #pragma unroll
         for (int p = 0; p < 16; p++) {
@@ -5799,7 +5816,7 @@ __device__ __forceinline__ void gemm_store_w(const GemmRaw<F>& r, bf16_t* dst, f
             uint32_t u0 = (w[l0 >> 3] >> (4 * (l0 & 7))) & 15u, u1 = (w[l1 >> 3] >> (4 * (l1 & 7))) & 15u;
             if constexpr (F == FMT_Q5) { u0 |= (uint32_t)((hi >> l0) & 1u) << 4; u1 |= (uint32_t)((hi >> l1) & 1u) << 4; }
             if constexpr (F == FMT_Q6) { u0 |= (uint32_t)((hi >> (2 * l0)) & 3u) << 4; u1 |= (uint32_t)((hi >> (2 * l1)) & 3u) << 4; }
-            o[p] = bf2_fma(((u0 ^ SB) | ((u1 ^ SB) << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+            o[p] = gemm_code_pair<F>(u0 | u1 << 16);
         }
         if (wh == 0) scd[0] = f16bits2f(r.sc);
     }
@@ -5919,14 +5936,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
             for (int j = 0; j < 4; j++) {
                 const int m = m0 + wm * 64 + mt * 16 + g + (j >= 2 ? 8 : 0);
                 const int64_t n = n0 + wn * 32 + nt * 8 + 2 * t + (j & 1);
-                if (m >= a.T || n >= N) continue;
-                const float v = acc[mt][nt][j];
-                if (a.y_f32) {
-                    ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
-                } else {
-                    const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
-                    ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
-                }
+                if (m < a.T && n < N) gemm_store(a, m, n, acc[mt][nt][j]);
             }
 }
 // the sm_90a path of gemm() for q4 / q5 / q6 (wgmma): the same contract and arithmetic:
@@ -6018,31 +6028,43 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
 // nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
 // at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
 // bits 0-3 and 16-19 (prmt, lop3 and the fma a pair). q5's high bit of lane k is bit k & 31 of
-// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) per word they
-// sit at constant positions.
+// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
+// at constant positions. q5: two shifted masks a word put each pair's bits at bit 4 of a byte,
+// one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
+// bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
+// clear). the same for q6's bit pairs measured 6% slower than its shifts (bench-notes, session 17).
+__device__ __forceinline__ uint32_t prmt_z(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
 template <int F>
 __device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t sel, uint32_t* out) {
     const uint32_t w[8] = {r.b0.x, r.b0.y, r.b0.z, r.b0.w, r.b1.x, r.b1.y, r.b1.z, r.b1.w};
     constexpr int NH = F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1;
-    uint32_t hs[NH];
+    uint32_t hs[NH], hr[NH];  // q6: the shifted words; q5: the first and second lanes' bits at bit 4 of a byte
 #pragma unroll
-    for (int i = 0; i < NH; i++) hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : F == FMT_Q5 ? r.h[i] >> (2 * t) : 0u;
-    constexpr uint32_t SB = F == FMT_Q4 ? 8 : F == FMT_Q5 ? 16 : 32;
-    constexpr uint32_t NEG = F == FMT_Q4 ? BF2(BF_M136) : F == FMT_Q5 ? BF2(BF_M144) : BF2(BF_M160);
+    for (int i = 0; i < NH; i++) {
+        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 8m, 8m + 1
+            const uint32_t h = r.h[i] >> (2 * t);
+            hs[i] = (h << 4) & 0x10101010u; hr[i] = (h << 3) & 0x10101010u;
+        } else {
+            hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : 0u; hr[i] = 0u;
+        }
+    }
 #pragma unroll
     for (int wi = 0; wi < 8; wi++) {
         uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
         if constexpr (F == FMT_Q5) {
-            const uint32_t h = hs[wi >> 2];
-            const int j = 8 * (wi & 3);
-            p |= ((h >> j) & 1u) << 4 | ((h >> (j + 1)) & 1u) << 20;
+            const uint32_t m = wi & 3;
+            p |= prmt_z(hs[wi >> 2], hr[wi >> 2], m | 0x8u << 4 | (4 + m) << 8 | 0x8u << 12);
         }
         if constexpr (F == FMT_Q6) {
             const uint32_t h = hs[wi >> 1];
             const int j = 16 * (wi & 1);
             p |= ((h >> j) & 3u) << 4 | ((h >> (j + 2)) & 3u) << 20;
         }
-        out[wi] = bf2_fma((p ^ (SB | SB << 16)) | 0x43004300u, BF2(BF_ONE), NEG);
+        out[wi] = gemm_code_pair<F>(p);
     }
 }
 // a thread's A fragments of one group (4 k16 steps x {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi})
@@ -6139,14 +6161,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         for (int e = 0; e < 4; e++) {
             const int m = m0 + 8 * j + 2 * t + (e & 1);
             const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
-            if (m >= a.T || n >= N) continue;
-            const float v = acc[4 * j + e];
-            if (a.y_f32) {
-                ((float*)a.y)[(int64_t)m * a.ldy + n] = a.resid ? v + bf2f(a.resid[(int64_t)m * a.ldr + n]) : v;
-            } else {
-                const float o = a.resid ? bf2f(a.resid[(int64_t)m * a.ldr + n]) + bfround(v) : v;
-                ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(o);
-            }
+            if (m < a.T && n < N) gemm_store(a, m, n, acc[4 * j + e]);
         }
 }
 // whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
