@@ -4007,12 +4007,14 @@ enum GemvKernel {
     GEMV_XS_8X3_4,  // gemv_xs_kernel <8 warps, 3 stages, 4 blocks/sm>           (variant 13)
 };
 // matrices of at most this many rows take GEMV_XS_8X3_4 whatever the columns (GpuTuning::
-// gemv_occ_rows; 0: off): 32 warps per sm instead of 24 (the 64-register cap costs these
-// kernels no spill), so matrices of few 16-row tiles keep more weight stages in flight. alone,
-// every 9b product but gate_up and the head measured 0-10% faster with it; in the 9b decode
-// step it was 0.6% slower, in the 0.8b and 4b steps 8.7% and 2.1% faster (h200, issue 16), so
-// gpu_build gives it to models of hidden size <= GEMV_OCC_MAX_H
-enum { GEMV_OCC_ROWS = 16384, GEMV_OCC_MAX_H = 2560 };
+// gemv_occ_rows; 0: off): 8 warps a 16-row tile (its wide kernel and prep too), 32 warps per
+// sm instead of 24 (the 64-register cap costs these kernels no spill), so matrices of few
+// 16-row tiles keep more weight stages in flight (a 4096-row product at 4 warps a tile runs ~8
+// warps an sm: ncu, bench-notes session 17). tg128 on the h200 (issue 16): 0.8b and 4b 8.7% and
+// 2.1% faster at 16384 rows (session 2); with the prep and the wide kernel taking the fused
+// products, 9b 335.7 -> 349.4 at 16384 and 350.8 at 32768 (gate_up too), 4b 469.2 -> 472.1 at
+// 32768 (session 17)
+enum { GEMV_OCC_ROWS = 32768 };
 static int g_gemv_occ_rows = GEMV_OCC_ROWS;
 static bool gemv_xs_kernel_k(GemvKernel k) { return k == GEMV_XS_8X3 || k == GEMV_XS_4X4 || k == GEMV_XS_8X3_4; }
 // the staged x the x-staged kernel of NW warps, S stages, RT row tiles may take next to its
@@ -7270,11 +7272,10 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  32768 with the tensor-core kernel: 310.0 / 292.8 tok/s with 64 splits, 312.2 /
 //                  299.5 with 128, 306.4 / 291.8 with 256; the same at 4096 (h200, issue 16)
 //                  (NINFER_ATT_SPLITS=N, NINFER_ATT_MIN_KEYS=N)
-//   gemv_occ_rows 16384  products of at most this many rows take the x-staged gemv at 4
-//                  blocks of 8 warps per sm (g_gemv_occ_rows; NINFER_GEMV_OCC_ROWS=N, 0: off), in
-//                  models of hidden size <= GEMV_OCC_MAX_H only: tg128 0.8b 1004.7 -> 1092.5, 4b
-//                  402.5 -> 410.8, but 9b 305.8 -> 303.8 (its products alone were 2.5% faster; the
-//                  step was not: h200, issue 16)
+//   gemv_occ_rows 32768  products of at most this many rows take 8 warps a 16-row tile (the
+//                  x-staged gemv at 4 blocks per sm, its wide kernel and prep: g_gemv_occ_rows;
+//                  NINFER_GEMV_OCC_ROWS=N, 0: off). tg128 9b 335.7 -> 350.8, 4b 469.2 -> 472.1
+//                  (16384: 349.4, 469.3; h200, session 17)
 //   lane_draw true   a sampled lane of a lanes step draws its next token in the step, on the
 //                  device (sample_lanes: each lane's counts and bias table there), instead of its
 //                  logits row copied out for the host sampler, so its token can be queued as a
@@ -7906,7 +7907,7 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl, o.tune.wgmma);
-    g_gemv_occ_rows = m->geo.H <= GEMV_OCC_MAX_H ? o.tune.gemv_occ_rows : 0;
+    g_gemv_occ_rows = o.tune.gemv_occ_rows;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));

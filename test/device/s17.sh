@@ -6,7 +6,8 @@
 # and Bench.DISABLED_GemmVersions: $OUT/bench.log), pp (ninfer-bench pp512 / pp4096 of the synthetic
 # $MODELS, default 9b), p128k (the 9b's prefill of one 131072-token prompt, --prefill-chunk 1024
 # and 4096), tg (tg128), ncu (the decode step's wide-kernel products of the second token, one
-# layer's worth: $OUT/ncu.txt), gpu (test_gpu), kjv (the demo's greedy text, wgmma on and off)
+# layer's worth: $OUT/ncu.txt), occ (tg128 with NINFER_GEMV_OCC_ROWS unset, 16384 and 32768),
+# gpu (test_gpu), kjv (the demo's greedy text, wgmma on and off)
 set -u
 . "$(dirname "$0")/common.sh"
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ STAGES=${STAGES:-kern,bench,pp,p128k,tg,ncu,gpu,kjv}
 unpack
 has gpu && test_models "tiny tiny-gqa1 tiny-gqa3" "groupwise-int bf16"
 MODELS=${MODELS:-9b}
-if has tg || has pp || has p128k; then for n in $MODELS; do python3 convert.py --synthetic $n -o /tmp/$n.ninfer --jobs 12 > $OUT/convert_$n.log 2>&1 & done; fi
+if has tg || has pp || has p128k || has occ; then for n in $MODELS; do python3 convert.py --synthetic $n -o /tmp/$n.ninfer --jobs 12 > $OUT/convert_$n.log 2>&1 & done; fi
 has kern && RUN_GREP='Failure|FAILED' run kern 300 build/test/test_kernels --gtest_filter=${KERN:-'Gemv.*:Gemm.*:Attention.*:Gdn.*:Norms.*'}
 if has bench; then
   run bench 400 build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench.DISABLED_GemmVersions:Bench.DISABLED_GemvRing'
@@ -33,6 +34,11 @@ done; fi
 if has tg; then for n in $MODELS; do
   echo "== $n tg"; timeout 150 $B /tmp/$n.ninfer -p 0 -n 128 -r 3 2>&1 | grep '| tg'
 done; fi
+if has occ; then for n in $MODELS; do for r in unset 16384 32768; do
+  echo "== $n NINFER_GEMV_OCC_ROWS=$r"
+  if [ $r = unset ]; then timeout 100 $B /tmp/$n.ninfer -p 0 -n 128 -r 3 2>&1 | grep '| tg'
+  else NINFER_GEMV_OCC_ROWS=$r timeout 100 $B /tmp/$n.ninfer -p 0 -n 128 -r 3 2>&1 | grep '| tg'; fi
+done; done; fi
 if has ncu; then
   timeout 200 ncu --clock-control none -k 'regex:gemv_x[sp]_kernel' --launch-skip 150 --launch-count 8 --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis $B /tmp/9b.ninfer -p 0 -n 3 -r 1 --warmup 0 --no-cuda-graph > $OUT/ncu.txt 2>&1
