@@ -3986,10 +3986,11 @@ static void gemv_xp_init() { gemv_xp_init_nw<F, 4>(); gemv_xp_init_nw<F, 8>(); }
 // count (two groups per stage; 4-byte aligned scale pairs)
 static bool gemv_async_ok(const Mat& w) { return format_grouped(w.format) && w.cols % 128 == 0; }
 
-// the four kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
-// "gemv versions" and session 2): the x-staged kernel for every grouped format (4 warps x 4
-// stages; 8 x 3 for long rows, where 4 warps per 16 rows leave too few blocks in flight); bf16
-// and shapes the x-staged kernel cannot take: the register kernel. the other measured versions
+// the kernels gemv() launches, picked from the h200 measurements (test/bench-notes.md,
+// "gemv versions", sessions 2 and 17): the x-staged kernel for every grouped format (8 warps x 3
+// stages at 4 blocks an sm up to GEMV_OCC_ROWS rows; beyond, 4 warps x 4 stages, or 8 x 3 for
+// long rows, where 4 warps per 16 rows leave too few blocks in flight); bf16 and shapes the
+// x-staged kernel cannot take: the register kernel. the other measured versions
 // are test/dev_kernels.cuh's (tests and benches index all of them by number).
 // a column's sum depends on the kernel's split of k among the warps of a row tile and on
 // nothing else: the mma columns are independent. so that split is a function of the matrix
