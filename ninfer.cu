@@ -6035,7 +6035,8 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
 // at constant positions. q5: two shifted masks a word put each pair's bits at bit 4 of a byte,
 // one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
 // bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
-// clear). the same for q6's bit pairs measured 6% slower than its shifts (bench-notes, session 17).
+// clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
+// mask was an asm lop3 that also cost q4 7% (bench-notes, session 17; not measured without it).
 __device__ __forceinline__ uint32_t prmt_z(uint32_t a, uint32_t b, uint32_t sel) {
     uint32_t d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
