@@ -497,7 +497,7 @@ TEST(Gemv, RingVersionsEqualTheProduct) {
         {FMT_Q4, 18437, 2560, false, false, GEMV_X_RMS, 0, "q4 18437x2560 + norm, 4 warps: partial last piece and tile"},
         {FMT_Q5, 2560, 9216, true, false, GEMV_X_SWIGLU, GEMV_OCC_ROWS, "4b down q5 f32 + swiglu"},
         {FMT_Q6, 1000, 5120, false, false, GEMV_X_PLAIN, 0, "q6 1000x5120"},
-        {FMT_Q4, 300, 4224, false, false, GEMV_X_PLAIN, 0, "q4 300x4224: not the copy engine's"},
+        {FMT_Q4, 300, 4224, false, false, GEMV_X_PLAIN, 0, "q4 300x4224: not the ring's"},
     };
     const int Cmax = 8;
     for (const GemvColsCase& tc : cases) {
