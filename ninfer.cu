@@ -2543,18 +2543,8 @@ __device__ __forceinline__ float block_sum(float v) {
 // (small kernels after their wait, gemvs after their main loop, the x-staged gemv's weight
 // prefetch before its wait); triggering at every kernel's entry was slower (test/bench-notes.md,
 // session 2).
-__device__ __forceinline__ void pdl_release();
-// which kernels trigger their dependents before they wait (GpuTuning::pdl_early, bits): 1 the
-// gemv products right after their weight prefetch, 2 the small kernels (pdl_entry_small), 4
-// every kernel. a dependent is placed only once every block of this grid has triggered, so an
-// early trigger never takes slots from this grid's own blocks
-__constant__ int c_pdl_early;
-__device__ __forceinline__ void pdl_early(int bits) {
-    if (c_pdl_early & bits) pdl_release();
-}
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    pdl_early(4);
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
@@ -2571,7 +2561,6 @@ __device__ __forceinline__ void pdl_release() {
 #endif
 }
 __device__ __forceinline__ void pdl_entry_small() {
-    pdl_early(2);
     pdl_entry();
     uint32_t nsm;
     asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
@@ -3208,7 +3197,6 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
         if (s < n_it) issue();
         cp_async_commit();
     }
-    pdl_early(1);
     pdl_entry();  // weights are never written: only x and y wait for the previous kernel
 
     // rmsnorm'd x: each column's 1 / rms first (the same fp32 math as rmsnorm_kernel; the sum
@@ -3653,7 +3641,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, cons
         if (s < n_it) issue();
         cp_async_commit();
     }
-    pdl_early(1);
     pdl_entry();  // the weights are never written: only the prepared x waits
 
     // this lane's b words: column c0 + 8 nt + g, thread t (+ u * cp * NQ4 * 4 uint4)
@@ -3806,7 +3793,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, c
         if (s < n_it) issue();
         cp_async_commit();
     }
-    pdl_early(1);
     pdl_entry();
     const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
     const float* sl = xps + c0 + 2 * t;
@@ -6904,12 +6890,11 @@ static void gemv_xs_init() {
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 4, 4, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
     cudaCheck(cudaFuncSetAttribute(gemv_xs_kernel<F, 8, 3, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMV_XS_SMEM_MAX));
 }
-static void gpu_kernels_init(bool pdl = true, bool wgmma = true, int pdl_early = 0) {
+static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
     int dev = 0, major = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     g_launch_pdl = major >= 9 && pdl;
-    cudaCheck(cudaMemcpyToSymbol(c_pdl_early, &pdl_early, sizeof(int)));
     static int wg_here = -1;  // the probe once per process
     if (wg_here < 0) {
         wg_here = 0;
@@ -7314,8 +7299,6 @@ struct GpuTuning {
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
-    int pdl_early = 0;
-    int gemv_xp_blocks = 132;
     bool lane_draw = true;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
@@ -7330,8 +7313,6 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
-    if (const char* pe = getenv("NINFER_PDL_EARLY")) t.pdl_early = atoi(pe) & 7;
-    if (const char* xb = getenv("NINFER_GEMV_XP_BLOCKS")) t.gemv_xp_blocks = std::max(atoi(xb), 1);
     if (const char* ld = getenv("NINFER_LANE_DRAW")) t.lane_draw = strcmp(ld, "0") != 0;
     return t;
 }
@@ -7927,9 +7908,8 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     }
     CHECK(o.gdn_slots >= GPU_LIVE_SLOTS, "%d gdn slots: the live pair needs %d", o.gdn_slots, (int)GPU_LIVE_SLOTS);
     cudaCheck(cudaSetDevice(o.device));
-    gpu_kernels_init(o.tune.pdl, o.tune.wgmma, o.tune.pdl_early);
+    gpu_kernels_init(o.tune.pdl, o.tune.wgmma);
     g_gemv_occ_rows = o.tune.gemv_occ_rows;
-    g_gemv_xp_blocks = o.tune.gemv_xp_blocks;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));

@@ -2747,6 +2747,57 @@ TEST(Bench, DISABLED_GemvWideVersions) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
+// the persistent wide versions (8..10, test/dev_kernels.cuh) against the product at the decode's
+// column counts (1, 2, 4, 8: a token, mtp verification), each 9b shape with the x transform the
+// decode fuses into it and plain, weights rotated past the l2; then the 9b chain, fused as the
+// decode fuses it. the product's warp split (GEMV_OCC_ROWS) throughout
+TEST(Bench, DISABLED_GemvPersist) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    BenchXY io(16, 8, 7);
+    Dev dn(12288 * 2);
+    bench_bf16(dn, 8, 16);
+    const int vers[] = {0, 8, 9, 10};
+    BENCH_PRINT("%-20s %-16s %2s %3s %9s %8s %6s   (ver 0: the product; 8: rw1 s4, 9: rw2 s3, 10: rw1 s6)\n", "gemv persist", "shape", "C", "ver", "us", "GB/s", "of cp");
+    for (const BenchShape& sh : kBenchShapes) {
+        if (!sh.wide) continue;
+        RotatedMats rm(sh);
+        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        for (int fused : {1, 0}) {
+            if (fused && xmode == GEMV_X_PLAIN) continue;
+            for (int C : {1, 2, 4, 8})
+                for (int v : vers) {
+                    GemvX xt; if (fused) { xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f; }
+                    const int ldx = (int)sh.cols * (fused && xmode == GEMV_X_SWIGLU ? 2 : 1);
+                    double ms = rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                        gemv_wide_version(v, m, io.x.as<bf16_t>(), ldx, C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                    });
+                    double gbs = (double)rm.bytes / (ms * 1e-3) / 1e9;
+                    const std::string shape = bench_shape_name(sh, !fused ? "" : xmode == GEMV_X_RMS ? "+rms" : "+swiglu");
+                    BENCH_PRINT("%-20s %-16s %2d %3d %9.2f %8.0f %5.0f%%\n", sh.name, shape.c_str(), C, v, ms * 1e3, gbs, 100 * gbs / bw);
+                }
+        }
+    }
+    Chain9B ch;
+    const auto& seq = ch.seq; const uint64_t total = ch.total;
+    std::vector<int> modes;
+    for (size_t i = 0; i < seq.size(); i++) {
+        const auto& m = seq[i];
+        const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
+        modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
+    }
+    for (int C : {1, 2, 4, 8})
+        for (int v : vers) {
+            double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                GemvX xt; xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+                const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
+                gemv_wide_version(v, ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+            }, 9);
+            BENCH_PRINT("decode gemv chain 9b fused: %zu gemvs, %.2f GB, C=%d version %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n",
+                        seq.size(), total / 1e9, C, v, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
+        }
+}
+
 // the other decode kernels at 9b sizes (C = 1): time per call and achieved bandwidth
 TEST(Bench, DISABLED_DecodeOps9B) {
     NEED_GPU();

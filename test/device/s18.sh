@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# session 18 (issue 16): when the decode kernels trigger their dependents (NINFER_PDL_EARLY). copy
+# session 18/19 (issue 16; ran at 8cc32a1, whose NINFER_PDL_EARLY and NINFER_GEMV_XP_BLOCKS knobs
+# were then removed: bench-notes, session 19): when the decode kernels trigger their dependents (NINFER_PDL_EARLY). copy
 # this file and common.sh to .carry-s18/ with bins.tar.xz (ninfer, test_gpu, test_kernels: make
 # GPU_ARCH=90) and fixtures.tar.xz (shared/fixtures), carry it, run bash .carry-s18/s18.sh.
 # STAGES (comma list, default all): kern (Gemv.* and the other kernel tests), gpu (test_gpu),
