@@ -1012,6 +1012,82 @@ static void gemv_xp_persist(const GemvArgs& a, int v, cudaStream_t stream) {
     else go(std::integral_constant<int, 4>());
     cudaCheck(cudaGetLastError());
 }
+
+// the memory side alone (Bench.DISABLED_GemvPattern, session 19): the bytes the wide kernel's
+// warps copy, in the same stages and waits, with no arithmetic (one word a stage kept live).
+// form 0: the product's copy pattern (XpWeights: per warp and stage 16 rows x 64 base bytes,
+// 16 high and 4 scale bytes a row); form 1: the same bytes of the block's 16 RW rows (one
+// contiguous range a plane) copied 512 bytes a warp instruction, in stages of the same size
+template <int F, int NW, int RW, int S, int FORM>
+__global__ void __launch_bounds__(NW * 32, 2) gemv_pattern_kernel(Mat w, uint32_t* __restrict__ sink) {
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, SB = RW * Ly::BYTES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int units = (int)w.gpr;
+    const int64_t row0 = (int64_t)blockIdx.x * RW * 16;
+    extern __shared__ __align__(16) uint8_t pt_smem[];
+    uint8_t* sm_w = pt_smem + (size_t)warp * S * SB;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
+    // form 1: the block's rows of each plane as one range, the warp's share in n_it pieces
+    const int64_t nrows = min((int64_t)RW * 16, w.rows - row0);
+    const int64_t pb = nrows * w.base_row, ph = w.high ? nrows * w.high_row : 0, ps = nrows * w.scale_row;
+    const int64_t per_w = ((pb + ph + ps + NW - 1) / NW + 15) / 16 * 16;     // bytes a warp
+    const int64_t chunk = ((per_w + (n_it > 0 ? n_it : 1) - 1) / (n_it > 0 ? n_it : 1) + 15) / 16 * 16;  // bytes a stage
+    int64_t off = (int64_t)warp * per_w, end = min(off + per_w, pb + ph + ps);
+    uint32_t wslot = 0;
+    auto issue = [&]() {
+        if constexpr (FORM == 0) { ws.issue(); return; }
+        const int64_t stop = min(off + chunk, end);
+        for (int64_t o = off + lane * 16, i = lane; o + 16 <= stop && i * 16 < SB; o += 512, i += 32) {
+            const uint8_t* src = o < pb ? w.base + row0 * w.base_row + o
+                               : o < pb + ph ? w.high + row0 * w.high_row + (o - pb) : w.scale + row0 * w.scale_row + (o - pb - ph);
+            cp_async16(sbase + wslot + (uint32_t)i * 16, src);
+        }
+        off = stop;
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    uint32_t keep = 0, rslot = 0;
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        keep ^= *(const uint32_t*)(sm_w + rslot + lane * 4);
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        __syncwarp();
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    if (keep == 0x9e3779b9u) sink[blockIdx.x] = keep;  // never (almost): keeps the reads
+}
+template <int F, int NW, int RW, int S, int FORM>
+static void gemv_pattern_go(const Mat& w, uint32_t* sink, cudaStream_t stream) {
+    auto k = gemv_pattern_kernel<F, NW, RW, S, FORM>;
+    const size_t smem = (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES;
+    static bool init = false;
+    if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
+    k<<<(unsigned)CEIL_DIV(CEIL_DIV(w.rows, (int64_t)16), (int64_t)RW), NW * 32, smem, stream>>>(w, sink);
+    cudaCheck(cudaGetLastError());
+}
+// the pattern kernel in the product's warp split for w (gemv_pick) and the stages of its row
+// tiles a warp (1: 4 stages, 2: 3, as gemv_xp_launch)
+template <int F>
+static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStream_t stream) {
+    const bool nw8 = gemv_pick(w) == GEMV_XS_8X3_4 || gemv_pick(w) == GEMV_XS_8X3;
+    auto go = [&](auto nw_tag) {
+        constexpr int NW = decltype(nw_tag)::value;
+        if (rw == 2) form ? gemv_pattern_go<F, NW, 2, 3, 1>(w, sink, stream) : gemv_pattern_go<F, NW, 2, 3, 0>(w, sink, stream);
+        else form ? gemv_pattern_go<F, NW, 1, 4, 1>(w, sink, stream) : gemv_pattern_go<F, NW, 1, 4, 0>(w, sink, stream);
+    };
+    if (nw8) go(std::integral_constant<int, 8>());
+    else go(std::integral_constant<int, 4>());
+}
 }  // namespace gemv_dev
 
 static const int GEMV_WIDE_VERSIONS = 11;

@@ -2798,6 +2798,45 @@ TEST(Bench, DISABLED_GemvPersist) {
         }
 }
 
+// the memory side of the wide kernel alone (test/dev_kernels.cuh, gemv_pattern_kernel): the
+// product's copy pattern and the same bytes in contiguous 512-byte warp copies, no arithmetic,
+// against the product at one column (fused as the decode fuses it), at the plan's row tiles a
+// warp; weights rotated past the l2
+TEST(Bench, DISABLED_GemvPattern) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    BenchXY io(16, 8, 7);
+    Dev dn(12288 * 2), sink(1 << 20);
+    bench_bf16(dn, 8, 16);
+    BENCH_PRINT("%-20s %-16s %-22s %9s %8s %6s\n", "gemv pattern", "shape", "form", "us", "GB/s", "of cp");
+    for (const BenchShape& sh : kBenchShapes) {
+        if (!sh.wide) continue;
+        RotatedMats rm(sh);
+        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        GemvArgs pa; pa.w = rm.mats[0]; pa.C = 1;
+        const int plan_rw = gemv_xp_plan(pa, g_gemv_xp_cols, 1).rw;
+        auto show = [&](const char* form, double ms) {
+            double gbs = (double)rm.bytes / (ms * 1e-3) / 1e9;
+            BENCH_PRINT("%-20s %-16s %-22s %9.2f %8.0f %5.0f%%\n", sh.name, bench_shape_name(sh).c_str(), form, ms * 1e3, gbs, 100 * gbs / bw);
+        };
+        GemvX xt; xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        const int ldx = (int)sh.cols * (xmode == GEMV_X_SWIGLU ? 2 : 1);
+        show("product C=1", rm.time_ms([&](const Mat& m, cudaStream_t s) {
+            gemv(m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+        for (int rw : {1, 2})
+            for (int form : {0, 1}) {
+                const std::string name = std::string(form ? "contiguous" : "product's pattern") + " rw" + std::to_string(rw) + (rw == plan_rw ? "*" : "");
+                show(name.c_str(), rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                    switch (sh.f) {
+                        case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, form, rw, sink.as<uint32_t>(), s); break;
+                        case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, form, rw, sink.as<uint32_t>(), s); break;
+                        default: gemv_dev::gemv_pattern<FMT_Q6>(m, form, rw, sink.as<uint32_t>(), s); break;
+                    }
+                }));
+            }
+    }
+}
+
 // the other decode kernels at 9b sizes (C = 1): time per call and achieved bandwidth
 TEST(Bench, DISABLED_DecodeOps9B) {
     NEED_GPU();
