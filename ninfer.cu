@@ -4105,8 +4105,9 @@ static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
         const int64_t items = CEIL_DIV(tiles, (int64_t)rw) * p.groups;
         auto go = [&](auto form) {
             using K = decltype(form);
-            if (items <= GemvXpPersistCap<F, NW, K::NT, K::RW, K::S>::blocks) return false;
-            gemv_xp_persist_run<F, NW, K::NT, K::RW, K::S>(a, in, p.cc, p.groups, (unsigned)GemvXpPersistCap<F, NW, K::NT, K::RW, K::S>::blocks, stream);
+            const int cap = GemvXpPersistCap<F, NW, K::NT, K::RW, K::S>::blocks;  // 0 before gpu_kernels_init
+            if (cap == 0 || items <= cap) return false;
+            gemv_xp_persist_run<F, NW, K::NT, K::RW, K::S>(a, in, p.cc, p.groups, (unsigned)cap, stream);
             return true;
         };
         const bool ran = rw == 2 ? (p.NT == 1 ? go(GemvXpForm<1, 2, 3>()) : go(GemvXpForm<2, 2, 3>()))

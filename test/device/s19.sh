@@ -9,12 +9,11 @@ set -u
 . "$(dirname "$0")/common.sh"
 cd "$(dirname "$0")/.."
 C=${C:-.carry-s19}
-STAGES=${STAGES:-kern,bench,tg}
+STAGES=${STAGES:-kern,bench,tg,kjv,gpu}
 MODELS=${MODELS:-9b}
 unpack
 has gpu && test_models "tiny tiny-gqa1 tiny-gqa3" "groupwise-int bf16"
 if has tg || has ncu; then for n in $MODELS; do python3 convert.py --synthetic $n -o /tmp/$n.ninfer --jobs 12 > $OUT/convert_$n.log 2>&1 & done; fi
-has kern && RUN_GREP='Failure|FAILED|differ' run kern 300 build/test/test_kernels --gtest_filter=${KERN:-'Gemv.*'}
 if has bench; then
   run bench 400 build/test/test_kernels --gtest_also_run_disabled_tests --gtest_filter='Bench.DISABLED_GemvPattern:Bench.DISABLED_GemvPersist'
   grep -E 'gemv pattern|gemv persist|chain|reference copy|device' $OUT/bench.log | head -3
@@ -31,5 +30,6 @@ if has ncu; then
   echo "== ncu rc=$?"; grep -E 'gemv_x[sp]_kernel|Duration|DRAM Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issue Slots Busy|Eligible Warps' $OUT/ncu.txt | head -160
 fi
 if has kjv; then for ps in 0 2; do echo "kjv persist $ps $(NINFER_GEMV_PERSIST=$ps build/apps/ninfer models/kjv/kjv.ninfer --raw-prompt "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel" --temperature 0 --max-new 60 2>/dev/null | md5sum)"; done; fi
+has kern && RUN_GREP='Failure|FAILED|differ' run kern 300 build/test/test_kernels --gtest_filter=${KERN:-'Gemv.*'}
 has gpu && RUN_GREP='FAILED|Failure' run gpu 300 build/test/test_gpu
 echo "total $(( $(date +%s) - t0 )) s"
