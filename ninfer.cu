@@ -3875,133 +3875,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, c
     }
 }
 
-// the wide kernel, persistent (GpuTuning::gemv_persist): a grid of the blocks an sm the
-// occupancy allows, block b taking the work items (row set, column group) b, b + gridDim.x, ...
-// in turn. each warp's weight stream runs on across its items: the next item's stages are in
-// flight while this item's last stages compute and the warps meet (the partial sums in shared
-// memory of their own, two sets by item parity, so one barrier an item). for products of more
-// row sets than resident blocks (the 9b's gate_up, the heads), which otherwise ramp up and drain
-// once a block. the arithmetic is gemv_xp_kernel's, operation for operation (its bits).
-template <int F, int NW, int NT, int RW, int S>
-static size_t gemv_xp_persist_smem() { return (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES + 2 * (size_t)RW * NW * NT * 32 * 16; }
-template <int F, int NW, int NT, int RW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_persist_kernel(GemvArgs a0, const uint4* __restrict__ xp,
-                                                                        const float* __restrict__ xps, int cp, int cg, int groups) {
-    using Fm = GemvFmt<F>;
-    using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const Mat& w = a0.w;
-    const int64_t rows = w.rows;
-    const int units = (int)w.gpr;
-    const int64_t items = CEIL_DIV(CEIL_DIV(rows, (int64_t)16), (int64_t)RW) * groups;
-    extern __shared__ __align__(16) uint8_t ps_smem[];
-    uint8_t* sm_w = ps_smem + (size_t)warp * S * SB;
-    float4* red_sets = (float4*)(ps_smem + (size_t)NW * S * SB);  // [2][RW][NW][NT][32]
-    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    // the copy cursor: item ij, its stage iit (runs S - 1 stages ahead of the compute)
-    int64_t ij = blockIdx.x;
-    int iit = 0;
-    XpWeights<F, NW, RW, S> ws(w, (ij / groups) * RW * 16, warp, lane, sm_w);
-    auto issue = [&]() {
-        if (ij >= items || n_it == 0) return;
-        ws.issue();
-        if (++iit == n_it) {
-            iit = 0;
-            ij += gridDim.x;
-            if (ij < items) {
-                XpWeights<F, NW, RW, S> nx(w, (ij / groups) * RW * 16, warp, lane, sm_w);
-                nx.slot = ws.slot;
-                ws = nx;
-            }
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        issue();
-        cp_async_commit();
-    }
-    pdl_entry();
-    uint32_t rslot = 0;
-    int par = 0;
-    for (int64_t j = blockIdx.x; j < items; j += gridDim.x, par ^= 1) {
-        const int64_t row0 = (j / groups) * RW * 16;
-        const int c0 = (int)(j % groups) * cg;
-        GemvArgs a = a0;
-        a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
-        if (a.resid) a.resid += (int64_t)c0 * a.ldr;
-        a.C = a.C - c0 < cg ? a.C - c0 : cg;
-        const int C = a.C;
-        const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
-        const float* sl = xps + c0 + 2 * t;
-        float acc[RW][NT][4];
-#pragma unroll
-        for (int r = 0; r < RW; r++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
-        int ub = warp * D;
-        for (int it = 0; it < n_it; it++, ub += NW * D) {
-            cp_async_wait<S - 2>();
-            __syncwarp();
-            const uint8_t* st = sm_w + rslot;
-            rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-            issue();  // into the slot stage it - 1 was read from (every lane is past it)
-            cp_async_commit();
-#pragma unroll
-            for (int d = 0; d < D; d++) {
-                const int u = ub + d;
-                const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
-                const float* su = sl + (size_t)u * cp;
-                uint32_t A[RW][GemvWideA<F>::N][4];
-                float s0[RW], s1[RW];
-#pragma unroll
-                for (int r = 0; r < RW; r++) {
-                    uint32_t raw[2][Fm::RAW];
-                    gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
-                    gemv_afrag<F>(raw, A[r]);
-                    s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint4 v[NQ4];
-                    const bool live = nt * 8 + g < C;
-#pragma unroll
-                    for (int q = 0; q < NQ4; q++) v[q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
-                    const float2 sv = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
-                    const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
-                    uint32_t b[Fm::STEPS][2];
-#pragma unroll
-                    for (int q = 0; q < NQ4; q++) {
-                        b[2 * q][0] = v[q].x; b[2 * q][1] = v[q].y;
-                        if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[q].z; b[2 * q + 1][1] = v[q].w; }
-                    }
-#pragma unroll
-                    for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
-                }
-            }
-        }
-        if (j + gridDim.x >= items) pdl_release();
-        // the warps meet as the product's; the other set is the next item's, so the set this
-        // item writes was last read two items ago, before the barrier of the item between
-        float4* red = red_sets + (size_t)par * RW * NW * NT * 32;
-#pragma unroll
-        for (int r = 0; r < RW; r++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
-            const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, jj = idx & 3;
-            float s = 0.f;
-#pragma unroll
-            for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[jj];
-            const int64_t row = row0 + 16 * i + (ln >> 2) + (jj >= 2 ? 8 : 0);
-            const int col = nt * 8 + 2 * (ln & 3) + (jj & 1);
-            if (row < rows && col < C) gemv_store(a, row, col, s);
-        }
-    }
-    cp_async_wait<0>();
-}
 // blocks an sm the registers allow (65536 / (NW * 32 * MINB) a thread): 128 registers up to
 // 2 tiles of accumulators (NT * RW), ~170 (NW 4) or 255 (NW 8) at 4, 255 at 8 (they spill at 128)
 template <int NW, int NT, int RW> struct GemvXpMinb {
@@ -4010,23 +3883,6 @@ template <int NW, int NT, int RW> struct GemvXpMinb {
 template <int F, int NW, int NT, int RW, int S>
 static size_t gemv_xp_smem() {
     return std::max((size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES, (size_t)RW * NW * NT * 32 * 16);
-}
-// the persistent kernel's resident blocks in a form (its occupancy times the sms), set by
-// gemv_xp_persist_init with its shared memory attribute
-template <int F, int NW, int NT, int RW, int S> struct GemvXpPersistCap { static inline int blocks = 0; };
-template <int F, int NW, int NT, int RW, int S>
-static void gemv_xp_persist_init() {
-    constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
-    auto k = gemv_xp_persist_kernel<F, NW, NT, RW, S, MINB>;
-    const size_t smem = gemv_xp_persist_smem<F, NW, NT, RW, S>();
-    if (GemvXpPersistCap<F, NW, NT, RW, S>::blocks) return;
-    cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 0, dev = 0, nsm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, NW * 32, smem));
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    CHECK(per_sm >= 1, "wide gemv: no persistent block of %d warps fits an sm", NW);
-    GemvXpPersistCap<F, NW, NT, RW, S>::blocks = per_sm * nsm;
 }
 // one launch of the form NT, RW, S: gemv_xp_pf_kernel for 4 tiles with 1-2 row tiles a warp,
 // else gemv_xp_kernel
@@ -4042,11 +3898,6 @@ static void gemv_xp_go(unsigned grid, const GemvArgs& a, const uint4* xp, const 
 // `again` and the buffer holds this very prep): its b words, sums and padded column count.
 // record false: the buffer's key is dropped (a test's kernel version that no product follows)
 struct GemvXpIn { const uint4* xp; const float* xps; int cp; };
-template <int F, int NW, int NT, int RW, int S>
-static void gemv_xp_persist_run(const GemvArgs& a, const GemvXpIn& in, int cg, int groups, unsigned grid, cudaStream_t stream) {
-    launch_k(gemv_xp_persist_kernel<F, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>, grid, NW * 32, gemv_xp_persist_smem<F, NW, NT, RW, S>(),
-             stream, a, in.xp, in.xps, in.cp, cg, groups);
-}
 template <int F, int NW>
 static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again, bool record = true) {
     CHECK(a.C >= 1 && a.C <= GEMV_WIDE_COLS, "gemv: %d columns per wide launch", a.C);
@@ -4073,8 +3924,6 @@ static GemvXpIn gemv_xp_prep(const GemvArgs& a, cudaStream_t stream, bool again,
 // keeps g_gemv_xp_blocks blocks and a block has at most 32 columns, 4 where rw4 and
 // g_gemv_xp_rw4_min say); row_sets row sets of rw tiles a block; NT 8-column tiles a block
 struct GemvXpPlan { int groups, cc, rw, NT; unsigned grid; };
-template <int NT_, int RW_, int S_> struct GemvXpForm { static constexpr int NT = NT_, RW = RW_, S = S_; };
-static int g_gemv_persist = 0;  // GpuTuning::gemv_persist
 static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets, bool rw4 = true) {
     const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
     GemvXpPlan p;
@@ -4097,23 +3946,6 @@ template <int F, int NW>
 static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, again);
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
-    // more row sets than resident blocks, at most 2 column tiles: the persistent kernel
-    // (g_gemv_persist 1: the plan's row tiles; 2: one row tile a warp, 4 stages)
-    if (g_gemv_persist && p.NT <= 2 && p.rw <= 2) {
-        const int64_t tiles = CEIL_DIV(a.w.rows, (int64_t)16);
-        const int rw = g_gemv_persist == 2 ? 1 : p.rw;
-        const int64_t items = CEIL_DIV(tiles, (int64_t)rw) * p.groups;
-        auto go = [&](auto form) {
-            using K = decltype(form);
-            const int cap = GemvXpPersistCap<F, NW, K::NT, K::RW, K::S>::blocks;  // 0 before gpu_kernels_init
-            if (cap == 0 || items <= cap) return false;
-            gemv_xp_persist_run<F, NW, K::NT, K::RW, K::S>(a, in, p.cc, p.groups, (unsigned)cap, stream);
-            return true;
-        };
-        const bool ran = rw == 2 ? (p.NT == 1 ? go(GemvXpForm<1, 2, 3>()) : go(GemvXpForm<2, 2, 3>()))
-                                 : (p.NT == 1 ? go(GemvXpForm<1, 1, 4>()) : go(GemvXpForm<2, 1, 4>()));
-        if (ran) { cudaCheck(cudaGetLastError()); return; }
-    }
     if (p.rw == 4) {  // cc > 16: C > 32 in at most 32-column groups
         gemv_xp_go<F, NW, 4, 4, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
     } else if (p.rw == 2) {
@@ -4142,8 +3974,6 @@ static void gemv_xp_init_one() {
 }
 template <int F, int NW>
 static void gemv_xp_init_nw() {
-    gemv_xp_persist_init<F, NW, 1, 2, 3>(); gemv_xp_persist_init<F, NW, 2, 2, 3>();
-    gemv_xp_persist_init<F, NW, 1, 1, 4>(); gemv_xp_persist_init<F, NW, 2, 1, 4>();
     gemv_xp_init_one<F, NW, 4, 4, 3>();
     gemv_xp_init_one<F, NW, 1, 2, 3>(); gemv_xp_init_one<F, NW, 2, 2, 3>(); gemv_xp_init_one<F, NW, 4, 2, 3>();
     gemv_xp_init_one<F, NW, 1, 1, 4>(); gemv_xp_init_one<F, NW, 2, 1, 4>(); gemv_xp_init_one<F, NW, 4, 1, 4>();
@@ -7448,9 +7278,6 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  x-staged gemv at 4 blocks per sm, its wide kernel and prep: g_gemv_occ_rows;
 //                  NINFER_GEMV_OCC_ROWS=N, 0: off). tg128 9b 335.7 -> 350.8, 4b 469.2 -> 472.1
 //                  (16384: 349.4, 469.3; h200, session 17)
-//   gemv_persist 0  wide products of more row sets than resident blocks on the persistent
-//                  kernel (gemv_xp_persist_kernel; 1: the plan's row tiles a warp, 2: one, 4
-//                  stages; NINFER_GEMV_PERSIST=N). being measured (bench-notes, session 19)
 //   lane_draw true   a sampled lane of a lanes step draws its next token in the step, on the
 //                  device (sample_lanes: each lane's counts and bias table there), instead of its
 //                  logits row copied out for the host sampler, so its token can be queued as a
@@ -7472,7 +7299,6 @@ struct GpuTuning {
     int gdn_chunked_min = 64;
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
-    int gemv_persist = 0;
     bool lane_draw = true;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
@@ -7487,7 +7313,6 @@ static GpuTuning gpu_tuning_from_env() {
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
     if (const char* gw = getenv("NINFER_GEMV_OCC_ROWS")) t.gemv_occ_rows = std::max(atoi(gw), 0);
-    if (const char* gp = getenv("NINFER_GEMV_PERSIST")) t.gemv_persist = std::min(std::max(atoi(gp), 0), 2);
     if (const char* ld = getenv("NINFER_LANE_DRAW")) t.lane_draw = strcmp(ld, "0") != 0;
     return t;
 }
@@ -8085,7 +7910,6 @@ static GpuEngine* gpu_build(const Model* m, const GpuOpts& o, std::string* err) 
     cudaCheck(cudaSetDevice(o.device));
     gpu_kernels_init(o.tune.pdl, o.tune.wgmma);
     g_gemv_occ_rows = o.tune.gemv_occ_rows;
-    g_gemv_persist = o.tune.gemv_persist;
     GpuEngine* e = new GpuEngine();
     e->m = m; e->o = o; e->device = o.device;
     cudaCheck(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));

@@ -846,16 +846,153 @@ static void gemv_xp_rows(const GemvArgs& a, int v, cudaStream_t stream) {
     else gemv_xp_rows_launch<F, NW, 4, false>(a, f, stream);
 }
 
-// versions 8..10, persistent: the product's gemv_xp_persist_kernel (ninfer.cu 7.2) in every
-// plan, whether or not the grid exceeds the resident blocks, in forms of RW row tiles a warp and
-// S stages (v8: 1, 4; v9: 2, 3; v10: 1, 6)
+// versions 8..10, persistent (issue 16, session 19): the product's kernel with a grid of at most
+// the blocks an sm the occupancy allows, block b taking the work items (row set, column group)
+// b, b + gridDim.x, ... in turn. each warp's weight stream runs on across its items: the stages
+// of the next item are in flight while this item's last stages compute and the warps meet (the
+// partial sums in shared memory of their own, two sets by item parity, so one barrier an item).
+// the idea: a product of many row sets (the 9b's gate_up: 768 blocks of ~4 stages a warp, ~3
+// waves) then has no ramp and drain a block. the arithmetic is the product's (its bits).
+// forms: RW row tiles a warp and S stages (v8: 1, 4; v9: 2, 3; v10: 1, 6)
 struct XpPersistForm { int rw, s; };
 static const XpPersistForm kXpPersistForms[] = {{1, 4}, {2, 3}, {1, 6}};
 template <int F, int NW, int NT, int RW, int S>
-static void gemv_xp_persist_dev_go(const GemvArgs& a, const GemvXpIn& in, int cg, int groups, cudaStream_t stream) {
-    gemv_xp_persist_init<F, NW, NT, RW, S>();
+static size_t gemv_xp_persist_smem() { return (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES + 2 * (size_t)RW * NW * NT * 32 * 16; }
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_persist_kernel(GemvArgs a0, const uint4* __restrict__ xp,
+                                                                        const float* __restrict__ xps, int cp, int cg, int groups) {
+    using Fm = GemvFmt<F>;
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, W = gemv_xs_words(F), NQ4 = W / 4, SB = RW * Ly::BYTES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const Mat& w = a0.w;
+    const int64_t rows = w.rows;
+    const int units = (int)w.gpr;
+    const int64_t items = CEIL_DIV(CEIL_DIV(rows, (int64_t)16), (int64_t)RW) * groups;
+    extern __shared__ __align__(16) uint8_t ps_smem[];
+    uint8_t* sm_w = ps_smem + (size_t)warp * S * SB;
+    float4* red_sets = (float4*)(ps_smem + (size_t)NW * S * SB);  // [2][RW][NW][NT][32]
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    // the copy cursor: item ij, its stage iit (runs S - 1 stages ahead of the compute)
+    int64_t ij = blockIdx.x;
+    int iit = 0;
+    XpWeights<F, NW, RW, S> ws(w, (ij / groups) * RW * 16, warp, lane, sm_w);
+    auto issue = [&]() {
+        if (ij >= items || n_it == 0) return;
+        ws.issue();
+        if (++iit == n_it) {
+            iit = 0;
+            ij += gridDim.x;
+            if (ij < items) {
+                XpWeights<F, NW, RW, S> nx(w, (ij / groups) * RW * 16, warp, lane, sm_w);
+                nx.slot = ws.slot;
+                ws = nx;
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        issue();
+        cp_async_commit();
+    }
+    pdl_entry();
+    uint32_t rslot = 0;
+    int par = 0;
+    for (int64_t j = blockIdx.x; j < items; j += gridDim.x, par ^= 1) {
+        const int64_t row0 = (j / groups) * RW * 16;
+        const int c0 = (int)(j % groups) * cg;
+        GemvArgs a = a0;
+        a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
+        if (a.resid) a.resid += (int64_t)c0 * a.ldr;
+        a.C = a.C - c0 < cg ? a.C - c0 : cg;
+        const int C = a.C;
+        const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;
+        const float* sl = xps + c0 + 2 * t;
+        float acc[RW][NT][4];
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.f;
+        int ub = warp * D;
+        for (int it = 0; it < n_it; it++, ub += NW * D) {
+            cp_async_wait<S - 2>();
+            __syncwarp();
+            const uint8_t* st = sm_w + rslot;
+            rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+            issue();  // into the slot stage it - 1 was read from (every lane is past it)
+            cp_async_commit();
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int u = ub + d;
+                const uint4* xu = xl + (size_t)u * cp * NQ4 * 4;
+                const float* su = sl + (size_t)u * cp;
+                uint32_t A[RW][GemvWideA<F>::N][4];
+                float s0[RW], s1[RW];
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    uint32_t raw[2][Fm::RAW];
+                    gemv_stage_group<F>(raw, st + r * Ly::BYTES, d, g, t);
+                    gemv_afrag<F>(raw, A[r]);
+                    s0[r] = f16bits2f(raw[0][3]); s1[r] = f16bits2f(raw[1][3]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    uint4 v[NQ4];
+                    const bool live = nt * 8 + g < C;
+#pragma unroll
+                    for (int q = 0; q < NQ4; q++) v[q] = live ? __ldg(xu + (size_t)nt * 8 * NQ4 * 4 + q * 4) : make_uint4(0, 0, 0, 0);
+                    const float2 sv = nt * 8 + 2 * t < C ? __ldg((const float2*)(su + nt * 8)) : make_float2(0.f, 0.f);
+                    const float sx[4] = {sv.x, sv.y, sv.x, sv.y};
+                    uint32_t b[Fm::STEPS][2];
+#pragma unroll
+                    for (int q = 0; q < NQ4; q++) {
+                        b[2 * q][0] = v[q].x; b[2 * q][1] = v[q].y;
+                        if (2 * q + 1 < Fm::STEPS) { b[2 * q + 1][0] = v[q].z; b[2 * q + 1][1] = v[q].w; }
+                    }
+#pragma unroll
+                    for (int r = 0; r < RW; r++) gemv_tile<F>(A[r], s0[r], s1[r], acc[r][nt], b, sx);
+                }
+            }
+        }
+        if (j + gridDim.x >= items) pdl_release();
+        // the warps meet as the product's; the other set is the next item's, so the set this
+        // item writes was last read two items ago, before the barrier of the item between
+        float4* red = red_sets + (size_t)par * RW * NW * NT * 32;
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                red[((size_t)(r * NW + warp) * NT + nt) * 32 + lane] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < RW * NT * 128; idx += blockDim.x) {
+            const int i = idx / (NT * 128), nt = (idx >> 7) % NT, ln = (idx >> 2) & 31, jj = idx & 3;
+            float s = 0.f;
+#pragma unroll
+            for (int v = 0; v < NW; v++) s += ((const float*)&red[((size_t)(i * NW + v) * NT + nt) * 32 + ln])[jj];
+            const int64_t row = row0 + 16 * i + (ln >> 2) + (jj >= 2 ? 8 : 0);
+            const int col = nt * 8 + 2 * (ln & 3) + (jj & 1);
+            if (row < rows && col < C) gemv_store(a, row, col, s);
+        }
+    }
+    cp_async_wait<0>();
+}
+template <int F, int NW, int NT, int RW, int S>
+static void gemv_xp_persist_go(const GemvArgs& a, const GemvXpIn& in, int cg, int groups, cudaStream_t stream) {
+    constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
+    auto k = gemv_xp_persist_kernel<F, NW, NT, RW, S, MINB>;
+    const size_t smem = gemv_xp_persist_smem<F, NW, NT, RW, S>();
+    static int per_sm = 0, nsm = 0;
+    if (!per_sm) {
+        cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, NW * 32, smem));
+        int dev = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+        CHECK(per_sm >= 1, "persistent wide gemv: no block fits an sm");
+    }
     const int64_t items = CEIL_DIV(CEIL_DIV(a.w.rows, (int64_t)16), (int64_t)RW) * groups;
-    gemv_xp_persist_run<F, NW, NT, RW, S>(a, in, cg, groups, (unsigned)std::min<int64_t>(items, GemvXpPersistCap<F, NW, NT, RW, S>::blocks), stream);
+    const unsigned grid = (unsigned)std::min<int64_t>(items, (int64_t)per_sm * nsm);
+    launch_k(k, grid, NW * 32, smem, stream, a, in.xp, in.xps, in.cp, cg, groups);
 }
 // versions 8..10: the product's prep and column plan, the form's row tiles and stages; blocks
 // of more than 4 column tiles (C > 32 in one group) run the product
@@ -866,9 +1003,9 @@ static void gemv_xp_persist(const GemvArgs& a, int v, cudaStream_t stream) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
     auto go = [&](auto nt_tag) {
         constexpr int NT = decltype(nt_tag)::value;
-        if (f.rw == 2) gemv_xp_persist_dev_go<F, NW, NT, 2, 3>(a, in, p.cc, p.groups, stream);
-        else if (f.s == 6) gemv_xp_persist_dev_go<F, NW, NT, 1, 6>(a, in, p.cc, p.groups, stream);
-        else gemv_xp_persist_dev_go<F, NW, NT, 1, 4>(a, in, p.cc, p.groups, stream);
+        if (f.rw == 2) gemv_xp_persist_go<F, NW, NT, 2, 3>(a, in, p.cc, p.groups, stream);
+        else if (f.s == 6) gemv_xp_persist_go<F, NW, NT, 1, 6>(a, in, p.cc, p.groups, stream);
+        else gemv_xp_persist_go<F, NW, NT, 1, 4>(a, in, p.cc, p.groups, stream);
     };
     if (p.NT == 1) go(std::integral_constant<int, 1>());
     else if (p.NT == 2) go(std::integral_constant<int, 2>());
