@@ -1079,7 +1079,8 @@ static void gemv_pattern_go(const Mat& w, uint32_t* sink, cudaStream_t stream) {
 // tiles a warp (1: 4 stages, 2: 3, as gemv_xp_launch)
 template <int F>
 static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStream_t stream) {
-    const bool nw8 = gemv_pick(w) == GEMV_XS_8X3_4 || gemv_pick(w) == GEMV_XS_8X3;
+    const GemvKernel k = gemv_pick(w);
+    const bool nw8 = k == GEMV_XS_8X3_4 || k == GEMV_XS_8X3;
     auto go = [&](auto nw_tag) {
         constexpr int NW = decltype(nw_tag)::value;
         if (rw == 2) form ? gemv_pattern_go<F, NW, 2, 3, 1>(w, sink, stream) : gemv_pattern_go<F, NW, 2, 3, 0>(w, sink, stream);

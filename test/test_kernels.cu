@@ -2483,6 +2483,11 @@ static const BenchShape kBenchShapes[] = {
     {FMT_W8, 10240, 4096, "mtp qkgv w8", false}, {FMT_BF16, 32, 4096, "gdn a/b bf16", false},
     {FMT_Q4, 4096, 1024, "0.8b gdn qk q4", false}, {FMT_Q4, 7168, 1024, "0.8b gate_up q4", false},
 };
+// the x transform the 9b decode fuses into a shape's product (the norms into gate_up and the
+// head, swiglu into down; the others plain)
+static int bench_decode_xmode(const BenchShape& sh) {
+    return sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+}
 // rows x cols, with a suffix
 static std::string bench_shape_name(const BenchShape& sh, const char* suffix = "") {
     return std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + suffix;
@@ -2549,6 +2554,17 @@ struct Chain9B {
         for (auto& m : seq) { off.push_back(total); total += align_up(mat_bytes(m.f, m.rows, m.cols), 256); }
         w.reset(new Dev(total));
         for (size_t i = 0; i < seq.size(); i++) mats.push_back(bench_mat(seq[i].f, seq[i].rows, seq[i].cols, w->as<uint8_t>() + off[i], 1000 + (uint32_t)i));
+    }
+    // the x transform the 9b decode fuses into each product: the input norm into a layer's
+    // first grouped products, the post-attention norm into gate_up, swiglu into down, the
+    // final norm into the head; bf16 gates and the output projections plain
+    std::vector<int> decode_modes() const {
+        std::vector<int> modes;
+        for (const M& m : seq) {
+            const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
+            modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
+        }
+        return modes;
     }
     // median ms of the whole chain, fn(i, stream) for each product i, replayed iters times
     double time_ms(const std::function<void(size_t, cudaStream_t)>& fn, int iters) const {
@@ -2680,15 +2696,7 @@ TEST(Bench, DISABLED_GemvWide) {
     // the chain (as Bench.DISABLED_DecodeGemvChain9B)
     Chain9B ch;
     const auto& seq = ch.seq; const uint64_t total = ch.total;
-    // fused: the 9b decode's x transforms (the input norm into a layer's first grouped
-    // products, the post-attention norm into gate_up, swiglu into down, the final norm into
-    // the head; bf16 gates and the output projections plain)
-    std::vector<int> modes;
-    for (size_t i = 0; i < seq.size(); i++) {
-        const auto& m = seq[i];
-        const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
-        modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
-    }
+    const std::vector<int> modes = ch.decode_modes();  // fused: the 9b decode's x transforms
     for (int fused : {0, 1})
         for (int C : {1, 2, 4, 8, 16, 32, 64})
             for (int rw : kBenchForms) {
@@ -2723,7 +2731,7 @@ TEST(Bench, DISABLED_GemvWideVersions) {
     for (const BenchShape& sh : kBenchShapes) {
         if (!sh.wide) continue;
         RotatedMats rm(sh);
-        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        const int xmode = bench_decode_xmode(sh);
         for (int C : {8, 16, 32, 64})
             for (int v = 0; v < GEMV_WIDE_VERSIONS; v++) {
                 GemvX xt; xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
@@ -2762,7 +2770,7 @@ TEST(Bench, DISABLED_GemvPersist) {
     for (const BenchShape& sh : kBenchShapes) {
         if (!sh.wide) continue;
         RotatedMats rm(sh);
-        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        const int xmode = bench_decode_xmode(sh);
         for (int fused : {1, 0}) {
             if (fused && xmode == GEMV_X_PLAIN) continue;
             for (int C : {1, 2, 4, 8})
@@ -2780,12 +2788,7 @@ TEST(Bench, DISABLED_GemvPersist) {
     }
     Chain9B ch;
     const auto& seq = ch.seq; const uint64_t total = ch.total;
-    std::vector<int> modes;
-    for (size_t i = 0; i < seq.size(); i++) {
-        const auto& m = seq[i];
-        const bool first = m.f != FMT_BF16 && m.cols == 4096 && (m.rows != 4096 || m.f == FMT_Q4) && m.rows != 24576;
-        modes.push_back(m.cols == 12288 ? GEMV_X_SWIGLU : m.rows == 24576 || m.rows == 248320 || first ? GEMV_X_RMS : GEMV_X_PLAIN);
-    }
+    const std::vector<int> modes = ch.decode_modes();
     for (int C : {1, 2, 4, 8})
         for (int v : vers) {
             double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
@@ -2812,7 +2815,7 @@ TEST(Bench, DISABLED_GemvPattern) {
     for (const BenchShape& sh : kBenchShapes) {
         if (!sh.wide) continue;
         RotatedMats rm(sh);
-        const int xmode = sh.rows == 24576 || sh.rows == 248320 ? GEMV_X_RMS : sh.cols == 12288 ? GEMV_X_SWIGLU : GEMV_X_PLAIN;
+        const int xmode = bench_decode_xmode(sh);
         GemvArgs pa; pa.w = rm.mats[0]; pa.C = 1;
         const int plan_rw = gemv_xp_plan(pa, g_gemv_xp_cols, 1).rw;
         auto show = [&](const char* form, double ms) {
