@@ -3585,11 +3585,13 @@ __device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::
 // column group (block b: row set b / groups, columns [cg * (b % groups), + cg)). dynamic shared
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
 // [RW][NW][NT][32] float4 reuse it.
-template <int F, int NW, int NT, int RW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, const uint4* __restrict__ xp,
-                                                                const float* __restrict__ xps, int cp, int cg, int groups) {
-    const int64_t rset = blockIdx.x / groups;
-    const int c0 = (int)(blockIdx.x % groups) * cg;
+// the body of block bid (gemv_xp_kernel: blockIdx.x; a pair's launch, gemv_xp2_kernel: its
+// block within its matrix's blocks)
+template <int F, int NW, int NT, int RW, int S>
+__device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
+                                              int cg, int groups, unsigned bid) {
+    const int64_t rset = bid / groups;
+    const int c0 = (int)(bid % groups) * cg;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
     a.C = a.C - c0 < cg ? a.C - c0 : cg;
@@ -3765,11 +3767,11 @@ template <int F, int NW, int RW, int S> struct XpWeights {
 // row tiles a warp, where it was faster (the 9b's products at 32 columns: 5.40 -> 5.25 ms a
 // chain); at 8-16 columns it was slower, and with 4 row tiles its buffers spill (bench-notes,
 // session 13).
-template <int F, int NW, int NT, int RW, int S, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
-                                                                   const float* __restrict__ xps, int cp, int cg, int groups) {
-    const int64_t rset = blockIdx.x / groups;
-    const int c0 = (int)(blockIdx.x % groups) * cg;
+template <int F, int NW, int NT, int RW, int S>
+__device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
+                                                 int cg, int groups, unsigned bid) {
+    const int64_t rset = bid / groups;
+    const int c0 = (int)(bid % groups) * cg;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
     if (a.resid) a.resid += (int64_t)c0 * a.ldr;
     a.C = a.C - c0 < cg ? a.C - c0 : cg;
@@ -3875,6 +3877,34 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, c
     }
 }
 
+// one product: block b of the grid (row sets x column groups) is gemv_xp_block's b
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                const float* __restrict__ xps, int cp, int cg, int groups) {
+    gemv_xp_block<F, NW, NT, RW, S>(a, xp, xps, cp, cg, groups, blockIdx.x);
+}
+template <int F, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp_pf_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                   const float* __restrict__ xps, int cp, int cg, int groups) {
+    gemv_xp_pf_block<F, NW, NT, RW, S>(a, xp, xps, cp, cg, groups, blockIdx.x);
+}
+// a pair: two products of one prepared x in one launch (the deltanet's query_key and value_z,
+// attention's query_key and gate_value, as NInfer's linear_pair). blocks [0, nb1) are the first
+// product's, the rest the second's, each block exactly the one of its own product's launch in
+// the same form (so the same bits); the pair pays one launch's ramp and tail instead of two
+template <int F1, int F2, int NW, int NT, int RW, int S, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xp2_kernel(GemvArgs a1, GemvArgs a2, unsigned nb1, const uint4* __restrict__ xp,
+                                                                 const float* __restrict__ xps, int cp, int cg, int groups) {
+    constexpr bool PF = NT == 4 && RW <= 2;  // gemv_xp_go's choice of body
+    if (blockIdx.x < nb1) {
+        if constexpr (PF) gemv_xp_pf_block<F1, NW, NT, RW, S>(a1, xp, xps, cp, cg, groups, blockIdx.x);
+        else gemv_xp_block<F1, NW, NT, RW, S>(a1, xp, xps, cp, cg, groups, blockIdx.x);
+    } else {
+        if constexpr (PF) gemv_xp_pf_block<F2, NW, NT, RW, S>(a2, xp, xps, cp, cg, groups, blockIdx.x - nb1);
+        else gemv_xp_block<F2, NW, NT, RW, S>(a2, xp, xps, cp, cg, groups, blockIdx.x - nb1);
+    }
+}
+
 // blocks an sm the registers allow (65536 / (NW * 32 * MINB) a thread): 128 registers up to
 // 2 tiles of accumulators (NT * RW), ~170 (NW 4) or 255 (NW 8) at 4, 255 at 8 (they spill at 128)
 template <int NW, int NT, int RW> struct GemvXpMinb {
@@ -3942,26 +3972,43 @@ static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets, bool r
 }
 // the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
 // the prep, then the product in gemv_xp_plan's shape
+// go(NT, RW, S) (std::integral_constant tags) for the plan's form: 4 row tiles a warp with 4
+// column tiles; 2 row tiles with 1, 2 or 4 column tiles, 3 stages; 1 row tile with 1-8, 4 stages
+template <typename Go>
+static void gemv_xp_form(const GemvXpPlan& p, Go go) {
+    using I1 = std::integral_constant<int, 1>; using I2 = std::integral_constant<int, 2>;
+    using I3 = std::integral_constant<int, 3>; using I4 = std::integral_constant<int, 4>;
+    using I8 = std::integral_constant<int, 8>;
+    if (p.rw == 4) go(I4(), I4(), I3());  // cc > 16: C > 32 in at most 32-column groups
+    else if (p.rw == 2) p.NT == 1 ? go(I1(), I2(), I3()) : p.NT == 2 ? go(I2(), I2(), I3()) : go(I4(), I2(), I3());
+    else p.NT == 1 ? go(I1(), I1(), I4()) : p.NT == 2 ? go(I2(), I1(), I4()) : p.NT == 4 ? go(I4(), I1(), I4()) : go(I8(), I1(), I4());
+}
 template <int F, int NW>
 static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, again);
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
-    if (p.rw == 4) {  // cc > 16: C > 32 in at most 32-column groups
-        gemv_xp_go<F, NW, 4, 4, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
-    } else if (p.rw == 2) {
-        switch (p.NT) {
-            case 1: gemv_xp_go<F, NW, 1, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-            case 2: gemv_xp_go<F, NW, 2, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-            default: gemv_xp_go<F, NW, 4, 2, 3>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-        }
-    } else {
-        switch (p.NT) {
-            case 1: gemv_xp_go<F, NW, 1, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-            case 2: gemv_xp_go<F, NW, 2, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-            case 4: gemv_xp_go<F, NW, 4, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-            default: gemv_xp_go<F, NW, 8, 1, 4>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream); break;
-        }
-    }
+    gemv_xp_form(p, [&](auto nt, auto rw, auto st) {
+        gemv_xp_go<F, NW, decltype(nt)::value, decltype(rw)::value, decltype(st)::value>(p.grid, a, in.xp, in.xps, in.cp, p.cc, p.groups, stream);
+    });
+    cudaCheck(cudaGetLastError());
+}
+// a pair (gemv_xp2_kernel): the prep once, then both products in one grid, in the form the plan
+// gives their rows together (a form changes no bit); blocks of a1 first
+template <int F1, int F2, int NW>
+static void gemv_xp2_launch(const GemvArgs& a1, const GemvArgs& a2, cudaStream_t stream, bool again) {
+    const GemvXpIn in = gemv_xp_prep<F1, NW>(a1, stream, again);
+    const int64_t tiles1 = CEIL_DIV(a1.w.rows, (int64_t)16), tiles2 = CEIL_DIV(a2.w.rows, (int64_t)16);
+    GemvArgs both = a1;
+    both.w.rows = 16 * (tiles1 + tiles2);
+    const GemvXpPlan p = gemv_xp_plan(both, g_gemv_xp_cols, 1);
+    gemv_xp_form(p, [&](auto nt, auto rw, auto st) {
+        constexpr int NT = decltype(nt)::value, RW = decltype(rw)::value, S = decltype(st)::value;
+        constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
+        const size_t smem = std::max(gemv_xp_smem<F1, NW, NT, RW, S>(), gemv_xp_smem<F2, NW, NT, RW, S>());
+        const unsigned nb1 = (unsigned)(CEIL_DIV(tiles1, (int64_t)RW) * p.groups), nb2 = (unsigned)(CEIL_DIV(tiles2, (int64_t)RW) * p.groups);
+        launch_k(gemv_xp2_kernel<F1, F2, NW, NT, RW, S, MINB>, nb1 + nb2, NW * 32, smem, stream, a1, a2, nb1, in.xp, in.xps, in.cp,
+                 p.cc, p.groups);
+    });
     cudaCheck(cudaGetLastError());
 }
 // the shared memory of the kernel gemv_xp_go launches in the form NT, RW, S
@@ -3972,15 +4019,31 @@ static void gemv_xp_init_one() {
     if constexpr (NT == 4 && RW <= 2) cudaCheck(cudaFuncSetAttribute(gemv_xp_pf_kernel<F, NW, NT, RW, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     else cudaCheck(cudaFuncSetAttribute(gemv_xp_kernel<F, NW, NT, RW, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
+// go(NT, RW, S) for every form gemv_xp_form picks
+template <typename Go>
+static void gemv_xp_form_each(Go go) {
+    const int forms[][2] = {{4, 4}, {2, 1}, {2, 2}, {2, 4}, {1, 1}, {1, 2}, {1, 4}, {1, 8}};  // (rw, NT)
+    for (const auto& f : forms) {
+        GemvXpPlan p = {};
+        p.rw = f[0]; p.NT = f[1];
+        gemv_xp_form(p, go);
+    }
+}
 template <int F, int NW>
 static void gemv_xp_init_nw() {
-    gemv_xp_init_one<F, NW, 4, 4, 3>();
-    gemv_xp_init_one<F, NW, 1, 2, 3>(); gemv_xp_init_one<F, NW, 2, 2, 3>(); gemv_xp_init_one<F, NW, 4, 2, 3>();
-    gemv_xp_init_one<F, NW, 1, 1, 4>(); gemv_xp_init_one<F, NW, 2, 1, 4>(); gemv_xp_init_one<F, NW, 4, 1, 4>();
-    gemv_xp_init_one<F, NW, 8, 1, 4>();
+    gemv_xp_form_each([](auto nt, auto rw, auto st) { gemv_xp_init_one<F, NW, decltype(nt)::value, decltype(rw)::value, decltype(st)::value>(); });
 }
 template <int F>
 static void gemv_xp_init() { gemv_xp_init_nw<F, 4>(); gemv_xp_init_nw<F, 8>(); }
+// the pairs' kernels (gemv2: q4 then q5, 8 warps a tile), every form
+static void gemv_xp2_init() {
+    gemv_xp_form_each([](auto nt, auto rw, auto st) {
+        constexpr int F1 = FMT_Q4, F2 = FMT_Q5, NW = 8, NT = decltype(nt)::value, RW = decltype(rw)::value, S = decltype(st)::value;
+        const int smem = (int)std::max(gemv_xp_smem<F1, NW, NT, RW, S>(), gemv_xp_smem<F2, NW, NT, RW, S>());
+        cudaCheck(cudaFuncSetAttribute(gemv_xp2_kernel<F1, F2, NW, NT, RW, S, GemvXpMinb<NW, NT, RW>::v>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    });
+}
 
 // k a multiple of 128: no padding groups (whose x would be read unguarded) and an even group
 // count (two groups per stage; 4-byte aligned scale pairs)
@@ -4147,6 +4210,32 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
             default: CHECK(false, "gemv: unsupported weight format %s", format_name(w.format));
         }
     });
+}
+
+// a pair of products of one x: y1 = W1 x, y2 = W2 x (bf16 out, no residual). where both are wide
+// products of the same k, transform and warp split, W1 q4 and W2 q5 (the input projections'
+// pairs), one launch does both (gemv_xp2_kernel); else the two products one after the other, the
+// second reading the first's prepared x. the bits are the two gemv() calls' either way.
+static bool gemv2_ok(const Mat& w1, const Mat& w2, int C, int xmode) {
+    auto nw8 = [](const Mat& w) { const GemvKernel k = gemv_pick(w); return k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4; };
+    return w1.format == FMT_Q4 && w2.format == FMT_Q5 && w1.cols == w2.cols && C <= GEMV_WIDE_COLS && xmode != GEMV_X_GATED &&
+           gemv_wide_takes(w1, C, xmode) && gemv_wide_takes(w2, C, xmode) && nw8(w1) && nw8(w2);
+}
+static void gemv2(const Mat& w1, void* y1, int ldy1, const Mat& w2, void* y2, int ldy2, const bf16_t* x, int ldx, int C,
+                      cudaStream_t stream, GemvX xt = GemvX()) {
+    CHECK(xt.mode == GEMV_X_PLAIN || (gemv_fusable(w1) && gemv_fusable(w2)), "gemv: an x transform needs the x-staged kernel (%s / %s)",
+          format_name(w1.format), format_name(w2.format));
+    if (!gemv2_ok(w1, w2, C, xt.mode)) {
+        gemv(w1, x, ldx, C, y1, ldy1, false, nullptr, 0, stream, xt);
+        GemvX x2 = xt;
+        x2.again = true;
+        gemv(w2, x, ldx, C, y2, ldy2, false, nullptr, 0, stream, x2);
+        return;
+    }
+    GemvArgs a1, a2;  // one chunk each (C <= GEMV_WIDE_COLS), checked as gemv()'s
+    gemv_each_chunk(w1, x, ldx, C, y1, ldy1, false, nullptr, 0, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) { a1 = a; });
+    gemv_each_chunk(w2, x, ldx, C, y2, ldy2, false, nullptr, 0, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) { a2 = a; });
+    gemv_xp2_launch<FMT_Q4, FMT_Q5, 8>(a1, a2, stream, xt.again);
 }
 
 // ---- 7.3 norms ------------------------------------------------------------------------------
@@ -6915,7 +7004,7 @@ static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
         cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
-    gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>();
+    gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>(); gemv_xp2_init();
     gemv_xp_reserve((cudaStream_t)0);  // the default stream's (tests and tools launch there)
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
     cudaCheck(cudaFuncSetAttribute(gemm_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GM_SMEM));
@@ -7284,6 +7373,9 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  greedy lane's (LaneSched): 9b served, 256-token sampled streams, steady
 //                  3,052 -> 3,554 tok/s at C = 16, 4,362 -> 5,370 at C = 64 (h200, issue 14).
 //                  the cpu lanes draw in the step always (NINFER_LANE_DRAW=0: off)
+//   pair     true  decode: the input projections' pairs of one x (query_key with value_z or
+//                  gate_value) in one launch (gemv2; NINFER_PAIR=0: two launches, attention's
+//                  on two streams). measured in test/bench-notes.md, session 20
 // test-only forcing (no env): every product through the gemv (force_gemv); prefill attention
 // through attn_decode (force_attn_decode); prefill deltanet through gdn_step (force_gdn_step);
 // every sampled pick on the host (force_host_sample: the fallback sample_gpu cannot take).
@@ -7300,6 +7392,7 @@ struct GpuTuning {
     int attn_splits = GPU_ATT_SPLITS, attn_min_keys = GPU_ATT_MIN_KEYS;
     int gemv_occ_rows = GEMV_OCC_ROWS;
     bool lane_draw = true;
+    bool pair = true;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -7309,6 +7402,7 @@ static GpuTuning gpu_tuning_from_env() {
     t.wgmma = !off("NINFER_WGMMA");
     t.fork = !off("NINFER_FORK");
     t.fuse_gated = !off("NINFER_FUSE_GATED");
+    t.pair = !off("NINFER_PAIR");
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
@@ -7994,13 +8088,23 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     const bool fin = fu.input_norm;
     GemvX nin;
     if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
+    // the input projections' pairs in one launch (GpuTuning::pair) where both take the gemv
+    // and gemv2 can pair them
+    auto pairs = [&](const Mat& a, const Mat& b) {
+        auto on_gemv = [&](const Mat& m) { return T <= LINEAR_GEMV_MAX || tu.force_gemv || lanes || !gemm_ok(m); };
+        return tu.pair && on_gemv(a) && on_gemv(b) && gemv2_ok(a, b, T, nin.mode);
+    };
     const bf16_t* xin = fin ? e->x : e->xb;  // what the input projections read
     if (!fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
     if (w.full) {
         const int qd = g.Hq * hd, kvd = g.Hkv * hd, ld = qd + kvd;
-        gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, e->gv, ld, nullptr, s2, nin); });
-        linear(w.attn.query_key, xin, H, e->qk, ld, nullptr, s, nin);
-        gpu_join(e);  // v
+        if (pairs(w.attn.query_key, w.attn.gate_value)) {
+            gemv2(w.attn.query_key, e->qk, ld, w.attn.gate_value, e->gv, ld, xin, H, T, s, nin);
+        } else {
+            gpu_fork(e, [&](cudaStream_t s2) { linear(w.attn.gate_value, xin, H, e->gv, ld, nullptr, s2, nin); });
+            linear(w.attn.query_key, xin, H, e->qk, ld, nullptr, s, nin);
+            gpu_join(e);  // v
+        }
         KvCache kv = kvo ? *kvo : gpu_kv_cache(e, l);
         if (lanes) { kv.pages = P.pages; kv.page_ld = P.page_ld; }
         AttnPrepArgs ap;
@@ -8037,10 +8141,14 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
                 linear(d.b_proj, e->xb, H, pb, Hv2, nullptr, s2);
             }
         });
-        linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
-        GemvX nin2 = nin;
-        nin2.again = true;  // value_z reads query_key's x: one prep for both
-        linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin2);
+        if (pairs(d.query_key, d.value_z)) {
+            gemv2(d.query_key, e->u, LU, d.value_z, e->u + 2 * kd, LU, xin, H, T, s, nin);
+        } else {
+            linear(d.query_key, xin, H, e->u, LU, nullptr, s, nin);
+            GemvX nin2 = nin;
+            nin2.again = true;  // value_z reads query_key's x: one prep for both
+            linear(d.value_z, xin, H, e->u + 2 * kd, LU, nullptr, s, nin2);
+        }
         gpu_join(e);
         bf16_t* cst = e->conv[l] + (int64_t)e->slot * e->conv_slot;
         float* rst = e->rec[l] + (int64_t)e->slot * e->rec_slot;

@@ -397,9 +397,10 @@ TEST_P(GpuModel, ChunkedPrefillMatchesCpu) {
     EXPECT_LT(w2, tol);
 }
 
-// the launch knobs that stay (GpuTuning: pdl, fork) switched off: they change only how kernels
-// are launched (programmatic dependent launch, a second stream / graph branches), never what
-// they compute, so prefill logits and graph-replayed decode steps are bit-identical
+// the launch knobs that stay (GpuTuning: pdl, fork, pair) switched off: they change only how
+// kernels are launched (programmatic dependent launch, a second stream / graph branches, the
+// input projections' pairs in one launch or two), never what they compute, so prefill logits
+// and graph-replayed decode steps are bit-identical
 TEST_P(GpuModel, LaunchKnobsOffBitIdentical) {
     BOTH_OR_SKIP(B, GetParam().path, 128, 64);
     const int n = 20, steps = 6;
@@ -413,9 +414,10 @@ TEST_P(GpuModel, LaunchKnobsOffBitIdentical) {
         return rows;
     };
     const auto ref = run(B.g);
-    for (int k = 0; k < 2; k++) {
+    const char* knob[] = {"pdl", "fork", "pair"};
+    for (int k = 0; k < 3; k++) {
         GpuOpts o; o.max_context = 128; o.prefill_chunk = 64; o.quiet = true;
-        (k == 0 ? o.tune.pdl : o.tune.fork) = false;
+        (k == 0 ? o.tune.pdl : k == 1 ? o.tune.fork : o.tune.pair) = false;
         std::string err;
         GpuEngine* e = gpu_build(&B.m, o, &err);
         ASSERT_TRUE(e) << err;
@@ -423,7 +425,7 @@ TEST_P(GpuModel, LaunchKnobsOffBitIdentical) {
         gpu_free(e);
         gpu_kernels_init(true);  // B's engine launches with pdl again
         for (size_t r = 0; r < ref.size(); r++)
-            EXPECT_EQ(memcmp(ref[r].data(), got[r].data(), ref[r].size() * 4), 0) << (k == 0 ? "pdl" : "fork") << " off: row set " << r;
+            EXPECT_EQ(memcmp(ref[r].data(), got[r].data(), ref[r].size() * 4), 0) << knob[k] << " off: row set " << r;
     }
 }
 

@@ -432,6 +432,57 @@ TEST(Gemv, ColumnsIndependentOfCount) {
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
 
+// a pair of products of one x in one launch (gemv2: the input projections' q4 + q5 pairs) gives
+// each product gemv()'s bits (which the tests above hold to the dequantized reference and to
+// its one-column products): memcmp of both outputs, the gaps between columns included (poisoned
+// before, so nothing is written outside the rows), at the decode's column counts, in every
+// form of the wide launch (row tiles a warp, column groups); partial last tiles of either
+// matrix; a pair gemv2 cannot take (q5 first; plain x at one column, on the x-staged kernel)
+// runs as two products with the same bits
+TEST(Gemv, PairEqualsTwoProducts) {
+    NEED_GPU();
+    struct Case { NumFormat f1, f2; int64_t rows1, rows2, cols; int mode; bool paired; const char* name; };
+    const Case cases[] = {
+        {FMT_Q4, FMT_Q5, 4096, 8192, 4096, GEMV_X_RMS, true, "9b gdn query_key + value_z, input norm"},
+        {FMT_Q4, FMT_Q5, 5120, 5120, 4096, GEMV_X_RMS, true, "9b attention query_key + gate_value, input norm"},
+        {FMT_Q4, FMT_Q5, 4096, 8192, 4096, GEMV_X_PLAIN, true, "plain x"},
+        {FMT_Q4, FMT_Q5, 1000, 530, 1024, GEMV_X_RMS, true, "partial last tiles"},
+        {FMT_Q5, FMT_Q4, 530, 1000, 1024, GEMV_X_RMS, false, "q5 first: two products"},
+    };
+    const int counts[] = {1, 2, 3, 5, 8, 9, 16, 31, 32, 33, 64};
+    const int Cmax = 64;
+    const struct { int rw, cols, blocks; } forms[] = {{2, 32, 132}, {1, 32, 132}, {2, 16, 132}, {2, 32, 1 << 20}};
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        HostMat h1 = make_mat(tc.f1, tc.rows1, tc.cols, g_stream++), h2 = make_mat(tc.f2, tc.rows2, tc.cols, g_stream++);
+        Dev dw1(h1.bytes.size()), dw2(h2.bytes.size()), dx((size_t)Cmax * tc.cols * 2), dn((size_t)tc.cols * 2);
+        Rng r = rng();
+        up(dw1, h1.bytes); up(dw2, h2.bytes);
+        up(dx, rand_bf16(r, (size_t)Cmax * tc.cols, 2.f)); up(dn, rand_bf16(r, (size_t)tc.cols, 0.5f));
+        const Mat m1 = mat_from(&h1.obj, dw1.as<uint8_t>()), m2 = mat_from(&h2.obj, dw2.as<uint8_t>());
+        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        const int ldy1 = (int)tc.rows1 + 5, ldy2 = (int)tc.rows2 + 3;
+        Dev r1((size_t)Cmax * ldy1 * 2), r2((size_t)Cmax * ldy2 * 2), y1(r1.n), y2(r2.n);
+        for (const auto& fm : forms)
+            for (int n : counts) {
+                g_gemv_xp_rw = fm.rw; g_gemv_xp_cols = fm.cols; g_gemv_xp_blocks = fm.blocks;
+                // plain x takes the wide kernel (so a pair) from g_gemv_xp_plain_from columns
+                const bool paired = tc.paired && (tc.mode != GEMV_X_PLAIN || n >= g_gemv_xp_plain_from);
+                EXPECT_EQ(gemv2_ok(m1, m2, n, tc.mode), paired) << n << " columns";
+                r1.poison(); r2.poison(); y1.poison(); y2.poison();
+                gemv(m1, dx.as<bf16_t>(), (int)tc.cols, n, r1.p, ldy1, false, nullptr, 0, 0, xt);
+                gemv(m2, dx.as<bf16_t>(), (int)tc.cols, n, r2.p, ldy2, false, nullptr, 0, 0, xt);
+                gemv2(m1, y1.p, ldy1, m2, y2.p, ldy2, dx.as<bf16_t>(), (int)tc.cols, n, 0, xt);
+                cudaCheck(cudaDeviceSynchronize());
+                g_gemv_xp_rw = 2; g_gemv_xp_cols = 32; g_gemv_xp_blocks = 132;
+                EXPECT_EQ(memcmp(down<uint8_t>(r1, r1.n).data(), down<uint8_t>(y1, y1.n).data(), r1.n), 0)
+                    << "first product, " << n << " columns (rw " << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ")";
+                EXPECT_EQ(memcmp(down<uint8_t>(r2, r2.n).data(), down<uint8_t>(y2, y2.n).data(), r2.n), 0)
+                    << "second product, " << n << " columns (rw " << fm.rw << ", cols " << fm.cols << ", blocks " << fm.blocks << ")";
+            }
+    }
+}
+
 // the wide kernel's versions (test/dev_kernels.cuh: 1 the x prefetched, 2 the x shared in
 // shared memory) give the product's bits: every column of every version equals gemv()'s
 // (memcmp), on the 9b's wide shapes with their fused transforms, a residual, f32 output,
