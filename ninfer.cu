@@ -5805,6 +5805,37 @@ __device__ __forceinline__ void cp_async16_m(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// mbarriers (sm_90): a shared-memory barrier of `count` arrivals a phase; a waiter names the
+// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+// the barriers' initialization visible to every proxy
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
+                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+// one arrival on bar once every cp.async this thread issued before has landed (the barrier's
+// count includes it: .noinc)
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
 
 // ---- 7.10 gemm (prefill products) and linear ------------------------------------------------
 // gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores
@@ -6036,10 +6067,15 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 // scale in fp32. a block is two warpgroups over a 128-row x 128-token tile: warpgroup w takes
 // rows 64w..64w+63 as wgmma's A from registers (each thread decodes its fragment's codes from
 // the raw planes, one group ahead of the tensor core), the x tile is B in shared memory,
-// 128-byte swizzled, in WG_STAGES cp.async stages. per group: 4 x m64n128k16 into tmp (the
-// group's partial), then acc += scale(row) * tmp; the next group's codes are decoded while
-// the tensor core runs. rows of D are weight rows, so a thread scales by only 2 values.
-enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_THREADS = 256 };
+// 128-byte swizzled, in WG_STAGES cp.async stages asked for WG_AHEAD groups ahead. per group:
+// 4 x m64n128k16 into tmp (the group's partial), then acc += scale(row) * tmp; the next group's
+// codes are decoded while the tensor core runs. rows of D are weight rows, so a thread scales
+// by only 2 values. the stages are tracked by mbarriers (full: every thread's copies landed;
+// empty: every warp's wgmma on it is done), not by a __syncthreads a group, so the warpgroups
+// drift up to WG_STAGES - WG_AHEAD groups apart and one's scaling fma runs under the other's
+// wgmma (the barrier version, test/dev_kernels.cuh's gemm_wgmma_sync_kernel, kept them in
+// lockstep: bench-notes, sessions 16 and 20).
+enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 6, WG_AHEAD = 4, WG_THREADS = 256 };
 static const size_t WG_SMEM = (size_t)WG_STAGES * WG_BN * 128 + 1024;
 
 __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
@@ -6180,6 +6216,7 @@ template <int F>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
+    __shared__ uint64_t full[WG_STAGES], empty[WG_STAGES];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int64_t N = a.w.rows;
@@ -6187,24 +6224,32 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     const int m0 = blockIdx.y * WG_BN;
     const int nk = (int)(a.w.cols / 64);
     const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
+        mbar_init_fence();
+    }
+    __syncthreads();
 
+    // stage kt: every thread's 4 pieces, counted on full[kt % S]; the stage's previous group
+    // (kt - S) must be done in every warp first (empty)
     auto load_x = [&](int kt) {
-        if (kt < nk) {
-            const uint32_t st = sbase + (uint32_t)(kt % WG_STAGES) * (WG_BN * 128);
+        if (kt >= nk) return;
+        const int s = kt % WG_STAGES, use = kt / WG_STAGES;
+        if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
+        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
-                const int m = m0 + r < a.T ? m0 + r : a.T - 1;
-                cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
-            }
+        for (int i = 0; i < 4; i++) {
+            const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
+            const int m = m0 + r < a.T ? m0 + r : a.T - 1;
+            cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
         }
-        cp_async_commit_m();
+        cp_async_mbar_arrive(&full[s]);
     };
 
     float acc[64], tmp[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
-    for (int s = 0; s < WG_STAGES - 1; s++) load_x(s);
+    for (int s = 0; s < WG_AHEAD; s++) load_x(s);
     WgRaw<F> r0, r1;
     // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
     // group decodes into the other, so no instruction defines a register of the wgmma in
@@ -6217,11 +6262,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
-        cp_async_wait_m<WG_STAGES - 2>();
-        wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
-        __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
-        load_x(kt + WG_STAGES - 1);
-        const uint32_t st = sbase + (uint32_t)(kt % WG_STAGES) * (WG_BN * 128);
+        const int s = kt % WG_STAGES;
+        mbar_wait(&full[s], (uint32_t)((kt / WG_STAGES) & 1));
+        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
+        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
         wg_fence();
@@ -6235,6 +6279,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
         wg_load<F>(a.w, row0, kn, r0); wg_load<F>(a.w, row1, kn, r1);
         wg_wait0_with(tmp, A);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             acc[4 * j + 0] = fmaf(s0, tmp[4 * j + 0], acc[4 * j + 0]);
@@ -6242,6 +6288,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
             acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
             acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
         }
+        load_x(kt + WG_AHEAD);
     };
     for (int kt = 0; kt < nk; kt += 2) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);

@@ -12,6 +12,8 @@
 //     against it.
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 //   * attention decode's version 1 (thread per key, cuda cores), to time against the product.
+//   * the wgmma prefill gemm with a __syncthreads a group (gemm_wgmma_sync_kernel), to time
+//     against the product's mbarrier stages.
 #pragma once
 
 namespace gemv_dev {
@@ -282,30 +284,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_kernel(GemvArgs a) {
 // 23.1 us), as did a first form with one bulk copy (cp.async.bulk) a row and plane (65.9 us).
 // variants 15-19 of gemv_variant run it; shapes it cannot take run variant 9.
 __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-#endif
-}
-// the barriers' initialization visible to every proxy
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
-                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
-#endif
-}
-// one arrival on bar once every cp.async this thread issued before has landed (the barrier's
-// count includes it: .noinc)
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
+// the mbarrier helpers (mbar_init, mbar_wait, cp_async_mbar_arrive) are ninfer.cu 7.9's
 
 template <int F, int PG> struct GemvRingLayout {  // one slot: 16 rows x PG groups of each plane
     static constexpr int HB = GemvAsyncLayout<F>::HB;
@@ -1454,3 +1433,104 @@ static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
     attn_decode_with(in, stream, decode, attn_combine_v1_kernel);
 }
 
+// ---- the wgmma prefill gemm with one __syncthreads a group (session 16-17's product) ----------
+// gemm_wgmma_kernel before its stages were tracked by mbarriers: the same arithmetic (its bits
+// are the product's), 4 stages asked for 3 groups ahead, both warpgroups meeting at a
+// __syncthreads every group (lockstep: one's scaling fma never runs under the other's wgmma).
+// Bench.DISABLED_GemmVersions times it beside the product; Gemm.WgmmaVersionsAgree checks it.
+enum { WGS_STAGES = 4 };
+static const size_t WGS_SMEM = (size_t)WGS_STAGES * WG_BN * 128 + 1024;
+template <int F>
+__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs a) {
+    pdl_entry();
+    extern __shared__ __align__(16) uint8_t wg_smem[];
+    const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
+    const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int64_t N = a.w.rows;
+    const int64_t n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;  // this warp's 16 rows
+    const int m0 = blockIdx.y * WG_BN;
+    const int nk = (int)(a.w.cols / 64);
+    const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+
+    auto load_x = [&](int kt) {
+        if (kt < nk) {
+            const uint32_t st = sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
+                const int m = m0 + r < a.T ? m0 + r : a.T - 1;
+                cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
+            }
+        }
+        cp_async_commit_m();
+    };
+
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
+    for (int s = 0; s < WGS_STAGES - 1; s++) load_x(s);
+    WgRaw<F> r0, r1;
+    // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
+    // group decodes into the other, so no instruction defines a register of the wgmma in
+    // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
+    uint32_t A0[16], A1[16];
+    float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
+    wg_load<F>(a.w, row0, 0, r0); wg_load<F>(a.w, row1, 0, r1);
+    wg_decode<F>(r0, r1, t, A0);
+    sa0 = f16bits2f(r0.sc); sa1 = f16bits2f(r1.sc);
+    wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
+    // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
+    auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
+        cp_async_wait_m<WGS_STAGES - 2>();
+        wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
+        __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
+        load_x(kt + WGS_STAGES - 1);
+        const uint32_t st = sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128);
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
+        wg_commit();
+        // no branch between the wgmma and its wait: ptxas then tracks the in-flight registers (the
+        // last steps decode and load the last group again, unused)
+        wg_decode<F>(r0, r1, t, An);
+        n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
+        const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
+        wg_load<F>(a.w, row0, kn, r0); wg_load<F>(a.w, row1, kn, r1);
+        wg_wait0_with(tmp, A);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            acc[4 * j + 0] = fmaf(s0, tmp[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(s0, tmp[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
+        }
+    };
+    for (int kt = 0; kt < nk; kt += 2) {
+        step(kt, A0, sa0, sa1, A1, sb0, sb1);
+        if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
+    }
+    // D: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
+            if (m < a.T && n < N) gemm_store(a, m, n, acc[4 * j + e]);
+        }
+}
+static void gemm_wgmma_sync(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
+    auto go = [&](auto k) {
+        static bool init = false;
+        if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGS_SMEM)); init = true; }
+        launch_k(k, grid, dim3(WG_THREADS), WGS_SMEM, stream, a);
+    };
+    if (w.format == FMT_Q4) go(gemm_wgmma_sync_kernel<FMT_Q4>);
+    else if (w.format == FMT_Q5) go(gemm_wgmma_sync_kernel<FMT_Q5>);
+    else go(gemm_wgmma_sync_kernel<FMT_Q6>);
+    cudaCheck(cudaGetLastError());
+}

@@ -1851,6 +1851,29 @@ TEST(Gemm, WgmmaMatchesFloat64) {
     check_gemm(FMT_Q5, 4096, 4096, 512);
 }
 
+// the barrier version of the wgmma kernel (test/dev_kernels.cuh, gemm_wgmma_sync_kernel) does
+// the product's arithmetic in the product's order: memcmp-equal outputs (fp32, poisoned
+// first) over one group, fewer groups than the stages ahead, and many wraps of the stage ring
+TEST(Gemm, WgmmaVersionsAgree) {
+    NEED_GPU();
+    if (!g_gemm_wgmma) GTEST_SKIP() << "no sm_90a code for this device";
+    const struct { NumFormat f; int64_t N, K; int T; } cases[] = {
+        {FMT_Q4, 128, 64, 128}, {FMT_Q5, 300, 192, 77}, {FMT_Q6, 1000, 1024, 300}, {FMT_Q4, 4096, 4096, 512}, {FMT_Q5, 520, 12288, 130}};
+    for (const auto& c : cases) {
+        SCOPED_TRACE(std::string(format_name(c.f)) + " " + std::to_string(c.N) + "x" + std::to_string(c.K) + " T=" + std::to_string(c.T));
+        HostMat hm = make_mat(c.f, c.N, c.K, g_stream++);
+        Rng r = rng();
+        Dev dw(hm.bytes.size()), dx((size_t)c.T * c.K * 2), y0((size_t)c.T * c.N * 4), y1(y0.n);
+        up(dw, hm.bytes); up(dx, rand_bf16(r, (size_t)c.T * c.K, 1.f));
+        const Mat m = mat_from(&hm.obj, dw.as<uint8_t>());
+        y0.poison(); y1.poison();
+        gemm(m, dx.as<bf16_t>(), (int)c.K, c.T, y0.p, (int)c.N, true, nullptr, 0, 0);
+        gemm_wgmma_sync(m, dx.as<bf16_t>(), (int)c.K, c.T, y1.p, (int)c.N, true, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        EXPECT_EQ(memcmp(down<uint8_t>(y0, y0.n).data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0);
+    }
+}
+
 // ---- gated delta rule prefill, recurrent (7.11) -------------------------------------------
 
 TEST(GdnPrefill, RecurrentMatchesStep) {
@@ -3073,7 +3096,8 @@ TEST(Bench, DISABLED_GemmVersions) {
     Dev x((size_t)T * 12288 * 2), y((size_t)T * 24576 * 2);
     bench_bf16(x, 5);
     BENCH_PRINT("gemm T=%d: us and TFLOP/s (2 rows cols T); wgmma %s\n", T, wg ? "on" : "unavailable (not sm_90a)");
-    BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup");
+    BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s %10s %8s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup",
+                "sync us", "TF/s");
     for (const BenchShape& sh : shapes) {
         Dev w(mat_bytes(sh.f, sh.rows, sh.cols));
         Mat m = bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>(), 7);
@@ -3085,8 +3109,13 @@ TEST(Bench, DISABLED_GemmVersions) {
         double t1 = 0;
         if (wg) t1 = time_graph_ms([&](cudaStream_t s, int) {
             gemm(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, s); }, 3, 9);
-        BENCH_PRINT("%-20s %-12s %10.1f %8.1f %10.1f %8.1f %7.2fx\n", sh.name, bench_shape_name(sh).c_str(), t0 * 1e3, flop / (t0 * 1e-3) / 1e12,
-                    t1 * 1e3, wg ? flop / (t1 * 1e-3) / 1e12 : 0.0, wg ? t0 / t1 : 0.0);
+        // the barrier version (test/dev_kernels.cuh): one __syncthreads a group
+        double t2 = 0;
+        if (wg) t2 = time_graph_ms([&](cudaStream_t s, int) {
+            gemm_wgmma_sync(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
+        BENCH_PRINT("%-20s %-12s %10.1f %8.1f %10.1f %8.1f %7.2fx %10.1f %8.1f\n", sh.name, bench_shape_name(sh).c_str(), t0 * 1e3,
+                    flop / (t0 * 1e-3) / 1e12, t1 * 1e3, wg ? flop / (t1 * 1e-3) / 1e12 : 0.0, wg ? t0 / t1 : 0.0, t2 * 1e3,
+                    wg ? flop / (t2 * 1e-3) / 1e12 : 0.0);
     }
 }
 
