@@ -6076,7 +6076,8 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 // wgmma (the barrier version, test/dev_kernels.cuh's gemm_wgmma_sync_kernel, kept them in
 // lockstep: bench-notes, sessions 16 and 20).
 enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 6, WG_AHEAD = 4, WG_THREADS = 256 };
-static const size_t WG_SMEM = (size_t)WG_STAGES * WG_BN * 128 + 1024;
+static constexpr size_t wg_smem_bytes(int stages) { return (size_t)stages * WG_BN * 128 + 1024; }  // + the 1024-byte alignment
+static const size_t WG_SMEM = wg_smem_bytes(WG_STAGES);
 
 __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
     // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
@@ -6212,11 +6213,12 @@ __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1
     }
 }
 
-template <int F>
+// S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others)
+template <int F, int S = WG_STAGES, int AH = WG_AHEAD>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
-    __shared__ uint64_t full[WG_STAGES], empty[WG_STAGES];
+    __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int64_t N = a.w.rows;
@@ -6225,7 +6227,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     const int nk = (int)(a.w.cols / 64);
     const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
     if (tid == 0) {
-        for (int s = 0; s < WG_STAGES; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
+        for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
@@ -6234,7 +6236,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     // (kt - S) must be done in every warp first (empty)
     auto load_x = [&](int kt) {
         if (kt >= nk) return;
-        const int s = kt % WG_STAGES, use = kt / WG_STAGES;
+        const int s = kt % S, use = kt / S;
         if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
         const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
 #pragma unroll
@@ -6249,7 +6251,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     float acc[64], tmp[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
-    for (int s = 0; s < WG_AHEAD; s++) load_x(s);
+    for (int s = 0; s < AH; s++) load_x(s);
     WgRaw<F> r0, r1;
     // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
     // group decodes into the other, so no instruction defines a register of the wgmma in
@@ -6262,8 +6264,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
-        const int s = kt % WG_STAGES;
-        mbar_wait(&full[s], (uint32_t)((kt / WG_STAGES) & 1));
+        const int s = kt % S;
+        mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
         const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
 #pragma unroll
@@ -6288,7 +6290,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
             acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
             acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
         }
-        load_x(kt + WG_AHEAD);
+        load_x(kt + AH);
     };
     for (int kt = 0; kt < nk; kt += 2) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);

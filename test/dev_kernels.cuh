@@ -1521,16 +1521,40 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
             if (m < a.T && n < N) gemm_store(a, m, n, acc[4 * j + e]);
         }
 }
+// the shared memory opt-in of a wgmma kernel of `smem` bytes, once each
+template <typename K>
+static void gemm_wgmma_optin(K k, size_t smem) {
+    static std::vector<const void*> done;
+    if (std::find(done.begin(), done.end(), (const void*)k) != done.end()) return;
+    cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    done.push_back((const void*)k);
+}
 static void gemm_wgmma_sync(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
-    auto go = [&](auto k) {
-        static bool init = false;
-        if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGS_SMEM)); init = true; }
-        launch_k(k, grid, dim3(WG_THREADS), WGS_SMEM, stream, a);
-    };
-    if (w.format == FMT_Q4) go(gemm_wgmma_sync_kernel<FMT_Q4>);
-    else if (w.format == FMT_Q5) go(gemm_wgmma_sync_kernel<FMT_Q5>);
-    else go(gemm_wgmma_sync_kernel<FMT_Q6>);
+    auto k = w.format == FMT_Q4 ? gemm_wgmma_sync_kernel<FMT_Q4> : w.format == FMT_Q5 ? gemm_wgmma_sync_kernel<FMT_Q5> : gemm_wgmma_sync_kernel<FMT_Q6>;
+    gemm_wgmma_optin(k, WGS_SMEM);
+    launch_k(k, grid, dim3(WG_THREADS), WGS_SMEM, stream, a);
     cudaCheck(cudaGetLastError());
+}
+// the product's kernel with S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD)
+template <int S, int AH>
+static void gemm_wgmma_stages(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
+    auto k = w.format == FMT_Q4 ? gemm_wgmma_kernel<FMT_Q4, S, AH> : w.format == FMT_Q5 ? gemm_wgmma_kernel<FMT_Q5, S, AH>
+                                                                    : gemm_wgmma_kernel<FMT_Q6, S, AH>;
+    gemm_wgmma_optin(k, wg_smem_bytes(S));
+    launch_k(k, grid, dim3(WG_THREADS), wg_smem_bytes(S), stream, a);
+    cudaCheck(cudaGetLastError());
+}
+// the stage forms the bench and the test run: (stages, ahead)
+static const int kWgStageForms[][2] = {{4, 2}, {4, 3}, {8, 4}, {8, 6}};
+static void gemm_wgmma_form(int i, const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
+    switch (i) {
+        case 0: gemm_wgmma_stages<4, 2>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 1: gemm_wgmma_stages<4, 3>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 2: gemm_wgmma_stages<8, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        default: gemm_wgmma_stages<8, 6>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+    }
 }

@@ -1851,9 +1851,10 @@ TEST(Gemm, WgmmaMatchesFloat64) {
     check_gemm(FMT_Q5, 4096, 4096, 512);
 }
 
-// the barrier version of the wgmma kernel (test/dev_kernels.cuh, gemm_wgmma_sync_kernel) does
-// the product's arithmetic in the product's order: memcmp-equal outputs (fp32, poisoned
-// first) over one group, fewer groups than the stages ahead, and many wraps of the stage ring
+// the barrier version of the wgmma kernel (test/dev_kernels.cuh, gemm_wgmma_sync_kernel) and
+// the product's kernel at other stage counts do the product's arithmetic in the product's
+// order: memcmp-equal outputs (fp32, poisoned first) over one group, fewer groups than the
+// stages ahead, and many wraps of the stage ring
 TEST(Gemm, WgmmaVersionsAgree) {
     NEED_GPU();
     if (!g_gemm_wgmma) GTEST_SKIP() << "no sm_90a code for this device";
@@ -1870,7 +1871,15 @@ TEST(Gemm, WgmmaVersionsAgree) {
         gemm(m, dx.as<bf16_t>(), (int)c.K, c.T, y0.p, (int)c.N, true, nullptr, 0, 0);
         gemm_wgmma_sync(m, dx.as<bf16_t>(), (int)c.K, c.T, y1.p, (int)c.N, true, 0);
         cudaCheck(cudaDeviceSynchronize());
-        EXPECT_EQ(memcmp(down<uint8_t>(y0, y0.n).data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0);
+        const auto ref = down<uint8_t>(y0, y0.n);
+        EXPECT_EQ(memcmp(ref.data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0) << "the barrier version";
+        for (int i = 0; i < (int)(sizeof kWgStageForms / sizeof kWgStageForms[0]); i++) {
+            y1.poison();
+            gemm_wgmma_form(i, m, dx.as<bf16_t>(), (int)c.K, c.T, y1.p, (int)c.N, true, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            EXPECT_EQ(memcmp(ref.data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0)
+                << kWgStageForms[i][0] << " stages, " << kWgStageForms[i][1] << " ahead";
+        }
     }
 }
 
@@ -3096,8 +3105,8 @@ TEST(Bench, DISABLED_GemmVersions) {
     Dev x((size_t)T * 12288 * 2), y((size_t)T * 24576 * 2);
     bench_bf16(x, 5);
     BENCH_PRINT("gemm T=%d: us and TFLOP/s (2 rows cols T); wgmma %s\n", T, wg ? "on" : "unavailable (not sm_90a)");
-    BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s %10s %8s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup",
-                "sync us", "TF/s");
+    BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s %10s %8s  %s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup",
+                "sync us", "TF/s", "stages/ahead TF/s");
     for (const BenchShape& sh : shapes) {
         Dev w(mat_bytes(sh.f, sh.rows, sh.cols));
         Mat m = bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>(), 7);
@@ -3109,13 +3118,21 @@ TEST(Bench, DISABLED_GemmVersions) {
         double t1 = 0;
         if (wg) t1 = time_graph_ms([&](cudaStream_t s, int) {
             gemm(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, nullptr, 0, s); }, 3, 9);
-        // the barrier version (test/dev_kernels.cuh): one __syncthreads a group
+        // the barrier version (test/dev_kernels.cuh): one __syncthreads a group; the product's
+        // kernel at other stage forms (kWgStageForms)
         double t2 = 0;
         if (wg) t2 = time_graph_ms([&](cudaStream_t s, int) {
             gemm_wgmma_sync(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
-        BENCH_PRINT("%-20s %-12s %10.1f %8.1f %10.1f %8.1f %7.2fx %10.1f %8.1f\n", sh.name, bench_shape_name(sh).c_str(), t0 * 1e3,
+        std::string forms;
+        for (int i = 0; wg && i < (int)(sizeof kWgStageForms / sizeof kWgStageForms[0]); i++) {
+            const double tf = time_graph_ms([&](cudaStream_t s, int) {
+                gemm_wgmma_form(i, m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
+            char b[64]; snprintf(b, sizeof b, "  %d/%d %.1f", kWgStageForms[i][0], kWgStageForms[i][1], flop / (tf * 1e-3) / 1e12);
+            forms += b;
+        }
+        BENCH_PRINT("%-20s %-12s %10.1f %8.1f %10.1f %8.1f %7.2fx %10.1f %8.1f%s\n", sh.name, bench_shape_name(sh).c_str(), t0 * 1e3,
                     flop / (t0 * 1e-3) / 1e12, t1 * 1e3, wg ? flop / (t1 * 1e-3) / 1e12 : 0.0, wg ? t0 / t1 : 0.0, t2 * 1e3,
-                    wg ? flop / (t2 * 1e-3) / 1e12 : 0.0);
+                    wg ? flop / (t2 * 1e-3) / 1e12 : 0.0, forms.c_str());
     }
 }
 
