@@ -1549,11 +1549,11 @@ static void gemm_wgmma_stages(const Mat& w, const bf16_t* x, int ldx, int T, voi
     cudaCheck(cudaGetLastError());
 }
 // the stage forms the bench and the test run: (stages, ahead)
-static const int kWgStageForms[][2] = {{4, 2}, {4, 3}, {8, 4}, {8, 6}};
+static const int kWgStageForms[][2] = {{4, 2}, {6, 4}, {8, 4}, {8, 6}};
 static void gemm_wgmma_form(int i, const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
     switch (i) {
         case 0: gemm_wgmma_stages<4, 2>(w, x, ldx, T, y, ldy, y_f32, stream); break;
-        case 1: gemm_wgmma_stages<4, 3>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 1: gemm_wgmma_stages<6, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
         case 2: gemm_wgmma_stages<8, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
         default: gemm_wgmma_stages<8, 6>(w, x, ldx, T, y, ldy, y_f32, stream); break;
     }
