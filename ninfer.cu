@@ -6214,6 +6214,56 @@ __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1
     }
 }
 
+// the first group decoded into A (its row scales s0, s1) and the second group's words loaded
+template <int F>
+__device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row1, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1,
+                                         uint32_t (&A)[16], float& s0, float& s1) {
+    wg_load<F>(w, row0, 0, r0); wg_load<F>(w, row1, 0, r1);
+    wg_decode<F>(r0, r1, t, A);
+    s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
+    wg_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
+}
+// group kt's 4 wgmmas from A on the x stage at st into tmp (its partial, from zero); while they
+// run, group kt + 1 decoded from r0, r1 into An (its scales n0, n1) and group kt + 2's words
+// loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
+// tracks the in-flight registers (the last steps decode and load the last group again, unused)
+template <int F>
+__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t st, const Mat& w, int64_t row0, int64_t row1,
+                                         int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
+    wg_commit();
+    wg_decode<F>(r0, r1, t, An);
+    n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
+    const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
+    wg_load<F>(w, row0, kn, r0); wg_load<F>(w, row1, kn, r1);
+    wg_wait0_with(tmp, A);
+}
+// acc += a group's partial scaled by its rows' scales (s0: row g, s1: row g + 8)
+__device__ __forceinline__ void wg_accumulate(float (&acc)[64], const float (&tmp)[64], float s0, float s1) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        acc[4 * j + 0] = fmaf(s0, tmp[4 * j + 0], acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(s0, tmp[4 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
+    }
+}
+// the warp's tile of y: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
+__device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[64], int m0, int64_t n0, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
+            if (m < a.T && n < a.w.rows) gemm_store(a, m, n, acc[4 * j + e]);
+        }
+}
+
 // S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others)
 template <int F, int S = WG_STAGES, int AH = WG_AHEAD>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
@@ -6259,53 +6309,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
     uint32_t A0[16], A1[16];
     float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
-    wg_load<F>(a.w, row0, 0, r0); wg_load<F>(a.w, row1, 0, r1);
-    wg_decode<F>(r0, r1, t, A0);
-    sa0 = f16bits2f(r0.sc); sa1 = f16bits2f(r1.sc);
-    wg_load<F>(a.w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(a.w, row1, nk > 1 ? 1 : 0, r1);
+    wg_first<F>(a.w, row0, row1, nk, t, r0, r1, A0, sa0, sa1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         const int s = kt % S;
         mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
-        wg_commit();
-        // no branch between the wgmma and its wait: ptxas then tracks the in-flight registers (the
-        // last steps decode and load the last group again, unused)
-        wg_decode<F>(r0, r1, t, An);
-        n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
-        const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
-        wg_load<F>(a.w, row0, kn, r0); wg_load<F>(a.w, row1, kn, r1);
-        wg_wait0_with(tmp, A);
+        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, row0, row1, kt, nk, t, r0, r1, An, n0, n1);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            acc[4 * j + 0] = fmaf(s0, tmp[4 * j + 0], acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(s0, tmp[4 * j + 1], acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(s1, tmp[4 * j + 2], acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
-        }
+        wg_accumulate(acc, tmp, s0, s1);
         load_x(kt + AH);
     };
     for (int kt = 0; kt < nk; kt += 2) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);
         if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
     }
-    // D: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int m = m0 + 8 * j + 2 * t + (e & 1);
-            const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
-            if (m < a.T && n < N) gemm_store(a, m, n, acc[4 * j + e]);
-        }
+    wg_store(a, acc, m0, n0, g, t);
 }
 // whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
 __global__ void wg_probe_kernel(int* ok) {
