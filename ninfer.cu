@@ -32,16 +32,16 @@
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
-//                            cores), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
+//                            cores; gemv2: a pair of products of one x in one launch), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
 //                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
 //                            7.7 argmax, 7.8 sampling on the device (mask_logits, one
 //                            speculative verification column: sample_spec_kernel, the
-//                            lanes' draws: sample_lanes), 7.9
-//                            shared-memory matrix helpers, 7.10 gemm (mma.sync; wgmma on
-//                            sm_90a) + linear, 7.11 deltanet
-//                            prefill (recurrent),
+//                            lanes' draws: sample_lanes), 7.9 shared-memory matrix
+//                            helpers (ldmatrix, cp.async, mbarriers), 7.10 gemm (mma.sync;
+//                            wgmma on sm_90a, its stages on mbarriers) + linear, 7.11
+//                            deltanet prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
 //                            per-frame attention, epilogues, products over the padded k),
