@@ -32,7 +32,8 @@
 //                            perplexity
 //   7. kernels               the gpu kernel layer, decode ops first, then the prefill ops:
 //                            7.1 device helpers, launch_k + pdl, 7.2 gemv (quantized, tensor
-//                            cores; gemv2: a pair of products of one x in one launch), 7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
+//                            cores; gemv2: a pair of products of one x in one launch),
+//                            7.3 norms, 7.4 elementwise (swiglu, embed gather, m-rope,
 //                            the copy-bandwidth kernel),
 //                            7.5 deltanet decode (conv, gates, gdn_step with state slots),
 //                            7.6 attention decode (bf16 / int8 / fp8 kv, attn_prep, split-k),
