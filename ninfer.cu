@@ -3971,8 +3971,6 @@ static GemvXpPlan gemv_xp_plan(const GemvArgs& a, int most, int row_sets, bool r
     p.grid = (unsigned)(CEIL_DIV(tiles, (int64_t)p.rw * row_sets) * p.groups);
     return p;
 }
-// the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
-// the prep, then the product in gemv_xp_plan's shape
 // go(NT, RW, S) (std::integral_constant tags) for the plan's form: 4 row tiles a warp with 4
 // column tiles; 2 row tiles with 1, 2 or 4 column tiles, 3 stages; 1 row tile with 1-8, 4 stages
 template <typename Go>
@@ -3984,6 +3982,8 @@ static void gemv_xp_form(const GemvXpPlan& p, Go go) {
     else if (p.rw == 2) p.NT == 1 ? go(I1(), I2(), I3()) : p.NT == 2 ? go(I2(), I2(), I3()) : go(I4(), I2(), I3());
     else p.NT == 1 ? go(I1(), I1(), I4()) : p.NT == 2 ? go(I2(), I1(), I4()) : p.NT == 4 ? go(I4(), I1(), I4()) : go(I8(), I1(), I4());
 }
+// the product of a.C columns on a matrix whose kernel is the x-staged one of NW warps a tile:
+// the prep, then the product in gemv_xp_plan's shape
 template <int F, int NW>
 static void gemv_xp_launch(const GemvArgs& a, cudaStream_t stream, bool again) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, again);
@@ -4213,26 +4213,19 @@ static void gemv(const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy
     });
 }
 
-// a pair of products of one x: y1 = W1 x, y2 = W2 x (bf16 out, no residual). where both are wide
-// products of the same k, transform and warp split, W1 q4 and W2 q5 (the input projections'
-// pairs), one launch does both (gemv_xp2_kernel); else the two products one after the other, the
-// second reading the first's prepared x. the bits are the two gemv() calls' either way.
+// a pair of products of one x in one launch (gemv_xp2_kernel): y1 = W1 x, y2 = W2 x, bf16 out, no
+// residual, with the bits of the two gemv() calls. it takes (gemv2_ok) W1 q4 and W2 q5 (the input
+// projections' pairs) of the same k, both wide products of 8 warps a tile with the transform
 static bool gemv2_ok(const Mat& w1, const Mat& w2, int C, int xmode) {
     auto nw8 = [](const Mat& w) { const GemvKernel k = gemv_pick(w); return k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4; };
     return w1.format == FMT_Q4 && w2.format == FMT_Q5 && w1.cols == w2.cols && C <= GEMV_WIDE_COLS && xmode != GEMV_X_GATED &&
            gemv_wide_takes(w1, C, xmode) && gemv_wide_takes(w2, C, xmode) && nw8(w1) && nw8(w2);
 }
 static void gemv2(const Mat& w1, void* y1, int ldy1, const Mat& w2, void* y2, int ldy2, const bf16_t* x, int ldx, int C,
-                      cudaStream_t stream, GemvX xt = GemvX()) {
-    CHECK(xt.mode == GEMV_X_PLAIN || (gemv_fusable(w1) && gemv_fusable(w2)), "gemv: an x transform needs the x-staged kernel (%s / %s)",
-          format_name(w1.format), format_name(w2.format));
-    if (!gemv2_ok(w1, w2, C, xt.mode)) {
-        gemv(w1, x, ldx, C, y1, ldy1, false, nullptr, 0, stream, xt);
-        GemvX x2 = xt;
-        x2.again = true;
-        gemv(w2, x, ldx, C, y2, ldy2, false, nullptr, 0, stream, x2);
-        return;
-    }
+                  cudaStream_t stream, GemvX xt = GemvX()) {
+    CHECK(gemv2_ok(w1, w2, C, xt.mode), "gemv2: not a pair it takes (%s %lldx%lld, %s %lldx%lld, %d columns, x transform %d)",
+          format_name(w1.format), (long long)w1.rows, (long long)w1.cols, format_name(w2.format), (long long)w2.rows,
+          (long long)w2.cols, C, xt.mode);
     GemvArgs a1, a2;  // one chunk each (C <= GEMV_WIDE_COLS), checked as gemv()'s
     gemv_each_chunk(w1, x, ldx, C, y1, ldy1, false, nullptr, 0, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) { a1 = a; });
     gemv_each_chunk(w2, x, ldx, C, y2, ldy2, false, nullptr, 0, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) { a2 = a; });
@@ -6215,6 +6208,32 @@ __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1
     }
 }
 
+// a thread's place in a wgmma gemm block: warp wi of warpgroup wg takes the 16 weight rows from
+// n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WG_BN
+struct WgTile {
+    int tid, lane, g, t, m0, nk;
+    int64_t n0, row0, row1;
+};
+__device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
+    WgTile p;
+    p.tid = threadIdx.x; p.lane = p.tid & 31; p.g = p.lane >> 2; p.t = p.lane & 3;
+    const int wg = p.tid >> 7, wi = (p.tid >> 5) & 3;
+    const int64_t N = a.w.rows;
+    p.n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;
+    p.m0 = blockIdx.y * WG_BN;
+    p.nk = (int)(a.w.cols / 64);
+    p.row0 = p.n0 + p.g < N ? p.n0 + p.g : N - 1; p.row1 = p.n0 + p.g + 8 < N ? p.n0 + p.g + 8 : N - 1;
+    return p;
+}
+// the thread's 4 cp.async pieces of x group kt (128 tokens x 64 k, 128-byte swizzled) at st
+__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgTile& p, uint32_t st, int kt) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = p.tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
+        const int m = p.m0 + r < a.T ? p.m0 + r : a.T - 1;
+        cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
+    }
+}
 // the first group decoded into A (its row scales s0, s1) and the second group's words loaded
 template <int F>
 __device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row1, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1,
@@ -6272,13 +6291,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     extern __shared__ __align__(16) uint8_t wg_smem[];
     __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int64_t N = a.w.rows;
-    const int64_t n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;  // this warp's 16 rows
-    const int m0 = blockIdx.y * WG_BN;
-    const int nk = (int)(a.w.cols / 64);
-    const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-    if (tid == 0) {
+    const WgTile p = wg_tile(a);
+    const int nk = p.nk, t = p.t;
+    if (p.tid == 0) {
         for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
         mbar_init_fence();
     }
@@ -6290,13 +6305,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         if (kt >= nk) return;
         const int s = kt % S, use = kt / S;
         if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
-        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
-            const int m = m0 + r < a.T ? m0 + r : a.T - 1;
-            cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
-        }
+        wg_copy_x(a, p, sbase + (uint32_t)s * (WG_BN * 128), kt);
         cp_async_mbar_arrive(&full[s]);
     };
 
@@ -6310,15 +6319,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
     uint32_t A0[16], A1[16];
     float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
-    wg_first<F>(a.w, row0, row1, nk, t, r0, r1, A0, sa0, sa1);
+    wg_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         const int s = kt % S;
         mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, row0, row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+        if (p.lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
         wg_accumulate(acc, tmp, s0, s1);
         load_x(kt + AH);
     };
@@ -6326,7 +6335,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);
         if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
     }
-    wg_store(a, acc, m0, n0, g, t);
+    wg_store(a, acc, p.m0, p.n0, p.g, t);
 }
 // whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
 __global__ void wg_probe_kernel(int* ok) {
@@ -8160,7 +8169,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     GemvX nin;
     if (fin) { nin.mode = GEMV_X_RMS; nin.w = (const bf16_t*)w.input_norm.p; nin.eps = g.eps; }
     // the input projections' pairs in one launch (GpuTuning::pair) where both take the gemv
-    // and gemv2 can pair them
+    // and gemv2 takes them; else as before (attention's two on two streams)
     auto pairs = [&](const Mat& a, const Mat& b) {
         auto on_gemv = [&](const Mat& m) { return T <= LINEAR_GEMV_MAX || tu.force_gemv || lanes || !gemm_ok(m); };
         return tu.pair && on_gemv(a) && on_gemv(b) && gemv2_ok(a, b, T, nin.mode);

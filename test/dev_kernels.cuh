@@ -1439,29 +1439,17 @@ static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
 // __syncthreads every group (lockstep: one's scaling fma never runs under the other's wgmma).
 // Bench.DISABLED_GemmVersions times it beside the product; Gemm.WgmmaVersionsAgree checks it.
 enum { WGS_STAGES = 4 };
-static const size_t WGS_SMEM = (size_t)WGS_STAGES * WG_BN * 128 + 1024;
+static const size_t WGS_SMEM = wg_smem_bytes(WGS_STAGES);
 template <int F>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs a) {
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int64_t N = a.w.rows;
-    const int64_t n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;  // this warp's 16 rows
-    const int m0 = blockIdx.y * WG_BN;
-    const int nk = (int)(a.w.cols / 64);
-    const int64_t row0 = n0 + g < N ? n0 + g : N - 1, row1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+    const WgTile p = wg_tile(a);
+    const int nk = p.nk, t = p.t;
 
     auto load_x = [&](int kt) {
-        if (kt < nk) {
-            const uint32_t st = sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int c = tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
-                const int m = m0 + r < a.T ? m0 + r : a.T - 1;
-                cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
-            }
-        }
+        if (kt < nk) wg_copy_x(a, p, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
         cp_async_commit_m();
     };
 
@@ -1475,21 +1463,21 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
     // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
     uint32_t A0[16], A1[16];
     float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
-    wg_first<F>(a.w, row0, row1, nk, t, r0, r1, A0, sa0, sa1);
+    wg_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         cp_async_wait_m<WGS_STAGES - 2>();
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
         load_x(kt + WGS_STAGES - 1);
-        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, row0, row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         wg_accumulate(acc, tmp, s0, s1);
     };
     for (int kt = 0; kt < nk; kt += 2) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);
         if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
     }
-    wg_store(a, acc, m0, n0, g, t);
+    wg_store(a, acc, p.m0, p.n0, p.g, t);
 }
 // the shared memory opt-in of a wgmma kernel of `smem` bytes, once each
 template <typename K>
