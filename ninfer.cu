@@ -3449,8 +3449,8 @@ static void gemv_xp_forget(cudaStream_t s) {
 }
 
 // GEMV_X_GATED: 1 / rms of the 128-wide head whose LPT entries this thread holds (xr), bit for
-// bit gated_rmsnorm_kernel's: its block_sum over 128 threads of one entry each (each 32-entry
-// slice's shuffle tree, then (w0 + w2) + (w1 + w3) of the slices) replayed on the head's
+// bit gated_rmsnorm_kernel's: its sum of squares (each 32-entry slice's shuffle tree, then
+// (w0 + w2) + (w1 + w3) of the slices, block_sum's over 128 threads of one entry) replayed on the head's
 // 128 / LPT consecutive threads of the warp, an entry's partner at offset m a thread m / LPT
 // away (m >= LPT) or in the thread's own entries
 enum { GEMV_GATED_N = 128 };
@@ -4234,21 +4234,43 @@ static void gemv2(const Mat& w1, void* y1, int ldy1, const Mat& w2, void* y2, in
 
 // ---- 7.3 norms ------------------------------------------------------------------------------
 //
-// one block of NORM_THREADS per row; a row is one token's vector (heads == 1) or one head of it
-// (q/k norm over 256, the gdn gated norm over 128): row r is token r / heads, head r % heads,
-// at x + token*ldx + head*n. two passes over the row (the second hits l1), so y may alias x.
+// a row is one token's vector (heads == 1) or one head of it (q/k norm over 256, the gdn gated
+// norm over 128): row r is token r / heads, head r % heads, at x + token*ldx + head*n.
+// rmsnorm: a block a row; a thread writes only the entries it read, so y may alias x.
 
 enum { NORM_THREADS = 128 };
-static_assert((int)GEMV_GATED_N == (int)NORM_THREADS, "the wide prep's gated norm replays a block of one head entry a thread");
 
 // y = bf16( x * rsqrt(mean(x^2) + eps) * (1 + w) ), all fp32 (model.md 4.1); plain_w: * w
-// (used by no text norm of qwen3.5, kept for the vision tower and tests)
+// (used by no text norm of qwen3.5, kept for the vision tower and tests).
+// vec (rmsnorm_vec: rows of 8-entry, 16-byte aligned pieces, n <= 8 x 1024): a thread's 8
+// entries in one 16-byte load held in registers (one pass, a block of n / 8 threads); else
+// two passes of 2-byte loads (the second hits l1)
+enum { NORM_VEC_MAX = 8 * 1024 };
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(const bf16_t* x, int ldx, bf16_t* y, int ldy,
-                                                               const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w) {
+                                                               const bf16_t* __restrict__ w, int n, int heads, float eps, int plain_w,
+                                                               int vec) {
     pdl_entry_small();
     int r = blockIdx.x, tok = r / heads, hd = r % heads;
     const bf16_t* xr = x + (int64_t)tok * ldx + (int64_t)hd * n;
     bf16_t* yr = y + (int64_t)tok * ldy + (int64_t)hd * n;
+    if (vec) {
+        const int i = threadIdx.x * 8;
+        uint4 xv = make_uint4(0, 0, 0, 0);
+        if (i < n) xv = *(const uint4*)(xr + i);
+        bf16_t* e = (bf16_t*)&xv;
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) { const float v = bf2f(e[j]); ss += v * v; }
+        ss = block_sum(ss);  // every load is done before the block's first barrier: y may alias x
+        const float inv = rsqrtf(ss / (float)n + eps);
+        if (i >= n) return;
+        const uint4 wv = __ldg((const uint4*)(w + i));
+        const bf16_t* we = (const bf16_t*)&wv;
+#pragma unroll
+        for (int j = 0; j < 8; j++) e[j] = f2bf(bf2f(e[j]) * inv * (plain_w ? bf2f(we[j]) : 1.f + bf2f(we[j])));
+        *(uint4*)(yr + i) = xv;
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = bf2f(xr[i]); ss += v * v; }
     ss = block_sum(ss);
@@ -4262,36 +4284,53 @@ static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* 
                     bool plain_w, cudaStream_t stream) {
     CHECK(rows % heads == 0, "rmsnorm: rows %d not a multiple of heads %d", rows, heads);
     // about 8 elements per thread: a decode row of 4096 is one block, and its latency is the
-    // loop over the row, so wide rows get wide blocks (128 .. 1024 threads)
-    const int threads = std::min(1024, std::max((int)NORM_THREADS, (int)CEIL_DIV(n, 8 * 32) * 32));
-    launch_k(rmsnorm_kernel, rows, threads, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0);
+    // loop over the row, so wide rows get wide blocks (128 .. 1024 threads; vec: n / 8)
+    const bool vec = n % 8 == 0 && n <= NORM_VEC_MAX && ldx % 8 == 0 && ldy % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
+                     ((uintptr_t)y & 15) == 0 && ((uintptr_t)w & 15) == 0;
+    const int threads = vec ? (int)CEIL_DIV(n / 8, 32) * 32 : std::min(1024, std::max((int)NORM_THREADS, (int)CEIL_DIV(n, 8 * 32) * 32));
+    launch_k(rmsnorm_kernel, rows, threads, 0, stream, x, ldx, y, ldy, w, n, heads, eps, plain_w ? 1 : 0, vec ? 1 : 0);
     cudaCheck(cudaGetLastError());
 }
 
 // gdn output norm per value head (model.md 3.8), with hf's roundings:
 //   nrm = bf16(o * rsqrt(mean(o^2) + eps)); p = bf16(w * nrm); y = bf16(p * silu(z))  (silu in fp32)
-// o: [T][heads*n] (ldo), z: [T][heads*n] (ldz), w plain (no 1+w)
-__global__ void __launch_bounds__(NORM_THREADS) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo, const bf16_t* __restrict__ z,
-                                                                     int ldz, bf16_t* y, int ldy, const bf16_t* __restrict__ w, int n,
-                                                                     int heads, float eps) {
+// o: [T][heads*n] (ldo), z: [T][heads*n] (ldz), w plain (no 1+w); n = GEMV_GATED_N (the
+// family's dv). one warp a head, lane l holding entries l + 32j: the sum of squares is the
+// tree the decode products' prep replays (gemv_gated_inv: a block_sum over 128 threads of one
+// entry each), each 32-entry slice's shuffle tree then (w0 + w2) + (w1 + w3), with no barrier
+// and four loads in flight a lane (a block a head measured ~3x slower at prefill: bench-notes)
+enum { GATED_HEADS = 4 };  // heads (warps) a block
+__global__ void __launch_bounds__(GATED_HEADS * 32) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo,
+                                                                         const bf16_t* __restrict__ z, int ldz, bf16_t* y, int ldy,
+                                                                         const bf16_t* __restrict__ w, int rows, int heads, float eps) {
+    constexpr int n = GEMV_GATED_N, J = n / 32;
     pdl_entry_small();
-    int r = blockIdx.x, tok = r / heads, hd = r % heads;
+    const int r = blockIdx.x * GATED_HEADS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const int tok = r / heads, hd = r % heads;
     const bf16_t* orow = o + (int64_t)tok * ldo + (int64_t)hd * n;
     const bf16_t* zrow = z + (int64_t)tok * ldz + (int64_t)hd * n;
     bf16_t* yrow = y + (int64_t)tok * ldy + (int64_t)hd * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) { float v = bf2f(orow[i]); ss += v * v; }
-    ss = block_sum(ss);
-    float inv = rsqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
-        float nrm = bfround(bf2f(orow[i]) * inv);
-        float p = bfround(bf2f(w[i]) * nrm);
+    float ov[J], sq[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) { ov[j] = bf2f(orow[lane + 32 * j]); sq[j] = warp_sum(ov[j] * ov[j]); }
+    static_assert(J == 4, "the gated norm's tree is block_sum's over 4 warps");
+    const float ss = (sq[0] + sq[2]) + (sq[1] + sq[3]);
+    const float inv = rsqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = lane + 32 * j;
+        const float nrm = bfround(ov[j] * inv);
+        const float p = bfround(bf2f(w[i]) * nrm);
         yrow[i] = f2bf(p * silu_f(bf2f(zrow[i])));
     }
 }
 static void gated_rmsnorm(const bf16_t* o, int ldo, const bf16_t* z, int ldz, bf16_t* y, int ldy, const bf16_t* w, int n,
                           int T, int heads, float eps, cudaStream_t stream) {
-    launch_k(gated_rmsnorm_kernel, T * heads, NORM_THREADS, 0, stream, o, ldo, z, ldz, y, ldy, w, n, heads, eps);
+    CHECK(n == GEMV_GATED_N, "gated_rmsnorm: heads of %d, the kernel takes %d", n, (int)GEMV_GATED_N);
+    const int rows = T * heads;
+    launch_k(gated_rmsnorm_kernel, (unsigned)CEIL_DIV(rows, (int)GATED_HEADS), GATED_HEADS * 32, 0, stream, o, ldo, z, ldz, y, ldy, w,
+             rows, heads, eps);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4450,8 +4489,11 @@ static void conv_step(const bf16_t* u, int ldu, const bf16_t* w, bf16_t* state, 
 // prefill: T tokens, each thread one channel and CONV_TOKENS consecutive tokens. inputs
 // before the first token come from state_in (nullptr: zeros). the state is not touched here
 // (blocks of later tokens may still read state_in); conv_state_update writes it afterwards.
+// a thread's inputs are all loaded before its first store (y never aliases u), so its
+// CONV_TOKENS loads are in flight together rather than one a token after each store
 __global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t* __restrict__ u, int ldu, const bf16_t* __restrict__ w,
-                                                                    const bf16_t* state_in, bf16_t* y, int ldy, int T, int conv_dim) {
+                                                                    const bf16_t* state_in, bf16_t* __restrict__ y, int ldy, int T,
+                                                                    int conv_dim) {
     pdl_entry();
     int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (ch >= conv_dim) return;
@@ -4463,11 +4505,14 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_prefill_kernel(const bf16_t
         return state_in ? bf2f(state_in[(3 + t) * D + ch]) : 0.f;
     };
     float s0 = in(t0 - 3), s1 = in(t0 - 2), s2 = in(t0 - 1);
-    int t1 = t0 + CONV_TOKENS < T ? t0 + CONV_TOKENS : T;
-    for (int t = t0; t < t1; t++) {
-        float x = in(t);
-        float acc = fmaf(w3, x, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
-        y[(int64_t)t * ldy + ch] = f2bf(silu_f(acc));
+    float xs[CONV_TOKENS];
+#pragma unroll
+    for (int j = 0; j < CONV_TOKENS; j++) xs[j] = t0 + j < T ? bf2f(u[(int64_t)(t0 + j) * ldu + ch]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < CONV_TOKENS; j++) {
+        const float x = xs[j];
+        const float acc = fmaf(w3, x, fmaf(w2, s2, fmaf(w1, s1, w0 * s0)));
+        if (t0 + j < T) y[(int64_t)(t0 + j) * ldy + ch] = f2bf(silu_f(acc));
         s0 = s1; s1 = s2; s2 = x;
     }
 }
@@ -5859,6 +5904,9 @@ struct GemmArgs {
     const bf16_t* x; int ldx; int T;
     void* y; int ldy; int y_f32;
     const bf16_t* resid; int ldr;
+    // the wgmma kernel only (gemm_swiglu): w is [gate | up] (rows 2I) and y[t][i] (bf16, i < I)
+    // is swiglu_kernel's bf16(bf16(silu(bf16 gate)) * bf16 up) of the two products
+    int swiglu;
 };
 // y[m][n] = v (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of v),
 // the store of both gemm kernels
@@ -6209,7 +6257,9 @@ __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1
 }
 
 // a thread's place in a wgmma gemm block: warp wi of warpgroup wg takes the 16 weight rows from
-// n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WG_BN
+// n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WG_BN.
+// swiglu: the warp takes the 8 gate rows from n0 (row0: n0 + g) and their 8 up rows (row1: I +
+// n0 + g, I = rows / 2), so a thread holds the gate and the up of each of its outputs
 struct WgTile {
     int tid, lane, g, t, m0, nk;
     int64_t n0, row0, row1;
@@ -6219,10 +6269,16 @@ __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
     p.tid = threadIdx.x; p.lane = p.tid & 31; p.g = p.lane >> 2; p.t = p.lane & 3;
     const int wg = p.tid >> 7, wi = (p.tid >> 5) & 3;
     const int64_t N = a.w.rows;
-    p.n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;
     p.m0 = blockIdx.y * WG_BN;
     p.nk = (int)(a.w.cols / 64);
-    p.row0 = p.n0 + p.g < N ? p.n0 + p.g : N - 1; p.row1 = p.n0 + p.g + 8 < N ? p.n0 + p.g + 8 : N - 1;
+    if (a.swiglu) {
+        const int64_t I = N / 2;
+        p.n0 = (int64_t)blockIdx.x * (WG_BM / 2) + wg * 32 + wi * 8;
+        p.row0 = p.n0 + p.g < I ? p.n0 + p.g : I - 1; p.row1 = I + p.row0;
+    } else {
+        p.n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;
+        p.row0 = p.n0 + p.g < N ? p.n0 + p.g : N - 1; p.row1 = p.n0 + p.g + 8 < N ? p.n0 + p.g + 8 : N - 1;
+    }
     return p;
 }
 // the thread's 4 cp.async pieces of x group kt (128 tokens x 64 k, 128-byte swizzled) at st
@@ -6273,7 +6329,20 @@ __device__ __forceinline__ void wg_accumulate(float (&acc)[64], const float (&tm
     }
 }
 // the warp's tile of y: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
+// (swiglu: the gate and the up of output n0 + g)
 __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[64], int m0, int64_t n0, int g, int t) {
+    if (a.swiglu) {
+        const int64_t n = n0 + g;
+        if (n >= a.w.rows / 2) return;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int m = m0 + 8 * j + 2 * t + e;
+                if (m < a.T) ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(bfround(silu_f(bfround(acc[4 * j + e]))) * bfround(acc[4 * j + 2 + e]));
+            }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -6350,19 +6419,33 @@ static bool g_gemm_wgmma = false;  // gemm() takes the wgmma kernel for q4 / q5 
 static bool gemm_ok(const Mat& w) {
     return (format_grouped(w.format) || w.format == FMT_BF16) && w.cols % GM_BK == 0;
 }
-static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
-                 cudaStream_t stream) {
+static bool gemm_on_wgmma(const Mat& w) { return g_gemm_wgmma && (w.format == FMT_Q4 || w.format == FMT_Q5 || w.format == FMT_Q6); }
+static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
-    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
-    if (g_gemm_wgmma && (w.format == FMT_Q4 || w.format == FMT_Q5 || w.format == FMT_Q6)) {
-        dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
-        if (w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4>, grid, WG_THREADS, WG_SMEM, stream, a);
-        else if (w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5>, grid, WG_THREADS, WG_SMEM, stream, a);
-        else launch_k(gemm_wgmma_kernel<FMT_Q6>, grid, WG_THREADS, WG_SMEM, stream, a);
-        cudaCheck(cudaGetLastError());
-        return;
-    }
+}
+static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {
+    const int64_t tiles = a.swiglu ? CEIL_DIV(a.w.rows / 2, (int64_t)WG_BM / 2) : CEIL_DIV(a.w.rows, (int64_t)WG_BM);
+    dim3 grid((unsigned)tiles, (unsigned)CEIL_DIV(a.T, WG_BN));
+    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else launch_k(gemm_wgmma_kernel<FMT_Q6>, grid, WG_THREADS, WG_SMEM, stream, a);
+    cudaCheck(cudaGetLastError());
+}
+// gate_up's product with swiglu in its epilogue (the wgmma kernel: where gemm_on_wgmma), so
+// prefill writes y [T][I] and no [T][2I] product and runs no swiglu kernel; the bits of gemm +
+// swiglu (each output its own dot product in the same k order, then swiglu_kernel's roundings)
+static bool gemm_swiglu_ok(const Mat& w) { return gemm_ok(w) && gemm_on_wgmma(w) && w.rows % 2 == 0; }
+static void gemm_swiglu(const Mat& w, const bf16_t* x, int ldx, int T, bf16_t* y, int ldy, cudaStream_t stream) {
+    gemm_check(w, x, ldx, T);
+    CHECK(gemm_swiglu_ok(w), "gemm_swiglu: format %s, %lld rows, wgmma %d", format_name(w.format), (long long)w.rows, (int)g_gemm_wgmma);
+    gemm_wgmma(GemmArgs{w, x, ldx, T, y, ldy, 0, nullptr, 0, 1}, stream);
+}
+static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
+                 cudaStream_t stream) {
+    gemm_check(w, x, ldx, T);
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr, 0};
+    if (gemm_on_wgmma(w)) { gemm_wgmma(a, stream); return; }
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
     switch (w.format) {
         case FMT_Q4: launch_k(gemm_kernel<FMT_Q4>, grid, GM_THREADS, GM_SMEM, stream, a); break;
@@ -7430,6 +7513,8 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //                  (NINFER_FORK=0: one stream). ~1% of a step (v2)
 //   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
 //                  tests and bench_gpu). 3.32 -> 3.20 ms a step (v5)
+//   fuse_swiglu true  prefill: gate_up's wgmma gemm makes swiglu in its epilogue (gemm_swiglu)
+//                  instead of writing [T][2I] for swiglu_kernel (NINFER_FUSE_SWIGLU=0: off)
 //   fuse_gated true decode (with fuse_x): a deltanet layer's output product reads the gated norm
 //                  from its prep (GEMV_X_GATED) instead of gated_rmsnorm's output (NINFER_FUSE_GATED=0:
 //                  off). 9b step 3.016 -> 2.990 ms, 64 lanes at 760 10.672 -> 10.616 (h200, issue 14)
@@ -7473,6 +7558,7 @@ struct GpuTuning {
     int gemv_occ_rows = GEMV_OCC_ROWS;
     bool lane_draw = true;
     bool pair = true;
+    bool fuse_swiglu = true;
     bool force_gemv = false, force_attn_decode = false, force_gdn_step = false, force_host_sample = false;
 };
 static GpuTuning gpu_tuning_from_env() {
@@ -7483,6 +7569,7 @@ static GpuTuning gpu_tuning_from_env() {
     t.fork = !off("NINFER_FORK");
     t.fuse_gated = !off("NINFER_FUSE_GATED");
     t.pair = !off("NINFER_PAIR");
+    t.fuse_swiglu = !off("NINFER_FUSE_SWIGLU");
     if (const char* gc = getenv("NINFER_GDN_CHUNKED")) t.gdn_chunked_min = atoi(gc) > 0 ? atoi(gc) : (1 << 30);
     if (const char* as = getenv("NINFER_ATT_SPLITS")) t.attn_splits = std::min(std::max(atoi(as), 1), 4096);
     if (const char* ak = getenv("NINFER_ATT_MIN_KEYS")) t.attn_min_keys = std::min(std::max(atoi(ak), 1), 1 << 20);
@@ -8267,9 +8354,16 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     GemvX npost, sw;
     if (fu.post_norm) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }
     else rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
-    linear(w.gate_up, npost.mode ? e->x : e->xb, H, e->gu, 2 * g.I, nullptr, s, npost);
-    if (fu.swiglu) sw.mode = GEMV_X_SWIGLU;
-    else swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
+    // a prefill piece's gate_up on the wgmma gemm makes swiglu in its epilogue (GpuTuning::fuse_swiglu)
+    const bool sw_gemm = tu.fuse_swiglu && !npost.mode && T > LINEAR_GEMV_MAX && !tu.force_gemv && !lanes && gemm_swiglu_ok(w.gate_up);
+    if (sw_gemm) {
+        gemv_xp_forget(s);
+        gemm_swiglu(w.gate_up, e->xb, H, T, e->hb, g.I, s);
+    } else {
+        linear(w.gate_up, npost.mode ? e->x : e->xb, H, e->gu, 2 * g.I, nullptr, s, npost);
+        if (fu.swiglu) sw.mode = GEMV_X_SWIGLU;
+        else swiglu(e->gu, 2 * g.I, e->hb, g.I, g.I, T, s);
+    }
     linear(w.down, sw.mode ? e->gu : e->hb, sw.mode ? 2 * g.I : g.I, e->x, H, e->x, s, sw);
 }
 

@@ -397,10 +397,11 @@ TEST_P(GpuModel, ChunkedPrefillMatchesCpu) {
     EXPECT_LT(w2, tol);
 }
 
-// the launch knobs that stay (GpuTuning: pdl, fork, pair) switched off: they change only how
-// kernels are launched (programmatic dependent launch, a second stream / graph branches, the
-// input projections' pairs in one launch or two), never what they compute, so prefill logits
-// and graph-replayed decode steps are bit-identical
+// the launch knobs that stay (GpuTuning: pdl, fork, pair, fuse_swiglu) switched off: they change
+// only how kernels are launched (programmatic dependent launch, a second stream / graph
+// branches, the input projections' pairs in one launch or two, prefill's swiglu in gate_up's
+// epilogue or its own kernel), never what they compute, so prefill logits and graph-replayed
+// decode steps are bit-identical
 TEST_P(GpuModel, LaunchKnobsOffBitIdentical) {
     BOTH_OR_SKIP(B, GetParam().path, 128, 64);
     const int n = 20, steps = 6;
@@ -414,10 +415,11 @@ TEST_P(GpuModel, LaunchKnobsOffBitIdentical) {
         return rows;
     };
     const auto ref = run(B.g);
-    const char* knob[] = {"pdl", "fork", "pair"};
-    for (int k = 0; k < 3; k++) {
+    const char* knob[] = {"pdl", "fork", "pair", "fuse_swiglu"};
+    for (int k = 0; k < 4; k++) {
         GpuOpts o; o.max_context = 128; o.prefill_chunk = 64; o.quiet = true;
-        (k == 0 ? o.tune.pdl : k == 1 ? o.tune.fork : o.tune.pair) = false;
+        bool* off[] = {&o.tune.pdl, &o.tune.fork, &o.tune.pair, &o.tune.fuse_swiglu};
+        *off[k] = false;
         std::string err;
         GpuEngine* e = gpu_build(&B.m, o, &err);
         ASSERT_TRUE(e) << err;

@@ -736,6 +736,8 @@ TEST(Norms, RmsNorm) {
         {256, 2, 16, 5120, false, "q_norm 16 heads of 256"},
         {256, 3, 4, 5120, false, "k_norm 4 heads of 256"},
         {1000, 2, 1, 1000, true, "plain w 1000"},
+        {1000, 3, 1, 1004, false, "ld 1004: the two-pass path"},
+        {500, 2, 1, 500, true, "plain w 500: the two-pass path"},
     };
     for (auto& c : cases) {
         int rows = c.T * c.heads;
@@ -1884,6 +1886,36 @@ TEST(Gemm, WgmmaVersionsAgree) {
             EXPECT_EQ(memcmp(ref.data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0)
                 << kWgStageForms[i][0] << " stages, " << kWgStageForms[i][1] << " ahead";
         }
+    }
+}
+
+// gate_up's product with swiglu in its epilogue (gemm_swiglu, the wgmma kernel) against the
+// product into [T][2I] then swiglu_kernel: the same bits, memcmp of the whole poisoned output
+// (row gaps included); features past a partial tile, token tiles past T, q4 / q5 / q6
+TEST(Gemm, SwigluEpilogueEqualsGemmThenSwiglu) {
+    NEED_GPU();
+    if (!g_gemm_wgmma) GTEST_SKIP() << "no sm_90a code for this device";
+    const struct { NumFormat f; int64_t I, K; int T; } cases[] = {
+        {FMT_Q4, 64, 64, 128}, {FMT_Q5, 300, 192, 77}, {FMT_Q6, 520, 1024, 130}, {FMT_Q4, 1536, 4096, 300}, {FMT_Q5, 100, 256, 9}};
+    for (const auto& c : cases) {
+        SCOPED_TRACE(std::string(format_name(c.f)) + " I=" + std::to_string(c.I) + " K=" + std::to_string(c.K) + " T=" + std::to_string(c.T));
+        HostMat hm = make_mat(c.f, 2 * c.I, c.K, g_stream++);
+        Rng r = rng();
+        const int ldy = (int)c.I + 5;
+        Dev dw(hm.bytes.size()), dx((size_t)c.T * c.K * 2), gu((size_t)c.T * 2 * c.I * 2), y0((size_t)c.T * ldy * 2), y1(y0.n);
+        up(dw, hm.bytes); up(dx, rand_bf16(r, (size_t)c.T * c.K, 1.f));
+        const Mat m = mat_from(&hm.obj, dw.as<uint8_t>());
+        ASSERT_TRUE(gemm_swiglu_ok(m));
+        gu.poison(); y0.poison(); y1.poison();
+        gemm(m, dx.as<bf16_t>(), (int)c.K, c.T, gu.p, (int)(2 * c.I), false, nullptr, 0, 0);
+        swiglu(gu.as<bf16_t>(), (int)(2 * c.I), y0.as<bf16_t>(), ldy, (int)c.I, c.T, 0);
+        gemm_swiglu(m, dx.as<bf16_t>(), (int)c.K, c.T, y1.as<bf16_t>(), ldy, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const auto want = down<uint16_t>(y0, (size_t)c.T * ldy), got = down<uint16_t>(y1, (size_t)c.T * ldy);
+        size_t differ = 0, first = SIZE_MAX;
+        for (size_t i = 0; i < want.size(); i++)
+            if (want[i] != got[i]) { differ++; if (first == SIZE_MAX) first = i; }
+        EXPECT_EQ(differ, 0u) << "first at token " << (first / ldy) << ", feature " << (first % ldy);
     }
 }
 
