@@ -5904,9 +5904,6 @@ struct GemmArgs {
     const bf16_t* x; int ldx; int T;
     void* y; int ldy; int y_f32;
     const bf16_t* resid; int ldr;
-    // the wgmma kernel only (gemm_swiglu): w is [gate | up] (rows 2I) and y[t][i] (bf16, i < I)
-    // is swiglu_kernel's bf16(bf16(silu(bf16 gate)) * bf16 up) of the two products
-    int swiglu;
 };
 // y[m][n] = v (+ the residual: fp32 out adds it in fp32; bf16 out adds it to the bf16 of v),
 // the store of both gemm kernels
@@ -6258,12 +6255,15 @@ __device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1
 
 // a thread's place in a wgmma gemm block: warp wi of warpgroup wg takes the 16 weight rows from
 // n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WG_BN.
-// swiglu: the warp takes the 8 gate rows from n0 (row0: n0 + g) and their 8 up rows (row1: I +
-// n0 + g, I = rows / 2), so a thread holds the gate and the up of each of its outputs
+// SW (gemm_swiglu: w is [gate | up], rows 2I): the warp takes the 8 gate rows from n0 (row0: n0 +
+// g) and their 8 up rows (row1: I + n0 + g), so a thread holds the gate and the up of each of
+// its outputs. a template parameter, not a field: a runtime branch here and in wg_store cost the
+// plain kernel 1.7% (bench-notes, session 21)
 struct WgTile {
     int tid, lane, g, t, m0, nk;
     int64_t n0, row0, row1;
 };
+template <bool SW = false>
 __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
     WgTile p;
     p.tid = threadIdx.x; p.lane = p.tid & 31; p.g = p.lane >> 2; p.t = p.lane & 3;
@@ -6271,7 +6271,7 @@ __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
     const int64_t N = a.w.rows;
     p.m0 = blockIdx.y * WG_BN;
     p.nk = (int)(a.w.cols / 64);
-    if (a.swiglu) {
+    if constexpr (SW) {
         const int64_t I = N / 2;
         p.n0 = (int64_t)blockIdx.x * (WG_BM / 2) + wg * 32 + wi * 8;
         p.row0 = p.n0 + p.g < I ? p.n0 + p.g : I - 1; p.row1 = I + p.row0;
@@ -6328,10 +6328,12 @@ __device__ __forceinline__ void wg_accumulate(float (&acc)[64], const float (&tm
         acc[4 * j + 3] = fmaf(s1, tmp[4 * j + 3], acc[4 * j + 3]);
     }
 }
-// the warp's tile of y: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8
-// (swiglu: the gate and the up of output n0 + g)
+// the warp's tile of y: d[4j + {0,1}] = row g, tokens 8j + 2t + {0,1}; d[4j + {2,3}] = row g + 8.
+// SW: the gate and the up of output n0 + g, stored as swiglu_kernel's bf16(bf16(silu(bf16
+// gate)) * bf16 up) (y bf16 [T][I], no residual)
+template <bool SW = false>
 __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[64], int m0, int64_t n0, int g, int t) {
-    if (a.swiglu) {
+    if constexpr (SW) {
         const int64_t n = n0 + g;
         if (n >= a.w.rows / 2) return;
 #pragma unroll
@@ -6353,14 +6355,15 @@ __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[6
         }
 }
 
-// S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others)
-template <int F, int S = WG_STAGES, int AH = WG_AHEAD>
+// S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others);
+// SW: gemm_swiglu's epilogue
+template <int F, int S = WG_STAGES, int AH = WG_AHEAD, bool SW = false>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
     __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const WgTile p = wg_tile(a);
+    const WgTile p = wg_tile<SW>(a);
     const int nk = p.nk, t = p.t;
     if (p.tid == 0) {
         for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
@@ -6404,7 +6407,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         step(kt, A0, sa0, sa1, A1, sb0, sb1);
         if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
     }
-    wg_store(a, acc, p.m0, p.n0, p.g, t);
+    wg_store<SW>(a, acc, p.m0, p.n0, p.g, t);
 }
 // whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
 __global__ void wg_probe_kernel(int* ok) {
@@ -6424,12 +6427,14 @@ static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
 }
+template <bool SW>
 static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {
-    const int64_t tiles = a.swiglu ? CEIL_DIV(a.w.rows / 2, (int64_t)WG_BM / 2) : CEIL_DIV(a.w.rows, (int64_t)WG_BM);
+    const int64_t tiles = SW ? CEIL_DIV(a.w.rows / 2, (int64_t)WG_BM / 2) : CEIL_DIV(a.w.rows, (int64_t)WG_BM);
     dim3 grid((unsigned)tiles, (unsigned)CEIL_DIV(a.T, WG_BN));
-    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else launch_k(gemm_wgmma_kernel<FMT_Q6>, grid, WG_THREADS, WG_SMEM, stream, a);
+    constexpr int S = WG_STAGES, AH = WG_AHEAD;
+    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else launch_k(gemm_wgmma_kernel<FMT_Q6, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
     cudaCheck(cudaGetLastError());
 }
 // gate_up's product with swiglu in its epilogue (the wgmma kernel: where gemm_on_wgmma), so
@@ -6439,13 +6444,13 @@ static bool gemm_swiglu_ok(const Mat& w) { return gemm_ok(w) && gemm_on_wgmma(w)
 static void gemm_swiglu(const Mat& w, const bf16_t* x, int ldx, int T, bf16_t* y, int ldy, cudaStream_t stream) {
     gemm_check(w, x, ldx, T);
     CHECK(gemm_swiglu_ok(w), "gemm_swiglu: format %s, %lld rows, wgmma %d", format_name(w.format), (long long)w.rows, (int)g_gemm_wgmma);
-    gemm_wgmma(GemmArgs{w, x, ldx, T, y, ldy, 0, nullptr, 0, 1}, stream);
+    gemm_wgmma<true>(GemmArgs{w, x, ldx, T, y, ldy, 0, nullptr, 0}, stream);
 }
 static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
                  cudaStream_t stream) {
     gemm_check(w, x, ldx, T);
-    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr, 0};
-    if (gemm_on_wgmma(w)) { gemm_wgmma(a, stream); return; }
+    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, resid, ldr};
+    if (gemm_on_wgmma(w)) { gemm_wgmma<false>(a, stream); return; }
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)GM_BN), (unsigned)CEIL_DIV(T, GM_BM));
     switch (w.format) {
         case FMT_Q4: launch_k(gemm_kernel<FMT_Q4>, grid, GM_THREADS, GM_SMEM, stream, a); break;
@@ -7162,9 +7167,10 @@ static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
     }
     g_gemm_wgmma = wg_here == 1 && wgmma;
     if (wg_here == 1) {
-        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
-        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
-        cudaCheck(cudaFuncSetAttribute(gemm_wgmma_kernel<FMT_Q6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+        constexpr int S = WG_STAGES, AH = WG_AHEAD;
+        for (auto k : {gemm_wgmma_kernel<FMT_Q4, S, AH, false>, gemm_wgmma_kernel<FMT_Q5, S, AH, false>, gemm_wgmma_kernel<FMT_Q6, S, AH, false>,
+                       gemm_wgmma_kernel<FMT_Q4, S, AH, true>, gemm_wgmma_kernel<FMT_Q5, S, AH, true>, gemm_wgmma_kernel<FMT_Q6, S, AH, true>})
+            cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();
     gemv_xp_init<FMT_Q4>(); gemv_xp_init<FMT_Q5>(); gemv_xp_init<FMT_Q6>(); gemv_xp_init<FMT_W8>(); gemv_xp2_init();
@@ -8482,9 +8488,11 @@ static void gpu_stage_inputs(GpuEngine* e, bool decode, const int* ids, const in
 // contract (ids may be null or < 0 per row with embed_override [T, H] fp32; pos3 [3, T] or
 // null; logits [T, vocab] when all_logits, else [vocab], may be null), plus snap_slots: for a
 // decode-path call (T <= 8), the gdn slot each column writes its state to (null: the live slot
-// after the last column). the last row's logits stay on the device (e->last_logits).
+// after the last column). the last row's logits stay on the device (e->last_logits). head
+// false (a prompt's piece before its last, where nothing reads the logits): no final norm and
+// head, logits must be null and e->last_logits is left stale.
 static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_override, const int* pos3, int T, float* logits,
-                        bool all_logits, const int* snap_slots = nullptr) {
+                        bool all_logits, const int* snap_slots = nullptr, bool head = true) {
     const Geometry& g = e->m->geo;
     CHECK(T >= 1 && T <= e->T_max, "gpu forward of %d tokens (at most %d per call)", T, e->T_max);
     CHECK(e->pos + T <= e->capacity, "context overflow: %d + %d > %d", e->pos, T, e->capacity);
@@ -8492,6 +8500,7 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
     CHECK(gpu_lane_reserve(e, e->lane, e->pos + T), "lane %d: no free kv pages for rows up to %d (the caller reserves first)", e->lane, e->pos + T);
     const bool decode = T <= DEC_COLS;
     CHECK(!snap_slots || decode, "per-column state snapshots need a decode-path call (T <= %d)", DEC_COLS);
+    CHECK(head || (!logits && !all_logits), "a forward call without its head returns no logits");
     std::vector<int> idv;
     if (embed_override) {
         std::vector<uint16_t> rows((size_t)T * g.H);
@@ -8505,8 +8514,8 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
     for (int t = 0; t < T && ids; t++) CHECK(ids[t] < g.vocab && (ids[t] >= 0 || embed_override), "token id %d outside the embedding", ids[t]);
     gpu_stage_inputs(e, decode, ids, pos3, T, snap_slots);
     const StepPtrs& P = decode ? e->dec : e->pre;
-    const int head = all_logits ? HEAD_ALL : HEAD_LAST;
-    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), head, decode);
+    const int rows = !head ? HEAD_NONE : all_logits ? HEAD_ALL : HEAD_LAST;
+    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), rows, decode);
     e->last_logits = e->logits + (all_logits ? (size_t)(T - 1) * g.vocab : 0);
     if (logits) {
         cudaCheck(cudaMemcpyAsync(logits, e->logits, (size_t)(all_logits ? T : 1) * g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
@@ -8846,8 +8855,8 @@ static GenStats generate_gpu(GpuEngine* e, Sampler* smp, const std::vector<int>&
         if (!cancel.fn) return false;
         if (i > 0) cudaCheck(cudaStreamSynchronize(e->stream));
         return cancel();
-    }, [&](const int* ids, const float* rows, const int* pos3, int T, bool) {
-        gpu_forward(e, ids, rows, pos3, T, all_rows ? logits.data() : nullptr, all_rows);
+    }, [&](const int* ids, const float* rows, const int* pos3, int T, bool last) {
+        gpu_forward(e, ids, rows, pos3, T, all_rows ? logits.data() : nullptr, all_rows, nullptr, all_rows || last);
         if (all_rows) tap->prompt_rows(tap->ctx, logits.data(), T, g.vocab);
     });
     if (!prefilled) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
@@ -9100,7 +9109,7 @@ static GenStats generate_spec_gpu(GpuEngine* e, Sampler* smp, const std::vector<
             if (cancel()) { s.cancelled = true; s.prefill_s = now_s() - t0; return s; }
         }
         const int T = std::min(e->T_max, n - i);
-        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, nullptr, false);
+        gpu_forward(e, prompt.data() + i, nullptr, nullptr, T, nullptr, false, nullptr, i + T == n);
         rmsnorm(e->x, H, mt.hid, H, (const bf16_t*)e->w.final_norm.p, H, T, 1, g.eps, false, e->stream);
         if (i + T < n) { gpu_mtp_rows(e, prompt.data() + i + 1, T, base + i, mt.hid, mt.mh); mt.pos = e->pos; continue; }
         last0 = i; lastT = T;
@@ -9817,7 +9826,7 @@ static GenStats generate_lane(Engine* en, Sampler* smp, const std::vector<int>& 
         float* out = all_rows ? logits.data() : last ? row : nullptr;
         if (en->gpu) {
             GpuEngine* e = engine_gpu(en);
-            gpu_forward(e, ids, rows, pos3, T, all_rows ? out : nullptr, all_rows);
+            gpu_forward(e, ids, rows, pos3, T, all_rows ? out : nullptr, all_rows, nullptr, all_rows || last);
             if (last && !all_rows) {
                 cudaCheck(cudaMemcpyAsync(row, e->last_logits, (size_t)g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
                 cudaCheck(cudaStreamSynchronize(e->stream));
