@@ -6343,16 +6343,16 @@ __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[6
                 const int m = m0 + 8 * j + 2 * t + e;
                 if (m < a.T) ((bf16_t*)a.y)[(int64_t)m * a.ldy + n] = f2bf(bfround(silu_f(bfround(acc[4 * j + e]))) * bfround(acc[4 * j + 2 + e]));
             }
-        return;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = m0 + 8 * j + 2 * t + (e & 1);
+                const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
+                if (m < a.T && n < a.w.rows) gemm_store(a, m, n, acc[4 * j + e]);
+            }
     }
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int m = m0 + 8 * j + 2 * t + (e & 1);
-            const int64_t n = n0 + g + (e >= 2 ? 8 : 0);
-            if (m < a.T && n < a.w.rows) gemm_store(a, m, n, acc[4 * j + e]);
-        }
 }
 
 // S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others);
