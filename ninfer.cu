@@ -6119,13 +6119,10 @@ enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_AHEAD = 3, WG_THREADS = 256 }
 static constexpr size_t wg_smem_bytes(int stages) { return (size_t)stages * WG_BN * 128 + 1024; }  // + the 1024-byte alignment
 static const size_t WG_SMEM = wg_smem_bytes(WG_STAGES);
 
-// the descriptor as its low word (start >> 4, leading offset 1: unused with the swizzle) and a
-// constant high word (stride between 8-row groups 1024 B, 128-byte swizzle). the kernels add
-// byte offsets / 16 to a stage's low word, which stays exact below 256 KB of shared memory: one
-// uniform add a wgmma where the whole descriptor built from its address took ~6
-enum : uint32_t { WG_DESC_HI = (1024 >> 4) | (1u << 30) };
-__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) { return (uint64_t)WG_DESC_HI << 32 | lo; }
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
+    // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -6302,18 +6299,18 @@ __device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row
     s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
     wg_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
 }
-// group kt's 4 wgmmas from A on the x stage whose descriptor's low word is dlo (wg_desc_lo) into
-// tmp (its partial, from zero); while they run, group kt + 1 decoded from r0, r1 into An (its
-// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
+// group kt's 4 wgmmas from A on the x stage at st into tmp (its partial, from zero); while they
+// run, group kt + 1 decoded from r0, r1 into An (its scales n0, n1) and group kt + 2's words
+// loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
 // tracks the in-flight registers (the last steps decode and load the last group again, unused)
 template <int F>
-__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t dlo, const Mat& w, int64_t row0, int64_t row1,
+__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t st, const Mat& w, int64_t row0, int64_t row1,
                                          int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
 #pragma unroll
     for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc(dlo + ks * (32 >> 4)), ks);
+    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
     wg_commit();
     wg_decode<F>(r0, r1, t, An);
     n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
@@ -6366,7 +6363,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     extern __shared__ __align__(16) uint8_t wg_smem[];
     __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const uint32_t dlo0 = wg_desc_lo(sbase);
     const WgTile p = wg_tile<SW>(a);
     const int nk = p.nk, t = p.t;
     if (p.tid == 0) {
@@ -6401,7 +6397,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         const int s = kt % S;
         mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        wg_group<F>(tmp, A, dlo0 + (uint32_t)s * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         __syncwarp();
         if (p.lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
         wg_accumulate(acc, tmp, s0, s1);

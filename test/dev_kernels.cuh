@@ -1470,8 +1470,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
         load_x(kt + WGS_STAGES - 1);
-        wg_group<F>(tmp, A, wg_desc_lo(sbase) + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An,
-                    n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         wg_accumulate(acc, tmp, s0, s1);
     };
     for (int kt = 0; kt < nk; kt += 2) {
