@@ -41,7 +41,8 @@
 //                            speculative verification column: sample_spec_kernel, the
 //                            lanes' draws: sample_lanes), 7.9 shared-memory matrix
 //                            helpers (ldmatrix, cp.async, mbarriers), 7.10 gemm (mma.sync;
-//                            wgmma on sm_90a, its stages on mbarriers) + linear, 7.11
+//                            wgmma on sm_90a, its stages on mbarriers; gate_up's swiglu
+//                            epilogue: gemm_swiglu) + linear, 7.11
 //                            deltanet prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
@@ -7458,8 +7459,10 @@ __global__ void spec_draft_kernel(const int* amax, const int32_t* remap, int* re
 // one forward call runs T tokens (columns) at kv rows pos..pos+T-1:
 //   T <= 8 (decode; mtp verification): gemv, conv_step / gdn_step through the slot map,
 //     attn_decode split over the context with a per-bucket plan
-//   T > 8 (prefill piece): gemm, conv_prefill, l2norm + gdn_gates + gdn_prefill (recurrent below
-//     GpuTuning::gdn_chunked_min tokens, chunked from there on), flash_prefill
+//   T > 8 (prefill piece): gemm (gate_up with swiglu in its epilogue where the wgmma kernel
+//     runs: GpuTuning::fuse_swiglu), conv_prefill, l2norm + gdn_gates + gdn_prefill (recurrent
+//     below GpuTuning::gdn_chunked_min tokens, chunked from there on), flash_prefill; a prompt's
+//     pieces before its last skip the final norm and the head (gpu_forward's head)
 // numerics follow model.md 8: bf16 activations and residual stream, fp32 inside every kernel,
 // fp32 deltanet state, fp32 logits.
 //
