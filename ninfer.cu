@@ -4299,7 +4299,7 @@ static void rmsnorm(const bf16_t* x, int ldx, bf16_t* y, int ldy, const bf16_t* 
 // family's dv). one warp a head, lane l holding entries l + 32j: the sum of squares is the
 // tree the decode products' prep replays (gemv_gated_inv: a block_sum over 128 threads of one
 // entry each), each 32-entry slice's shuffle tree then (w0 + w2) + (w1 + w3), with no barrier
-// and four loads in flight a lane (a block a head measured ~3x slower at prefill: bench-notes)
+// and four loads in flight a lane (a block a head measured 2.7x slower at prefill: bench-notes)
 enum { GATED_HEADS = 4 };  // heads (warps) a block
 __global__ void __launch_bounds__(GATED_HEADS * 32) gated_rmsnorm_kernel(const bf16_t* __restrict__ o, int ldo,
                                                                          const bf16_t* __restrict__ z, int ldz, bf16_t* y, int ldy,
@@ -7523,7 +7523,8 @@ enum { HEAD_NONE = 0, HEAD_LAST = 1, HEAD_ALL = 2 };
 //   fuse_x   true  decode: row norms and swiglu made inside the gemvs' x staging (no env;
 //                  tests and bench_gpu). 3.32 -> 3.20 ms a step (v5)
 //   fuse_swiglu true  prefill: gate_up's wgmma gemm makes swiglu in its epilogue (gemm_swiglu)
-//                  instead of writing [T][2I] for swiglu_kernel (NINFER_FUSE_SWIGLU=0: off)
+//                  instead of writing [T][2I] for swiglu_kernel (NINFER_FUSE_SWIGLU=0: off). 9b
+//                  pp4096 18.8k -> 19.6k (h100, session 21)
 //   fuse_gated true decode (with fuse_x): a deltanet layer's output product reads the gated norm
 //                  from its prep (GEMV_X_GATED) instead of gated_rmsnorm's output (NINFER_FUSE_GATED=0:
 //                  off). 9b step 3.016 -> 2.990 ms, 64 lanes at 760 10.672 -> 10.616 (h200, issue 14)
