@@ -6467,9 +6467,10 @@ static void gemm(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy
 // the matrix product of the forward: gemv for a few columns (decode), gemm for prefill pieces
 // (gemv_only: every T through the gemv, GpuTuning::force_gemv)
 enum { LINEAR_GEMV_MAX = 8 };
+static bool linear_on_gemm(const Mat& w, int T, bool gemv_only) { return T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w); }
 static void linear(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, const bf16_t* resid, int ldr,
                    cudaStream_t stream, GemvX xt = GemvX(), bool gemv_only = false) {
-    if (T > LINEAR_GEMV_MAX && !gemv_only && gemm_ok(w)) {
+    if (linear_on_gemm(w, T, gemv_only)) {
         CHECK(xt.mode == GEMV_X_PLAIN, "linear: x transforms are for the gemv");
         gemv_xp_forget(stream);
         gemm(w, x, ldx, T, y, ldy, y_f32, resid, ldr, stream);
@@ -8258,8 +8259,9 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     cudaStream_t s = e->stream;
     const int H = g.H, hd = g.head_dim;
     const bool lanes = P.skeys != nullptr;  // a lanes step: every column its own sequence, every product a gemv
+    const bool gemv_only = tu.force_gemv || lanes;
     auto linear = [&](const Mat& m, const bf16_t* x, int ldx, void* y, int ldy, const bf16_t* resid, cudaStream_t st, GemvX xt = GemvX()) {
-        ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, tu.force_gemv || lanes);
+        ::linear(m, x, ldx, T, y, ldy, false, resid, resid ? ldy : 0, st, xt, gemv_only);
     };
     const LayerFuse fu = gpu_layer_fuse(e, w, T, decode);
     const bool fin = fu.input_norm;
@@ -8268,8 +8270,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     // the input projections' pairs in one launch (GpuTuning::pair) where both take the gemv
     // and gemv2 takes them; else as before (attention's two on two streams)
     auto pairs = [&](const Mat& a, const Mat& b) {
-        auto on_gemv = [&](const Mat& m) { return T <= LINEAR_GEMV_MAX || tu.force_gemv || lanes || !gemm_ok(m); };
-        return tu.pair && on_gemv(a) && on_gemv(b) && gemv2_ok(a, b, T, nin.mode);
+        return tu.pair && !linear_on_gemm(a, T, gemv_only) && !linear_on_gemm(b, T, gemv_only) && gemv2_ok(a, b, T, nin.mode);
     };
     const bf16_t* xin = fin ? e->x : e->xb;  // what the input projections read
     if (!fin) rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.input_norm.p, H, T, 1, g.eps, false, s);
@@ -8365,7 +8366,7 @@ static void gpu_layer(GpuEngine* e, int l, int T, const StepPtrs& P, bool decode
     if (fu.post_norm) { npost.mode = GEMV_X_RMS; npost.w = (const bf16_t*)w.post_norm.p; npost.eps = g.eps; }
     else rmsnorm(e->x, H, e->xb, H, (const bf16_t*)w.post_norm.p, H, T, 1, g.eps, false, s);
     // a prefill piece's gate_up on the wgmma gemm makes swiglu in its epilogue (GpuTuning::fuse_swiglu)
-    const bool sw_gemm = tu.fuse_swiglu && !npost.mode && T > LINEAR_GEMV_MAX && !tu.force_gemv && !lanes && gemm_swiglu_ok(w.gate_up);
+    const bool sw_gemm = tu.fuse_swiglu && !npost.mode && linear_on_gemm(w.gate_up, T, gemv_only) && gemm_swiglu_ok(w.gate_up);
     if (sw_gemm) {
         gemv_xp_forget(s);
         gemm_swiglu(w.gate_up, e->xb, H, T, e->hb, g.I, s);
@@ -8518,8 +8519,8 @@ static void gpu_forward(GpuEngine* e, const int* ids, const float* embed_overrid
     for (int t = 0; t < T && ids; t++) CHECK(ids[t] < g.vocab && (ids[t] >= 0 || embed_override), "token id %d outside the embedding", ids[t]);
     gpu_stage_inputs(e, decode, ids, pos3, T, snap_slots);
     const StepPtrs& P = decode ? e->dec : e->pre;
-    const int rows = !head ? HEAD_NONE : all_logits ? HEAD_ALL : HEAD_LAST;
-    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), rows, decode);
+    const int hm = !head ? HEAD_NONE : all_logits ? HEAD_ALL : HEAD_LAST;
+    gpu_model(e, T, P, decode, e->pos, gpu_bucket_of(e->pos + T), hm, decode);
     e->last_logits = e->logits + (all_logits ? (size_t)(T - 1) * g.vocab : 0);
     if (logits) {
         cudaCheck(cudaMemcpyAsync(logits, e->logits, (size_t)(all_logits ? T : 1) * g.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
