@@ -5846,10 +5846,11 @@ __device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.com
 template <int N>
 __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 // mbarriers (sm_90): a shared-memory barrier of `count` arrivals a phase; a waiter names the
-// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0)
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0). they take the
+// barrier's shared address (smem_u32), which a kernel computes once rather than at each wait
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
 // the barriers' initialization visible to every proxy
@@ -5858,22 +5859,22 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
-                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+                 ::"r"(bar), "r"(parity) : "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(bar) : "memory");
 #endif
 }
 // one arrival on bar once every cp.async this thread issued before has landed (the barrier's
 // count includes it: .noinc)
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 #endif
 }
 
@@ -6120,10 +6121,13 @@ enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_AHEAD = 3, WG_THREADS = 256 }
 static constexpr size_t wg_smem_bytes(int stages) { return (size_t)stages * WG_BN * 128 + 1024; }  // + the 1024-byte alignment
 static const size_t WG_SMEM = wg_smem_bytes(WG_STAGES);
 
-__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
-    // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
+// the descriptor as its low word (start >> 4, leading offset 1: unused with the swizzle) and a
+// constant high word (stride between 8-row groups 1024 B, 128-byte swizzle). the kernels add
+// byte offsets / 16 to a stage's low word, which stays exact below 256 KB of shared memory: one
+// uniform add a wgmma where the whole descriptor built from its address took ~6
+enum : uint32_t { WG_DESC_HI = (1024 >> 4) | (1u << 30) };
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) { return (uint64_t)WG_DESC_HI << 32 | lo; }
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -6300,18 +6304,18 @@ __device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row
     s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
     wg_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
 }
-// group kt's 4 wgmmas from A on the x stage at st into tmp (its partial, from zero); while they
-// run, group kt + 1 decoded from r0, r1 into An (its scales n0, n1) and group kt + 2's words
-// loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
+// group kt's 4 wgmmas from A on the x stage whose descriptor's low word is dlo (wg_desc_lo) into
+// tmp (its partial, from zero); while they run, group kt + 1 decoded from r0, r1 into An (its
+// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
 // tracks the in-flight registers (the last steps decode and load the last group again, unused)
 template <int F>
-__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t st, const Mat& w, int64_t row0, int64_t row1,
+__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t dlo, const Mat& w, int64_t row0, int64_t row1,
                                          int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
 #pragma unroll
     for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
+    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc(dlo + ks * (32 >> 4)), ks);
     wg_commit();
     wg_decode<F>(r0, r1, t, An);
     n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
@@ -6364,10 +6368,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     extern __shared__ __align__(16) uint8_t wg_smem[];
     __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
+    const uint32_t dlo0 = wg_desc_lo(sbase), full0 = smem_u32(full), empty0 = smem_u32(empty);  // stage s: + s * 8
     const WgTile p = wg_tile<SW>(a);
     const int nk = p.nk, t = p.t;
     if (p.tid == 0) {
-        for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
+        for (int s = 0; s < S; s++) { mbar_init(full0 + 8 * s, WG_THREADS); mbar_init(empty0 + 8 * s, WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
@@ -6377,9 +6382,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     auto load_x = [&](int kt) {
         if (kt >= nk) return;
         const int s = kt % S, use = kt / S;
-        if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
+        if (use > 0) mbar_wait(empty0 + 8 * s, (uint32_t)((use - 1) & 1));
         wg_copy_x(a, p, sbase + (uint32_t)s * (WG_BN * 128), kt);
-        cp_async_mbar_arrive(&full[s]);
+        cp_async_mbar_arrive(full0 + 8 * s);
     };
 
     float acc[64], tmp[64];
@@ -6396,11 +6401,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         const int s = kt % S;
-        mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
+        mbar_wait(full0 + 8 * s, (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, dlo0 + (uint32_t)s * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         __syncwarp();
-        if (p.lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+        if (p.lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with stage s
         wg_accumulate(acc, tmp, s0, s1);
         load_x(kt + AH);
     };

@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float4* red = (float4*)(ring_smem_ + (size_t)RT * NS * Ly::BYTES) + r * NW * 32;
     __shared__ __align__(8) uint64_t full[RT][NS];
     if (threadIdx.x == 0) {
-        for (int i = 0; i < RT * NS; i++) mbar_init(&full[0][0] + i, NW * 32);
+        for (int i = 0; i < RT * NS; i++) mbar_init(smem_u32(&full[0][0] + i), NW * 32);
         mbar_init_fence();
     }
     __syncthreads();
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
         plane(std::integral_constant<int, 32>(), st, w.base, w.base_row, Ly::RSB);
         plane(std::integral_constant<int, 2>(), st + Ly::OFF_S, w.scale, w.scale_row, Ly::RSS);
         if constexpr (Ly::HB != 0) plane(std::integral_constant<int, Ly::HB>(), st + Ly::OFF_H, w.high, w.high_row, Ly::RSH);
-        cp_async_mbar_arrive(&full[r][i % NS]);
+        cp_async_mbar_arrive(smem_u32(&full[r][i % NS]));
     };
     for (int64_t i = 0; i < NS && i < n_items; i++) issue(i);
     if (early) pdl_release();  // the grid is resident (at most one wave): dependents may take what is left
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < n_items; i++) {
         const int slot = (int)(i % NS), pc = (int)(i % ppt), u0 = pc * PG, ng = min(PG, units - u0);
-        mbar_wait(&full[r][slot], (uint32_t)((i / NS) & 1));
+        mbar_wait(smem_u32(&full[r][slot]), (uint32_t)((i / NS) & 1));
         const uint8_t* st = ring + (size_t)slot * Ly::BYTES;
         for (int q = wt; 2 * q < ng; q += NW) {
 #pragma unroll
@@ -1470,7 +1470,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
         load_x(kt + WGS_STAGES - 1);
-        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, wg_desc_lo(sbase) + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An,
+                    n0, n1);
         wg_accumulate(acc, tmp, s0, s1);
     };
     for (int kt = 0; kt < nk; kt += 2) {

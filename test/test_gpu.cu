@@ -397,6 +397,34 @@ TEST_P(GpuModel, ChunkedPrefillMatchesCpu) {
     EXPECT_LT(w2, tol);
 }
 
+// a prompt's pieces before its last skip the final norm and the head (gpu_forward's head mode):
+// generate_gpu on a 200-token prompt in pieces of 64 (three headless pieces, then 8 tokens)
+// against the same pieces each run with the head, then the last 8 tokens given to generate_gpu
+// as the prompt: the head writes only the logits, so the generated ids and the last logits are
+// bit for bit the same
+TEST_P(GpuModel, HeadlessPiecesMatchPiecesWithTheHead) {
+    BOTH_OR_SKIP(B, GetParam().path, 256, 64);
+    const int n = 200, gen = 12, lastT = n % 64;
+    std::vector<int> ids = random_ids(n, B.domain, 23);
+    std::vector<int> out[2];
+    std::vector<float> last[2];
+    for (int form = 0; form < 2; form++) {
+        gpu_reset(B.g);
+        std::vector<int> prompt = ids;
+        if (form == 1) {
+            for (int i = 0; i < n - lastT; i += 64) gpu_forward(B.g, ids.data() + i, nullptr, nullptr, 64, nullptr, false, nullptr, true);
+            prompt.assign(ids.end() - lastT, ids.end());
+        }
+        Sampler smp; SamplerParams sp; sp.temperature = 0.0f;
+        sampler_build(&smp, sp, B.domain);
+        generate_gpu(B.g, &smp, prompt, gen, {}, nullptr, [&](int id) { out[form].push_back(id); });
+        last[form] = device_row(B.g);
+    }
+    ASSERT_EQ((int)out[0].size(), gen);
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_EQ(memcmp(last[0].data(), last[1].data(), last[0].size() * 4), 0) << "last logits differ";
+}
+
 // the launch knobs that stay (GpuTuning: pdl, fork, pair, fuse_swiglu) switched off: they change
 // only how kernels are launched (programmatic dependent launch, a second stream / graph
 // branches, the input projections' pairs in one launch or two, prefill's swiglu in gate_up's
