@@ -6229,6 +6229,10 @@ __device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t
     }
 #pragma unroll
     for (int wi = 0; wi < 8; wi++) {
+        if constexpr (F == FMT_Q4) {  // the mask and gemm_code_pair's magic in one lop3 (ptxas made two)
+            out[wi] = bf2_fma(lop3<LOP_AND_XOR>(__byte_perm(w[wi], w[wi] >> 4, sel), 0x000F000Fu, 0x43084308u), BF2(BF_ONE), BF2(BF_M136));
+            continue;
+        }
         uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
         if constexpr (F == FMT_Q5) {
             const uint32_t m = wi & 3;
@@ -6286,14 +6290,27 @@ __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
     }
     return p;
 }
-// the thread's 4 cp.async pieces of x group kt (128 tokens x 64 k, 128-byte swizzled) at st
-__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgTile& p, uint32_t st, int kt) {
+// the thread's 4 cp.async pieces of an x group (128 tokens x 64 k, 128-byte swizzled): piece i
+// is token row r = tid / 8 + 32 i, 16-byte chunk c16 = tid % 8, at r * 128 + ((c16 ^ (r & 7)) << 4)
+// in the stage (r & 7 is the same for every i) from x[min(m0 + r, T - 1)][kt * 64 + c16 * 8].
+// the offsets are computed once a block: built from tid each group they took ~50 instructions
+// of a group's ~280 (sass, session 22). gemm_check keeps T * ldx within 32 bits
+struct WgXCopy { uint32_t dst; uint32_t off[4]; };
+__device__ __forceinline__ WgXCopy wg_xcopy(const GemmArgs& a, const WgTile& p) {
+    WgXCopy c;
+    const int r = p.tid >> 3, c16 = p.tid & 7;
+    c.dst = (uint32_t)(r * 128 + ((c16 ^ (r & 7)) << 4));
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int c = p.tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
-        const int m = p.m0 + r < a.T ? p.m0 + r : a.T - 1;
-        cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
+        const int m = p.m0 + r + 32 * i < a.T ? p.m0 + r + 32 * i : a.T - 1;
+        c.off[i] = (uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8);
     }
+    return c;
+}
+__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgXCopy& c, uint32_t st, int kt) {
+    const bf16_t* x = a.x + (int64_t)kt * 64;
+#pragma unroll
+    for (int i = 0; i < 4; i++) cp_async16_m(st + c.dst + i * (32 * 128), x + c.off[i]);
 }
 // the first group decoded into A (its row scales s0, s1) and the second group's words loaded
 template <int F>
@@ -6370,6 +6387,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const uint32_t dlo0 = wg_desc_lo(sbase), full0 = smem_u32(full), empty0 = smem_u32(empty);  // stage s: + s * 8
     const WgTile p = wg_tile<SW>(a);
+    const WgXCopy xc = wg_xcopy(a, p);
     const int nk = p.nk, t = p.t;
     if (p.tid == 0) {
         for (int s = 0; s < S; s++) { mbar_init(full0 + 8 * s, WG_THREADS); mbar_init(empty0 + 8 * s, WG_THREADS / 32); }
@@ -6383,7 +6401,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         if (kt >= nk) return;
         const int s = kt % S, use = kt / S;
         if (use > 0) mbar_wait(empty0 + 8 * s, (uint32_t)((use - 1) & 1));
-        wg_copy_x(a, p, sbase + (uint32_t)s * (WG_BN * 128), kt);
+        wg_copy_x(a, xc, sbase + (uint32_t)s * (WG_BN * 128), kt);
         cp_async_mbar_arrive(full0 + 8 * s);
     };
 
@@ -6432,6 +6450,7 @@ static bool gemm_on_wgmma(const Mat& w) { return g_gemm_wgmma && (w.format == FM
 static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
+    CHECK((int64_t)T * ldx <= UINT32_MAX, "gemm: %d rows of x at ldx %d (the wgmma kernel's offsets are 32-bit)", T, ldx);
 }
 template <bool SW>
 static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {

@@ -1446,10 +1446,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
     extern __shared__ __align__(16) uint8_t wg_smem[];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const WgTile p = wg_tile(a);
+    const WgXCopy xc = wg_xcopy(a, p);
     const int nk = p.nk, t = p.t;
 
     auto load_x = [&](int kt) {
-        if (kt < nk) wg_copy_x(a, p, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
+        if (kt < nk) wg_copy_x(a, xc, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
         cp_async_commit_m();
     };
 
