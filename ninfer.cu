@@ -6201,9 +6201,10 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
 // one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
 // nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
 // at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
-// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair). q5's high bit of lane k is bit k & 31 of
+// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair; q4's mask and magic in one lop3). q5's high bit of lane k is bit k & 31 of
 // h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
-// at constant positions. q5: two shifted masks a word put each pair's bits at bit 4 of a byte,
+// at constant positions. q5: two rotated masks a word put each pair's bits at bit 4 of a byte
+// (a rotation: one funnel shift where a shift and a shift back took two),
 // one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
 // bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
 // clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
@@ -6220,9 +6221,9 @@ __device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t
     uint32_t hs[NH], hr[NH];  // q6: the shifted words; q5: the first and second lanes' bits at bit 4 of a byte
 #pragma unroll
     for (int i = 0; i < NH; i++) {
-        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 8m, 8m + 1
-            const uint32_t h = r.h[i] >> (2 * t);
-            hs[i] = (h << 4) & 0x10101010u; hr[i] = (h << 3) & 0x10101010u;
+        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 2t + 8m, 2t + 8m + 1, rotated to bit 4 of byte m
+            hs[i] = __funnelshift_l(r.h[i], r.h[i], (4 - 2 * t) & 31) & 0x10101010u;
+            hr[i] = __funnelshift_l(r.h[i], r.h[i], (3 - 2 * t) & 31) & 0x10101010u;
         } else {
             hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : 0u; hr[i] = 0u;
         }
