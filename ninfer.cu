@@ -6201,10 +6201,10 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
 // one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
 // nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
 // at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
-// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair; q4's mask and magic in one lop3). q5's high bit of lane k is bit k & 31 of
-// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
-// at constant positions. q5: two rotated masks a word put each pair's bits at bit 4 of a byte
-// (a rotation: one funnel shift where a shift and a shift back took two),
+// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair; q4's mask and magic in one lop3). q5's
+// high bit of lane k is bit k & 31 of h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after
+// one shift by 2t (4t) a word they sit at constant positions. q5: two rotated masks a word (one
+// funnel shift each) put each pair's bits at bit 4 of a byte,
 // one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
 // bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
 // clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
@@ -6294,8 +6294,8 @@ __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
 // the thread's 4 cp.async pieces of an x group (128 tokens x 64 k, 128-byte swizzled): piece i
 // is token row r = tid / 8 + 32 i, 16-byte chunk c16 = tid % 8, at r * 128 + ((c16 ^ (r & 7)) << 4)
 // in the stage (r & 7 is the same for every i) from x[min(m0 + r, T - 1)][kt * 64 + c16 * 8].
-// the offsets are computed once a block: built from tid each group they took ~50 instructions
-// of a group's ~280 (sass, session 22). gemm_check keeps T * ldx within 32 bits
+// the offsets are computed once a block (rebuilt from tid each group they were ~50 of a group's
+// ~280 instructions: bench-notes, session 22); gemm_check keeps T * ldx within 32 bits
 struct WgXCopy { uint32_t dst; uint32_t off[4]; };
 __device__ __forceinline__ WgXCopy wg_xcopy(const GemmArgs& a, const WgTile& p) {
     WgXCopy c;
@@ -6324,8 +6324,9 @@ __device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row
 }
 // group kt's 4 wgmmas from A on the x stage whose descriptor's low word is dlo (wg_desc_lo) into
 // tmp (its partial, from zero); while they run, group kt + 1 decoded from r0, r1 into An (its
-// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
-// tracks the in-flight registers (the last steps decode and load the last group again, unused)
+// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch
+// between the wgmma and its wait: ptxas then tracks the in-flight registers (the last steps
+// decode and load the last group again, unused)
 template <int F>
 __device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t dlo, const Mat& w, int64_t row0, int64_t row1,
                                          int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
