@@ -5846,11 +5846,10 @@ __device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.com
 template <int N>
 __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 // mbarriers (sm_90): a shared-memory barrier of `count` arrivals a phase; a waiter names the
-// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0). they take the
-// barrier's shared address (smem_u32), which a kernel computes once rather than at each wait
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 #endif
 }
 // the barriers' initialization visible to every proxy
@@ -5859,22 +5858,22 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
-                 ::"r"(bar), "r"(parity) : "memory");
+                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(bar) : "memory");
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_u32(bar)) : "memory");
 #endif
 }
 // one arrival on bar once every cp.async this thread issued before has landed (the barrier's
 // count includes it: .noinc)
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 #endif
 }
 
@@ -6121,13 +6120,10 @@ enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_AHEAD = 3, WG_THREADS = 256 }
 static constexpr size_t wg_smem_bytes(int stages) { return (size_t)stages * WG_BN * 128 + 1024; }  // + the 1024-byte alignment
 static const size_t WG_SMEM = wg_smem_bytes(WG_STAGES);
 
-// the descriptor as its low word (start >> 4, leading offset 1: unused with the swizzle) and a
-// constant high word (stride between 8-row groups 1024 B, 128-byte swizzle). the kernels add
-// byte offsets / 16 to a stage's low word, which stays exact below 256 KB of shared memory: one
-// uniform add a wgmma where the whole descriptor built from its address took ~6
-enum : uint32_t { WG_DESC_HI = (1024 >> 4) | (1u << 30) };
-__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) { return (uint64_t)WG_DESC_HI << 32 | lo; }
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
+    // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -6201,10 +6197,9 @@ __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw
 // one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
 // nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
 // at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
-// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair; q4's mask and magic in one lop3). q5's
-// high bit of lane k is bit k & 31 of h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after
-// one shift by 2t (4t) a word they sit at constant positions. q5: two rotated masks a word (one
-// funnel shift each) put each pair's bits at bit 4 of a byte,
+// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair). q5's high bit of lane k is bit k & 31 of
+// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
+// at constant positions. q5: two shifted masks a word put each pair's bits at bit 4 of a byte,
 // one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
 // bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
 // clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
@@ -6221,19 +6216,15 @@ __device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t
     uint32_t hs[NH], hr[NH];  // q6: the shifted words; q5: the first and second lanes' bits at bit 4 of a byte
 #pragma unroll
     for (int i = 0; i < NH; i++) {
-        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 2t + 8m, 2t + 8m + 1, rotated to bit 4 of byte m
-            hs[i] = __funnelshift_l(r.h[i], r.h[i], (4 - 2 * t) & 31) & 0x10101010u;
-            hr[i] = __funnelshift_l(r.h[i], r.h[i], (3 - 2 * t) & 31) & 0x10101010u;
+        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 8m, 8m + 1
+            const uint32_t h = r.h[i] >> (2 * t);
+            hs[i] = (h << 4) & 0x10101010u; hr[i] = (h << 3) & 0x10101010u;
         } else {
             hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : 0u; hr[i] = 0u;
         }
     }
 #pragma unroll
     for (int wi = 0; wi < 8; wi++) {
-        if constexpr (F == FMT_Q4) {  // the mask and gemm_code_pair's magic in one lop3 (ptxas made two)
-            out[wi] = bf2_fma(lop3<LOP_AND_XOR>(__byte_perm(w[wi], w[wi] >> 4, sel), 0x000F000Fu, 0x43084308u), BF2(BF_ONE), BF2(BF_M136));
-            continue;
-        }
         uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
         if constexpr (F == FMT_Q5) {
             const uint32_t m = wi & 3;
@@ -6291,27 +6282,14 @@ __device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
     }
     return p;
 }
-// the thread's 4 cp.async pieces of an x group (128 tokens x 64 k, 128-byte swizzled): piece i
-// is token row r = tid / 8 + 32 i, 16-byte chunk c16 = tid % 8, at r * 128 + ((c16 ^ (r & 7)) << 4)
-// in the stage (r & 7 is the same for every i) from x[min(m0 + r, T - 1)][kt * 64 + c16 * 8].
-// the offsets are computed once a block (rebuilt from tid each group they were ~50 of a group's
-// ~280 instructions: bench-notes, session 22); gemm_check keeps T * ldx within 32 bits
-struct WgXCopy { uint32_t dst; uint32_t off[4]; };
-__device__ __forceinline__ WgXCopy wg_xcopy(const GemmArgs& a, const WgTile& p) {
-    WgXCopy c;
-    const int r = p.tid >> 3, c16 = p.tid & 7;
-    c.dst = (uint32_t)(r * 128 + ((c16 ^ (r & 7)) << 4));
+// the thread's 4 cp.async pieces of x group kt (128 tokens x 64 k, 128-byte swizzled) at st
+__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgTile& p, uint32_t st, int kt) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int m = p.m0 + r + 32 * i < a.T ? p.m0 + r + 32 * i : a.T - 1;
-        c.off[i] = (uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8);
+        const int c = p.tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
+        const int m = p.m0 + r < a.T ? p.m0 + r : a.T - 1;
+        cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
     }
-    return c;
-}
-__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgXCopy& c, uint32_t st, int kt) {
-    const bf16_t* x = a.x + (int64_t)kt * 64;
-#pragma unroll
-    for (int i = 0; i < 4; i++) cp_async16_m(st + c.dst + i * (32 * 128), x + c.off[i]);
 }
 // the first group decoded into A (its row scales s0, s1) and the second group's words loaded
 template <int F>
@@ -6322,19 +6300,18 @@ __device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row
     s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
     wg_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
 }
-// group kt's 4 wgmmas from A on the x stage whose descriptor's low word is dlo (wg_desc_lo) into
-// tmp (its partial, from zero); while they run, group kt + 1 decoded from r0, r1 into An (its
-// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch
-// between the wgmma and its wait: ptxas then tracks the in-flight registers (the last steps
-// decode and load the last group again, unused)
+// group kt's 4 wgmmas from A on the x stage at st into tmp (its partial, from zero); while they
+// run, group kt + 1 decoded from r0, r1 into An (its scales n0, n1) and group kt + 2's words
+// loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
+// tracks the in-flight registers (the last steps decode and load the last group again, unused)
 template <int F>
-__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t dlo, const Mat& w, int64_t row0, int64_t row1,
+__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t st, const Mat& w, int64_t row0, int64_t row1,
                                          int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
 #pragma unroll
     for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc(dlo + ks * (32 >> 4)), ks);
+    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
     wg_commit();
     wg_decode<F>(r0, r1, t, An);
     n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
@@ -6387,12 +6364,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     extern __shared__ __align__(16) uint8_t wg_smem[];
     __shared__ uint64_t full[S], empty[S];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const uint32_t dlo0 = wg_desc_lo(sbase), full0 = smem_u32(full), empty0 = smem_u32(empty);  // stage s: + s * 8
     const WgTile p = wg_tile<SW>(a);
-    const WgXCopy xc = wg_xcopy(a, p);
     const int nk = p.nk, t = p.t;
     if (p.tid == 0) {
-        for (int s = 0; s < S; s++) { mbar_init(full0 + 8 * s, WG_THREADS); mbar_init(empty0 + 8 * s, WG_THREADS / 32); }
+        for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
@@ -6402,9 +6377,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     auto load_x = [&](int kt) {
         if (kt >= nk) return;
         const int s = kt % S, use = kt / S;
-        if (use > 0) mbar_wait(empty0 + 8 * s, (uint32_t)((use - 1) & 1));
-        wg_copy_x(a, xc, sbase + (uint32_t)s * (WG_BN * 128), kt);
-        cp_async_mbar_arrive(full0 + 8 * s);
+        if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
+        wg_copy_x(a, p, sbase + (uint32_t)s * (WG_BN * 128), kt);
+        cp_async_mbar_arrive(&full[s]);
     };
 
     float acc[64], tmp[64];
@@ -6421,11 +6396,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         const int s = kt % S;
-        mbar_wait(full0 + 8 * s, (uint32_t)((kt / S) & 1));
+        mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        wg_group<F>(tmp, A, dlo0 + (uint32_t)s * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         __syncwarp();
-        if (p.lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with stage s
+        if (p.lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
         wg_accumulate(acc, tmp, s0, s1);
         load_x(kt + AH);
     };
@@ -6452,7 +6427,6 @@ static bool gemm_on_wgmma(const Mat& w) { return g_gemm_wgmma && (w.format == FM
 static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
-    CHECK((int64_t)T * ldx <= UINT32_MAX, "gemm: %d rows of x at ldx %d (the wgmma kernel's offsets are 32-bit)", T, ldx);
 }
 template <bool SW>
 static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {

@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float4* red = (float4*)(ring_smem_ + (size_t)RT * NS * Ly::BYTES) + r * NW * 32;
     __shared__ __align__(8) uint64_t full[RT][NS];
     if (threadIdx.x == 0) {
-        for (int i = 0; i < RT * NS; i++) mbar_init(smem_u32(&full[0][0] + i), NW * 32);
+        for (int i = 0; i < RT * NS; i++) mbar_init(&full[0][0] + i, NW * 32);
         mbar_init_fence();
     }
     __syncthreads();
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
         plane(std::integral_constant<int, 32>(), st, w.base, w.base_row, Ly::RSB);
         plane(std::integral_constant<int, 2>(), st + Ly::OFF_S, w.scale, w.scale_row, Ly::RSS);
         if constexpr (Ly::HB != 0) plane(std::integral_constant<int, Ly::HB>(), st + Ly::OFF_H, w.high, w.high_row, Ly::RSH);
-        cp_async_mbar_arrive(smem_u32(&full[r][i % NS]));
+        cp_async_mbar_arrive(&full[r][i % NS]);
     };
     for (int64_t i = 0; i < NS && i < n_items; i++) issue(i);
     if (early) pdl_release();  // the grid is resident (at most one wave): dependents may take what is left
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < n_items; i++) {
         const int slot = (int)(i % NS), pc = (int)(i % ppt), u0 = pc * PG, ng = min(PG, units - u0);
-        mbar_wait(smem_u32(&full[r][slot]), (uint32_t)((i / NS) & 1));
+        mbar_wait(&full[r][slot], (uint32_t)((i / NS) & 1));
         const uint8_t* st = ring + (size_t)slot * Ly::BYTES;
         for (int q = wt; 2 * q < ng; q += NW) {
 #pragma unroll
@@ -1448,11 +1448,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
     extern __shared__ __align__(16) uint8_t wg_smem[];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const WgTile p = wg_tile(a);
-    const WgXCopy xc = wg_xcopy(a, p);
     const int nk = p.nk, t = p.t;
 
     auto load_x = [&](int kt) {
-        if (kt < nk) wg_copy_x(a, xc, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
+        if (kt < nk) wg_copy_x(a, p, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
         cp_async_commit_m();
     };
 
@@ -1473,8 +1472,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
         load_x(kt + WGS_STAGES - 1);
-        wg_group<F>(tmp, A, wg_desc_lo(sbase) + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An,
-                    n0, n1);
+        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
         wg_accumulate(acc, tmp, s0, s1);
     };
     for (int kt = 0; kt < nk; kt += 2) {
@@ -1516,14 +1514,20 @@ static void gemm_wgmma_stages(const Mat& w, const bf16_t* x, int ldx, int T, voi
 // buffers on mbarriers), and its two warpgroups each multiply that tile by their own 128 tokens
 // of the x stage. the product's tile decodes each weight for 128 tokens in registers; this one
 // for 256, at the price of twice the x copies a thread and the A tile's stores and barriers.
-// sass (session 22): ~238 instructions a warp a group for q4, ~278 for q5, against the
-// product's 242.5 / 315: the decode halves, the copies double (8 cp.async a thread and group;
-// a TMA copy of the stage is the step after this). the same arithmetic as the product (each
-// group's partial from zero over the same k16 steps, A from shared memory instead of registers,
-// then acc += scale * tmp): Gemm.WgmmaVersionsAgree checks the bits, Bench.DISABLED_GemmVersions
-// times it.
+// sass (bench-notes, session 22): ~218 / 255 / 261 instructions a warp a group (q4 / q5 / q6)
+// against the product's 291 / 350 / 370: the decode halves, the copies double (8 cp.async a
+// thread and group; a TMA copy of the stage is the step after this). the same arithmetic as the
+// product (each group's partial from zero over the same k16 steps, A from shared memory instead
+// of registers, then acc += scale * tmp): Gemm.WgmmaVersionsAgree checks the bits,
+// Bench.DISABLED_GemmVersions times it. written without a gpu (session 22): not yet run.
 enum { WS_BM = 64, WS_BN = 256, WS_STAGES = 4, WS_AHEAD = 3, WS_ABUF = 2 };
 static constexpr size_t WS_SMEM = (size_t)WS_STAGES * WS_BN * 128 + (size_t)WS_ABUF * WS_BM * 128 + 1024;  // + the 1024-byte alignment
+// a 128-byte-swizzled K-major operand's descriptor as its low word (start >> 4, leading offset 1:
+// unused with the swizzle) and a constant high word (stride between 8-row groups 1024 B, the
+// swizzle): the kernel adds byte offsets / 16 to a buffer's low word (exact below 256 KB)
+enum : uint32_t { WS_DESC_HI = (1024 >> 4) | (1u << 30) };
+__device__ __forceinline__ uint32_t ws_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t ws_desc(uint32_t lo) { return (uint64_t)WS_DESC_HI << 32 | lo; }
 // waits for the warpgroup's wgmmas and names their accumulators in the wait itself, so ptxas
 // keeps d unread until they are done
 __device__ __forceinline__ void ws_wait0(float* d) {
@@ -1605,8 +1609,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
     __shared__ uint64_t xfull[S], xempty[S], afull[AB], aempty[AB];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
     const uint32_t abase = sbase + S * WS_BN * 128;               // the A buffers after the x stages
-    const uint32_t xf0 = smem_u32(xfull), xe0 = smem_u32(xempty), af0 = smem_u32(afull), ae0 = smem_u32(aempty);  // [i]: + 8 i
-    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wg = tid >> 7, wi = (tid >> 5) & 3;
+        const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wg = tid >> 7, wi = (tid >> 5) & 3;
     const int nk = (int)(a.w.cols / 64);
     const int mb = blockIdx.y * WS_BN, m0 = mb + wg * 128;  // the block's tokens, this warpgroup's (past T: clamped, not stored)
     // the decoding thread's A row ar = tid / 4 (lanes [16q, 16q + 16) of it) and its matrix row;
@@ -1632,8 +1635,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
         xo[i] = ((uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8)) * 2u;
     }
     if (tid == 0) {
-        for (int i = 0; i < S; i++) { mbar_init(xf0 + 8 * i, WG_THREADS); mbar_init(xe0 + 8 * i, WG_THREADS / 32); }
-        for (int i = 0; i < AB; i++) { mbar_init(af0 + 8 * i, WG_THREADS); mbar_init(ae0 + 8 * i, WG_THREADS / 32); }
+        for (int i = 0; i < S; i++) { mbar_init(&xfull[i], WG_THREADS); mbar_init(&xempty[i], WG_THREADS / 32); }
+        for (int i = 0; i < AB; i++) { mbar_init(&afull[i], WG_THREADS); mbar_init(&aempty[i], WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
@@ -1643,13 +1646,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
     auto load_x = [&](int kt, int s) {  // s = kt % S, a constant in the unrolled loop
         if (kt >= nk) return;
         const int use = kt / S;
-        if (use > 0) mbar_wait(xe0 + 8 * s, (uint32_t)((use - 1) & 1));
+        if (use > 0) mbar_wait(&xempty[s], (uint32_t)((use - 1) & 1));
         const uint32_t st = sbase + (uint32_t)s * (WS_BN * 128) + xd;
         const uint8_t* x = (const uint8_t*)a.x + (size_t)kt * 128;
         asm("" : "+l"(x));  // the base first, then one 64-bit add a piece (not kt * 128 + xo[i] widened each)
 #pragma unroll
         for (int i = 0; i < 8; i++) cp_async16_m(st + i * (32 * 128), x + xo[i]);
-        cp_async_mbar_arrive(xf0 + 8 * s);
+        cp_async_mbar_arrive(&xfull[s]);
     };
     // group kt's codes (raw r) decoded into A buffer b = kt % AB, counted on afull (its previous
     // group, kt - AB, done in every warp: the caller waited on aempty). the stores reach the
@@ -1661,7 +1664,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
         st_shared_v4(at + ad0, o[0], o[1], o[2], o[3]);
         st_shared_v4(at + ad1, o[4], o[5], o[6], o[7]);
         wg_fence_proxy();
-        mbar_arrive(af0 + 8 * b);
+        mbar_arrive(&afull[b]);
     };
     auto scale = [&](int64_t row, int kt) { return f16bits2f(__ldg((const unsigned short*)(a.w.scale + row * a.w.scale_row) + kt)); };
 
@@ -1674,7 +1677,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
     store_a(0, raw);
     ws_load<F>(a.w, rowA, nk > 1 ? 1 : 0, q, raw);
     float s0 = scale(rowD0, 0), s1 = scale(rowD1, 0);
-    const uint32_t adlo = wg_desc_lo(abase), xdlo = wg_desc_lo(sbase) + (uint32_t)wg * (128 * 128 >> 4);
+    const uint32_t adlo = ws_desc_lo(abase), xdlo = ws_desc_lo(sbase) + (uint32_t)wg * (128 * 128 >> 4);
     // step kt = 4 j + P: its stage, buffer and barrier parities are constants of P and j's parity
     // (the loop unrolled by S = 2 AB)
     static_assert(S == 4 && AB == 2, "the unrolled loop's phases");
@@ -1683,17 +1686,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
         // every wait before the wgmmas: no branch between them and their wait (ptxas then tracks
         // the accumulators in flight; a branch there serialized the four wgmmas). the last step
         // decodes and loads the last group again, unused
-        if (kt + 1 >= AB) mbar_wait(ae0 + 8 * bn, (uint32_t)(((kt + 1) / AB - 1) & 1));  // buffer bn's last group done
-        mbar_wait(af0 + 8 * b, (uint32_t)((kt / AB) & 1));
-        mbar_wait(xf0 + 8 * s, (uint32_t)((kt / S) & 1));
+        if (kt + 1 >= AB) mbar_wait(&aempty[bn], (uint32_t)(((kt + 1) / AB - 1) & 1));  // buffer bn's last group done
+        mbar_wait(&afull[b], (uint32_t)((kt / AB) & 1));
+        mbar_wait(&xfull[s], (uint32_t)((kt / S) & 1));
         wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through xfull, before wgmma's reads
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
-            ws_mma_ss(tmp, wg_desc(adlo + (uint32_t)b * (WS_BM * 128 >> 4) + ks * (32 >> 4)),
-                      wg_desc(xdlo + (uint32_t)s * (WS_BN * 128 >> 4) + ks * (32 >> 4)), ks);
+            ws_mma_ss(tmp, ws_desc(adlo + (uint32_t)b * (WS_BM * 128 >> 4) + ks * (32 >> 4)),
+                      ws_desc(xdlo + (uint32_t)s * (WS_BN * 128 >> 4) + ks * (32 >> 4)), ks);
         wg_commit();
         // while the tensor core runs: group kt + 1's codes into the other buffer, group kt + 2's
         // words and group kt + 1's scales loaded
@@ -1703,7 +1706,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a
         const float n0 = scale(rowD0, kn), n1 = scale(rowD1, kn);
         ws_wait0(tmp);
         __syncwarp();
-        if (lane == 0) { mbar_arrive(xe0 + 8 * s); mbar_arrive(ae0 + 8 * b); }  // this warp is done with stage s and buffer b
+        if (lane == 0) { mbar_arrive(&xempty[s]); mbar_arrive(&aempty[b]); }  // this warp is done with stage s and buffer b
         wg_accumulate(acc, tmp, s0, s1);
         s0 = n0; s1 = n1;
         load_x(kt + AH, (decltype(P)::value + AH) % S);
