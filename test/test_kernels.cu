@@ -3147,7 +3147,7 @@ TEST(Bench, DISABLED_GemmVersions) {
     bench_bf16(x, 5);
     BENCH_PRINT("gemm T=%d: us and TFLOP/s (2 rows cols T); wgmma %s\n", T, wg ? "on" : "unavailable (not sm_90a)");
     BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s %10s %8s  %s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup",
-                "sync us", "TF/s", "shared-A (ss) and the register kernel's stages/ahead TF/s");
+                "sync us", "TF/s", "shared-A (ss), the product's stages/ahead TF/s");
     for (const BenchShape& sh : shapes) {
         Dev w(mat_bytes(sh.f, sh.rows, sh.cols));
         Mat m = bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>(), 7);
