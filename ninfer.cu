@@ -5846,10 +5846,11 @@ __device__ __forceinline__ void cp_async_commit_m() { asm volatile("cp.async.com
 template <int N>
 __device__ __forceinline__ void cp_async_wait_m() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 // mbarriers (sm_90): a shared-memory barrier of `count` arrivals a phase; a waiter names the
-// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0)
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+// phase by its parity (the n-th completion of a barrier has parity n & 1, from 0). they take the
+// barrier's shared address (smem_u32), which a kernel computes once rather than at each wait
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
 // the barriers' initialization visible to every proxy
@@ -5858,22 +5859,22 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n\t.reg .pred p;\n\tWAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra WAIT;\n\t}"
-                 ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+                 ::"r"(bar), "r"(parity) : "memory");
 #endif
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(bar) : "memory");
 #endif
 }
 // one arrival on bar once every cp.async this thread issued before has landed (the barrier's
 // count includes it: .noinc)
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 #endif
 }
 
@@ -6104,26 +6105,34 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 }
 // the sm_90a path of gemm() for q4 / q5 / q6 (wgmma): the same contract and arithmetic:
 // codes enter the tensor core exact, each 64-k group's partial sum is scaled by its fp16
-// scale in fp32. a block is two warpgroups over a 128-row x 128-token tile: warpgroup w takes
-// rows 64w..64w+63 as wgmma's A from registers (each thread decodes its fragment's codes from
-// the raw planes, one group ahead of the tensor core), the x tile is B in shared memory,
-// 128-byte swizzled, in WG_STAGES cp.async stages asked for WG_AHEAD groups ahead. per group:
-// 4 x m64n128k16 into tmp (the group's partial), then acc += scale(row) * tmp; the next group's
-// codes are decoded while the tensor core runs. rows of D are weight rows, so a thread scales
-// by only 2 values. the stages are tracked by mbarriers (full: every thread's copies landed;
-// empty: every warp's wgmma on it is done), not by a __syncthreads a group, so the warpgroups
-// drift up to WG_STAGES - WG_AHEAD groups apart and one's scaling fma runs under the other's
-// wgmma (the barrier version, test/dev_kernels.cuh's gemm_wgmma_sync_kernel, kept them in
-// lockstep: bench-notes, sessions 16 and 20). 4 stages 3 ahead measured best of 4/2, 4/3,
-// 6/4, 8/4, 8/6 on 7 of the 9b's 8 shapes (h100, session 20).
-enum { WG_BM = 128, WG_BN = 128, WG_STAGES = 4, WG_AHEAD = 3, WG_THREADS = 256 };
-static constexpr size_t wg_smem_bytes(int stages) { return (size_t)stages * WG_BN * 128 + 1024; }  // + the 1024-byte alignment
+// scale in fp32. a block is a 64-row x 256-token tile, both operands of wgmma in shared memory:
+// every group, the block's 256 threads decode the 64 rows' codes once (a thread: 16 lanes of
+// one row) into an A tile (bf16, 128-byte swizzled, WG_ABUF buffers), and its two warpgroups
+// each multiply that tile by their own 128 tokens of the x stage (B: cp.async, WG_STAGES stages
+// asked for WG_AHEAD groups ahead). per group and warpgroup: 4 x m64n128k16 into tmp (the
+// group's partial), then acc += scale(row) * tmp; the next group's codes are decoded while the
+// tensor core runs. rows of D are weight rows, so a thread scales by only 2 values.
+// why this shape: a 128 x 128 tile with A in registers (test/dev_kernels.cuh's
+// gemm_wgmma_rs_kernel, sessions 16-22's product) decoded each weight for 128 tokens and spent
+// ~240-315 instructions a warp a group against 4 wgmmas, issue-bound at ~345 TFLOP/s (q4, h100);
+// sharing the decoded tile between the warpgroups halves the decode a token and leaves the
+// scaling fma, the copies and the barriers (bench-notes, session 22).
+// the stages and A buffers are tracked by mbarriers (full: every thread's copies / stores
+// landed; empty: every warp's wgmma on it is done), so the warpgroups drift apart by up to a
+// group and one's scaling fma runs under the other's wgmma (bench-notes, sessions 16 and 20).
+enum { WG_BM = 64, WG_BN = 256, WG_STAGES = 4, WG_AHEAD = 3, WG_ABUF = 2, WG_THREADS = 256 };
+static constexpr size_t wg_smem_bytes(int stages) {  // + the 1024-byte alignment
+    return (size_t)stages * WG_BN * 128 + (size_t)WG_ABUF * WG_BM * 128 + 1024;
+}
 static const size_t WG_SMEM = wg_smem_bytes(WG_STAGES);
 
-__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
-    // start >> 4, leading offset 1 (unused with the swizzle), stride between 8-row groups 1024 B, 128-byte swizzle
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
+// the descriptor as its low word (start >> 4, leading offset 1: unused with the swizzle) and a
+// constant high word (stride between 8-row groups 1024 B, 128-byte swizzle). the kernels add
+// byte offsets / 16 to a stage's low word, which stays exact below 256 KB of shared memory: one
+// uniform add a wgmma where the whole descriptor built from its address took ~6
+enum : uint32_t { WG_DESC_HI = (1024 >> 4) | (1u << 30) };
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) { return (uint64_t)WG_DESC_HI << 32 | lo; }
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -6139,28 +6148,25 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
 }
-// waits for the group and names its operands (d: the accumulators, a: the A fragments) in the
-// wait itself: ptxas then keeps a's registers unreused and d unread until the wgmma is done (an
-// empty asm fence around the wait does not reach ptxas, which reused a's registers for the
-// next group's decode while the tensor core still read them)
-__device__ __forceinline__ void wg_wait0_with(float* d, uint32_t* a) {
+// waits for the warpgroup's wgmmas and names their accumulators in the wait itself, so ptxas
+// keeps d unread until they are done
+__device__ __forceinline__ void wg_wait0(float* d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.wait_group.sync.aligned 0;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(a[4]), "+r"(a[5]), "+r"(a[6]), "+r"(a[7]), "+r"(a[8]), "+r"(a[9]), "+r"(a[10]), "+r"(a[11]), "+r"(a[12]), "+r"(a[13]), "+r"(a[14]), "+r"(a[15])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  :: "memory");
 #endif
 }
-// d (64 fp32: m64 x n128) = A (registers, this warp's 16 rows x k16) . B (descriptor) [+ d]
-__device__ __forceinline__ void wg_mma_rs(float* d, const uint32_t* a, uint64_t db, int acc) {
+// d (64 fp32: m64 x n128) = A (descriptor: 64 rows x k16) . B (descriptor: 128 tokens x k16) [+ d]
+__device__ __forceinline__ void wg_mma_ss(float* d, uint64_t da, uint64_t db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
         "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
         "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "{%64,%65,%66,%67}, %69, p, 1, 1, 0;\n}\n"
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -6169,7 +6175,7 @@ __device__ __forceinline__ void wg_mma_rs(float* d, const uint32_t* a, uint64_t 
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(db));
+        : "l"(da), "l"(db), "r"(acc));
 #else
     __trap();
 #endif
@@ -6177,148 +6183,47 @@ __device__ __forceinline__ void wg_mma_rs(float* d, const uint32_t* a, uint64_t 
 // orders the compiler's writes of v before the wgmma.fence that precedes a wgmma reading v
 __device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
-// one row's raw group: 32 bytes of low codes, the high bits, the fp16 scale
-template <int F> struct WgRaw { uint4 b0, b1; uint32_t h[F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1]; uint32_t sc; };
-template <int F>
-__device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, WgRaw<F>& r) {
-    const uint4* b = (const uint4*)(w.base + row * w.base_row + (int64_t)kt * 32);
-    r.b0 = __ldg(b); r.b1 = __ldg(b + 1);
-    if constexpr (F == FMT_Q5) {
-        const unsigned int* h = (const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8);
-        r.h[0] = __ldg(h); r.h[1] = __ldg(h + 1);
-    }
-    if constexpr (F == FMT_Q6) {
-        const uint2* h = (const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16);
-        uint2 u0 = __ldg(h), u1 = __ldg(h + 1);
-        r.h[0] = u0.x; r.h[1] = u0.y; r.h[2] = u1.x; r.h[3] = u1.y;
-    }
-    r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
-// one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
-// nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
-// at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
-// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair). q5's high bit of lane k is bit k & 31 of
-// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
-// at constant positions. q5: two shifted masks a word put each pair's bits at bit 4 of a byte,
-// one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
-// bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
-// clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
-// mask was an asm lop3 that also cost q4 7% (bench-notes, session 17; not measured without it).
-__device__ __forceinline__ uint32_t prmt_z(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
+
+// a decoding thread's share of one row's group: lanes [16q, 16q + 16), its 8 base bytes
+// (bytes 8q..8q+7: byte j holds lanes 2j (low nibble) and 2j + 1) and their high bits (q5: bit
+// i of halfword q is lane 16q + i; q6: bits 2i, 2i + 1 of word q)
+template <int F> struct WgRaw { uint2 b; uint32_t h; };
 template <int F>
-__device__ __forceinline__ void wg_decode_row(const WgRaw<F>& r, int t, uint32_t sel, uint32_t* out) {
-    const uint32_t w[8] = {r.b0.x, r.b0.y, r.b0.z, r.b0.w, r.b1.x, r.b1.y, r.b1.z, r.b1.w};
-    constexpr int NH = F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1;
-    uint32_t hs[NH], hr[NH];  // q6: the shifted words; q5: the first and second lanes' bits at bit 4 of a byte
-#pragma unroll
-    for (int i = 0; i < NH; i++) {
-        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 8m, 8m + 1
-            const uint32_t h = r.h[i] >> (2 * t);
-            hs[i] = (h << 4) & 0x10101010u; hr[i] = (h << 3) & 0x10101010u;
-        } else {
-            hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : 0u; hr[i] = 0u;
-        }
-    }
-#pragma unroll
-    for (int wi = 0; wi < 8; wi++) {
-        uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
-        if constexpr (F == FMT_Q5) {
-            const uint32_t m = wi & 3;
-            p |= prmt_z(hs[wi >> 2], hr[wi >> 2], m | 0x8u << 4 | (4 + m) << 8 | 0x8u << 12);
-        }
-        if constexpr (F == FMT_Q6) {
-            const uint32_t h = hs[wi >> 1];
-            const int j = 16 * (wi & 1);
-            p |= ((h >> j) & 3u) << 4 | ((h >> (j + 2)) & 3u) << 20;
-        }
-        out[wi] = gemm_code_pair<F>(p);
-    }
+__device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, int q, WgRaw<F>& r) {
+    r.b = __ldg((const uint2*)(w.base + row * w.base_row + (int64_t)kt * 32) + q);
+    r.h = 0;
+    if constexpr (F == FMT_Q5) r.h = __ldg((const unsigned short*)(w.high + row * w.high_row + (int64_t)kt * 8) + q);
+    if constexpr (F == FMT_Q6) r.h = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 16) + q);
 }
-// a thread's A fragments of one group (4 k16 steps x {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi})
+// its 8 bf16x2 code pairs in k order (pair j: lanes 16q + 2j, + 1). byte j of a base word and
+// byte j of the word >> 4 (one prmt) put the pair's codes at bits 0-3 and 16-19; the high bits
+// go to bits 4 (and 5) of each half; the code pair's magic and one bf16 fma make the values.
+// q4: the mask and the magic in one lop3 (ptxas made two)
 template <int F>
-__device__ __forceinline__ void wg_decode(const WgRaw<F>& r0, const WgRaw<F>& r1, int t, uint32_t* a) {
-    const uint32_t sel = (uint32_t)t | (uint32_t)(4 + t) << 8;
-    uint32_t p0[8], p1[8];
-    wg_decode_row<F>(r0, t, sel, p0);
-    wg_decode_row<F>(r1, t, sel, p1);
+__device__ __forceinline__ void wg_decode(const WgRaw<F>& r, uint32_t (&o)[8]) {
+    const uint32_t w[2] = {r.b.x, r.b.y};
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-        a[4 * ks + 0] = p0[2 * ks];
-        a[4 * ks + 1] = p1[2 * ks];
-        a[4 * ks + 2] = p0[2 * ks + 1];
-        a[4 * ks + 3] = p1[2 * ks + 1];
+    for (int u = 0; u < 2; u++) {
+        const uint32_t ws = w[u] >> 4;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int P = 4 * u + j;
+            const uint32_t sel = (uint32_t)j | (uint32_t)(4 + j) << 8;
+            if constexpr (F == FMT_Q4) {
+                o[P] = bf2_fma(lop3<LOP_AND_XOR>(__byte_perm(w[u], ws, sel), 0x000F000Fu, 0x43084308u), BF2(BF_ONE), BF2(BF_M136));
+            } else {
+                uint32_t p = __byte_perm(w[u], ws, sel) & 0x000F000Fu;
+                if constexpr (F == FMT_Q5) p |= ((r.h >> (2 * P)) & 1u) << 4 | ((r.h >> (2 * P + 1)) & 1u) << 20;
+                if constexpr (F == FMT_Q6) p |= ((r.h >> (4 * P)) & 3u) << 4 | ((r.h >> (4 * P + 2)) & 3u) << 20;
+                o[P] = gemm_code_pair<F>(p);
+            }
+        }
     }
 }
 
-// a thread's place in a wgmma gemm block: warp wi of warpgroup wg takes the 16 weight rows from
-// n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WG_BN.
-// SW (gemm_swiglu: w is [gate | up], rows 2I): the warp takes the 8 gate rows from n0 (row0: n0 +
-// g) and their 8 up rows (row1: I + n0 + g), so a thread holds the gate and the up of each of
-// its outputs. a template parameter, not a field: a runtime branch here and in wg_store cost the
-// plain kernel 1.7% (bench-notes, session 21)
-struct WgTile {
-    int tid, lane, g, t, m0, nk;
-    int64_t n0, row0, row1;
-};
-template <bool SW = false>
-__device__ __forceinline__ WgTile wg_tile(const GemmArgs& a) {
-    WgTile p;
-    p.tid = threadIdx.x; p.lane = p.tid & 31; p.g = p.lane >> 2; p.t = p.lane & 3;
-    const int wg = p.tid >> 7, wi = (p.tid >> 5) & 3;
-    const int64_t N = a.w.rows;
-    p.m0 = blockIdx.y * WG_BN;
-    p.nk = (int)(a.w.cols / 64);
-    if constexpr (SW) {
-        const int64_t I = N / 2;
-        p.n0 = (int64_t)blockIdx.x * (WG_BM / 2) + wg * 32 + wi * 8;
-        p.row0 = p.n0 + p.g < I ? p.n0 + p.g : I - 1; p.row1 = I + p.row0;
-    } else {
-        p.n0 = (int64_t)blockIdx.x * WG_BM + wg * 64 + wi * 16;
-        p.row0 = p.n0 + p.g < N ? p.n0 + p.g : N - 1; p.row1 = p.n0 + p.g + 8 < N ? p.n0 + p.g + 8 : N - 1;
-    }
-    return p;
-}
-// the thread's 4 cp.async pieces of x group kt (128 tokens x 64 k, 128-byte swizzled) at st
-__device__ __forceinline__ void wg_copy_x(const GemmArgs& a, const WgTile& p, uint32_t st, int kt) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int c = p.tid + i * WG_THREADS, r = c >> 3, c16 = c & 7;
-        const int m = p.m0 + r < a.T ? p.m0 + r : a.T - 1;
-        cp_async16_m(st + r * 128 + ((c16 ^ (r & 7)) << 4), a.x + (int64_t)m * a.ldx + (int64_t)kt * 64 + c16 * 8);
-    }
-}
-// the first group decoded into A (its row scales s0, s1) and the second group's words loaded
-template <int F>
-__device__ __forceinline__ void wg_first(const Mat& w, int64_t row0, int64_t row1, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1,
-                                         uint32_t (&A)[16], float& s0, float& s1) {
-    wg_load<F>(w, row0, 0, r0); wg_load<F>(w, row1, 0, r1);
-    wg_decode<F>(r0, r1, t, A);
-    s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
-    wg_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wg_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
-}
-// group kt's 4 wgmmas from A on the x stage at st into tmp (its partial, from zero); while they
-// run, group kt + 1 decoded from r0, r1 into An (its scales n0, n1) and group kt + 2's words
-// loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
-// tracks the in-flight registers (the last steps decode and load the last group again, unused)
-template <int F>
-__device__ __forceinline__ void wg_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t st, const Mat& w, int64_t row0, int64_t row1,
-                                         int kt, int nk, int t, WgRaw<F>& r0, WgRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) wg_mma_rs(tmp, A + 4 * ks, wg_desc_sw128(st + ks * 32), ks);
-    wg_commit();
-    wg_decode<F>(r0, r1, t, An);
-    n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
-    const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
-    wg_load<F>(w, row0, kn, r0); wg_load<F>(w, row1, kn, r1);
-    wg_wait0_with(tmp, A);
-}
 // acc += a group's partial scaled by its rows' scales (s0: row g, s1: row g + 8)
 __device__ __forceinline__ void wg_accumulate(float (&acc)[64], const float (&tmp)[64], float s0, float s1) {
 #pragma unroll
@@ -6356,59 +6261,137 @@ __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[6
     }
 }
 
-// S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD; the benches time others);
-// SW: gemm_swiglu's epilogue
-template <int F, int S = WG_STAGES, int AH = WG_AHEAD, bool SW = false>
+// SW: gemm_swiglu's epilogue (gate_up: the block's 32 outputs' gate rows and up rows)
+template <int F, bool SW = false>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
+    constexpr int S = WG_STAGES, AH = WG_AHEAD, AB = WG_ABUF;
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
-    __shared__ uint64_t full[S], empty[S];
+    __shared__ uint64_t xfull[S], xempty[S], afull[AB], aempty[AB];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const WgTile p = wg_tile<SW>(a);
-    const int nk = p.nk, t = p.t;
-    if (p.tid == 0) {
-        for (int s = 0; s < S; s++) { mbar_init(&full[s], WG_THREADS); mbar_init(&empty[s], WG_THREADS / 32); }
+    const uint32_t abase = sbase + S * WG_BN * 128;               // the A buffers after the x stages
+    const uint32_t xf0 = smem_u32(xfull), xe0 = smem_u32(xempty), af0 = smem_u32(afull), ae0 = smem_u32(aempty);  // [i]: + 8 i
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wg = tid >> 7, wi = (tid >> 5) & 3;
+    const int nk = (int)(a.w.cols / 64);
+    const int mb = blockIdx.y * WG_BN, m0 = mb + wg * 128;  // the block's tokens, this warpgroup's (past T: clamped, not stored)
+    // the decoding thread's A row ar = tid / 4 (lanes [16q, 16q + 16) of it) and its matrix row;
+    // the D rows of this thread's accumulators (16 wi + g, + 8: their scales) and the store's
+    // first row. SW: A rows 16 wi + {0..7} are the gate rows of outputs n0 + 8 wi + {0..7},
+    // 16 wi + {8..15} their up rows, so each thread holds the gate and the up of its outputs
+    const int ar = tid >> 2, q = tid & 3;
+    int64_t rowA, rowD0, rowD1, nst;
+    if constexpr (SW) {
+        const int64_t I = a.w.rows / 2, n0 = (int64_t)blockIdx.x * (WG_BM / 2);
+        const int64_t ga = n0 + 8 * (ar >> 4) + (ar & 7), gd = n0 + 8 * wi + g;
+        rowA = (ga < I ? ga : I - 1) + ((ar & 15) >= 8 ? I : 0);
+        rowD0 = gd < I ? gd : I - 1; rowD1 = I + rowD0;
+        nst = n0 + 8 * wi;
+    } else {
+        const int64_t N = a.w.rows, n0 = (int64_t)blockIdx.x * WG_BM;
+        rowA = n0 + ar < N ? n0 + ar : N - 1;
+        rowD0 = n0 + 16 * wi + g < N ? n0 + 16 * wi + g : N - 1;
+        rowD1 = n0 + 16 * wi + g + 8 < N ? n0 + 16 * wi + g + 8 : N - 1;
+        nst = n0 + 16 * wi;
+    }
+    // the A tile's two 16-byte chunks of this thread (2q, 2q + 1 of row ar, swizzled)
+    const uint32_t ad0 = ar * 128 + (((2 * q) ^ (ar & 7)) << 4), ad1 = ar * 128 + (((2 * q + 1) ^ (ar & 7)) << 4);
+    // the x copies: piece i is token row xr + 32 i of the stage, 16-byte chunk c16 (xr & 7 the
+    // same for every i), from x[min(mb + xr + 32 i, T - 1)][kt * 64 + c16 * 8]; gemm_check keeps
+    // the byte offsets (2 T ldx) within 32 bits
+    const int xr = tid >> 3, c16 = tid & 7;
+    const uint32_t xd = xr * 128 + ((c16 ^ (xr & 7)) << 4);
+    uint32_t xo[8];  // byte offsets in x
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int m = mb + xr + 32 * i < a.T ? mb + xr + 32 * i : a.T - 1;
+        xo[i] = ((uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8)) * 2u;
+    }
+    if (tid == 0) {
+        for (int i = 0; i < S; i++) { mbar_init(xf0 + 8 * i, WG_THREADS); mbar_init(xe0 + 8 * i, WG_THREADS / 32); }
+        for (int i = 0; i < AB; i++) { mbar_init(af0 + 8 * i, WG_THREADS); mbar_init(ae0 + 8 * i, WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
 
-    // stage kt: every thread's 4 pieces, counted on full[kt % S]; the stage's previous group
-    // (kt - S) must be done in every warp first (empty)
-    auto load_x = [&](int kt) {
+    // x group kt into stage kt % S, counted on xfull; the stage's previous group (kt - S) must be
+    // done in every warp first (xempty)
+    auto load_x = [&](int kt, int s) {  // s = kt % S, a constant in the unrolled loop
         if (kt >= nk) return;
-        const int s = kt % S, use = kt / S;
-        if (use > 0) mbar_wait(&empty[s], (uint32_t)((use - 1) & 1));
-        wg_copy_x(a, p, sbase + (uint32_t)s * (WG_BN * 128), kt);
-        cp_async_mbar_arrive(&full[s]);
+        const int use = kt / S;
+        if (use > 0) mbar_wait(xe0 + 8 * s, (uint32_t)((use - 1) & 1));
+        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128) + xd;
+        const uint8_t* x = (const uint8_t*)a.x + (size_t)kt * 128;
+        asm("" : "+l"(x));  // the base first, then one 64-bit add a piece (not kt * 128 + xo[i] widened each)
+#pragma unroll
+        for (int i = 0; i < 8; i++) cp_async16_m(st + i * (32 * 128), x + xo[i]);
+        cp_async_mbar_arrive(xf0 + 8 * s);
     };
+    // group kt's codes (raw r) decoded into A buffer b = kt % AB, counted on afull (its previous
+    // group, kt - AB, done in every warp: the caller waited on aempty). the stores reach the
+    // wgmma (async proxy) through the fence and the barrier
+    auto store_a = [&](int b, const WgRaw<F>& r) {  // b = kt % AB
+        uint32_t o[8];
+        wg_decode<F>(r, o);
+        const uint32_t at = abase + (uint32_t)b * (WG_BM * 128);
+        st_shared_v4(at + ad0, o[0], o[1], o[2], o[3]);
+        st_shared_v4(at + ad1, o[4], o[5], o[6], o[7]);
+        wg_fence_proxy();
+        mbar_arrive(af0 + 8 * b);
+    };
+    auto scale = [&](int64_t row, int kt) { return f16bits2f(__ldg((const unsigned short*)(a.w.scale + row * a.w.scale_row) + kt)); };
 
     float acc[64], tmp[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
-    for (int s = 0; s < AH; s++) load_x(s);
-    WgRaw<F> r0, r1;
-    // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
-    // group decodes into the other, so no instruction defines a register of the wgmma in
-    // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
-    uint32_t A0[16], A1[16];
-    float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
-    wg_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
-    // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
-    auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
-        const int s = kt % S;
-        mbar_wait(&full[s], (uint32_t)((kt / S) & 1));
-        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
-        wg_group<F>(tmp, A, sbase + (uint32_t)s * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+    for (int i = 0; i < AH; i++) load_x(i, i);
+    WgRaw<F> raw;
+    wg_load<F>(a.w, rowA, 0, q, raw);
+    store_a(0, raw);
+    wg_load<F>(a.w, rowA, nk > 1 ? 1 : 0, q, raw);
+    float s0 = scale(rowD0, 0), s1 = scale(rowD1, 0);
+    const uint32_t adlo = wg_desc_lo(abase), xdlo = wg_desc_lo(sbase) + (uint32_t)wg * (128 * 128 >> 4);
+    // step kt = 4 j + P: its stage, buffer and barrier parities are constants of P and j's parity
+    // (the loop unrolled by S = 2 AB)
+    static_assert(S == 4 && AB == 2, "the unrolled loop's phases");
+    auto step = [&](int kt, auto P) {
+        constexpr int s = decltype(P)::value % S, b = decltype(P)::value % AB, bn = (decltype(P)::value + 1) % AB;
+        // every wait before the wgmmas: no branch between them and their wait (ptxas then tracks
+        // the accumulators in flight; a branch there serialized the four wgmmas). the last step
+        // decodes and loads the last group again, unused
+        if (kt + 1 >= AB) mbar_wait(ae0 + 8 * bn, (uint32_t)(((kt + 1) / AB - 1) & 1));  // buffer bn's last group done
+        mbar_wait(af0 + 8 * b, (uint32_t)((kt / AB) & 1));
+        mbar_wait(xf0 + 8 * s, (uint32_t)((kt / S) & 1));
+        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through xfull, before wgmma's reads
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+            wg_mma_ss(tmp, wg_desc(adlo + (uint32_t)b * (WG_BM * 128 >> 4) + ks * (32 >> 4)),
+                      wg_desc(xdlo + (uint32_t)s * (WG_BN * 128 >> 4) + ks * (32 >> 4)), ks);
+        wg_commit();
+        // while the tensor core runs: group kt + 1's codes into the other buffer, group kt + 2's
+        // words and group kt + 1's scales loaded
+        store_a(bn, raw);
+        wg_load<F>(a.w, rowA, kt + 2 < nk ? kt + 2 : nk - 1, q, raw);
+        const int kn = kt + 1 < nk ? kt + 1 : nk - 1;
+        const float n0 = scale(rowD0, kn), n1 = scale(rowD1, kn);
+        wg_wait0(tmp);
         __syncwarp();
-        if (p.lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+        if (lane == 0) { mbar_arrive(xe0 + 8 * s); mbar_arrive(ae0 + 8 * b); }  // this warp is done with stage s and buffer b
         wg_accumulate(acc, tmp, s0, s1);
-        load_x(kt + AH);
+        s0 = n0; s1 = n1;
+        load_x(kt + AH, (decltype(P)::value + AH) % S);
     };
-    for (int kt = 0; kt < nk; kt += 2) {
-        step(kt, A0, sa0, sa1, A1, sb0, sb1);
-        if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
+    using P0 = std::integral_constant<int, 0>; using P1 = std::integral_constant<int, 1>;
+    using P2 = std::integral_constant<int, 2>; using P3 = std::integral_constant<int, 3>;
+    for (int kt = 0; kt < nk; kt += 4) {
+        step(kt, P0{});
+        if (kt + 1 < nk) step(kt + 1, P1{});
+        if (kt + 2 < nk) step(kt + 2, P2{});
+        if (kt + 3 < nk) step(kt + 3, P3{});
     }
-    wg_store<SW>(a, acc, p.m0, p.n0, p.g, t);
+    wg_store<SW>(a, acc, m0, nst, g, t);
 }
 // whether sm_90a code runs here (the binary carries it and the device is 9.0): wgmma exists only there
 __global__ void wg_probe_kernel(int* ok) {
@@ -6427,15 +6410,15 @@ static bool gemm_on_wgmma(const Mat& w) { return g_gemm_wgmma && (w.format == FM
 static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
+    CHECK((int64_t)T * ldx * 2 <= UINT32_MAX, "gemm: %d rows of x at ldx %d (the wgmma kernel's byte offsets are 32-bit)", T, ldx);
 }
 template <bool SW>
 static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {
     const int64_t tiles = SW ? CEIL_DIV(a.w.rows / 2, (int64_t)WG_BM / 2) : CEIL_DIV(a.w.rows, (int64_t)WG_BM);
     dim3 grid((unsigned)tiles, (unsigned)CEIL_DIV(a.T, WG_BN));
-    constexpr int S = WG_STAGES, AH = WG_AHEAD;
-    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else launch_k(gemm_wgmma_kernel<FMT_Q6, S, AH, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    else launch_k(gemm_wgmma_kernel<FMT_Q6, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
     cudaCheck(cudaGetLastError());
 }
 // gate_up's product with swiglu in its epilogue (the wgmma kernel: where gemm_on_wgmma), so
@@ -7169,9 +7152,8 @@ static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
     }
     g_gemm_wgmma = wg_here == 1 && wgmma;
     if (wg_here == 1) {
-        constexpr int S = WG_STAGES, AH = WG_AHEAD;
-        for (auto k : {gemm_wgmma_kernel<FMT_Q4, S, AH, false>, gemm_wgmma_kernel<FMT_Q5, S, AH, false>, gemm_wgmma_kernel<FMT_Q6, S, AH, false>,
-                       gemm_wgmma_kernel<FMT_Q4, S, AH, true>, gemm_wgmma_kernel<FMT_Q5, S, AH, true>, gemm_wgmma_kernel<FMT_Q6, S, AH, true>})
+        for (auto k : {gemm_wgmma_kernel<FMT_Q4, false>, gemm_wgmma_kernel<FMT_Q5, false>, gemm_wgmma_kernel<FMT_Q6, false>,
+                       gemm_wgmma_kernel<FMT_Q4, true>, gemm_wgmma_kernel<FMT_Q5, true>, gemm_wgmma_kernel<FMT_Q6, true>})
             cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
     gemv_xs_init<FMT_Q4>(); gemv_xs_init<FMT_Q5>(); gemv_xs_init<FMT_Q6>(); gemv_xs_init<FMT_W8>();

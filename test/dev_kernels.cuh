@@ -13,9 +13,9 @@
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 //   * attention decode's version 1 (thread per key, cuda cores), to time against the product.
 //   * the wgmma prefill gemm with a __syncthreads a group (gemm_wgmma_sync_kernel), to time
-//     against the product's mbarrier stages; with both operands in shared memory, A decoded
-//     once for a 64 x 256 tile (gemm_wgmma_ss_kernel), to time against the product's A in
-//     registers.
+//     against the product's mbarrier stages; with A in registers, a 128 x 128 tile
+//     (gemm_wgmma_rs_kernel, sessions 16-22's product), to time against the product's A tile
+//     in shared memory.
 #pragma once
 
 namespace gemv_dev {
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float4* red = (float4*)(ring_smem_ + (size_t)RT * NS * Ly::BYTES) + r * NW * 32;
     __shared__ __align__(8) uint64_t full[RT][NS];
     if (threadIdx.x == 0) {
-        for (int i = 0; i < RT * NS; i++) mbar_init(&full[0][0] + i, NW * 32);
+        for (int i = 0; i < RT * NS; i++) mbar_init(smem_u32(&full[0][0] + i), NW * 32);
         mbar_init_fence();
     }
     __syncthreads();
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
         plane(std::integral_constant<int, 32>(), st, w.base, w.base_row, Ly::RSB);
         plane(std::integral_constant<int, 2>(), st + Ly::OFF_S, w.scale, w.scale_row, Ly::RSS);
         if constexpr (Ly::HB != 0) plane(std::integral_constant<int, Ly::HB>(), st + Ly::OFF_H, w.high, w.high_row, Ly::RSH);
-        cp_async_mbar_arrive(&full[r][i % NS]);
+        cp_async_mbar_arrive(smem_u32(&full[r][i % NS]));
     };
     for (int64_t i = 0; i < NS && i < n_items; i++) issue(i);
     if (early) pdl_release();  // the grid is resident (at most one wave): dependents may take what is left
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(RT * NW * 32, 1) gemv_ring_kernel(GemvArgs a, 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < n_items; i++) {
         const int slot = (int)(i % NS), pc = (int)(i % ppt), u0 = pc * PG, ng = min(PG, units - u0);
-        mbar_wait(&full[r][slot], (uint32_t)((i / NS) & 1));
+        mbar_wait(smem_u32(&full[r][slot]), (uint32_t)((i / NS) & 1));
         const uint8_t* st = ring + (size_t)slot * Ly::BYTES;
         for (int q = wt; 2 * q < ng; q += NW) {
 #pragma unroll
@@ -1435,23 +1435,275 @@ static void attn_decode_v1(const AttnDecodeArgs& in, cudaStream_t stream) {
     attn_decode_with(in, stream, decode, attn_combine_v1_kernel);
 }
 
+// ---- the wgmma prefill gemm with A from registers (sessions 16-22's product) -----------------
+// a block of two warpgroups over a 128-row x 128-token tile: warpgroup w takes rows 64w..64w+63
+// as wgmma's A from registers, each thread decoding its fragment's codes from the raw planes one
+// group ahead of the tensor core; the x tile is B in shared memory in WR_STAGES cp.async stages
+// on mbarriers. the same arithmetic as the product (each group's partial from zero over the same
+// k16 steps, then acc += scale * tmp), so the same bits: Gemm.WgmmaVersionsAgree. it decodes
+// every weight for 128 tokens where the product's shared A tile serves 256: 242.5 / 315 / 335
+// instructions a warp a group (q4 / q5 / q6) against the product's 218 / 255 / 261 (sass,
+// session 22). Bench.DISABLED_GemmVersions times it and its stage forms beside the product.
+enum { WR_BM = 128, WR_BN = 128, WR_STAGES = 4, WR_AHEAD = 3 };
+static constexpr size_t wr_smem_bytes(int stages) { return (size_t)stages * WR_BN * 128 + 1024; }  // + the 1024-byte alignment
+// waits for the group and names its operands (d: the accumulators, a: the A fragments) in the
+// wait itself: ptxas then keeps a's registers unreused and d unread until the wgmma is done (an
+// empty asm fence around the wait does not reach ptxas, which reused a's registers for the
+// next group's decode while the tensor core still read them)
+__device__ __forceinline__ void wr_wait0_with(float* d, uint32_t* a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(a[4]), "+r"(a[5]), "+r"(a[6]), "+r"(a[7]), "+r"(a[8]), "+r"(a[9]), "+r"(a[10]), "+r"(a[11]), "+r"(a[12]), "+r"(a[13]), "+r"(a[14]), "+r"(a[15])
+                 :: "memory");
+#endif
+}
+// d (64 fp32: m64 x n128) = A (registers, this warp's 16 rows x k16) . B (descriptor) [+ d]
+__device__ __forceinline__ void wr_mma_rs(float* d, const uint32_t* a, uint64_t db, int acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64,%65,%66,%67}, %69, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(db));
+#else
+    __trap();
+#endif
+}
+// one row's raw group: 32 bytes of low codes, the high bits, the fp16 scale
+template <int F> struct WrRaw { uint4 b0, b1; uint32_t h[F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1]; uint32_t sc; };
+template <int F>
+__device__ __forceinline__ void wr_load(const Mat& w, int64_t row, int kt, WrRaw<F>& r) {
+    const uint4* b = (const uint4*)(w.base + row * w.base_row + (int64_t)kt * 32);
+    r.b0 = __ldg(b); r.b1 = __ldg(b + 1);
+    if constexpr (F == FMT_Q5) {
+        const unsigned int* h = (const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8);
+        r.h[0] = __ldg(h); r.h[1] = __ldg(h + 1);
+    }
+    if constexpr (F == FMT_Q6) {
+        const uint2* h = (const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16);
+        uint2 u0 = __ldg(h), u1 = __ldg(h + 1);
+        r.h[0] = u0.x; r.h[1] = u0.y; r.h[2] = u1.x; r.h[3] = u1.y;
+    }
+    r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
+}
+// one row's 8 bf16x2 code pairs of this thread: pair wi holds lanes k, k+1 (k = 8 wi + 2t),
+// nibbles 2t, 2t+1 of low word wi = its byte t. sel = t | (4 + t) << 8 puts byte t of the word
+// at bits 0-7 and byte t of word >> 4 at bits 16-23, so one mask leaves the two low codes at
+// bits 0-3 and 16-19 (prmt, lop3 and the fma a pair; q4's mask and magic in one lop3). q5's high bit of lane k is bit k & 31 of
+// h[k >> 5], q6's two at bit 2k & 31 of h[2k >> 5]: after one shift by 2t (4t) a word they sit
+// at constant positions. q5: two rotated masks a word put each pair's bits at bit 4 of a byte
+// (a rotation: one funnel shift where a shift and a shift back took two),
+// one byte of each mask a pair, and one prmt a pair moves them to bits 4 and 20, its other two
+// bytes zero (prmt_z: a selector nibble of 8 + i is byte i's sign, and bit 7 of these bytes is
+// clear). q6's bit pairs stay on shifts: their prmt form measured 6% slower, in a build whose
+// mask was an asm lop3 that also cost q4 7% (bench-notes, session 17; not measured without it).
+__device__ __forceinline__ uint32_t prmt_z(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+template <int F>
+__device__ __forceinline__ void wr_decode_row(const WrRaw<F>& r, int t, uint32_t sel, uint32_t* out) {
+    const uint32_t w[8] = {r.b0.x, r.b0.y, r.b0.z, r.b0.w, r.b1.x, r.b1.y, r.b1.z, r.b1.w};
+    constexpr int NH = F == FMT_Q6 ? 4 : F == FMT_Q5 ? 2 : 1;
+    uint32_t hs[NH], hr[NH];  // q6: the shifted words; q5: the first and second lanes' bits at bit 4 of a byte
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        if constexpr (F == FMT_Q5) {  // pair m of the word: bits 2t + 8m, 2t + 8m + 1, rotated to bit 4 of byte m
+            hs[i] = __funnelshift_l(r.h[i], r.h[i], (4 - 2 * t) & 31) & 0x10101010u;
+            hr[i] = __funnelshift_l(r.h[i], r.h[i], (3 - 2 * t) & 31) & 0x10101010u;
+        } else {
+            hs[i] = F == FMT_Q6 ? r.h[i] >> (4 * t) : 0u; hr[i] = 0u;
+        }
+    }
+#pragma unroll
+    for (int wi = 0; wi < 8; wi++) {
+        if constexpr (F == FMT_Q4) {  // the mask and gemm_code_pair's magic in one lop3 (ptxas made two)
+            out[wi] = bf2_fma(lop3<LOP_AND_XOR>(__byte_perm(w[wi], w[wi] >> 4, sel), 0x000F000Fu, 0x43084308u), BF2(BF_ONE), BF2(BF_M136));
+            continue;
+        }
+        uint32_t p = __byte_perm(w[wi], w[wi] >> 4, sel) & 0x000F000Fu;
+        if constexpr (F == FMT_Q5) {
+            const uint32_t m = wi & 3;
+            p |= prmt_z(hs[wi >> 2], hr[wi >> 2], m | 0x8u << 4 | (4 + m) << 8 | 0x8u << 12);
+        }
+        if constexpr (F == FMT_Q6) {
+            const uint32_t h = hs[wi >> 1];
+            const int j = 16 * (wi & 1);
+            p |= ((h >> j) & 3u) << 4 | ((h >> (j + 2)) & 3u) << 20;
+        }
+        out[wi] = gemm_code_pair<F>(p);
+    }
+}
+// a thread's A fragments of one group (4 k16 steps x {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi})
+template <int F>
+__device__ __forceinline__ void wr_decode(const WrRaw<F>& r0, const WrRaw<F>& r1, int t, uint32_t* a) {
+    const uint32_t sel = (uint32_t)t | (uint32_t)(4 + t) << 8;
+    uint32_t p0[8], p1[8];
+    wr_decode_row<F>(r0, t, sel, p0);
+    wr_decode_row<F>(r1, t, sel, p1);
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        a[4 * ks + 0] = p0[2 * ks];
+        a[4 * ks + 1] = p1[2 * ks];
+        a[4 * ks + 2] = p0[2 * ks + 1];
+        a[4 * ks + 3] = p1[2 * ks + 1];
+    }
+}
+
+// a thread's place in a wgmma gemm block: warp wi of warpgroup wg takes the 16 weight rows from
+// n0 (its rows g and g + 8 clamped to the matrix: row0, row1) against tokens m0 .. m0 + WR_BN
+struct WrTile {
+    int tid, lane, g, t, m0, nk;
+    int64_t n0, row0, row1;
+};
+__device__ __forceinline__ WrTile wr_tile(const GemmArgs& a) {
+    WrTile p;
+    p.tid = threadIdx.x; p.lane = p.tid & 31; p.g = p.lane >> 2; p.t = p.lane & 3;
+    const int wg = p.tid >> 7, wi = (p.tid >> 5) & 3;
+    const int64_t N = a.w.rows;
+    p.m0 = blockIdx.y * WR_BN;
+    p.nk = (int)(a.w.cols / 64);
+    p.n0 = (int64_t)blockIdx.x * WR_BM + wg * 64 + wi * 16;
+    p.row0 = p.n0 + p.g < N ? p.n0 + p.g : N - 1; p.row1 = p.n0 + p.g + 8 < N ? p.n0 + p.g + 8 : N - 1;
+    return p;
+}
+// the thread's 4 cp.async pieces of an x group (128 tokens x 64 k, 128-byte swizzled): piece i
+// is token row r = tid / 8 + 32 i, 16-byte chunk c16 = tid % 8, at r * 128 + ((c16 ^ (r & 7)) << 4)
+// in the stage (r & 7 is the same for every i) from x[min(m0 + r, T - 1)][kt * 64 + c16 * 8].
+// the offsets are computed once a block: built from tid each group they took ~50 instructions
+// of a group's ~280 (sass, session 22). gemm_check keeps T * ldx within 32 bits
+struct WrXCopy { uint32_t dst; uint32_t off[4]; };
+__device__ __forceinline__ WrXCopy wr_xcopy(const GemmArgs& a, const WrTile& p) {
+    WrXCopy c;
+    const int r = p.tid >> 3, c16 = p.tid & 7;
+    c.dst = (uint32_t)(r * 128 + ((c16 ^ (r & 7)) << 4));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int m = p.m0 + r + 32 * i < a.T ? p.m0 + r + 32 * i : a.T - 1;
+        c.off[i] = (uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8);
+    }
+    return c;
+}
+__device__ __forceinline__ void wr_copy_x(const GemmArgs& a, const WrXCopy& c, uint32_t st, int kt) {
+    const bf16_t* x = a.x + (int64_t)kt * 64;
+#pragma unroll
+    for (int i = 0; i < 4; i++) cp_async16_m(st + c.dst + i * (32 * 128), x + c.off[i]);
+}
+// the first group decoded into A (its row scales s0, s1) and the second group's words loaded
+template <int F>
+__device__ __forceinline__ void wr_first(const Mat& w, int64_t row0, int64_t row1, int nk, int t, WrRaw<F>& r0, WrRaw<F>& r1,
+                                         uint32_t (&A)[16], float& s0, float& s1) {
+    wr_load<F>(w, row0, 0, r0); wr_load<F>(w, row1, 0, r1);
+    wr_decode<F>(r0, r1, t, A);
+    s0 = f16bits2f(r0.sc); s1 = f16bits2f(r1.sc);
+    wr_load<F>(w, row0, nk > 1 ? 1 : 0, r0); wr_load<F>(w, row1, nk > 1 ? 1 : 0, r1);
+}
+// group kt's 4 wgmmas from A on the x stage whose descriptor's low word is dlo (wg_desc_lo) into
+// tmp (its partial, from zero); while they run, group kt + 1 decoded from r0, r1 into An (its
+// scales n0, n1) and group kt + 2's words loaded; returns with the wgmmas done. no branch between the wgmma and its wait: ptxas then
+// tracks the in-flight registers (the last steps decode and load the last group again, unused)
+template <int F>
+__device__ __forceinline__ void wr_group(float (&tmp)[64], uint32_t (&A)[16], uint32_t dlo, const Mat& w, int64_t row0, int64_t row1,
+                                         int kt, int nk, int t, WrRaw<F>& r0, WrRaw<F>& r1, uint32_t (&An)[16], float& n0, float& n1) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) wr_mma_rs(tmp, A + 4 * ks, wg_desc(dlo + ks * (32 >> 4)), ks);
+    wg_commit();
+    wr_decode<F>(r0, r1, t, An);
+    n0 = f16bits2f(r0.sc); n1 = f16bits2f(r1.sc);
+    const int kn = kt + 2 < nk ? kt + 2 : nk - 1;
+    wr_load<F>(w, row0, kn, r0); wr_load<F>(w, row1, kn, r1);
+    wr_wait0_with(tmp, A);
+}
+// S stages asked for AH groups ahead (4 / 3 measured best, session 20; the benches time others)
+template <int F, int S = WR_STAGES, int AH = WR_AHEAD>
+__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_rs_kernel(GemmArgs a) {
+    pdl_entry();
+    extern __shared__ __align__(16) uint8_t wg_smem[];
+    __shared__ uint64_t full[S], empty[S];
+    const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
+    const uint32_t dlo0 = wg_desc_lo(sbase), full0 = smem_u32(full), empty0 = smem_u32(empty);  // stage s: + s * 8
+    const WrTile p = wr_tile(a);
+    const WrXCopy xc = wr_xcopy(a, p);
+    const int nk = p.nk, t = p.t;
+    if (p.tid == 0) {
+        for (int s = 0; s < S; s++) { mbar_init(full0 + 8 * s, WG_THREADS); mbar_init(empty0 + 8 * s, WG_THREADS / 32); }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    // stage kt: every thread's 4 pieces, counted on full[kt % S]; the stage's previous group
+    // (kt - S) must be done in every warp first (empty)
+    auto load_x = [&](int kt) {
+        if (kt >= nk) return;
+        const int s = kt % S, use = kt / S;
+        if (use > 0) mbar_wait(empty0 + 8 * s, (uint32_t)((use - 1) & 1));
+        wr_copy_x(a, xc, sbase + (uint32_t)s * (WR_BN * 128), kt);
+        cp_async_mbar_arrive(full0 + 8 * s);
+    };
+
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
+    for (int s = 0; s < AH; s++) load_x(s);
+    WrRaw<F> r0, r1;
+    // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
+    // group decodes into the other, so no instruction defines a register of the wgmma in
+    // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
+    uint32_t A0[16], A1[16];
+    float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
+    wr_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
+    // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
+    auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
+        const int s = kt % S;
+        mbar_wait(full0 + 8 * s, (uint32_t)((kt / S) & 1));
+        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through full, before wgmma's reads (async proxy)
+        wr_group<F>(tmp, A, dlo0 + (uint32_t)s * (WR_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        __syncwarp();
+        if (p.lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with stage s
+        wg_accumulate(acc, tmp, s0, s1);
+        load_x(kt + AH);
+    };
+    for (int kt = 0; kt < nk; kt += 2) {
+        step(kt, A0, sa0, sa1, A1, sb0, sb1);
+        if (kt + 1 < nk) step(kt + 1, A1, sb0, sb1, A0, sa0, sa1);
+    }
+    wg_store(a, acc, p.m0, p.n0, p.g, t);
+}
+
 // ---- the wgmma prefill gemm with one __syncthreads a group (session 16-17's product) ----------
-// gemm_wgmma_kernel before its stages were tracked by mbarriers: the same arithmetic (its bits
+// gemm_wgmma_rs_kernel before its stages were tracked by mbarriers: the same arithmetic (its bits
 // are the product's), 4 stages asked for 3 groups ahead, both warpgroups meeting at a
 // __syncthreads every group (lockstep: one's scaling fma never runs under the other's wgmma).
 // Bench.DISABLED_GemmVersions times it beside the product; Gemm.WgmmaVersionsAgree checks it.
 enum { WGS_STAGES = 4 };
-static const size_t WGS_SMEM = wg_smem_bytes(WGS_STAGES);
+static const size_t WGS_SMEM = wr_smem_bytes(WGS_STAGES);
 template <int F>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs a) {
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
     const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const WgTile p = wg_tile(a);
+    const WrTile p = wr_tile(a);
+    const WrXCopy xc = wr_xcopy(a, p);
     const int nk = p.nk, t = p.t;
 
     auto load_x = [&](int kt) {
-        if (kt < nk) wg_copy_x(a, p, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), kt);
+        if (kt < nk) wr_copy_x(a, xc, sbase + (uint32_t)(kt % WGS_STAGES) * (WR_BN * 128), kt);
         cp_async_commit_m();
     };
 
@@ -1459,20 +1711,21 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_sync_kernel(GemmArgs
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
     for (int s = 0; s < WGS_STAGES - 1; s++) load_x(s);
-    WgRaw<F> r0, r1;
+    WrRaw<F> r0, r1;
     // two fragment sets, the loop unrolled by two: a step's wgmma reads one set while the next
     // group decodes into the other, so no instruction defines a register of the wgmma in
     // flight (a copy A = A2 at the end of the step let ptxas merge the two and serialize)
     uint32_t A0[16], A1[16];
     float sa0, sa1, sb0, sb1;  // the row scales of the groups in A0 / A1
-    wg_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
+    wr_first<F>(a.w, p.row0, p.row1, nk, t, r0, r1, A0, sa0, sa1);
     // group kt from A (scales s0, s1); group kt + 1 decoded into An (scales n0, n1)
     auto step = [&](int kt, uint32_t (&A)[16], float s0, float s1, uint32_t (&An)[16], float& n0, float& n1) {
         cp_async_wait_m<WGS_STAGES - 2>();
         wg_fence_proxy();  // this thread's cp.async writes (generic proxy) before wgmma's reads (async proxy)
         __syncthreads();   // stage kt is in for every thread; stage kt-1's reader (the last wgmma) is done
         load_x(kt + WGS_STAGES - 1);
-        wg_group<F>(tmp, A, sbase + (uint32_t)(kt % WGS_STAGES) * (WG_BN * 128), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An, n0, n1);
+        wr_group<F>(tmp, A, wg_desc_lo(sbase) + (uint32_t)(kt % WGS_STAGES) * (WR_BN * 128 >> 4), a.w, p.row0, p.row1, kt, nk, t, r0, r1, An,
+                    n0, n1);
         wg_accumulate(acc, tmp, s0, s1);
     };
     for (int kt = 0; kt < nk; kt += 2) {
@@ -1491,252 +1744,31 @@ static void gemm_wgmma_optin(K k, size_t smem) {
 }
 static void gemm_wgmma_sync(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
-    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WR_BM), (unsigned)CEIL_DIV(T, WR_BN));
     auto k = w.format == FMT_Q4 ? gemm_wgmma_sync_kernel<FMT_Q4> : w.format == FMT_Q5 ? gemm_wgmma_sync_kernel<FMT_Q5> : gemm_wgmma_sync_kernel<FMT_Q6>;
     gemm_wgmma_optin(k, WGS_SMEM);
     launch_k(k, grid, dim3(WG_THREADS), WGS_SMEM, stream, a);
     cudaCheck(cudaGetLastError());
 }
-// the product's kernel with S stages asked for AH groups ahead (the product: WG_STAGES, WG_AHEAD)
+// the register-A kernel with S stages asked for AH groups ahead (its own form: WR_STAGES, WR_AHEAD)
 template <int S, int AH>
 static void gemm_wgmma_stages(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
-    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WG_BM), (unsigned)CEIL_DIV(T, WG_BN));
-    auto k = w.format == FMT_Q4 ? gemm_wgmma_kernel<FMT_Q4, S, AH> : w.format == FMT_Q5 ? gemm_wgmma_kernel<FMT_Q5, S, AH>
-                                                                    : gemm_wgmma_kernel<FMT_Q6, S, AH>;
-    gemm_wgmma_optin(k, wg_smem_bytes(S));
-    launch_k(k, grid, dim3(WG_THREADS), wg_smem_bytes(S), stream, a);
+    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WR_BM), (unsigned)CEIL_DIV(T, WR_BN));
+    auto k = w.format == FMT_Q4 ? gemm_wgmma_rs_kernel<FMT_Q4, S, AH> : w.format == FMT_Q5 ? gemm_wgmma_rs_kernel<FMT_Q5, S, AH>
+                                                                    : gemm_wgmma_rs_kernel<FMT_Q6, S, AH>;
+    gemm_wgmma_optin(k, wr_smem_bytes(S));
+    launch_k(k, grid, dim3(WG_THREADS), wr_smem_bytes(S), stream, a);
     cudaCheck(cudaGetLastError());
 }
-// ---- the wgmma prefill gemm with both operands in shared memory (session 22, not promoted) ----
-// a block is a 64-row x 256-token tile: every group, the block's 256 threads decode the 64 rows'
-// codes once (a thread: 16 lanes of one row) into an A tile (bf16, 128-byte swizzled, WS_ABUF
-// buffers on mbarriers), and its two warpgroups each multiply that tile by their own 128 tokens
-// of the x stage. the product's tile decodes each weight for 128 tokens in registers; this one
-// for 256, at the price of twice the x copies a thread and the A tile's stores and barriers.
-// sass (bench-notes, session 22): ~218 / 255 / 261 instructions a warp a group (q4 / q5 / q6)
-// against the product's 291 / 350 / 370: the decode halves, the copies double (8 cp.async a
-// thread and group; a TMA copy of the stage is the step after this). the same arithmetic as the
-// product (each group's partial from zero over the same k16 steps, A from shared memory instead
-// of registers, then acc += scale * tmp): Gemm.WgmmaVersionsAgree checks the bits,
-// Bench.DISABLED_GemmVersions times it. written without a gpu (session 22): not yet run.
-enum { WS_BM = 64, WS_BN = 256, WS_STAGES = 4, WS_AHEAD = 3, WS_ABUF = 2 };
-static constexpr size_t WS_SMEM = (size_t)WS_STAGES * WS_BN * 128 + (size_t)WS_ABUF * WS_BM * 128 + 1024;  // + the 1024-byte alignment
-// a 128-byte-swizzled K-major operand's descriptor as its low word (start >> 4, leading offset 1:
-// unused with the swizzle) and a constant high word (stride between 8-row groups 1024 B, the
-// swizzle): the kernel adds byte offsets / 16 to a buffer's low word (exact below 256 KB)
-enum : uint32_t { WS_DESC_HI = (1024 >> 4) | (1u << 30) };
-__device__ __forceinline__ uint32_t ws_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-__device__ __forceinline__ uint64_t ws_desc(uint32_t lo) { return (uint64_t)WS_DESC_HI << 32 | lo; }
-// waits for the warpgroup's wgmmas and names their accumulators in the wait itself, so ptxas
-// keeps d unread until they are done
-__device__ __forceinline__ void ws_wait0(float* d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("wgmma.wait_group.sync.aligned 0;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 :: "memory");
-#endif
-}
-// d (64 fp32: m64 x n128) = A (descriptor: 64 rows x k16) . B (descriptor: 128 tokens x k16) [+ d]
-__device__ __forceinline__ void ws_mma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
-        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(acc));
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-
-// a decoding thread's share of one row's group: lanes [16q, 16q + 16), its 8 base bytes
-// (bytes 8q..8q+7: byte j holds lanes 2j (low nibble) and 2j + 1) and their high bits (q5: bit
-// i of halfword q is lane 16q + i; q6: bits 2i, 2i + 1 of word q)
-template <int F> struct WsRaw { uint2 b; uint32_t h; };
-template <int F>
-__device__ __forceinline__ void ws_load(const Mat& w, int64_t row, int kt, int q, WsRaw<F>& r) {
-    r.b = __ldg((const uint2*)(w.base + row * w.base_row + (int64_t)kt * 32) + q);
-    r.h = 0;
-    if constexpr (F == FMT_Q5) r.h = __ldg((const unsigned short*)(w.high + row * w.high_row + (int64_t)kt * 8) + q);
-    if constexpr (F == FMT_Q6) r.h = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 16) + q);
-}
-// its 8 bf16x2 code pairs in k order (pair j: lanes 16q + 2j, + 1). byte j of a base word and
-// byte j of the word >> 4 (one prmt) put the pair's codes at bits 0-3 and 16-19; the high bits
-// go to bits 4 (and 5) of each half; the code pair's magic and one bf16 fma make the values.
-// q4: the mask and the magic in one lop3 (ptxas made two)
-template <int F>
-__device__ __forceinline__ void ws_decode(const WsRaw<F>& r, uint32_t (&o)[8]) {
-    const uint32_t w[2] = {r.b.x, r.b.y};
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const uint32_t ws = w[u] >> 4;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int P = 4 * u + j;
-            const uint32_t sel = (uint32_t)j | (uint32_t)(4 + j) << 8;
-            if constexpr (F == FMT_Q4) {
-                o[P] = bf2_fma(lop3<LOP_AND_XOR>(__byte_perm(w[u], ws, sel), 0x000F000Fu, 0x43084308u), BF2(BF_ONE), BF2(BF_M136));
-            } else {
-                uint32_t p = __byte_perm(w[u], ws, sel) & 0x000F000Fu;
-                if constexpr (F == FMT_Q5) p |= ((r.h >> (2 * P)) & 1u) << 4 | ((r.h >> (2 * P + 1)) & 1u) << 20;
-                if constexpr (F == FMT_Q6) p |= ((r.h >> (4 * P)) & 3u) << 4 | ((r.h >> (4 * P + 2)) & 3u) << 20;
-                o[P] = gemm_code_pair<F>(p);
-            }
-        }
-    }
-}
-
-template <int F>
-__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_ss_kernel(GemmArgs a) {
-    constexpr int S = WS_STAGES, AH = WS_AHEAD, AB = WS_ABUF;
-    pdl_entry();
-    extern __shared__ __align__(16) uint8_t wg_smem[];
-    __shared__ uint64_t xfull[S], xempty[S], afull[AB], aempty[AB];
-    const uint32_t sbase = (smem_u32(wg_smem) + 1023) & ~1023u;  // the 128-byte swizzle wants 1024-byte stages
-    const uint32_t abase = sbase + S * WS_BN * 128;               // the A buffers after the x stages
-        const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wg = tid >> 7, wi = (tid >> 5) & 3;
-    const int nk = (int)(a.w.cols / 64);
-    const int mb = blockIdx.y * WS_BN, m0 = mb + wg * 128;  // the block's tokens, this warpgroup's (past T: clamped, not stored)
-    // the decoding thread's A row ar = tid / 4 (lanes [16q, 16q + 16) of it) and its matrix row;
-    // the D rows of this thread's accumulators (16 wi + g, + 8: their scales) and the store's
-    // first row
-    const int ar = tid >> 2, q = tid & 3;
-    const int64_t N = a.w.rows, n0 = (int64_t)blockIdx.x * WS_BM;
-    const int64_t rowA = n0 + ar < N ? n0 + ar : N - 1;
-    const int64_t rowD0 = n0 + 16 * wi + g < N ? n0 + 16 * wi + g : N - 1;
-    const int64_t rowD1 = n0 + 16 * wi + g + 8 < N ? n0 + 16 * wi + g + 8 : N - 1;
-    const int64_t nst = n0 + 16 * wi;
-    // the A tile's two 16-byte chunks of this thread (2q, 2q + 1 of row ar, swizzled)
-    const uint32_t ad0 = ar * 128 + (((2 * q) ^ (ar & 7)) << 4), ad1 = ar * 128 + (((2 * q + 1) ^ (ar & 7)) << 4);
-    // the x copies: piece i is token row xr + 32 i of the stage, 16-byte chunk c16 (xr & 7 the
-    // same for every i), from x[min(mb + xr + 32 i, T - 1)][kt * 64 + c16 * 8]; gemm_check keeps
-    // the byte offsets (2 T ldx) within 32 bits
-    const int xr = tid >> 3, c16 = tid & 7;
-    const uint32_t xd = xr * 128 + ((c16 ^ (xr & 7)) << 4);
-    uint32_t xo[8];  // byte offsets in x
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int m = mb + xr + 32 * i < a.T ? mb + xr + 32 * i : a.T - 1;
-        xo[i] = ((uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8)) * 2u;
-    }
-    if (tid == 0) {
-        for (int i = 0; i < S; i++) { mbar_init(&xfull[i], WG_THREADS); mbar_init(&xempty[i], WG_THREADS / 32); }
-        for (int i = 0; i < AB; i++) { mbar_init(&afull[i], WG_THREADS); mbar_init(&aempty[i], WG_THREADS / 32); }
-        mbar_init_fence();
-    }
-    __syncthreads();
-
-    // x group kt into stage kt % S, counted on xfull; the stage's previous group (kt - S) must be
-    // done in every warp first (xempty)
-    auto load_x = [&](int kt, int s) {  // s = kt % S, a constant in the unrolled loop
-        if (kt >= nk) return;
-        const int use = kt / S;
-        if (use > 0) mbar_wait(&xempty[s], (uint32_t)((use - 1) & 1));
-        const uint32_t st = sbase + (uint32_t)s * (WS_BN * 128) + xd;
-        const uint8_t* x = (const uint8_t*)a.x + (size_t)kt * 128;
-        asm("" : "+l"(x));  // the base first, then one 64-bit add a piece (not kt * 128 + xo[i] widened each)
-#pragma unroll
-        for (int i = 0; i < 8; i++) cp_async16_m(st + i * (32 * 128), x + xo[i]);
-        cp_async_mbar_arrive(&xfull[s]);
-    };
-    // group kt's codes (raw r) decoded into A buffer b = kt % AB, counted on afull (its previous
-    // group, kt - AB, done in every warp: the caller waited on aempty). the stores reach the
-    // wgmma (async proxy) through the fence and the barrier
-    auto store_a = [&](int b, const WsRaw<F>& r) {  // b = kt % AB
-        uint32_t o[8];
-        ws_decode<F>(r, o);
-        const uint32_t at = abase + (uint32_t)b * (WS_BM * 128);
-        st_shared_v4(at + ad0, o[0], o[1], o[2], o[3]);
-        st_shared_v4(at + ad1, o[4], o[5], o[6], o[7]);
-        wg_fence_proxy();
-        mbar_arrive(&afull[b]);
-    };
-    auto scale = [&](int64_t row, int kt) { return f16bits2f(__ldg((const unsigned short*)(a.w.scale + row * a.w.scale_row) + kt)); };
-
-    float acc[64], tmp[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = tmp[i] = 0.f;
-    for (int i = 0; i < AH; i++) load_x(i, i);
-    WsRaw<F> raw;
-    ws_load<F>(a.w, rowA, 0, q, raw);
-    store_a(0, raw);
-    ws_load<F>(a.w, rowA, nk > 1 ? 1 : 0, q, raw);
-    float s0 = scale(rowD0, 0), s1 = scale(rowD1, 0);
-    const uint32_t adlo = ws_desc_lo(abase), xdlo = ws_desc_lo(sbase) + (uint32_t)wg * (128 * 128 >> 4);
-    // step kt = 4 j + P: its stage, buffer and barrier parities are constants of P and j's parity
-    // (the loop unrolled by S = 2 AB)
-    static_assert(S == 4 && AB == 2, "the unrolled loop's phases");
-    auto step = [&](int kt, auto P) {
-        constexpr int s = decltype(P)::value % S, b = decltype(P)::value % AB, bn = (decltype(P)::value + 1) % AB;
-        // every wait before the wgmmas: no branch between them and their wait (ptxas then tracks
-        // the accumulators in flight; a branch there serialized the four wgmmas). the last step
-        // decodes and loads the last group again, unused
-        if (kt + 1 >= AB) mbar_wait(&aempty[bn], (uint32_t)(((kt + 1) / AB - 1) & 1));  // buffer bn's last group done
-        mbar_wait(&afull[b], (uint32_t)((kt / AB) & 1));
-        mbar_wait(&xfull[s], (uint32_t)((kt / S) & 1));
-        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through xfull, before wgmma's reads
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-            ws_mma_ss(tmp, ws_desc(adlo + (uint32_t)b * (WS_BM * 128 >> 4) + ks * (32 >> 4)),
-                      ws_desc(xdlo + (uint32_t)s * (WS_BN * 128 >> 4) + ks * (32 >> 4)), ks);
-        wg_commit();
-        // while the tensor core runs: group kt + 1's codes into the other buffer, group kt + 2's
-        // words and group kt + 1's scales loaded
-        store_a(bn, raw);
-        ws_load<F>(a.w, rowA, kt + 2 < nk ? kt + 2 : nk - 1, q, raw);
-        const int kn = kt + 1 < nk ? kt + 1 : nk - 1;
-        const float n0 = scale(rowD0, kn), n1 = scale(rowD1, kn);
-        ws_wait0(tmp);
-        __syncwarp();
-        if (lane == 0) { mbar_arrive(&xempty[s]); mbar_arrive(&aempty[b]); }  // this warp is done with stage s and buffer b
-        wg_accumulate(acc, tmp, s0, s1);
-        s0 = n0; s1 = n1;
-        load_x(kt + AH, (decltype(P)::value + AH) % S);
-    };
-    using P0 = std::integral_constant<int, 0>; using P1 = std::integral_constant<int, 1>;
-    using P2 = std::integral_constant<int, 2>; using P3 = std::integral_constant<int, 3>;
-    for (int kt = 0; kt < nk; kt += 4) {
-        step(kt, P0{});
-        if (kt + 1 < nk) step(kt + 1, P1{});
-        if (kt + 2 < nk) step(kt + 2, P2{});
-        if (kt + 3 < nk) step(kt + 3, P3{});
-    }
-    wg_store(a, acc, m0, nst, g, t);
-}
-static void gemm_wgmma_ss(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
-    CHECK((int64_t)T * ldx * 2 <= UINT32_MAX, "gemm_wgmma_ss: %d rows of x at ldx %d", T, ldx);
-    GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
-    dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WS_BM), (unsigned)CEIL_DIV(T, WS_BN));
-    auto k = w.format == FMT_Q4 ? gemm_wgmma_ss_kernel<FMT_Q4> : w.format == FMT_Q5 ? gemm_wgmma_ss_kernel<FMT_Q5> : gemm_wgmma_ss_kernel<FMT_Q6>;
-    gemm_wgmma_optin(k, WS_SMEM);
-    launch_k(k, grid, dim3(WG_THREADS), WS_SMEM, stream, a);
-    cudaCheck(cudaGetLastError());
-}
-// the stage forms the bench and the test run: (stages, ahead)
-static const int kWgStageForms[][2] = {{4, 2}, {6, 4}, {8, 4}, {8, 6}};
+// the register-A kernel's stage forms the bench and the test run: (stages, ahead); 4 / 3 its own
+static const int kWgStageForms[][2] = {{4, 3}, {4, 2}, {6, 4}, {8, 4}, {8, 6}};
 static void gemm_wgmma_form(int i, const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
     switch (i) {
-        case 0: gemm_wgmma_stages<4, 2>(w, x, ldx, T, y, ldy, y_f32, stream); break;
-        case 1: gemm_wgmma_stages<6, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
-        case 2: gemm_wgmma_stages<8, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 0: gemm_wgmma_stages<4, 3>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 1: gemm_wgmma_stages<4, 2>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 2: gemm_wgmma_stages<6, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
+        case 3: gemm_wgmma_stages<8, 4>(w, x, ldx, T, y, ldy, y_f32, stream); break;
         default: gemm_wgmma_stages<8, 6>(w, x, ldx, T, y, ldy, y_f32, stream); break;
     }
 }

@@ -1857,11 +1857,11 @@ TEST(Gemm, WgmmaMatchesFloat64) {
     check_gemm(FMT_Q5, 4096, 4096, 512);
 }
 
-// the barrier version of the wgmma kernel (test/dev_kernels.cuh, gemm_wgmma_sync_kernel), the
-// shared-A version (gemm_wgmma_ss_kernel: A decoded into shared memory, 64 x 256 tiles) and the
-// product's kernel at other stage counts do the product's arithmetic in the product's order:
-// memcmp-equal outputs (fp32, poisoned first) over one group, fewer groups than the stages
-// ahead, and many wraps of the stage ring
+// the register-A versions of the wgmma kernel (test/dev_kernels.cuh: gemm_wgmma_rs_kernel at its
+// stage forms, 4 / 3 being sessions 16-22's product, and its barrier version
+// gemm_wgmma_sync_kernel) do the product's arithmetic in the product's order: memcmp-equal
+// outputs (fp32, poisoned first) over one group, fewer groups than the stages ahead, and many
+// wraps of the stage ring
 TEST(Gemm, WgmmaVersionsAgree) {
     NEED_GPU();
     if (!g_gemm_wgmma) GTEST_SKIP() << "no sm_90a code for this device";
@@ -1880,10 +1880,7 @@ TEST(Gemm, WgmmaVersionsAgree) {
         cudaCheck(cudaDeviceSynchronize());
         const auto ref = down<uint8_t>(y0, y0.n);
         EXPECT_EQ(memcmp(ref.data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0) << "the barrier version";
-        y1.poison();
-        gemm_wgmma_ss(m, dx.as<bf16_t>(), (int)c.K, c.T, y1.p, (int)c.N, true, 0);
-        cudaCheck(cudaDeviceSynchronize());
-        EXPECT_EQ(memcmp(ref.data(), down<uint8_t>(y1, y1.n).data(), y0.n), 0) << "the shared-A version";
+
         for (int i = 0; i < (int)(sizeof kWgStageForms / sizeof kWgStageForms[0]); i++) {
             y1.poison();
             gemm_wgmma_form(i, m, dx.as<bf16_t>(), (int)c.K, c.T, y1.p, (int)c.N, true, 0);
@@ -3147,7 +3144,7 @@ TEST(Bench, DISABLED_GemmVersions) {
     bench_bf16(x, 5);
     BENCH_PRINT("gemm T=%d: us and TFLOP/s (2 rows cols T); wgmma %s\n", T, wg ? "on" : "unavailable (not sm_90a)");
     BENCH_PRINT("%-20s %-12s %10s %8s %10s %8s %8s %10s %8s  %s\n", "product", "shape", "mma us", "TF/s", "wgmma us", "TF/s", "speedup",
-                "sync us", "TF/s", "shared-A (ss), the product's stages/ahead TF/s");
+                "sync us", "TF/s", "the register-A kernel's stages/ahead TF/s");
     for (const BenchShape& sh : shapes) {
         Dev w(mat_bytes(sh.f, sh.rows, sh.cols));
         Mat m = bench_mat(sh.f, sh.rows, sh.cols, w.as<uint8_t>(), 7);
@@ -3164,14 +3161,7 @@ TEST(Bench, DISABLED_GemmVersions) {
         double t2 = 0;
         if (wg) t2 = time_graph_ms([&](cudaStream_t s, int) {
             gemm_wgmma_sync(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
-        // the shared-A version (both operands in shared memory, test/dev_kernels.cuh)
         std::string forms;
-        if (wg) {
-            const double ts = time_graph_ms([&](cudaStream_t s, int) {
-                gemm_wgmma_ss(m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
-            char b[64]; snprintf(b, sizeof b, "  ss %.1f", flop / (ts * 1e-3) / 1e12);
-            forms += b;
-        }
         for (int i = 0; wg && i < (int)(sizeof kWgStageForms / sizeof kWgStageForms[0]); i++) {
             const double tf = time_graph_ms([&](cudaStream_t s, int) {
                 gemm_wgmma_form(i, m, x.as<bf16_t>(), (int)sh.cols, T, y.p, (int)sh.rows, false, s); }, 3, 9);
