@@ -3484,14 +3484,14 @@ __device__ __forceinline__ float gemv_gated_inv(const uint4 (&xr)[2], float eps)
 
 // grid (C, chunks): block (c, y) prepares column c's entries [y * blockDim.x, ...) step
 // chunks * blockDim.x; blockDim.x = NW * 32 of the matrix's x-staged kernel, so block_sum is
-// that kernel's 1 / rms tree (its threads >= NW * 32 add zeros: the same bits).
-// gemv_xprep_block is block (c, y) of `chunks` (every thread of the block calls it)
+// that kernel's 1 / rms tree (its threads >= NW * 32 add zeros: the same bits)
 template <int F, bool GATED>
-__device__ __forceinline__ void gemv_xprep_block(const GemvArgs& a, uint4* xp, float* xps, int cp, int c, int y, int chunks) {
+__global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, float* xps, int cp) {
     using Fm = GemvFmt<F>;
     constexpr int W = gemv_xs_words(F), NQ4 = W / 4;
-    const int units = (int)a.w.gpr, K = (int)a.w.cols;
+    const int c = blockIdx.x, units = (int)a.w.gpr, K = (int)a.w.cols;
     const bf16_t* xc = a.x + (int64_t)c * a.ldx;
+    pdl_entry_small();  // x is the previous kernel's output; xp may be what the previous product read
     float inv = 0.f;
     if (a.xmode == GEMV_X_RMS) {
         float ss = 0.f;
@@ -3505,7 +3505,7 @@ __device__ __forceinline__ void gemv_xprep_block(const GemvArgs& a, uint4* xp, f
         inv = rsqrtf(ss / (float)K + a.eps);
     }
     const int n_x = units * 4;
-    for (int i0 = y * blockDim.x; i0 < n_x; i0 += chunks * blockDim.x) {
+    for (int i0 = blockIdx.y * blockDim.x; i0 < n_x; i0 += gridDim.y * blockDim.x) {
         const int i = i0 + threadIdx.x, tt = i & 3, u = i >> 2;
         const bool live = i < n_x;
         const int64_t k0 = (int64_t)u * Fm::G + tt * Fm::LPT;
@@ -3566,11 +3566,6 @@ __device__ __forceinline__ void gemv_xprep_block(const GemvArgs& a, uint4* xp, f
         if (live && tt == 0) xps[(size_t)u * cp + c] = part;
     }
 }
-template <int F, bool GATED>
-__global__ void __launch_bounds__(256) gemv_xprep_kernel(GemvArgs a, uint4* xp, float* xps, int cp) {
-    pdl_entry_small();  // x is the previous kernel's output; xp may be what the previous product read
-    gemv_xprep_block<F, GATED>(a, xp, xps, cp, blockIdx.x, blockIdx.y, gridDim.y);
-}
 
 // one group d of a stage for the thread's rows g, g+8 (gemv_stage_read's reads, a group at a time)
 template <int F>
@@ -3593,12 +3588,10 @@ __device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
 // [RW][NW][NT][32] float4 reuse it.
 // the body of block bid (gemv_xp_kernel: blockIdx.x; a pair's launch, gemv_xp2_kernel: its
-// block within its matrix's blocks). wait() runs after the first weight stages are issued and
-// before the prepared x is read: a kernel's pdl_entry, or a caller's barrier
-struct PdlWait { __device__ __forceinline__ void operator()() const { pdl_entry(); } };
-template <int F, int NW, int NT, int RW, int S, typename Wait = PdlWait>
+// block within its matrix's blocks)
+template <int F, int NW, int NT, int RW, int S>
 __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
-                                              int cg, int groups, unsigned bid, Wait wait = Wait()) {
+                                              int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
     const int c0 = (int)(bid % groups) * cg;
     a.y = a.y_f32 ? (void*)((float*)a.y + (int64_t)c0 * a.ldy) : (void*)((bf16_t*)a.y + (int64_t)c0 * a.ldy);
@@ -3652,7 +3645,7 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
         if (s < n_it) issue();
         cp_async_commit();
     }
-    wait();  // the weights are never written: only the prepared x waits (a kernel's pdl_entry)
+    pdl_entry();  // the weights are never written: only the prepared x waits
 
     // this lane's b words: column c0 + 8 nt + g, thread t (+ u * cp * NQ4 * 4 uint4)
     const uint4* xl = xp + ((size_t)(c0 + g) * NQ4) * 4 + t;

@@ -10,9 +10,6 @@
 //   * the wide gemv's versions (gemv_xp_kernel's: the x prefetched a group ahead, shared in
 //     shared memory, more row tiles a warp), with the product's prep, tested bit for bit
 //     against it.
-//   * the decode mlp in one launch (mlp_fused_kernel: gate_up, down's prep and down as phases
-//     of one grid with two grid barriers), bit for bit the product's launches, to time
-//     against them.
 //   * the attention split plan the tests choose by hand (the forward's is gpu_attn_plan).
 //   * attention decode's version 1 (thread per key, cuda cores), to time against the product.
 //   * the wgmma prefill gemm with a __syncthreads a group (gemm_wgmma_sync_kernel), to time
@@ -1072,103 +1069,6 @@ static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStr
     };
     if (nw8) go(std::integral_constant<int, 8>());
     else go(std::integral_constant<int, 4>());
-}
-// ---- the decode mlp in one launch (session 23): gate_up, down's prep and down, grid barriers ----
-// the decode's mlp at C <= 8 columns is four launches: the post-norm's prep, gate_up (q4, the
-// wide body <8 warps, 1 column tile, 2 row tiles, 3 stages>), swiglu's prep and down (q5, <8, 1,
-// 1, 4>). mlp_fused_kernel runs the last three as phases of one grid of resident blocks:
-// gate_up's blocks (gemv_xp_block: the product's body, so its bits), a grid barrier, swiglu's
-// prep (gemv_xprep_block) on the first C x chunks blocks, a second barrier, down's blocks. a
-// block issues its down block's first weight stages before the barriers (gemv_xp_block's wait
-// runs them), so down's weights stream while gate_up drains and the prep runs, where two
-// launches pay down's ramp after gate_up's tail and the prep's launch between them. a barrier is
-// a counter (zero at launch) each block's thread 0 raises after a fence and polls.
-__device__ __forceinline__ void mlp_grid_bar(unsigned* ctr, unsigned n) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1u);
-        while (*(volatile unsigned*)ctr < n) __nanosleep(32);
-        __threadfence();
-    }
-    __syncthreads();
-}
-struct MlpFusedArgs {
-    GemvArgs gu, dn;                       // gate_up (x: the layer's stream, post-norm) and down (x: gate_up's output, swiglu)
-    const uint4* xp1; const float* xps1;   // gate_up's prepared x (the post-norm's prep, launched before)
-    uint4* xp2; float* xps2;               // down's, written by the prep phase
-    int cp, chunks;                        // padded columns (8); the prep's blocks a column (gemv_xp_prep's)
-    unsigned n_gu, n_dn;                   // gate_up's and down's blocks (row sets: one column group)
-    unsigned* bar;                         // two counters, zero at launch
-};
-enum { MLP_GU_RW = 2, MLP_GU_S = 3, MLP_DN_RW = 1, MLP_DN_S = 4 };
-__global__ void __launch_bounds__(256, 2) mlp_fused_kernel(MlpFusedArgs m) {
-    const unsigned G = gridDim.x;
-    for (unsigned b = blockIdx.x; b < m.n_gu; b += G) {
-        gemv_xp_block<FMT_Q4, 8, 1, MLP_GU_RW, MLP_GU_S>(m.gu, m.xp1, m.xps1, m.cp, 8, 1, b);
-        __syncthreads();  // the next block's stages take over the partial sums' shared memory
-    }
-    bool done = false;
-    auto prep = [&]() {  // every thread of every block, once
-        if (done) return;
-        done = true;
-        pdl_entry();  // a block with no gate_up block has not waited for the previous kernel yet
-        mlp_grid_bar(m.bar, G);  // gate_up's output is complete and visible
-        for (unsigned i = blockIdx.x; i < (unsigned)m.dn.C * m.chunks; i += G)
-            gemv_xprep_block<FMT_Q5, false>(m.dn, m.xp2, m.xps2, m.cp, (int)(i / m.chunks), (int)(i % m.chunks), m.chunks);
-        mlp_grid_bar(m.bar + 1, G);  // down's prepared x is complete and visible
-    };
-    for (unsigned b = blockIdx.x; b < m.n_dn; b += G) {
-        gemv_xp_block<FMT_Q5, 8, 1, MLP_DN_RW, MLP_DN_S>(m.dn, m.xp2, m.xps2, m.cp, 8, 1, b, prep);
-        __syncthreads();
-    }
-    prep();  // a block without a down block still meets both barriers
-}
-// the shapes it takes: the gemv() calls it stands for both go to the wide kernel of 8 warps a
-// tile in the forms above, one column group
-static bool mlp_fused_ok(const Mat& gu, const Mat& dn, int C) {
-    auto nw8 = [](const Mat& w) { const GemvKernel k = gemv_pick(w); return k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4; };
-    if (gu.format != FMT_Q4 || dn.format != FMT_Q5 || C < 1 || C > 8 || gu.rows != 2 * dn.cols || !nw8(gu) || !nw8(dn) ||
-        !gemv_wide_takes(gu, C, GEMV_X_RMS) || !gemv_wide_takes(dn, C, GEMV_X_SWIGLU))
-        return false;
-    GemvArgs a; a.C = C;
-    a.w = gu; const GemvXpPlan p1 = gemv_xp_plan(a, g_gemv_xp_cols, 1);
-    a.w = dn; const GemvXpPlan p2 = gemv_xp_plan(a, g_gemv_xp_cols, 1);
-    return p1.groups == 1 && p1.NT == 1 && p1.rw == MLP_GU_RW && p2.groups == 1 && p2.NT == 1 && p2.rw == MLP_DN_RW;
-}
-// y (+ resid) = dn(swiglu(h)), h = gu(rmsnorm(x) with post) as gemv(gu, ..., post) and
-// gemv(dn, h, ..., swiglu) write them (h: [C][gu.rows], y: [C][ldy]); xp2 / xps2: down's
-// prepared x (units * 8 * 16 W and units * 8 * 4 bytes), bar: two zeroed counters
-static void mlp_fused(const Mat& gu, const Mat& dn, const bf16_t* x, int ldx, int C, GemvX post, bf16_t* h, bf16_t* y, int ldy,
-                      const bf16_t* resid, int ldr, uint4* xp2, float* xps2, unsigned* bar, cudaStream_t stream) {
-    CHECK(mlp_fused_ok(gu, dn, C), "mlp_fused: not a shape it takes (%lldx%lld, %lldx%lld, %d columns)", (long long)gu.rows,
-          (long long)gu.cols, (long long)dn.rows, (long long)dn.cols, C);
-    MlpFusedArgs m;
-    gemv_each_chunk(gu, x, ldx, C, h, (int)gu.rows, false, nullptr, 0, post, GEMV_WIDE_COLS, [&](const GemvArgs& a) { m.gu = a; });
-    GemvX sw; sw.mode = GEMV_X_SWIGLU;
-    gemv_each_chunk(dn, h, (int)gu.rows, C, y, ldy, false, resid, ldr, sw, GEMV_WIDE_COLS, [&](const GemvArgs& a) { m.dn = a; });
-    const GemvXpIn in = gemv_xp_prep<FMT_Q4, 8>(m.gu, stream, false, false);
-    m.xp1 = in.xp; m.xps1 = in.xps; m.cp = in.cp;
-    m.xp2 = xp2; m.xps2 = xps2;
-    m.chunks = std::max(1, std::min(8, CEIL_DIV((int)dn.gpr * 4, 256)));
-    m.n_gu = (unsigned)CEIL_DIV(CEIL_DIV(gu.rows, (int64_t)16), (int64_t)MLP_GU_RW);
-    m.n_dn = (unsigned)CEIL_DIV(CEIL_DIV(dn.rows, (int64_t)16), (int64_t)MLP_DN_RW);
-    m.bar = bar;
-    const size_t smem = std::max(gemv_xp_smem<FMT_Q4, 8, 1, MLP_GU_RW, MLP_GU_S>(), gemv_xp_smem<FMT_Q5, 8, 1, MLP_DN_RW, MLP_DN_S>());
-    static int resident = 0;
-    if (!resident) {
-        cudaCheck(cudaFuncSetAttribute(mlp_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        int per_sm = 0, nsm = 0, dev = 0;
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mlp_fused_kernel, 256, smem));
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-        CHECK(per_sm >= 1, "mlp_fused: no block fits an sm");
-        resident = per_sm * nsm;
-    }
-    // every block must be resident at once (the barriers): at most one wave
-    const unsigned grid = (unsigned)std::min<int64_t>(std::max(m.n_gu, m.n_dn), resident);
-    launch_k(mlp_fused_kernel, grid, 256, smem, stream, m);
-    cudaCheck(cudaGetLastError());
 }
 }  // namespace gemv_dev
 

@@ -534,46 +534,6 @@ TEST(Gemv, WideVersionsEqualTheProduct) {
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
 }
-// the decode mlp in one launch (test/dev_kernels.cuh, mlp_fused_kernel: gate_up, down's prep and
-// down as phases of one grid) gives the product's launches' bits: gate_up's output and down's
-// (onto a residual) memcmp-equal to gemv(gate_up, post-norm) then gemv(down, swiglu), at 1, 2, 3
-// and 8 columns, for the 9b's mlp and the 4b's (k 2560: 40 groups, 5 stages a warp set at most),
-// outputs and down's prepared x poisoned before each run
-TEST(Gemv, MlpFusedEqualsTheProducts) {
-    NEED_GPU();
-    struct Case { int64_t H, I; const char* name; };
-    const Case cases[] = {{4096, 12288, "9b mlp"}, {2560, 9216, "4b mlp"}};
-    for (const Case& tc : cases) {
-        SCOPED_TRACE(tc.name);
-        HostMat hg = make_mat(FMT_Q4, 2 * tc.I, tc.H, g_stream++), hd = make_mat(FMT_Q5, tc.H, tc.I, g_stream++);
-        Dev dg(hg.bytes.size()), dd(hd.bytes.size());
-        up(dg, hg.bytes); up(dd, hd.bytes);
-        const Mat gu = mat_from(&hg.obj, dg.as<uint8_t>()), dn = mat_from(&hd.obj, dd.as<uint8_t>());
-        const int Cmax = 8, ldx = (int)tc.H + 8, ldh = (int)(2 * tc.I), ldy = (int)tc.H + 24;
-        Rng r = rng();
-        const auto x = rand_bf16(r, (size_t)Cmax * ldx, 2.f), nw = rand_bf16(r, (size_t)tc.H, 0.5f);
-        const auto res = rand_bf16(r, (size_t)Cmax * ldy, 1.f);
-        Dev dx(x.size() * 2), dnw(nw.size() * 2), hr((size_t)Cmax * ldh * 2), yr((size_t)Cmax * ldy * 2);
-        Dev hf(hr.n), yf(yr.n), xp2(4 << 20), bar(8);
-        up(dx, x); up(dnw, nw);
-        GemvX post; post.mode = GEMV_X_RMS; post.w = dnw.as<bf16_t>(); post.eps = 1e-6f;
-        GemvX sw; sw.mode = GEMV_X_SWIGLU;
-        for (int n : {1, 2, 3, 8}) {
-            ASSERT_TRUE(gemv_dev::mlp_fused_ok(gu, dn, n)) << n << " columns: not a shape the fused mlp takes";
-            hr.poison(); up(yr, res);
-            gemv(gu, dx.as<bf16_t>(), ldx, n, hr.p, ldh, false, nullptr, 0, 0, post);
-            gemv(dn, hr.as<bf16_t>(), ldh, n, yr.p, ldy, false, yr.as<bf16_t>(), ldy, 0, sw);
-            hf.poison(); up(yf, res); xp2.poison();
-            cudaCheck(cudaMemset(bar.p, 0, bar.n));
-            gemv_dev::mlp_fused(gu, dn, dx.as<bf16_t>(), ldx, n, post, hf.as<bf16_t>(), yf.as<bf16_t>(), ldy, yf.as<bf16_t>(), ldy,
-                                (uint4*)xp2.p, (float*)(xp2.as<uint8_t>() + (2 << 20)), bar.as<unsigned>(), 0);
-            cudaCheck(cudaDeviceSynchronize());
-            const auto href = down<uint8_t>(hr, (size_t)n * ldh * 2), yref = down<uint8_t>(yr, (size_t)n * ldy * 2);
-            EXPECT_EQ(differing_columns(hf, href, n, (size_t)ldh * 2, (size_t)ldh * 2), 0) << n << " columns: gate_up's output";
-            EXPECT_EQ(differing_columns(yf, yref, n, (size_t)ldy * 2, (size_t)tc.H * 2), 0) << n << " columns: down's output";
-        }
-    }
-}
 
 // the ring kernel's versions (test/dev_kernels.cuh, variants 15-19, sm_90+) give the product's
 // bits: memcmp against gemv() at the column counts they take, for every grouped format, both
@@ -2960,59 +2920,6 @@ TEST(Bench, DISABLED_GemvPersist) {
             BENCH_PRINT("decode gemv chain 9b fused: %zu gemvs, %.2f GB, C=%d version %d: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n",
                         seq.size(), total / 1e9, C, v, ms, total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
         }
-}
-
-// the decode mlp in one launch (test/dev_kernels.cuh, mlp_fused_kernel) against the product's
-// launches (the post-norm's prep, gate_up, swiglu's prep, down) over the 9b's 32 layers (the
-// chain's matrices: past the l2), at C = 1, 2, 4, 8; then the whole 9b chain (fused as the decode
-// fuses it) with each layer's mlp either way
-TEST(Bench, DISABLED_MlpFused) {
-    NEED_GPU();
-    double bw = copy_bandwidth();
-    Chain9B ch;
-    const auto& seq = ch.seq;
-    BenchXY io(16, 8, 7);
-    Dev dn(12288 * 2), h((size_t)8 * 24576 * 2), xp2(4 << 20), bar(4096);
-    bench_bf16(dn, 8, 16);
-    GemvX post; post.mode = GEMV_X_RMS; post.w = dn.as<bf16_t>(); post.eps = 1e-6f;
-    GemvX sw; sw.mode = GEMV_X_SWIGLU;
-    std::vector<size_t> gus;  // gate_up's index in the chain; down is the next
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < seq.size(); i++)
-        if (seq[i].rows == 24576) { gus.push_back(i); bytes += mat_bytes(seq[i].f, seq[i].rows, seq[i].cols) + mat_bytes(seq[i + 1].f, seq[i + 1].rows, seq[i + 1].cols); }
-    uint4* xp = (uint4*)xp2.p;
-    float* xps = (float*)(xp2.as<uint8_t>() + (2 << 20));
-    auto product = [&](size_t i, int C, cudaStream_t s) {
-        gemv(ch.mats[i], io.x.as<bf16_t>(), 4096, C, h.p, 24576, false, nullptr, 0, s, post);
-        gemv(ch.mats[i + 1], h.as<bf16_t>(), 24576, C, io.y.p, 4096, false, nullptr, 0, s, sw);
-    };
-    auto fused = [&](size_t i, int l, int C, cudaStream_t s) {
-        gemv_dev::mlp_fused(ch.mats[i], ch.mats[i + 1], io.x.as<bf16_t>(), 4096, C, post, h.as<bf16_t>(), io.y.as<bf16_t>(), 4096,
-                            nullptr, 0, xp, xps, bar.as<unsigned>() + 2 * l, s);
-    };
-    BENCH_PRINT("%-34s %2s %9s %9s %8s %6s\n", "mlp, 32 layers of the 9b", "C", "ms", "us/layer", "GB/s", "of cp");
-    for (int C : {1, 2, 4, 8})
-        for (int f : {0, 1}) {
-            const double ms = time_graph_ms([&](cudaStream_t s, int) {
-                if (f) cudaCheck(cudaMemsetAsync(bar.p, 0, bar.n, s));
-                for (size_t l = 0; l < gus.size(); l++) f ? fused(gus[l], (int)l, C, s) : product(gus[l], C, s);
-            }, 1, 9);
-            const double gbs = bytes / (ms * 1e-3) / 1e9;
-            BENCH_PRINT("%-34s %2d %9.3f %9.2f %8.0f %5.0f%%\n", f ? "one launch (prep + fused)" : "product (4 launches)", C, ms,
-                        ms * 1e3 / gus.size(), gbs, 100 * gbs / bw);
-        }
-    const std::vector<int> modes = ch.decode_modes();
-    for (int f : {0, 1}) {
-        const double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
-            if (f && i == 0) cudaCheck(cudaMemsetAsync(bar.p, 0, bar.n, s));
-            if (seq[i].rows == 24576) { f ? fused(i, (int)(std::find(gus.begin(), gus.end(), i) - gus.begin()), 1, s) : product(i, 1, s); return; }
-            if (seq[i].cols == 12288) return;  // down: with its gate_up
-            GemvX xt; xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
-            gemv(ch.mats[i], io.x.as<bf16_t>(), (int)seq[i].cols, 1, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
-        }, 9);
-        BENCH_PRINT("decode gemv chain 9b fused, C=1, mlp %s: %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n",
-                    f ? "in one launch" : "as the product", ms, ch.total / (ms * 1e-3) / 1e9, 100 * ch.total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
-    }
 }
 
 // the memory side of the wide kernel alone (test/dev_kernels.cuh, gemv_pattern_kernel): the
