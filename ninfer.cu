@@ -40,9 +40,9 @@
 //                            7.7 argmax, 7.8 sampling on the device (mask_logits, one
 //                            speculative verification column: sample_spec_kernel, the
 //                            lanes' draws: sample_lanes), 7.9 shared-memory matrix
-//                            helpers (ldmatrix, cp.async, mbarriers), 7.10 gemm (mma.sync;
-//                            wgmma on sm_90a, its stages on mbarriers; gate_up's swiglu
-//                            epilogue: gemm_swiglu) + linear, 7.11
+//                            helpers (ldmatrix, cp.async, mbarriers, tma), 7.10 gemm
+//                            (mma.sync; wgmma on sm_90a, x by tma, stages on mbarriers;
+//                            gate_up's swiglu epilogue: gemm_swiglu) + linear, 7.11
 //                            deltanet prefill (recurrent),
 //                            7.12 deltanet prefill (chunked, tf32), 7.13 flash prefill, init,
 //                            7.14 the vision tower's kernels (positions, layernorm, 2-d rope,
@@ -101,6 +101,7 @@
 #include <omp.h>       // defines: omp_get_max_threads
 #endif
 #include <cuda_runtime.h>  // defines: cudaGetDeviceCount, cudaMalloc
+#include <cudaTypedefs.h>  // defines: CUtensorMap, PFN_cuTensorMapEncodeTiled (the driver call through cudart's entry point)
 #include <cuda_bf16.h>  // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
 #include <cuda_fp16.h>  // defines: __half2float, __ushort_as_half
 #include <cuda_fp8.h>   // defines: __nv_cvt_float_to_fp8, __nv_cvt_fp8x2_to_halfraw2
@@ -5877,6 +5878,20 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 #endif
 }
+// tma (sm_90): one arrival on bar that also expects `bytes` of copies to complete on it
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// the box of a 2-d tensor map at (c0 inner, c1 outer) into shared memory at dst, its bytes
+// counted on bar; rows past the tensor's end arrive as zeros
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+#endif
+}
 
 // ---- 7.10 gemm (prefill products) and linear ------------------------------------------------
 // gemm: Y[t][n] = sum_k W[n,k] X[t][k] for many tokens (prefill), tensor cores
@@ -6108,8 +6123,8 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 // scale in fp32. a block is a 64-row x 256-token tile, both operands of wgmma in shared memory:
 // every group, the block's 256 threads decode the 64 rows' codes once (a thread: 16 lanes of
 // one row) into an A tile (bf16, 128-byte swizzled, WG_ABUF buffers), and its two warpgroups
-// each multiply that tile by their own 128 tokens of the x stage (B: cp.async, WG_STAGES stages
-// asked for WG_AHEAD groups ahead). per group and warpgroup: 4 x m64n128k16 into tmp (the
+// each multiply that tile by their own 128 tokens of the x stage (B: one tma copy a group from
+// a tensor map of x, WG_STAGES stages asked for WG_AHEAD groups ahead). per group and warpgroup: 4 x m64n128k16 into tmp (the
 // group's partial), then acc += scale(row) * tmp; the next group's codes are decoded while the
 // tensor core runs. rows of D are weight rows, so a thread scales by only 2 values.
 // why this shape: a 128 x 128 tile with A in registers (test/dev_kernels.cuh's
@@ -6117,8 +6132,8 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 // ~240-315 instructions a warp a group against 4 wgmmas, issue-bound at ~345 TFLOP/s (q4, h100);
 // sharing the decoded tile between the warpgroups halves the decode a token and leaves the
 // scaling fma, the copies and the barriers (bench-notes, session 22).
-// the stages and A buffers are tracked by mbarriers (full: every thread's copies / stores
-// landed; empty: every warp's wgmma on it is done), so the warpgroups drift apart by up to a
+// the stages and A buffers are tracked by mbarriers (full: the stage's tma bytes / every
+// thread's A stores landed; empty: every warp's wgmma on it is done), so the warpgroups drift apart by up to a
 // group and one's scaling fma runs under the other's wgmma (bench-notes, sessions 16 and 20).
 enum { WG_BM = 64, WG_BN = 256, WG_STAGES = 4, WG_AHEAD = 3, WG_ABUF = 2, WG_THREADS = 256 };
 static constexpr size_t wg_smem_bytes(int stages) {  // + the 1024-byte alignment
@@ -6262,8 +6277,9 @@ __device__ __forceinline__ void wg_store(const GemmArgs& a, const float (&acc)[6
 }
 
 // SW: gemm_swiglu's epilogue (gate_up: the block's 32 outputs' gate rows and up rows)
+// xmap: x as a [T][K] bf16 tensor map, boxes of 64 k x WG_BN tokens, 128-byte swizzle (wg_xmap)
 template <int F, bool SW = false>
-__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a, const __grid_constant__ CUtensorMap xmap) {
     constexpr int S = WG_STAGES, AH = WG_AHEAD, AB = WG_ABUF;
     pdl_entry();
     extern __shared__ __align__(16) uint8_t wg_smem[];
@@ -6295,36 +6311,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
     }
     // the A tile's two 16-byte chunks of this thread (2q, 2q + 1 of row ar, swizzled)
     const uint32_t ad0 = ar * 128 + (((2 * q) ^ (ar & 7)) << 4), ad1 = ar * 128 + (((2 * q + 1) ^ (ar & 7)) << 4);
-    // the x copies: piece i is token row xr + 32 i of the stage, 16-byte chunk c16 (xr & 7 the
-    // same for every i), from x[min(mb + xr + 32 i, T - 1)][kt * 64 + c16 * 8]; gemm_check keeps
-    // the byte offsets (2 T ldx) within 32 bits
-    const int xr = tid >> 3, c16 = tid & 7;
-    const uint32_t xd = xr * 128 + ((c16 ^ (xr & 7)) << 4);
-    uint32_t xo[8];  // byte offsets in x
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int m = mb + xr + 32 * i < a.T ? mb + xr + 32 * i : a.T - 1;
-        xo[i] = ((uint32_t)m * (uint32_t)a.ldx + (uint32_t)(c16 * 8)) * 2u;
-    }
     if (tid == 0) {
-        for (int i = 0; i < S; i++) { mbar_init(xf0 + 8 * i, WG_THREADS); mbar_init(xe0 + 8 * i, WG_THREADS / 32); }
+        for (int i = 0; i < S; i++) { mbar_init(xf0 + 8 * i, 1); mbar_init(xe0 + 8 * i, WG_THREADS / 32); }
         for (int i = 0; i < AB; i++) { mbar_init(af0 + 8 * i, WG_THREADS); mbar_init(ae0 + 8 * i, WG_THREADS / 32); }
         mbar_init_fence();
     }
     __syncthreads();
 
-    // x group kt into stage kt % S, counted on xfull; the stage's previous group (kt - S) must be
-    // done in every warp first (xempty)
+    // x group kt into stage kt % S: thread 0's tma copy of the block's tokens, counted on xfull
+    // (tokens past T arrive as zeros: their columns are not stored); the stage's previous group
+    // (kt - S) must be done in every warp first (xempty). the tma writes in the 128-byte swizzle
+    // the B descriptor names
     auto load_x = [&](int kt, int s) {  // s = kt % S, a constant in the unrolled loop
-        if (kt >= nk) return;
+        if (kt >= nk || tid != 0) return;
         const int use = kt / S;
         if (use > 0) mbar_wait(xe0 + 8 * s, (uint32_t)((use - 1) & 1));
-        const uint32_t st = sbase + (uint32_t)s * (WG_BN * 128) + xd;
-        const uint8_t* x = (const uint8_t*)a.x + (size_t)kt * 128;
-        asm("" : "+l"(x));  // the base first, then one 64-bit add a piece (not kt * 128 + xo[i] widened each)
-#pragma unroll
-        for (int i = 0; i < 8; i++) cp_async16_m(st + i * (32 * 128), x + xo[i]);
-        cp_async_mbar_arrive(xf0 + 8 * s);
+        mbar_arrive_expect_tx(xf0 + 8 * s, WG_BN * 128);
+        tma_load_2d(sbase + (uint32_t)s * (WG_BN * 128), &xmap, kt * 64, mb, xf0 + 8 * s);
     };
     // group kt's codes (raw r) decoded into A buffer b = kt % AB, counted on afull (its previous
     // group, kt - AB, done in every warp: the caller waited on aempty). the stores reach the
@@ -6360,8 +6363,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a) {
         // decodes and loads the last group again, unused
         if (kt + 1 >= AB) mbar_wait(ae0 + 8 * bn, (uint32_t)(((kt + 1) / AB - 1) & 1));  // buffer bn's last group done
         mbar_wait(af0 + 8 * b, (uint32_t)((kt / AB) & 1));
-        mbar_wait(xf0 + 8 * s, (uint32_t)((kt / S) & 1));
-        wg_fence_proxy();  // the stage's cp.async writes (generic proxy), seen through xfull, before wgmma's reads
+        mbar_wait(xf0 + 8 * s, (uint32_t)((kt / S) & 1));  // the tma writes in the async proxy, as wgmma reads
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(tmp[i]);
         wg_fence();
@@ -6410,15 +6412,30 @@ static bool gemm_on_wgmma(const Mat& w) { return g_gemm_wgmma && (w.format == FM
 static void gemm_check(const Mat& w, const bf16_t* x, int ldx, int T) {
     CHECK(gemm_ok(w) && T >= 1, "gemm: format %s, cols %lld", format_name(w.format), (long long)w.cols);
     CHECK(ldx % 8 == 0 && ((uintptr_t)x & 15) == 0, "gemm: x must be 16-byte aligned with ldx %% 8 == 0 (ldx %d)", ldx);
-    CHECK((int64_t)T * ldx * 2 <= UINT32_MAX, "gemm: %d rows of x at ldx %d (the wgmma kernel's byte offsets are 32-bit)", T, ldx);
+}
+// the driver's tensor-map encoder (cudart's entry point: no libcuda link); gpu_kernels_init
+// looks it up where the wgmma kernel runs
+static PFN_cuTensorMapEncodeTiled_v12000 g_tmap_encode = nullptr;
+// x [T][K] (row stride ldx) as the wgmma kernel's tensor map: boxes of 64 k x WG_BN tokens,
+// 128-byte swizzled (the B descriptor's), zeros past T. a host call (~1 us), captured by value
+// into a graph's launch as the kernel's other arguments are
+static CUtensorMap wg_xmap(const bf16_t* x, int ldx, int64_t K, int T) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)T}, strides[1] = {(cuuint64_t)ldx * 2};
+    const cuuint32_t box[2] = {64, WG_BN}, el[2] = {1, 1};
+    const CUresult r = g_tmap_encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)x, dims, strides, box, el, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CHECK(r == CUDA_SUCCESS, "gemm: the tensor map of x (%d tokens x %lld, ldx %d): driver error %d", T, (long long)K, ldx, (int)r);
+    return m;
 }
 template <bool SW>
 static void gemm_wgmma(const GemmArgs& a, cudaStream_t stream) {
     const int64_t tiles = SW ? CEIL_DIV(a.w.rows / 2, (int64_t)WG_BM / 2) : CEIL_DIV(a.w.rows, (int64_t)WG_BM);
     dim3 grid((unsigned)tiles, (unsigned)CEIL_DIV(a.T, WG_BN));
-    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
-    else launch_k(gemm_wgmma_kernel<FMT_Q6, SW>, grid, WG_THREADS, WG_SMEM, stream, a);
+    const CUtensorMap xm = wg_xmap(a.x, a.ldx, a.w.cols, a.T);
+    if (a.w.format == FMT_Q4) launch_k(gemm_wgmma_kernel<FMT_Q4, SW>, grid, WG_THREADS, WG_SMEM, stream, a, xm);
+    else if (a.w.format == FMT_Q5) launch_k(gemm_wgmma_kernel<FMT_Q5, SW>, grid, WG_THREADS, WG_SMEM, stream, a, xm);
+    else launch_k(gemm_wgmma_kernel<FMT_Q6, SW>, grid, WG_THREADS, WG_SMEM, stream, a, xm);
     cudaCheck(cudaGetLastError());
 }
 // gate_up's product with swiglu in its epilogue (the wgmma kernel: where gemm_on_wgmma), so
@@ -7149,6 +7166,15 @@ static void gpu_kernels_init(bool pdl = true, bool wgmma = true) {
             cudaCheck(cudaMemcpy(&wg_here, d, sizeof(int), cudaMemcpyDeviceToHost));
             cudaCheck(cudaFree(d));
         }
+    }
+    if (wg_here == 1 && !g_tmap_encode) {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            g_tmap_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        else
+            wg_here = 0, (void)cudaGetLastError();  // no tensor maps from this driver: the mma.sync gemm serves
     }
     g_gemm_wgmma = wg_here == 1 && wgmma;
     if (wg_here == 1) {

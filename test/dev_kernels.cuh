@@ -1584,7 +1584,7 @@ __device__ __forceinline__ WrTile wr_tile(const GemmArgs& a) {
 // is token row r = tid / 8 + 32 i, 16-byte chunk c16 = tid % 8, at r * 128 + ((c16 ^ (r & 7)) << 4)
 // in the stage (r & 7 is the same for every i) from x[min(m0 + r, T - 1)][kt * 64 + c16 * 8].
 // the offsets are computed once a block: built from tid each group they took ~50 instructions
-// of a group's ~280 (sass, session 22). gemm_check keeps T * ldx within 32 bits
+// of a group's ~280 (sass, session 22). wr_check keeps T * ldx within 32 bits
 struct WrXCopy { uint32_t dst; uint32_t off[4]; };
 __device__ __forceinline__ WrXCopy wr_xcopy(const GemmArgs& a, const WrTile& p) {
     WrXCopy c;
@@ -1742,7 +1742,12 @@ static void gemm_wgmma_optin(K k, size_t smem) {
     cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     done.push_back((const void*)k);
 }
+// the register-A kernels' x offsets are 32-bit (the product's tma takes any T)
+static void wr_check(int T, int ldx) {
+    CHECK((int64_t)T * ldx * 2 <= UINT32_MAX, "gemm: %d rows of x at ldx %d (the register-A kernel's byte offsets are 32-bit)", T, ldx);
+}
 static void gemm_wgmma_sync(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
+    wr_check(T, ldx);
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WR_BM), (unsigned)CEIL_DIV(T, WR_BN));
     auto k = w.format == FMT_Q4 ? gemm_wgmma_sync_kernel<FMT_Q4> : w.format == FMT_Q5 ? gemm_wgmma_sync_kernel<FMT_Q5> : gemm_wgmma_sync_kernel<FMT_Q6>;
@@ -1753,6 +1758,7 @@ static void gemm_wgmma_sync(const Mat& w, const bf16_t* x, int ldx, int T, void*
 // the register-A kernel with S stages asked for AH groups ahead (its own form: WR_STAGES, WR_AHEAD)
 template <int S, int AH>
 static void gemm_wgmma_stages(const Mat& w, const bf16_t* x, int ldx, int T, void* y, int ldy, bool y_f32, cudaStream_t stream) {
+    wr_check(T, ldx);
     GemmArgs a{w, x, ldx, T, y, ldy, y_f32 ? 1 : 0, nullptr, 0};
     dim3 grid((unsigned)CEIL_DIV(w.rows, (int64_t)WR_BM), (unsigned)CEIL_DIV(T, WR_BN));
     auto k = w.format == FMT_Q4 ? gemm_wgmma_rs_kernel<FMT_Q4, S, AH> : w.format == FMT_Q5 ? gemm_wgmma_rs_kernel<FMT_Q5, S, AH>
