@@ -5871,13 +5871,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(bar) : "memory");
 #endif
 }
-// one arrival on bar once every cp.async this thread issued before has landed (the barrier's
-// count includes it: .noinc)
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-#endif
-}
 // tma (sm_90): one arrival on bar that also expects `bytes` of copies to complete on it
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -6124,17 +6117,19 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_kernel(GemmArgs a) {
 // every group, the block's 256 threads decode the 64 rows' codes once (a thread: 16 lanes of
 // one row) into an A tile (bf16, 128-byte swizzled, WG_ABUF buffers), and its two warpgroups
 // each multiply that tile by their own 128 tokens of the x stage (B: one tma copy a group from
-// a tensor map of x, WG_STAGES stages asked for WG_AHEAD groups ahead). per group and warpgroup: 4 x m64n128k16 into tmp (the
-// group's partial), then acc += scale(row) * tmp; the next group's codes are decoded while the
-// tensor core runs. rows of D are weight rows, so a thread scales by only 2 values.
+// a tensor map of x, WG_STAGES stages asked for WG_AHEAD groups ahead). per group and
+// warpgroup: 4 x m64n128k16 into tmp (the group's partial), then acc += scale(row) * tmp; the
+// next group's codes are decoded while the tensor core runs. rows of D are weight rows, so a
+// thread scales by only 2 values.
 // why this shape: a 128 x 128 tile with A in registers (test/dev_kernels.cuh's
 // gemm_wgmma_rs_kernel, sessions 16-22's product) decoded each weight for 128 tokens and spent
 // ~240-315 instructions a warp a group against 4 wgmmas, issue-bound at ~345 TFLOP/s (q4, h100);
-// sharing the decoded tile between the warpgroups halves the decode a token and leaves the
-// scaling fma, the copies and the barriers (bench-notes, session 22).
-// the stages and A buffers are tracked by mbarriers (full: the stage's tma bytes / every
-// thread's A stores landed; empty: every warp's wgmma on it is done), so the warpgroups drift apart by up to a
-// group and one's scaling fma runs under the other's wgmma (bench-notes, sessions 16 and 20).
+// sharing the decoded tile between the warpgroups halves the decode a token (session 22); the
+// x stage by tma frees every warp of the 8 cp.async a group it issued (+11-22% a product,
+// bench-notes, session 23). the stages and A buffers are tracked by mbarriers (full: the
+// stage's tma bytes / every thread's A stores landed; empty: every warp's wgmma on it is done),
+// so the warpgroups drift apart by up to a group and one's scaling fma runs under the other's
+// wgmma (bench-notes, sessions 16 and 20).
 enum { WG_BM = 64, WG_BN = 256, WG_STAGES = 4, WG_AHEAD = 3, WG_ABUF = 2, WG_THREADS = 256 };
 static constexpr size_t wg_smem_bytes(int stages) {  // + the 1024-byte alignment
     return (size_t)stages * WG_BN * 128 + (size_t)WG_ABUF * WG_BM * 128 + 1024;

@@ -18,6 +18,15 @@
 //     in shared memory.
 #pragma once
 
+// the dev kernels' cp.async stages on mbarriers (the ring gemv, the register-A gemm): one
+// arrival on bar once every cp.async this thread issued before has landed (the barrier's count
+// includes it: .noinc)
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+#endif
+}
+
 namespace gemv_dev {
 
 // the A operand: the bf16x2 pair p of one row's raw group data (codes, exact).
