@@ -1,5 +1,6 @@
-# the part lanes.sh, spec.sh and xp.sh share, sourced from the script's own folder (as
-# cards.sh): the carry folder unpacked, the test models made, the stage and test helpers. the
+# the part lanes.sh, spec.sh, xp.sh and the session scripts share, sourced from the script's own
+# folder (as cards.sh): the carry folder unpacked, the test models made, the stage and test
+# helpers, the kjv md5 and bench lines (kjv_md5, b9). the
 # script sets C (its carry folder, from the repo root) and STAGES, cds to the repo root, calls
 # unpack, starts its models (test_models, model_9b) and waits for them with models_done.
 
@@ -51,3 +52,17 @@ run() {
   echo "== $n rc=$rc $(( $(date +%s) - s )) s"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]${RUN_GREP:+|$RUN_GREP}" $OUT/$n.log | head -${RUN_HEAD:-30}
 }
+
+# kjv_md5 BINARY...: the kjv demo prompt's greedy text (60 tokens) as an md5, plain and with
+# --spec mtp --draft-tokens 3, at --prefill-chunk 1024 and 16 (16: pieces without a head)
+kjv_md5() {
+  local P="And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel" b c
+  for b in "$@"; do for c in 1024 16; do
+    echo "kjv $b chunk $c $($b models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c 2>/dev/null | md5sum)"
+    echo "kjv $b chunk $c spec $($b models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c --spec mtp --draft-tokens 3 2>/dev/null | md5sum)"
+  done; done
+}
+
+# b9 MODEL LABEL BINARY "ARGS": ninfer-bench of /tmp/MODEL.ninfer, one line of its pp / tg rows
+# (test, tok/s, fraction of the copy bandwidth)
+b9() { echo "== $1 $2 $($3 --bench /tmp/$1.ninfer $4 2>&1 | grep -E '\| (pp|tg)' | awk -F'|' '{printf "%s %s %s;", $5, $6, $9}')"; }

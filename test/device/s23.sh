@@ -15,11 +15,7 @@ for n in 9b 4b; do python3 convert.py --synthetic $n -o /tmp/$n.ninfer --jobs 12
 RUN_GREP='Failure|FAILED' run kern 150 build/test/test_kernels --gtest_filter='Gemm.*'
 RUN_GREP='q4|q5|q6|gemm T' RUN_HEAD=14 run gemmv 150 build/test/test_kernels --gtest_filter='Bench.DISABLED_GemmVersions' --gtest_also_run_disabled_tests
 models_done
-P="And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel"
-for b in build/test/ninfer_base build/apps/ninfer build/test/ninfer_ss; do for c in 1024 16; do
-  echo "kjv $b chunk $c $($b models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c 2>/dev/null | md5sum)"
-  echo "kjv $b chunk $c spec $($b models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c --spec mtp --draft-tokens 3 2>/dev/null | md5sum)"; done; done
-b9() { echo "== $1 $2 $($3 --bench /tmp/$1.ninfer $4 2>&1 | grep -E '\| (pp|tg)' | awk -F'|' '{printf "%s %s %s;", $5, $6, $9}')"; }
+kjv_md5 build/test/ninfer_base build/apps/ninfer build/test/ninfer_ss
 bin_of() { case $1 in base) echo build/test/ninfer_base;; ss) echo build/test/ninfer_ss;; *) echo build/apps/ninfer;; esac; }
 for b in base rs ss; do b9 9b $b $(bin_of $b) "-p 512,4096 -n 0 -r 3"; done
 for b in base rs ss; do b9 4b $b $(bin_of $b) "-p 4096 -n 0 -r 2"; b9 9b $b $(bin_of $b) "-p 4096 -n 0 -r 2 --prefill-chunk 4096"; done

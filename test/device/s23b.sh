@@ -16,10 +16,7 @@ model_9b
 RUN_GREP='Failure|FAILED|differ' run kern 200 build/test/test_kernels --gtest_filter='Gemv.*:Gemm.*'
 RUN_GREP='mlp|one launch|product|chain' RUN_HEAD=20 run mlp 150 build/test/test_kernels --gtest_filter='Bench.DISABLED_MlpFused' --gtest_also_run_disabled_tests
 models_done
-P="And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel"
-for c in 1024 16; do
-  echo "kjv chunk $c $(build/apps/ninfer models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c 2>/dev/null | md5sum)"
-  echo "kjv chunk $c spec $(build/apps/ninfer models/kjv/kjv.ninfer --raw-prompt "$P" --temperature 0 --max-new 60 --prefill-chunk $c --spec mtp --draft-tokens 3 2>/dev/null | md5sum)"; done
-echo "== 9b $(build/apps/ninfer --bench /tmp/9b.ninfer -p 4096 -n 128 -r 2 2>&1 | grep -E '\| (pp|tg)' | awk -F'|' '{printf "%s %s %s;", $5, $6, $9}')"
+kjv_md5 build/apps/ninfer
+b9 9b "" build/apps/ninfer "-p 4096 -n 128 -r 2"
 RUN_GREP='FAILED|Failure' run gpu 170 build/test/test_gpu
 echo "total $(( $(date +%s) - t0 )) s"

@@ -12,6 +12,5 @@ models_done
 for n in 0.8b; do python3 convert.py --synthetic $n -o /tmp/$n.ninfer --jobs 16 > $OUT/convert_$n.log 2>&1 & done
 RUN_GREP='FAILED|Failure' run spec 120 build/test/test_spec --gtest_filter='SpecGpu.*'
 models_done
-b9() { echo "== $1 $2 $($3 --bench /tmp/$1.ninfer $4 2>&1 | grep -E '\| (pp|tg)' | awk -F'|' '{printf "%s %s %s;", $5, $6, $9}')"; }
 b9 0.8b tma build/apps/ninfer "-p 512,4096 -n 128 -r 2"
 echo "total $(( $(date +%s) - t0 )) s"
