@@ -3584,13 +3584,54 @@ __device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::
     }
 }
 
+// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
+// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
+template <int F, int NW, int RW, int S> struct XpWeights {
+    using Ly = GemvAsyncLayout<F>;
+    static constexpr int D = 2, SB = RW * Ly::BYTES;
+    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
+    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
+    int lane;
+    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
+        const int g = lane >> 2, t = lane & 3;
+        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            h[r] = nullptr;
+            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+        }
+        base = (uint32_t)__cvta_generic_to_shared(sm);
+        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
+        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+        d_s = Ly::OFF_S + (lane - 16) * 4;
+    }
+    // the copies of the next stage into the next slot
+    __device__ __forceinline__ void issue() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t st = base + slot + r * Ly::BYTES;
+            cp_async16(st + d_b0, b0[r]);
+            cp_async16(st + d_b1, b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
+            if (lane >= 16) cp_async4(st + d_s, sc[r]);
+            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
+            if (Ly::HB) h[r] += NW * D * Ly::HB;
+        }
+        slot = slot + SB == S * SB ? 0 : slot + SB;
+    }
+};
+
 // one warp set of NW warps a block, RW row tiles a warp, NT 8-column tiles of the block's
 // column group (block b: row set b / groups, columns [cg * (b % groups), + cg)). dynamic shared
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
 // [RW][NW][NT][32] float4 reuse it.
 // the body of block bid (gemv_xp_kernel: blockIdx.x; a pair's launch, gemv_xp2_kernel: its
-// block within its matrix's blocks)
-template <int F, int NW, int NT, int RW, int S>
+// block within its matrix's blocks). WS: the warp's weight stream (XpWeights)
+template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
 __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                               int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3609,38 +3650,9 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
-
-    // this lane's copy duties, as gemv_xs_kernel's, for each of the warp's row tiles
-    const uint8_t *src_b0[RW], *src_b1[RW], *src_h[RW], *src_s[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++) {
-        src_b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-        src_h[r] = nullptr;
-        if (Ly::HB == 8) src_h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-        if (Ly::HB == 16) src_h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-        src_s[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-    }
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
-    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
-    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+    WS ws(w, row0, warp, lane, sm_w);  // this lane's copy duties (XpWeights: as gemv_xs_kernel's)
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    uint32_t wslot = 0;
-    auto issue = [&]() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t slot = sbase + wslot + r * Ly::BYTES;
-            cp_async16(slot + dst_b0, src_b0[r]);
-            cp_async16(slot + dst_b1, src_b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h[r]);
-            if (lane >= 16) cp_async4(slot + dst_s, src_s[r]);
-            src_b0[r] += NW * D * 32; src_b1[r] += NW * D * 32; src_s[r] += NW * D * 2;
-            if (Ly::HB) src_h[r] += NW * D * Ly::HB;
-        }
-        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
-    };
+    auto issue = [&]() { ws.issue(); };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n_it) issue();
@@ -3723,46 +3735,6 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
     }
 }
 
-// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
-// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
-template <int F, int NW, int RW, int S> struct XpWeights {
-    using Ly = GemvAsyncLayout<F>;
-    static constexpr int D = 2, SB = RW * Ly::BYTES;
-    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
-    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
-    int lane;
-    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
-        const int g = lane >> 2, t = lane & 3;
-        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            h[r] = nullptr;
-            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-        }
-        base = (uint32_t)__cvta_generic_to_shared(sm);
-        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
-        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-        d_s = Ly::OFF_S + (lane - 16) * 4;
-    }
-    // the copies of the next stage into the next slot
-    __device__ __forceinline__ void issue() {
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const uint32_t st = base + slot + r * Ly::BYTES;
-            cp_async16(st + d_b0, b0[r]);
-            cp_async16(st + d_b1, b1[r]);
-            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
-            if (lane >= 16) cp_async4(st + d_s, sc[r]);
-            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
-            if (Ly::HB) h[r] += NW * D * Ly::HB;
-        }
-        slot = slot + SB == S * SB ? 0 : slot + SB;
-    }
-};
 // the wide kernel with each group's b words and sums loaded one group ahead (a register double
 // buffer: group u + 1's x loads fly while group u's mmas run; gemv_xp_kernel loads a group's x
 // from l1 / l2 right before its mmas), the same arithmetic operation for operation (its columns
@@ -3770,7 +3742,7 @@ template <int F, int NW, int RW, int S> struct XpWeights {
 // row tiles a warp, where it was faster (the 9b's products at 32 columns: 5.40 -> 5.25 ms a
 // chain); at 8-16 columns it was slower, and with 4 row tiles its buffers spill (bench-notes,
 // session 13).
-template <int F, int NW, int NT, int RW, int S>
+template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
 __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                                  int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3790,7 +3762,7 @@ __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __rest
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
+    WS ws(w, row0, warp, lane, sm_w);
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     auto issue = [&]() { ws.issue(); };
 #pragma unroll

@@ -487,6 +487,54 @@ TEST(Gemv, PairEqualsTwoProducts) {
     }
 }
 
+// the wide kernel on a tiled copy of the weights (test/dev_kernels.cuh, tile_mat: a warp's
+// stage one contiguous range) gives the product's bits: every column equals gemv()'s (memcmp),
+// on 9b shapes with their fused transforms, partial last tiles (rows % 16, odd tile counts for
+// two row tiles a warp), both warp splits and the row-tile forms the plan picks by column count
+TEST(Gemv, TiledEqualsTheProduct) {
+    NEED_GPU();
+    struct Case { NumFormat f; int64_t rows, cols; int mode; int occ; const char* name; };
+    const Case cases[] = {
+        {FMT_Q4, 4096, 4096, GEMV_X_RMS, GEMV_OCC_ROWS, "9b gdn query_key q4 + norm"},
+        {FMT_Q5, 8192, 4096, GEMV_X_PLAIN, GEMV_OCC_ROWS, "9b value_z q5"},
+        {FMT_Q5, 4096, 12288, GEMV_X_SWIGLU, GEMV_OCC_ROWS, "9b down q5 + swiglu"},
+        {FMT_Q4, 24576, 4096, GEMV_X_RMS, GEMV_OCC_ROWS, "9b gate_up q4 + norm"},
+        {FMT_Q6, 20000, 4096, GEMV_X_RMS, GEMV_OCC_ROWS, "q6 head rows + final norm"},
+        {FMT_Q5, 1000, 1024, GEMV_X_RMS, 0, "partial last tile, 4 warps a tile"},
+        {FMT_Q6, 530, 1024, GEMV_X_PLAIN, GEMV_OCC_ROWS, "partial last tile q6"},
+    };
+    const int counts[] = {1, 2, 5, 8, 17, 33, 64};
+    const int Cmax = 64;
+    for (const Case& tc : cases) {
+        SCOPED_TRACE(tc.name);
+        g_gemv_occ_rows = tc.occ;
+        HostMat h = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
+        const int ldx = (int)tc.cols * (tc.mode == GEMV_X_SWIGLU ? 2 : 1);
+        Dev dw(h.bytes.size()), dx((size_t)Cmax * ldx * 2), dn((size_t)tc.cols * 2);
+        Rng r = rng();
+        up(dw, h.bytes);
+        up(dx, rand_bf16(r, (size_t)Cmax * ldx, 2.f)); up(dn, rand_bf16(r, (size_t)tc.cols, 0.5f));
+        const Mat m = mat_from(&h.obj, dw.as<uint8_t>());
+        Dev dt((size_t)gemv_dev::tiled_bytes(m));
+        dt.poison();
+        const Mat mt = gemv_dev::tile_mat(m, dt.as<uint8_t>());
+        GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        const int ldy = (int)tc.rows + 5;
+        Dev ref((size_t)Cmax * ldy * 2), yt(ref.n), yu(ref.n);
+        for (int n : counts) {
+            ref.poison(); yt.poison(); yu.poison();
+            gemv(m, dx.as<bf16_t>(), ldx, n, ref.p, ldy, false, nullptr, 0, 0, xt);
+            gemv_dev::gemv_tiled(true, mt, dx.as<bf16_t>(), ldx, n, yt.p, ldy, false, nullptr, 0, 0, xt);
+            gemv_dev::gemv_tiled(false, m, dx.as<bf16_t>(), ldx, n, yu.p, ldy, false, nullptr, 0, 0, xt);
+            cudaCheck(cudaDeviceSynchronize());
+            const std::vector<uint8_t> want = down<uint8_t>(ref, ref.n);
+            EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "tiled, " << n << " columns";
+            EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yu, yu.n).data(), ref.n), 0) << "untiled, " << n << " columns";
+        }
+    }
+    g_gemv_occ_rows = GEMV_OCC_ROWS;
+}
+
 // the wide kernel's versions (test/dev_kernels.cuh: 1 the x prefetched, 2 the x shared in
 // shared memory) give the product's bits: every column of every version equals gemv()'s
 // (memcmp), on the 9b's wide shapes with their fused transforms, a residual, f32 output,
@@ -2959,6 +3007,93 @@ TEST(Bench, DISABLED_GemvPattern) {
                 }));
             }
     }
+}
+
+// the weights re-tiled (test/dev_kernels.cuh, tile_mat, session 24): the wide kernel and its
+// copies alone on a tiled copy against the same on the matrix itself and the product, at one
+// column fused as the decode fuses it (weights rotated past the l2); then the 9b chain fused,
+// product vs the wide kernel untiled vs tiled, at the decode's column counts
+TEST(Bench, DISABLED_GemvTiled) {
+    NEED_GPU();
+    double bw = copy_bandwidth();
+    BenchXY io(16, 8, 7);
+    Dev dn(12288 * 2), sink(1 << 20);
+    bench_bf16(dn, 8, 16);
+    BENCH_PRINT("%-20s %-16s %-26s %9s %8s %6s\n", "gemv tiled", "shape", "form", "us", "GB/s", "of cp");
+    for (const BenchShape& sh : kBenchShapes) {
+        if (!sh.wide) continue;
+        RotatedMats rm(sh);
+        std::vector<Mat> tm;
+        const uint64_t tstride = align_up((uint64_t)gemv_dev::tiled_bytes(rm.mats[0]), 256);
+        Dev tw(tstride * rm.copies);
+        for (int i = 0; i < rm.copies; i++) tm.push_back(gemv_dev::tile_mat(rm.mats[i], tw.as<uint8_t>() + tstride * i));
+        cudaCheck(cudaDeviceSynchronize());
+        const int xmode = bench_decode_xmode(sh);
+        GemvArgs pa; pa.w = rm.mats[0]; pa.C = 1;
+        const int rw = gemv_xp_plan(pa, g_gemv_xp_cols, 1).rw;
+        auto show = [&](const std::string& form, double ms) {
+            double gbs = (double)rm.bytes / (ms * 1e-3) / 1e9;
+            BENCH_PRINT("%-20s %-16s %-26s %9.2f %8.0f %5.0f%%\n", sh.name, bench_shape_name(sh).c_str(), form.c_str(), ms * 1e3, gbs, 100 * gbs / bw);
+        };
+        GemvX xt; xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+        const int ldx = (int)sh.cols * (xmode == GEMV_X_SWIGLU ? 2 : 1);
+        auto tiled_time = [&](const std::function<void(const Mat&, cudaStream_t)>& fn) {
+            return time_graph_ms([&](cudaStream_t s, int i) { fn(tm[i % rm.copies], s); }, std::max(rm.copies, 8));
+        };
+        for (int rep = 0; rep < 2; rep++) {
+            show("product C=1", rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                gemv(m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+            show("wide untiled C=1", rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                gemv_dev::gemv_tiled(false, m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+            show("wide tiled C=1", tiled_time([&](const Mat& m, cudaStream_t s) {
+                gemv_dev::gemv_tiled(true, m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+            show("wide tiled C=8", tiled_time([&](const Mat& m, cudaStream_t s) {
+                gemv_dev::gemv_tiled(true, m, io.x.as<bf16_t>(), ldx, 8, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+            show("wide untiled C=8", rm.time_ms([&](const Mat& m, cudaStream_t s) {
+                gemv_dev::gemv_tiled(false, m, io.x.as<bf16_t>(), ldx, 8, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+        }
+        show("pattern rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 0, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 0, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern<FMT_Q6>(m, 0, rw, sink.as<uint32_t>(), s); break;
+            } }));
+        show("pattern tiled rw" + std::to_string(rw), tiled_time([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern_tiled<FMT_Q4>(m, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern_tiled<FMT_Q5>(m, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern_tiled<FMT_Q6>(m, rw, sink.as<uint32_t>(), s); break;
+            } }));
+        show("contiguous rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 1, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 1, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern<FMT_Q6>(m, 1, rw, sink.as<uint32_t>(), s); break;
+            } }));
+    }
+    Chain9B ch;
+    const auto& seq = ch.seq; const uint64_t total = ch.total;
+    const std::vector<int> modes = ch.decode_modes();
+    std::vector<uint64_t> toff;
+    uint64_t ttotal = 0;
+    for (const Mat& m : ch.mats) { toff.push_back(ttotal); if (m.format != FMT_BF16) ttotal += align_up((uint64_t)gemv_dev::tiled_bytes(m), 256); }
+    Dev tw(ttotal);
+    std::vector<Mat> tmats;
+    for (size_t i = 0; i < ch.mats.size(); i++) tmats.push_back(ch.mats[i].format == FMT_BF16 ? ch.mats[i] : gemv_dev::tile_mat(ch.mats[i], tw.as<uint8_t>() + toff[i]));
+    cudaCheck(cudaDeviceSynchronize());
+    for (int rep = 0; rep < 2; rep++)
+        for (int C : {1, 2, 4, 8})
+            for (int v = 0; v < 3; v++) {  // 0 the product, 1 the wide kernel untiled, 2 tiled
+                double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
+                    GemvX xt; xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
+                    const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
+                    if (v == 0 || ch.mats[i].format == FMT_BF16) gemv(ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    else gemv_dev::gemv_tiled(v == 2, v == 2 ? tmats[i] : ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                }, 9);
+                BENCH_PRINT("decode gemv chain 9b fused: C=%d %-13s %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n", C,
+                            v == 0 ? "product" : v == 1 ? "wide untiled" : "wide tiled", ms, total / (ms * 1e-3) / 1e9,
+                            100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
+            }
 }
 
 // the other decode kernels at 9b sizes (C = 1): time per call and achieved bandwidth
