@@ -1158,32 +1158,42 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_xpt_kernel(GemvArgs a, con
     if constexpr (NT == 4 && RW <= 2) gemv_xp_pf_block<F, NW, NT, RW, S, WS>(a, xp, xps, cp, cg, groups, blockIdx.x);
     else gemv_xp_block<F, NW, NT, RW, S, WS>(a, xp, xps, cp, cg, groups, blockIdx.x);
 }
+// minb: the blocks an sm the launch bounds ask for (0: the product's GemvXpMinb; 3 or 4 where
+// that is 2: 80 or 64 registers a thread, room for a third or fourth block of 8 warps)
 template <int F, int NW, bool TILED>
-static void gemv_xpt_launch(const GemvArgs& a, cudaStream_t stream) {
+static void gemv_xpt_launch(const GemvArgs& a, int minb, cudaStream_t stream) {
     const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
     const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
     gemv_xp_form(p, [&](auto nt, auto rw, auto st) {
         constexpr int NT = decltype(nt)::value, RW = decltype(rw)::value, S = decltype(st)::value;
         constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
-        auto k = gemv_xpt_kernel<F, NW, NT, RW, S, MINB, TILED>;
-        const size_t smem = gemv_xp_smem<F, NW, NT, RW, S>();
-        static bool init = false;
-        if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
-        launch_k(k, p.grid, NW * 32, smem, stream, a, in.xp, in.xps, in.cp, p.cc, p.groups);
+        auto go = [&](auto mb_tag) {
+            constexpr int MB = decltype(mb_tag)::value;
+            auto k = gemv_xpt_kernel<F, NW, NT, RW, S, MB, TILED>;
+            const size_t smem = gemv_xp_smem<F, NW, NT, RW, S>();
+            static bool init = false;
+            if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
+            launch_k(k, p.grid, NW * 32, smem, stream, a, in.xp, in.xps, in.cp, p.cc, p.groups);
+        };
+        if constexpr (MINB == 2 && NW == 8) {
+            if (minb == 3) { go(std::integral_constant<int, 3>()); return; }
+            if (minb == 4) { go(std::integral_constant<int, 4>()); return; }
+        }
+        go(std::integral_constant<int, MINB>());
     });
     cudaCheck(cudaGetLastError());
 }
 // y = W x through the wide kernel (every column count, every x transform) on a tiled copy wt
 // (tile_mat) or, tiled false, on the matrix itself; NW as the product's pick for the shape
 static void gemv_tiled(bool tiled, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
-                       const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX()) {
+                       const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX(), int minb = 0) {
     const GemvKernel k = gemv_pick(w);  // the shape alone
     const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
     gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
         auto go = [&](auto f_tag) {
             constexpr int F = decltype(f_tag)::value;
-            if (tiled) nw8 ? gemv_xpt_launch<F, 8, true>(a, stream) : gemv_xpt_launch<F, 4, true>(a, stream);
-            else nw8 ? gemv_xpt_launch<F, 8, false>(a, stream) : gemv_xpt_launch<F, 4, false>(a, stream);
+            if (tiled) nw8 ? gemv_xpt_launch<F, 8, true>(a, minb, stream) : gemv_xpt_launch<F, 4, true>(a, minb, stream);
+            else nw8 ? gemv_xpt_launch<F, 8, false>(a, minb, stream) : gemv_xpt_launch<F, 4, false>(a, minb, stream);
         };
         switch (w.format) {
             case FMT_Q4: go(std::integral_constant<int, FMT_Q4>()); break;

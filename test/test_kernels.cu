@@ -530,6 +530,12 @@ TEST(Gemv, TiledEqualsTheProduct) {
             const std::vector<uint8_t> want = down<uint8_t>(ref, ref.n);
             EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "tiled, " << n << " columns";
             EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yu, yu.n).data(), ref.n), 0) << "untiled, " << n << " columns";
+            for (int minb : {3, 4}) {  // the register caps change no arithmetic
+                yt.poison();
+                gemv_dev::gemv_tiled(minb == 4, minb == 4 ? mt : m, dx.as<bf16_t>(), ldx, n, yt.p, ldy, false, nullptr, 0, 0, xt, minb);
+                cudaCheck(cudaDeviceSynchronize());
+                EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "minb " << minb << ", " << n << " columns";
+            }
         }
     }
     g_gemv_occ_rows = GEMV_OCC_ROWS;
@@ -3009,10 +3015,11 @@ TEST(Bench, DISABLED_GemvPattern) {
     }
 }
 
-// the weights re-tiled (test/dev_kernels.cuh, tile_mat, session 24): the wide kernel and its
+// the weights re-tiled (test/dev_kernels.cuh, tile_mat, session 24) and the wide kernel's
+// register cap (minb 3 / 4 blocks of 8 warps an sm instead of 2): the wide kernel and its
 // copies alone on a tiled copy against the same on the matrix itself and the product, at one
 // column fused as the decode fuses it (weights rotated past the l2); then the 9b chain fused,
-// product vs the wide kernel untiled vs tiled, at the decode's column counts
+// the product vs the wide kernel's forms, at the decode's column counts
 TEST(Bench, DISABLED_GemvTiled) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -3040,17 +3047,18 @@ TEST(Bench, DISABLED_GemvTiled) {
         auto tiled_time = [&](const std::function<void(const Mat&, cudaStream_t)>& fn) {
             return time_graph_ms([&](cudaStream_t s, int i) { fn(tm[i % rm.copies], s); }, std::max(rm.copies, 8));
         };
-        for (int rep = 0; rep < 2; rep++) {
-            show("product C=1", rm.time_ms([&](const Mat& m, cudaStream_t s) {
-                gemv(m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
-            show("wide untiled C=1", rm.time_ms([&](const Mat& m, cudaStream_t s) {
-                gemv_dev::gemv_tiled(false, m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
-            show("wide tiled C=1", tiled_time([&](const Mat& m, cudaStream_t s) {
-                gemv_dev::gemv_tiled(true, m, io.x.as<bf16_t>(), ldx, 1, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
-            show("wide tiled C=8", tiled_time([&](const Mat& m, cudaStream_t s) {
-                gemv_dev::gemv_tiled(true, m, io.x.as<bf16_t>(), ldx, 8, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
-            show("wide untiled C=8", rm.time_ms([&](const Mat& m, cudaStream_t s) {
-                gemv_dev::gemv_tiled(false, m, io.x.as<bf16_t>(), ldx, 8, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
+        const struct { const char* name; int v; int minb; int C; } forms[] = {
+            {"product C=1", 0, 0, 1}, {"wide untiled C=1", 1, 0, 1}, {"wide tiled C=1", 2, 0, 1},
+            {"wide untiled minb3 C=1", 1, 3, 1}, {"wide tiled minb3 C=1", 2, 3, 1},
+            {"wide untiled minb4 C=1", 1, 4, 1}, {"wide tiled minb4 C=1", 2, 4, 1},
+            {"product C=8", 0, 0, 8}, {"wide tiled C=8", 2, 0, 8}, {"wide tiled minb3 C=8", 2, 3, 8},
+        };
+        for (const auto& fm : forms) {
+            auto fn = [&](const Mat& m, cudaStream_t s) {
+                if (fm.v == 0) gemv(m, io.x.as<bf16_t>(), ldx, fm.C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                else gemv_dev::gemv_tiled(fm.v == 2, m, io.x.as<bf16_t>(), ldx, fm.C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt, fm.minb);
+            };
+            show(fm.name, fm.v == 2 ? tiled_time(fn) : rm.time_ms(fn));
         }
         show("pattern rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
             switch (sh.f) {
@@ -3081,18 +3089,22 @@ TEST(Bench, DISABLED_GemvTiled) {
     std::vector<Mat> tmats;
     for (size_t i = 0; i < ch.mats.size(); i++) tmats.push_back(ch.mats[i].format == FMT_BF16 ? ch.mats[i] : gemv_dev::tile_mat(ch.mats[i], tw.as<uint8_t>() + toff[i]));
     cudaCheck(cudaDeviceSynchronize());
+    // 0 the product; the wide kernel 1 untiled, 2 tiled, 3 untiled minb 3, 4 tiled minb 3, 5 untiled minb 4, 6 tiled minb 4
+    const char* names[] = {"product", "wide untiled", "wide tiled", "untiled minb3", "tiled minb3", "untiled minb4", "tiled minb4"};
     for (int rep = 0; rep < 2; rep++)
         for (int C : {1, 2, 4, 8})
-            for (int v = 0; v < 3; v++) {  // 0 the product, 1 the wide kernel untiled, 2 tiled
+            for (int v = 0; v < 7; v++) {
+                if (C > 2 && v > 2 && v != 4) continue;
+                const bool tiled = v == 2 || v == 4 || v == 6;
+                const int minb = v <= 2 ? 0 : v <= 4 ? 3 : 4;
                 double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
                     GemvX xt; xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
                     const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
                     if (v == 0 || ch.mats[i].format == FMT_BF16) gemv(ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
-                    else gemv_dev::gemv_tiled(v == 2, v == 2 ? tmats[i] : ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    else gemv_dev::gemv_tiled(tiled, tiled ? tmats[i] : ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt, minb);
                 }, 9);
-                BENCH_PRINT("decode gemv chain 9b fused: C=%d %-13s %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n", C,
-                            v == 0 ? "product" : v == 1 ? "wide untiled" : "wide tiled", ms, total / (ms * 1e-3) / 1e9,
-                            100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
+                BENCH_PRINT("decode gemv chain 9b fused: C=%d %-13s %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n", C, names[v], ms,
+                            total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
             }
 }
 
