@@ -7685,6 +7685,7 @@ struct GpuEngine {
     // (tm, the whole tensor's host view) is re-tiled on the device (gw_tile_host)
     struct Span { const uint8_t* host; uint64_t bytes; uint64_t off; uint64_t dbytes; Mat tm; };
     std::vector<Span> spans;
+    Span head_tiles = {};  // a tied head's tiled copy (the embedding's gather keeps the planes); tm.tile 0: none
     // sequence state
     uint8_t* state = nullptr; size_t state_bytes = 0, gdn_state_off = 0;
     void* kc[MAX_LAYERS] = {}; void* vc[MAX_LAYERS] = {};
@@ -7866,9 +7867,13 @@ static void gpu_upload_weights(GpuEngine* e) {
     const bool bar = !e->o.quiet && isatty(2);
     double t0 = now_s();
     uint64_t total = 0, sent = 0, shown = 0;
-    for (const auto& s : e->spans) total += s.dbytes;
+    std::vector<const GpuEngine::Span*> all;
+    for (const auto& s : e->spans) all.push_back(&s);
+    if (e->head_tiles.tm.tile) all.push_back(&e->head_tiles);
+    for (const GpuEngine::Span* s : all) total += s->dbytes;
     int b = 0;
-    for (const auto& s : e->spans) {
+    for (const GpuEngine::Span* sp : all) {
+        const GpuEngine::Span& s = *sp;
         // a tiled matrix in whole chunks a stage (gw_tile_host)
         const uint64_t step = s.tm.tile ? STAGE / s.tm.tile * s.tm.tile : STAGE;
         for (uint64_t off = 0; off < s.dbytes; off += step) {
@@ -8016,8 +8021,8 @@ static void gpu_reset(GpuEngine* e) {
 }
 
 // the arena's layout: resident tensors in file order at 256-byte alignment (e->spans). a tensor
-// is tiled when the gpu reads it only as products (not the embedding: a tied head stays on the
-// planes), each view grouped, k a multiple of 128 and whole tiles of it
+// is tiled when the gpu reads it only as products (not the embedding), each view grouped, k a
+// multiple of 128 and whole tiles of it; a tied head gets a tiled copy of its own (e->head_tiles)
 static void gpu_arena_layout(GpuEngine* e) {
     const Weights& w = e->m->w;
     const std::vector<const Mat*> prods = gpu_product_mats(w, e->o.spec);
@@ -8043,6 +8048,17 @@ static void gpu_arena_layout(GpuEngine* e) {
         const uint64_t dbytes = tm.tile ? gw_tiled_size(tm) : t.bytes;
         e->spans.push_back({t.data, t.bytes, off, dbytes, tm});
         off += dbytes;
+    }
+    // a tied head: the embedding's gather reads the planes, the head's products a tiled copy
+    // (the 0.8b's and the 4b's heads are ~40% and ~20% of a token's bytes)
+    const Mat& hd = w.output_head;
+    if (e->m->geo.tied && format_grouped(hd.format) && hd.cols % 128 == 0) {
+        const GpuEngine::Span& hs = gpu_span_of(e, hd.base);
+        Mat tm = hd;
+        tm.tile = gw_tile_bytes(hd.format);
+        off = align_up(off, 256);
+        e->head_tiles = {hs.host, hs.bytes, off, gw_tiled_size(tm), tm};
+        off += e->head_tiles.dbytes;
     }
     e->arena_bytes = align_up(off, 256);
 }
@@ -8125,7 +8141,14 @@ static void gpu_device_views(GpuEngine* e) {
         }
     }
     gpu_rebase_mat(e, &e->w.token_embedding);
-    gpu_rebase_mat(e, &e->w.output_head);
+    if (e->head_tiles.tm.tile) {  // a tied head: its tiled copy
+        Mat& h = e->w.output_head;
+        h.base = e->arena + e->head_tiles.off; h.high = h.scale = nullptr;
+        h.base_row = h.high_row = h.scale_row = 0;
+        h.tile = e->head_tiles.tm.tile;
+    } else {
+        gpu_rebase_mat(e, &e->w.output_head);
+    }
     gpu_rebase_vec(e, &e->w.final_norm);
     for (LayerWeights& l : e->w.layers) {
         gpu_rebase_vec(e, &l.input_norm); gpu_rebase_vec(e, &l.post_norm);

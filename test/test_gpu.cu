@@ -860,7 +860,22 @@ TEST(GpuState, ResidencyAndOutOfMemory) {
             if (w->rows) EXPECT_EQ(w->tile != 0, format_grouped(w->format)) << format_name(w->format);
     EXPECT_NE(e->w.output_head.tile, 0);
     EXPECT_EQ(e->w.token_embedding.tile, 0);
+    EXPECT_EQ(e->head_tiles.tm.tile, 0);
     gpu_free(e);
+    // a tied head (tiny-gqa1): the embedding on the planes, the head on a tiled copy of them
+    if (file_exists("build/models/tiny-gqa1.ninfer")) {
+        Model mt;
+        ASSERT_TRUE(model_open(&mt, "build/models/tiny-gqa1.ninfer", &err)) << err;
+        ASSERT_TRUE(mt.geo.tied);
+        GpuEngine* et = gpu_build(&mt, o, &err);
+        ASSERT_TRUE(et) << err;
+        EXPECT_EQ(et->w.token_embedding.tile, 0);
+        EXPECT_NE(et->w.output_head.tile, 0);
+        EXPECT_EQ(et->head_tiles.dbytes, gw_tiled_size(et->head_tiles.tm));
+        EXPECT_EQ(et->w.output_head.base, et->arena + et->head_tiles.off);
+        gpu_free(et);
+        model_close(&mt);
+    }
     o.max_context = 1 << 30;
     e = gpu_build(&m, o, &err);
     EXPECT_EQ(e, nullptr);
