@@ -3624,8 +3624,8 @@ __device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
 // [RW][NW][NT][32] float4 reuse it.
 // the body of block bid (gemv_xp_kernel: blockIdx.x; a pair's launch, gemv_xp2_kernel: its
-// block within its matrix's blocks). WS: the warp's weight stream (XpWeights)
-template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
+// block within its matrix's blocks)
+template <int F, int NW, int NT, int RW, int S>
 __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                               int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3644,7 +3644,7 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    WS ws(w, row0, warp, lane, sm_w);  // this lane's copy duties (XpWeights: as gemv_xs_kernel's)
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);  // this lane's copy duties
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     auto issue = [&]() { ws.issue(); };
 #pragma unroll
@@ -3736,7 +3736,7 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
 // row tiles a warp, where it was faster (the 9b's products at 32 columns: 5.40 -> 5.25 ms a
 // chain); at 8-16 columns it was slower, and with 4 row tiles its buffers spill (bench-notes,
 // session 13).
-template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
+template <int F, int NW, int NT, int RW, int S>
 __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                                  int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3756,7 +3756,7 @@ __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __rest
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    WS ws(w, row0, warp, lane, sm_w);
+    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     auto issue = [&]() { ws.issue(); };
 #pragma unroll
