@@ -699,9 +699,6 @@ struct Mat {
     const uint8_t* high = nullptr; // grouped q5/q6: high-bit plane
     const uint8_t* scale = nullptr;// grouped: fp16 scales
     int64_t base_row = 0, high_row = 0, scale_row = 0;  // bytes per row in each plane
-    // a device copy re-tiled for the gpu kernels (ninfer.cu, gw_tile_bytes): the bytes of one
-    // (16-row tile, group pair) chunk, all of them from base (high and scale null); 0: the planes
-    int64_t tile = 0;
 };
 
 // view of a whole 2-d tensor object; data may be rebased (e.g. onto a device copy)
@@ -725,11 +722,6 @@ static inline Mat mat_from(const TensorObject* t, const uint8_t* data = nullptr)
 
 // rows [r0, r0+n) of m
 static inline Mat mat_rows(Mat m, int64_t r0, int64_t n) {
-    if (m.tile) {  // whole tiles (r0 % 16 == 0: the loader tiles only such views)
-        m.base += r0 / 16 * (m.gpr / 2) * m.tile;
-        m.rows = n;
-        return m;
-    }
     m.base += r0 * m.base_row;
     if (m.high) m.high += r0 * m.high_row;
     if (m.scale) m.scale += r0 * m.scale_row;

@@ -3076,84 +3076,6 @@ __device__ __forceinline__ void gemv_stage_read(uint32_t (&raw)[2][2][GemvFmt<F>
         }
 }
 
-// a warp's weight stream: the copy duties of the async, x-staged and wide kernels for a warp's
-// RW row tiles from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages
-// at sm. on the artifact's planes a lane copies base chunks (rows g, g+8: 16-byte column t of
-// the 64 bytes of two groups), high bytes (q5: row `lane` < 16, 16 bytes; q6: row lane/2, half
-// lane&1) and scales (row lane-16 for lanes 16..31, 4 bytes); on a tiled copy (Mat::tile) a
-// stage is one contiguous chunk, piece p (16 bytes, p = lane + 32 i) landing at p * 16 +
-// (p < 64 ? (p >> 2) * 16 : 256) of the padded stage: the same bytes in the same places.
-// row tiles past the end read the last one (rows clamped; their sums are never stored)
-template <int F, int NW, int RW, int S> struct XpWeights {
-    using Ly = GemvAsyncLayout<F>;
-    static constexpr int D = 2, SB = RW * Ly::BYTES;
-    static constexpr int NP = (16 * 64 + 16 * Ly::RS_H + 16 * Ly::RS_S) / 16;  // pieces of a tiled chunk
-    static_assert(NP > 64 && NP <= 128, "a tiled stage: 3 or 4 copies a lane");
-    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];  // tiled: b0 alone
-    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;   // tiled: pieces lane, +32, +64, +96
-    int64_t step;                                     // tiled: bytes from a stage's chunk to the warp's next
-    int lane;
-    bool tiled;
-    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
-        const int g = lane >> 2, t = lane & 3;
-        base = (uint32_t)__cvta_generic_to_shared(sm);
-        tiled = w.tile != 0;
-        if (tiled) {
-            const int64_t pairs = w.gpr / 2, last = (w.rows - 1) / 16;
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const int64_t T = row0 / 16 + r < last ? row0 / 16 + r : last;
-                b0[r] = w.base + (T * pairs + warp) * w.tile + lane * 16;
-                b1[r] = h[r] = sc[r] = nullptr;
-            }
-            auto dst = [](int p) { return (uint32_t)(p * 16 + (p < 64 ? (p >> 2) * 16 : 256)); };
-            d_b0 = dst(lane); d_b1 = dst(lane + 32); d_h = dst(lane + 64); d_s = dst(lane + 96);
-            step = (int64_t)NW * w.tile;
-            return;
-        }
-        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
-            h[r] = nullptr;
-            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
-            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
-            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
-        }
-        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
-        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
-        d_s = Ly::OFF_S + (lane - 16) * 4;
-        step = 0;
-    }
-    // the copies of the next stage into the next slot
-    __device__ __forceinline__ void issue() {
-        if (tiled) {
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const uint32_t st = base + slot + r * Ly::BYTES;
-                cp_async16(st + d_b0, b0[r]);
-                cp_async16(st + d_b1, b0[r] + 512);
-                if (NP >= 96 || lane + 64 < NP) cp_async16(st + d_h, b0[r] + 1024);
-                if (NP > 96 && lane + 96 < NP) cp_async16(st + d_s, b0[r] + 1536);
-                b0[r] += step;
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const uint32_t st = base + slot + r * Ly::BYTES;
-                cp_async16(st + d_b0, b0[r]);
-                cp_async16(st + d_b1, b1[r]);
-                if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
-                if (lane >= 16) cp_async4(st + d_s, sc[r]);
-                b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
-                if (Ly::HB) h[r] += NW * D * Ly::HB;
-            }
-        }
-        slot = slot + SB == S * SB ? 0 : slot + SB;
-    }
-};
-
 template <int F, int NW, int S, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a0) {
     const GemvArgs a = gemv_col_chunk(a0);
@@ -3163,13 +3085,34 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_async_kernel(GemvArgs a0) 
     constexpr int D = 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat& w = a.w;
-    const int64_t K = w.cols;
+    const int64_t rows = w.rows, K = w.cols;
     const int units = (int)w.gpr;
     const int64_t row0 = (int64_t)blockIdx.x * 16;
     __shared__ __align__(16) uint8_t sm[NW][S][Ly::BYTES];
-    XpWeights<F, NW, 1, S> ws(w, row0, warp, lane, &sm[warp][0][0]);  // stage it in slot it % S
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+    // copy duties of this lane for one stage: base chunks (rows g, g+8; 16-byte column t of
+    // the 64 bytes of two groups), high bytes (q5: row `lane` < 16, 16 bytes; q6: row lane/2,
+    // half lane&1), scales (row lane-16 for lanes 16..31, 4 bytes)
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8 && lane < 16) src_h = w.high + rowc(lane) * w.high_row;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16;
+    const uint8_t* src_s = lane >= 16 ? w.scale + rowc(lane - 16) * w.scale_row : nullptr;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&sm[warp][0][0]);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
+
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    auto issue = [&](int) { ws.issue(); };
+    auto issue = [&](int it) {
+        const int ub = (it * NW + warp) * D;
+        const uint32_t slot = sbase + (it % S) * Ly::BYTES;
+        cp_async16(slot + dst_b0, src_b0 + (size_t)ub * 32);
+        cp_async16(slot + dst_b1, src_b1 + (size_t)ub * 32);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h + (size_t)ub * Ly::HB);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s + (size_t)ub * 2);
+    };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n_it) issue(s);
@@ -3220,15 +3163,38 @@ __global__ void __launch_bounds__(RT * NW * 32, MINB) gemv_xs_kernel(GemvArgs a)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wt = warp % NW;  // the warp within its row tile
     const Mat& w = a.w;
+    const int64_t rows = w.rows;
     const int units = (int)w.gpr, C = a.C;
     const int64_t rowb = (int64_t)blockIdx.x * RT * 16, row0 = rowb + (int64_t)(warp / NW) * 16;
     extern __shared__ __align__(16) uint8_t xs_smem[];  // the weight stages [RT*NW][S][BYTES], then x
     uint8_t* sm_w = xs_smem + (size_t)warp * S * Ly::BYTES;
     uint32_t* xs = (uint32_t*)(xs_smem + RT * NW * S * Ly::BYTES);  // [C][units][4][W] words, then sums
     float* xsum = (float*)(xs + (size_t)C * units * 4 * W);
-    XpWeights<F, NW, 1, S> ws(w, row0, wt, lane, sm_w);  // this lane's copy duties
+    auto rowc = [&](int r) { int64_t x = row0 + r; return x < rows ? x : rows - 1; };
+
+    // this lane's copy duties (as in gemv_async_kernel), as pointers that move by a constant
+    const uint8_t* src_b0 = w.base + rowc(g) * w.base_row + t * 16 + (size_t)wt * D * 32;
+    const uint8_t* src_b1 = w.base + rowc(g + 8) * w.base_row + t * 16 + (size_t)wt * D * 32;
+    const uint8_t* src_h = nullptr;
+    if (Ly::HB == 8) src_h = w.high + rowc(lane & 15) * w.high_row + (size_t)wt * D * Ly::HB;
+    if (Ly::HB == 16) src_h = w.high + rowc(lane >> 1) * w.high_row + (lane & 1) * 16 + (size_t)wt * D * Ly::HB;
+    const uint8_t* src_s = w.scale + rowc(lane & 15) * w.scale_row + (size_t)wt * D * 2;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const uint32_t dst_b0 = g * Ly::RS_B + t * 16, dst_b1 = (g + 8) * Ly::RS_B + t * 16;
+    const uint32_t dst_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+    const uint32_t dst_s = Ly::OFF_S + (lane - 16) * 4;
     const int n_it = wt * D < units ? (units - wt * D + NW * D - 1) / (NW * D) : 0;
-    auto issue = [&]() { ws.issue(); };
+    uint32_t wslot = 0;  // byte offset of the stage slot the next copies go to
+    auto issue = [&]() {
+        const uint32_t slot = sbase + wslot;
+        cp_async16(slot + dst_b0, src_b0);
+        cp_async16(slot + dst_b1, src_b1);
+        if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(slot + dst_h, src_h);
+        if (lane >= 16) cp_async4(slot + dst_s, src_s);
+        src_b0 += NW * D * 32; src_b1 += NW * D * 32; src_s += NW * D * 2;
+        if (Ly::HB) src_h += NW * D * Ly::HB;
+        wslot = wslot + Ly::BYTES == S * Ly::BYTES ? 0 : wslot + Ly::BYTES;
+    };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n_it) issue();
@@ -3618,14 +3584,54 @@ __device__ __forceinline__ void gemv_stage_group(uint32_t (&raw)[2][GemvFmt<F>::
     }
 }
 
+// a warp's weight stream in the wide kernel: gemv_xp_kernel's copy duties for its RW row tiles
+// from row0 (split `warp` of NW, D = 2 groups a stage) into its ring of S stages at sm
+template <int F, int NW, int RW, int S> struct XpWeights {
+    using Ly = GemvAsyncLayout<F>;
+    static constexpr int D = 2, SB = RW * Ly::BYTES;
+    const uint8_t *b0[RW], *b1[RW], *h[RW], *sc[RW];
+    uint32_t base, d_b0, d_b1, d_h, d_s, slot = 0;
+    int lane;
+    __device__ __forceinline__ XpWeights(const Mat& w, int64_t row0, int warp, int lane_, uint8_t* sm) : lane(lane_) {
+        const int g = lane >> 2, t = lane & 3;
+        auto rowc = [&](int r) { int64_t x = row0 + r; return x < w.rows ? x : w.rows - 1; };
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            b0[r] = w.base + rowc(16 * r + g) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            b1[r] = w.base + rowc(16 * r + g + 8) * w.base_row + t * 16 + (size_t)warp * D * 32;
+            h[r] = nullptr;
+            if (Ly::HB == 8) h[r] = w.high + rowc(16 * r + (lane & 15)) * w.high_row + (size_t)warp * D * Ly::HB;
+            if (Ly::HB == 16) h[r] = w.high + rowc(16 * r + (lane >> 1)) * w.high_row + (lane & 1) * 16 + (size_t)warp * D * Ly::HB;
+            sc[r] = w.scale + rowc(16 * r + (lane & 15)) * w.scale_row + (size_t)warp * D * 2;
+        }
+        base = (uint32_t)__cvta_generic_to_shared(sm);
+        d_b0 = g * Ly::RS_B + t * 16; d_b1 = (g + 8) * Ly::RS_B + t * 16;
+        d_h = Ly::HB == 8 ? Ly::OFF_H + lane * 16 : Ly::OFF_H + (lane >> 1) * 32 + (lane & 1) * 16;
+        d_s = Ly::OFF_S + (lane - 16) * 4;
+    }
+    // the copies of the next stage into the next slot
+    __device__ __forceinline__ void issue() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t st = base + slot + r * Ly::BYTES;
+            cp_async16(st + d_b0, b0[r]);
+            cp_async16(st + d_b1, b1[r]);
+            if (Ly::HB == 16 || (Ly::HB == 8 && lane < 16)) cp_async16(st + d_h, h[r]);
+            if (lane >= 16) cp_async4(st + d_s, sc[r]);
+            b0[r] += NW * D * 32; b1[r] += NW * D * 32; sc[r] += NW * D * 2;
+            if (Ly::HB) h[r] += NW * D * Ly::HB;
+        }
+        slot = slot + SB == S * SB ? 0 : slot + SB;
+    }
+};
 
 // one warp set of NW warps a block, RW row tiles a warp, NT 8-column tiles of the block's
 // column group (block b: row set b / groups, columns [cg * (b % groups), + cg)). dynamic shared
 // memory: the weight stages [NW][S][RW][BYTES]; after the main loop the partial sums
 // [RW][NW][NT][32] float4 reuse it.
 // the body of block bid (gemv_xp_kernel: blockIdx.x; a pair's launch, gemv_xp2_kernel: its
-// block within its matrix's blocks)
-template <int F, int NW, int NT, int RW, int S>
+// block within its matrix's blocks). WS: the warp's weight stream (XpWeights)
+template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
 __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                               int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3644,7 +3650,7 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);  // this lane's copy duties
+    WS ws(w, row0, warp, lane, sm_w);  // this lane's copy duties (XpWeights: as gemv_xs_kernel's)
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     auto issue = [&]() { ws.issue(); };
 #pragma unroll
@@ -3736,7 +3742,7 @@ __device__ __forceinline__ void gemv_xp_block(GemvArgs a, const uint4* __restric
 // row tiles a warp, where it was faster (the 9b's products at 32 columns: 5.40 -> 5.25 ms a
 // chain); at 8-16 columns it was slower, and with 4 row tiles its buffers spill (bench-notes,
 // session 13).
-template <int F, int NW, int NT, int RW, int S>
+template <int F, int NW, int NT, int RW, int S, class WS = XpWeights<F, NW, RW, S>>
 __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __restrict__ xp, const float* __restrict__ xps, int cp,
                                                  int cg, int groups, unsigned bid) {
     const int64_t rset = bid / groups;
@@ -3756,7 +3762,7 @@ __device__ __forceinline__ void gemv_xp_pf_block(GemvArgs a, const uint4* __rest
     const int64_t row0 = rset * RW * 16;
     extern __shared__ __align__(16) uint8_t xp_smem[];
     uint8_t* sm_w = xp_smem + (size_t)warp * S * SB;
-    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
+    WS ws(w, row0, warp, lane, sm_w);
     const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
     auto issue = [&]() { ws.issue(); };
 #pragma unroll
@@ -4082,7 +4088,6 @@ static void gemv_launch(GemvKernel k, const GemvArgs& a, cudaStream_t stream) {
     const size_t xsb = gemv_xs_bytes((NumFormat)F, (int)a.w.gpr, a.C);
     if (gemv_xs_kernel_k(k) && (F == FMT_BF16 || xsb > gemv_xs_room((NumFormat)F, k))) k = GEMV_ASYNC;
     if (k != GEMV_REGISTER && !(F != FMT_BF16 && gemv_async_ok(a.w))) k = GEMV_REGISTER;
-    CHECK(!a.w.tile || k != GEMV_REGISTER, "gemv: the register kernel reads the planes, not a tiled matrix");
     CHECK(a.xmode != GEMV_X_GATED, "gemv: the gated norm is the wide kernel's prep's (not kernel %d's)", (int)k);
     // the register and async kernels: blockIdx.y picks 8 of up to GEMV_WIDE_COLS columns
     CHECK(a.C <= GEMV_MAX_COLS || k == GEMV_REGISTER || k == GEMV_ASYNC, "gemv: %d columns for an x-staged launch", a.C);
@@ -5909,47 +5914,23 @@ template <int F> struct GemmRaw {
     uint2 hi;
     uint32_t sc;
 };
-// one row of a grouped matrix, on the artifact's planes or a tiled copy (Mat::tile): group u's
-// base (32 bytes), high (hb) and scale (2 bytes) at b + 32 u + (u >> 1) kb, h + hb u + (u >> 1)
-// kh, s + 2 u + (u >> 1) ks, the skips jumping from a tile's group pair to its next (0 on the
-// planes). row and w are loop-invariant where it is used, so ptxas hoists the branch
-struct GwRow { const uint8_t *b, *h, *s; int64_t kb, kh, ks; };
-__device__ __forceinline__ GwRow gw_row(const Mat& w, int64_t row, int hb) {
-    GwRow r;
-    if (w.tile) {
-        const uint8_t* c = w.base + (row >> 4) * (w.gpr >> 1) * w.tile;
-        const int i = (int)(row & 15);
-        r.b = c + i * 64; r.h = c + 1024 + i * 2 * hb; r.s = c + 1024 + 32 * hb + i * 4;
-        r.kb = w.tile - 64; r.kh = w.tile - 2 * hb; r.ks = w.tile - 4;
-    } else {
-        r.b = w.base + row * w.base_row; r.h = w.high + row * w.high_row; r.s = w.scale + row * w.scale_row;
-        r.kb = r.kh = r.ks = 0;
-    }
-    return r;
-}
-__device__ __forceinline__ const uint8_t* gw_base(const GwRow& r, int64_t u) { return r.b + u * 32 + (u >> 1) * r.kb; }
-__device__ __forceinline__ const uint8_t* gw_high(const GwRow& r, int64_t u, int hb) { return r.h + u * hb + (u >> 1) * r.kh; }
-__device__ __forceinline__ const unsigned short* gw_scale(const GwRow& r, int64_t u) { return (const unsigned short*)(r.s + u * 2 + (u >> 1) * r.ks); }
-
 template <int F>
 __device__ __forceinline__ void gemm_load_w(const Mat& w, int64_t row, int kt, int wh, GemmRaw<F>& r) {
+    const uint8_t* base = w.base + row * w.base_row;
     if constexpr (F == FMT_BF16) {
-        const uint4* p = (const uint4*)(w.base + row * w.base_row + ((int64_t)kt * GM_BK + wh * 32) * 2);
+        const uint4* p = (const uint4*)(base + ((int64_t)kt * GM_BK + wh * 32) * 2);
 #pragma unroll
         for (int i = 0; i < 4; i++) r.b[i] = __ldg(p + i);
     } else if constexpr (F == FMT_W8) {
-        const GwRow g = gw_row(w, row, 0);
         const int64_t grp = (int64_t)kt * 2 + wh;
-        const uint4* p = (const uint4*)gw_base(g, grp);
+        const uint4* p = (const uint4*)(base + grp * 32);
         r.b[0] = __ldg(p); r.b[1] = __ldg(p + 1);
-        r.sc = __ldg(gw_scale(g, grp));
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + grp);
     } else {
-        constexpr int HB = GemvAsyncLayout<F>::HB;
-        const GwRow g = gw_row(w, row, HB);
-        r.b[0] = __ldg((const uint4*)(gw_base(g, kt) + wh * 16));
-        if constexpr (F == FMT_Q5) r.hi.x = __ldg((const unsigned int*)(gw_high(g, kt, HB) + wh * 4));
-        if constexpr (F == FMT_Q6) r.hi = __ldg((const uint2*)(gw_high(g, kt, HB) + wh * 8));
-        r.sc = __ldg(gw_scale(g, kt));
+        r.b[0] = __ldg((const uint4*)(base + (int64_t)kt * 32 + wh * 16));
+        if constexpr (F == FMT_Q5) r.hi.x = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 8 + wh * 4));
+        if constexpr (F == FMT_Q6) r.hi = __ldg((const uint2*)(w.high + row * w.high_row + (int64_t)kt * 16 + wh * 8));
+        r.sc = __ldg((const unsigned short*)(w.scale + row * w.scale_row) + kt);
     }
 }
 // decode to 32 bf16 values (codes, exact) at dst; the scale(s) to scd[0] (w8: scd[wh])
@@ -6197,12 +6178,10 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t
 template <int F> struct WgRaw { uint2 b; uint32_t h; };
 template <int F>
 __device__ __forceinline__ void wg_load(const Mat& w, int64_t row, int kt, int q, WgRaw<F>& r) {
-    constexpr int HB = GemvAsyncLayout<F>::HB;
-    const GwRow g = gw_row(w, row, HB);
-    r.b = __ldg((const uint2*)gw_base(g, kt) + q);
+    r.b = __ldg((const uint2*)(w.base + row * w.base_row + (int64_t)kt * 32) + q);
     r.h = 0;
-    if constexpr (F == FMT_Q5) r.h = __ldg((const unsigned short*)gw_high(g, kt, HB) + q);
-    if constexpr (F == FMT_Q6) r.h = __ldg((const unsigned int*)gw_high(g, kt, HB) + q);
+    if constexpr (F == FMT_Q5) r.h = __ldg((const unsigned short*)(w.high + row * w.high_row + (int64_t)kt * 8) + q);
+    if constexpr (F == FMT_Q6) r.h = __ldg((const unsigned int*)(w.high + row * w.high_row + (int64_t)kt * 16) + q);
 }
 // its 8 bf16x2 code pairs in k order (pair j: lanes 16q + 2j, + 1). byte j of a base word and
 // byte j of the word >> 4 (one prmt) put the pair's codes at bits 0-3 and 16-19; the high bits
@@ -6332,7 +6311,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wgmma_kernel(GemmArgs a, c
         wg_fence_proxy();
         mbar_arrive(af0 + 8 * b);
     };
-    auto scale = [&](int64_t row, int kt) { return f16bits2f(__ldg(gw_scale(gw_row(a.w, row, GemvAsyncLayout<F>::HB), kt))); };
+    auto scale = [&](int64_t row, int kt) { return f16bits2f(__ldg((const unsigned short*)(a.w.scale + row * a.w.scale_row) + kt)); };
 
     float acc[64], tmp[64];
 #pragma unroll
@@ -7681,11 +7660,8 @@ struct GpuEngine {
     // weights
     uint8_t* arena = nullptr; size_t arena_bytes = 0;
     Weights w;          // device views
-    // a resident tensor: host bytes, arena offset, device bytes; tm.tile != 0: its grouped matrix
-    // (tm, the whole tensor's host view) is re-tiled on the device (gw_tile_host)
-    struct Span { const uint8_t* host; uint64_t bytes; uint64_t off; uint64_t dbytes; Mat tm; };
+    struct Span { const uint8_t* host; uint64_t bytes; uint64_t off; };
     std::vector<Span> spans;
-    Span head_tiles = {};  // a tied head's tiled copy (the embedding's gather keeps the planes); tm.tile 0: none
     // sequence state
     uint8_t* state = nullptr; size_t state_bytes = 0, gdn_state_off = 0;
     void* kc[MAX_LAYERS] = {}; void* vc[MAX_LAYERS] = {};
@@ -7751,32 +7727,15 @@ static bool gpu_needs_tensor(const std::string& name, const SpecOpts& spec) {
 }
 
 // a pointer into the mapping -> the same byte of the tensor's device copy
-static const GpuEngine::Span& gpu_span_of(const GpuEngine* e, const uint8_t* p) {
-    size_t lo = 0, hi = e->spans.size();
-    while (hi - lo > 1) { size_t mid = (lo + hi) / 2; if (e->spans[mid].host <= p) lo = mid; else hi = mid; }
-    return e->spans[lo];
-}
 static const uint8_t* gpu_rebase(const GpuEngine* e, const uint8_t* p) {
     if (!p) return nullptr;
-    const GpuEngine::Span& s = gpu_span_of(e, p);
+    size_t lo = 0, hi = e->spans.size();
+    while (hi - lo > 1) { size_t mid = (lo + hi) / 2; if (e->spans[mid].host <= p) lo = mid; else hi = mid; }
+    const GpuEngine::Span& s = e->spans[lo];
     CHECK(p >= s.host && p <= s.host + s.bytes, "gpu_rebase: a weight view points outside the resident tensors");
-    CHECK(!s.tm.tile, "gpu_rebase: a pointer into a tiled matrix (gpu_rebase_mat takes its views)");
     return e->arena + s.off + (p - s.host);
 }
 static void gpu_rebase_mat(const GpuEngine* e, Mat* m) {
-    if (m->base) {
-        const GpuEngine::Span& s = gpu_span_of(e, m->base);
-        if (s.tm.tile && m->base >= s.host && m->base < s.host + s.bytes) {  // rows [r0, r0 + rows) of a tiled matrix
-            const int64_t r0 = (m->base - s.host) / s.tm.base_row;
-            CHECK(m->format == s.tm.format && m->gpr == s.tm.gpr && r0 % 16 == 0 && m->base == s.host + r0 * s.tm.base_row,
-                  "gpu_rebase_mat: a view of a tiled matrix that is not whole tiles of it");
-            m->base = e->arena + s.off + r0 / 16 * (m->gpr / 2) * s.tm.tile;
-            m->high = m->scale = nullptr;
-            m->base_row = m->high_row = m->scale_row = 0;
-            m->tile = s.tm.tile;
-            return;
-        }
-    }
     m->base = gpu_rebase(e, m->base); m->high = gpu_rebase(e, m->high); m->scale = gpu_rebase(e, m->scale);
 }
 static void gpu_rebase_vec(const GpuEngine* e, Vec* v) { v->p = gpu_rebase(e, v->p); }
@@ -7808,52 +7767,6 @@ static bool gpu_check_formats(const Model* m, const SpecOpts& spec, std::string*
 
 static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
 
-// the tiled weights: the gpu kernels read a grouped matrix (k a multiple of 128) from a copy in
-// which chunk (16-row tile T, group pair j), at (T * gpr / 2 + j) * P, holds the tile's stage
-// as the decode products' shared memory packs it without the base rows' padding: [16][64]
-// base, [16][2 hb] high, [16][4] scales (P = 1,088 / 1,344 / 1,600 bytes for q4 / q5 / q6,
-// 1,088 w8); rows past the end zero. a warp's stage of a decode product is then one contiguous
-// copy (XpWeights), where on the planes it was 16 rows x three pieces (h100: the 9b products
-// of a token at one column 3.06 -> 2.90 ms, the head 322 -> 270 us: bench-notes, session 24).
-// the cpu path and the vision tower keep the artifact's planes
-static int64_t gw_tile_bytes(NumFormat f) { return 16 * (64 + 2 * (int64_t)high_bytes(f) + 4); }
-static uint64_t gw_tiled_size(const Mat& w) { return (uint64_t)CEIL_DIV(w.rows, (int64_t)16) * (w.gpr / 2) * gw_tile_bytes(w.format); }
-// chunks [c0, c1) of host matrix w's tiled copy into dst
-static void gw_tile_host(const Mat& w, int64_t c0, int64_t c1, uint8_t* dst) {
-    const int64_t hb = high_bytes(w.format), pairs = w.gpr / 2, P = gw_tile_bytes(w.format);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = c0; c < c1; c++) {
-        const int64_t T = c / pairs, j = c % pairs;
-        uint8_t* d = dst + (c - c0) * P;
-        for (int i = 0; i < 16; i++) {
-            const int64_t r = T * 16 + i;
-            uint8_t *db = d + i * 64, *dh = d + 1024 + i * 2 * hb, *ds = d + 1024 + 32 * hb + i * 4;
-            if (r >= w.rows) { memset(db, 0, 64); memset(dh, 0, 2 * hb); memset(ds, 0, 4); continue; }
-            memcpy(db, w.base + r * w.base_row + j * 64, 64);
-            memcpy(dh, w.high + r * w.high_row + j * 2 * hb, 2 * hb);
-            memcpy(ds, w.scale + r * w.scale_row + j * 4, 4);
-        }
-    }
-}
-// the matrices the gpu multiplies by (host views): every layer's, the mtp's, the head and the
-// draft head as gpu_device_views keeps them
-static std::vector<const Mat*> gpu_product_mats(const Weights& w, const SpecOpts& spec) {
-    std::vector<const Mat*> v;
-    auto layer = [&](const LayerWeights& l, bool full) {
-        v.push_back(&l.gate_up); v.push_back(&l.down);
-        if (full) { v.push_back(&l.attn.query_key); v.push_back(&l.attn.gate_value); v.push_back(&l.attn.output); }
-        else { v.push_back(&l.gdn.a_proj); v.push_back(&l.gdn.b_proj); v.push_back(&l.gdn.query_key); v.push_back(&l.gdn.value_z); v.push_back(&l.gdn.output); }
-    };
-    for (const LayerWeights& l : w.layers) layer(l, l.full);
-    if (spec.K) {
-        v.push_back(&w.mtp.input_projection);
-        layer(w.mtp.layer, true);
-        if (spec.lm_head_draft) v.push_back(&w.draft_head);
-    }
-    v.push_back(&w.output_head);
-    return v;
-}
-
 // copy the resident tensors into the arena (allocated by the caller, laid out by e->spans)
 static void gpu_upload_weights(GpuEngine* e) {
     const size_t STAGE = 64ull << 20;
@@ -7867,20 +7780,13 @@ static void gpu_upload_weights(GpuEngine* e) {
     const bool bar = !e->o.quiet && isatty(2);
     double t0 = now_s();
     uint64_t total = 0, sent = 0, shown = 0;
-    std::vector<const GpuEngine::Span*> all;
-    for (const auto& s : e->spans) all.push_back(&s);
-    if (e->head_tiles.tm.tile) all.push_back(&e->head_tiles);
-    for (const GpuEngine::Span* s : all) total += s->dbytes;
+    for (const auto& s : e->spans) total += s.bytes;
     int b = 0;
-    for (const GpuEngine::Span* sp : all) {
-        const GpuEngine::Span& s = *sp;
-        // a tiled matrix in whole chunks a stage (gw_tile_host)
-        const uint64_t step = s.tm.tile ? STAGE / s.tm.tile * s.tm.tile : STAGE;
-        for (uint64_t off = 0; off < s.dbytes; off += step) {
-            size_t n = (size_t)std::min<uint64_t>(step, s.dbytes - off);
+    for (const auto& s : e->spans) {
+        for (uint64_t off = 0; off < s.bytes; off += STAGE) {
+            size_t n = (size_t)std::min<uint64_t>(STAGE, s.bytes - off);
             cudaCheck(cudaEventSynchronize(done[b]));  // the buffer's previous copy is done
-            if (s.tm.tile) gw_tile_host(s.tm, (int64_t)(off / s.tm.tile), (int64_t)((off + n) / s.tm.tile), stage[b]);
-            else memcpy(stage[b], s.host + off, n);
+            memcpy(stage[b], s.host + off, n);
             cudaCheck(cudaMemcpyAsync(e->arena + s.off + off, stage[b], n, cudaMemcpyHostToDevice, e->stream));
             cudaCheck(cudaEventRecord(done[b], e->stream));
             b ^= 1;
@@ -8020,45 +7926,14 @@ static void gpu_reset(GpuEngine* e) {
     }
 }
 
-// the arena's layout: resident tensors in file order at 256-byte alignment (e->spans). a tensor
-// is tiled when the gpu reads it only as products (not the embedding), each view grouped, k a
-// multiple of 128 and whole tiles of it; a tied head gets a tiled copy of its own (e->head_tiles)
+// the arena's layout: resident tensors in file order at 256-byte alignment (e->spans)
 static void gpu_arena_layout(GpuEngine* e) {
-    const Weights& w = e->m->w;
-    const std::vector<const Mat*> prods = gpu_product_mats(w, e->o.spec);
     uint64_t off = 0;
     for (const TensorObject& t : e->m->art.objects) {
         if (t.resource || !gpu_needs_tensor(t.name, e->o.spec)) continue;
-        auto in = [&](const uint8_t* p) { return p && p >= t.data && p < t.data + t.bytes; };
-        Mat tm;
-        bool tile = format_grouped(t.format) && t.shape.size() == 2 && !in(w.token_embedding.base), any = false;
-        if (tile) {
-            tm = mat_from(&t);
-            tile = tm.cols % 128 == 0;
-        }
-        for (const Mat* m : prods) {
-            if (!in(m->base)) continue;
-            any = true;
-            const int64_t d = m->base - t.data;
-            if (!tile || m->format != tm.format || m->gpr != tm.gpr || m->cols % 128 || d % tm.base_row || d / tm.base_row % 16) tile = false;
-        }
-        if (tile && any) tm.tile = gw_tile_bytes(tm.format);
-        else tm = Mat();
         off = align_up(off, 256);
-        const uint64_t dbytes = tm.tile ? gw_tiled_size(tm) : t.bytes;
-        e->spans.push_back({t.data, t.bytes, off, dbytes, tm});
-        off += dbytes;
-    }
-    // a tied head: the embedding's gather reads the planes, the head's products a tiled copy
-    // (the 0.8b's and the 4b's heads are ~40% and ~20% of a token's bytes)
-    const Mat& hd = w.output_head;
-    if (e->m->geo.tied && format_grouped(hd.format) && hd.cols % 128 == 0) {
-        const GpuEngine::Span& hs = gpu_span_of(e, hd.base);
-        Mat tm = hd;
-        tm.tile = gw_tile_bytes(hd.format);
-        off = align_up(off, 256);
-        e->head_tiles = {hs.host, hs.bytes, off, gw_tiled_size(tm), tm};
-        off += e->head_tiles.dbytes;
+        e->spans.push_back({t.data, t.bytes, off});
+        off += t.bytes;
     }
     e->arena_bytes = align_up(off, 256);
 }
@@ -8141,14 +8016,7 @@ static void gpu_device_views(GpuEngine* e) {
         }
     }
     gpu_rebase_mat(e, &e->w.token_embedding);
-    if (e->head_tiles.tm.tile) {  // a tied head: its tiled copy
-        Mat& h = e->w.output_head;
-        h.base = e->arena + e->head_tiles.off; h.high = h.scale = nullptr;
-        h.base_row = h.high_row = h.scale_row = 0;
-        h.tile = e->head_tiles.tm.tile;
-    } else {
-        gpu_rebase_mat(e, &e->w.output_head);
-    }
+    gpu_rebase_mat(e, &e->w.output_head);
     gpu_rebase_vec(e, &e->w.final_norm);
     for (LayerWeights& l : e->w.layers) {
         gpu_rebase_vec(e, &l.input_norm); gpu_rebase_vec(e, &l.post_norm);

@@ -1080,34 +1080,175 @@ static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStr
     else go(std::integral_constant<int, 4>());
 }
 
-// ---- the tiled weights on the device (Bench.DISABLED_GemvTiled, Gemv.TiledEqualsTheProduct) -----
-// a second implementation of the loader's layout (ninfer.cu 8, gw_tile_host): chunk (16-row
-// tile T, group pair j) of P bytes at (T * gpr / 2 + j) * P, [16][64] base, [16][2 hb] high,
-// [16][4] scales, rows past the end zero; made on the device, for the benches' many copies
+// ---- the weights re-tiled (session 24): a warp's stage as one contiguous range ----------------
+// the tiled copy of a grouped matrix (k a multiple of 128: whole group pairs): chunk (16-row
+// tile T, group pair j) of P bytes at (T * gpr / 2 + j) * P holds the tile's stage as
+// GemvAsyncLayout packs it, without the base rows' padding: [16][64] base, [16][2 HB] high,
+// [16][4] scales; rows past the end zero, the tiles rounded up to a multiple of 4 (the wide
+// kernel's row tiles a warp). so a warp's stage is one contiguous P-byte copy, piece p (16
+// bytes) landing at p * 16 + (p < 64 ? (p >> 2) * 16 : 256) of the padded stage.
+template <int F> struct TiledFmt {
+    static constexpr int HB = GemvAsyncLayout<F>::HB, P = 16 * (64 + 2 * HB + 4), NP = P / 16;
+};
+static int tiled_chunk_bytes(NumFormat f) { return f == FMT_Q4 ? TiledFmt<FMT_Q4>::P : f == FMT_Q5 ? TiledFmt<FMT_Q5>::P : TiledFmt<FMT_Q6>::P; }
+static int64_t tiled_bytes(const Mat& w) { return CEIL_DIV(CEIL_DIV(w.rows, (int64_t)16), (int64_t)4) * 4 * (w.gpr / 2) * tiled_chunk_bytes(w.format); }
+// grid (tiles rounded up, pairs): one chunk a block, byte by byte (set-up only)
 __global__ void tile_mat_kernel(Mat w, uint8_t* __restrict__ dst, int P, int hb) {
     const int64_t T = blockIdx.x, j = blockIdx.y, pairs = gridDim.y;
     uint8_t* d = dst + (T * pairs + j) * P;
     for (int o = threadIdx.x; o < P; o += blockDim.x) {
-        int row, c; const uint8_t* src; int64_t stride;
-        if (o < 1024) { row = o / 64; c = o % 64; src = w.base + j * 64 + c; stride = w.base_row; }
-        else if (o < 1024 + 32 * hb) { const int q = o - 1024; row = q / (2 * hb); c = q % (2 * hb); src = w.high + j * 2 * hb + c; stride = w.high_row; }
-        else { const int q = o - 1024 - 32 * hb; row = q / 4; c = q % 4; src = w.scale + j * 4 + c; stride = w.scale_row; }
+        int row, c; const uint8_t* src;
+        if (o < 1024) { row = o / 64; c = o % 64; src = w.base + j * 64 + c; }
+        else if (o < 1024 + 32 * hb) { const int q = o - 1024; row = q / (2 * hb); c = q % (2 * hb); src = w.high + j * 2 * hb + c; }
+        else { const int q = o - 1024 - 32 * hb; row = q / 4; c = q % 4; src = w.scale + j * 4 + c; }
         const int64_t r = T * 16 + row;
+        const int64_t stride = o < 1024 ? w.base_row : o < 1024 + 32 * hb ? w.high_row : w.scale_row;
         d[o] = r < w.rows ? src[r * stride] : 0;
     }
 }
-// the tiled copy of device matrix w (grouped, k % 128 == 0) into dst (gw_tiled_size(w) bytes):
-// the view the kernels read (Mat::tile)
+// the tiled copy of device matrix w (q4 / q5 / q6, cols % 128 == 0) into dst (tiled_bytes(w)):
+// the view keeps format, shape and gpr; base is the tiled copy, the planes' pointers are null
 static Mat tile_mat(const Mat& w, uint8_t* dst, cudaStream_t stream = 0) {
-    CHECK(format_grouped(w.format) && w.cols % 128 == 0 && !w.tile, "tile_mat: a grouped matrix on its planes with k %% 128 == 0");
-    const int P = (int)gw_tile_bytes(w.format);
-    tile_mat_kernel<<<dim3((unsigned)CEIL_DIV(w.rows, (int64_t)16), (unsigned)(w.gpr / 2)), 128, 0, stream>>>(w, dst, P, high_bytes(w.format));
+    CHECK(gemv_async_ok(w) && w.format != FMT_W8, "tile_mat: a q4 / q5 / q6 matrix with k %% 128 == 0");
+    const int P = tiled_chunk_bytes(w.format), hb = w.format == FMT_Q5 ? 8 : w.format == FMT_Q6 ? 16 : 0;
+    const dim3 grid((unsigned)(tiled_bytes(w) / ((w.gpr / 2) * P)), (unsigned)(w.gpr / 2));
+    tile_mat_kernel<<<grid, 128, 0, stream>>>(w, dst, P, hb);
     cudaCheck(cudaGetLastError());
     Mat t = w;
-    t.base = dst; t.high = t.scale = nullptr;
+    t.base = dst; t.high = nullptr; t.scale = nullptr;
     t.base_row = t.high_row = t.scale_row = 0;
-    t.tile = P;
     return t;
+}
+// XpWeights over a tiled copy: the same stages in the same slots, CPL 16-byte copies a lane
+// (the last one predicated) from one pointer a row tile
+template <int F, int NW, int RW, int S> struct XpWeightsTiled {
+    using Ly = GemvAsyncLayout<F>;
+    using Tf = TiledFmt<F>;
+    static constexpr int SB = RW * Ly::BYTES, CPL = (Tf::NP + 31) / 32;
+    const uint8_t* src[RW];
+    uint32_t base, dst[CPL], slot = 0;
+    bool last;
+    __device__ __forceinline__ XpWeightsTiled(const Mat& w, int64_t row0, int warp, int lane, uint8_t* sm) {
+        const int64_t pairs = w.gpr / 2;
+#pragma unroll
+        for (int r = 0; r < RW; r++) src[r] = w.base + ((row0 / 16 + r) * pairs + warp) * Tf::P + lane * 16;
+        base = (uint32_t)__cvta_generic_to_shared(sm);
+#pragma unroll
+        for (int i = 0; i < CPL; i++) { const int p = lane + 32 * i; dst[i] = p * 16 + (p < 64 ? (p >> 2) * 16 : 256); }
+        last = lane + 32 * (CPL - 1) < Tf::NP;
+    }
+    __device__ __forceinline__ void issue() {
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint32_t st = base + slot + r * Ly::BYTES;
+#pragma unroll
+            for (int i = 0; i < CPL; i++)
+                if (i < CPL - 1 || last) cp_async16(st + dst[i], src[r] + i * 512);
+            src[r] += NW * Tf::P;
+        }
+        slot = slot + SB == S * SB ? 0 : slot + SB;
+    }
+};
+// the product's wide kernel on a tiled copy (TILED) or the matrix itself: the same arithmetic,
+// the same bits (Gemv.TiledEqualsTheProduct)
+template <int F, int NW, int NT, int RW, int S, int MINB, bool TILED>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_xpt_kernel(GemvArgs a, const uint4* __restrict__ xp,
+                                                                 const float* __restrict__ xps, int cp, int cg, int groups) {
+    using WS = std::conditional_t<TILED, XpWeightsTiled<F, NW, RW, S>, XpWeights<F, NW, RW, S>>;
+    if constexpr (NT == 4 && RW <= 2) gemv_xp_pf_block<F, NW, NT, RW, S, WS>(a, xp, xps, cp, cg, groups, blockIdx.x);
+    else gemv_xp_block<F, NW, NT, RW, S, WS>(a, xp, xps, cp, cg, groups, blockIdx.x);
+}
+// minb: the blocks an sm the launch bounds ask for (0: the product's GemvXpMinb; 3 or 4 where
+// that is 2: 80 or 64 registers a thread, room for a third or fourth block of 8 warps)
+template <int F, int NW, bool TILED>
+static void gemv_xpt_launch(const GemvArgs& a, int minb, cudaStream_t stream) {
+    const GemvXpIn in = gemv_xp_prep<F, NW>(a, stream, false, false);
+    const GemvXpPlan p = gemv_xp_plan(a, g_gemv_xp_cols, 1);
+    gemv_xp_form(p, [&](auto nt, auto rw, auto st) {
+        constexpr int NT = decltype(nt)::value, RW = decltype(rw)::value, S = decltype(st)::value;
+        constexpr int MINB = GemvXpMinb<NW, NT, RW>::v;
+        auto go = [&](auto mb_tag) {
+            constexpr int MB = decltype(mb_tag)::value;
+            auto k = gemv_xpt_kernel<F, NW, NT, RW, S, MB, TILED>;
+            const size_t smem = gemv_xp_smem<F, NW, NT, RW, S>();
+            static bool init = false;
+            if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
+            launch_k(k, p.grid, NW * 32, smem, stream, a, in.xp, in.xps, in.cp, p.cc, p.groups);
+        };
+        if constexpr (MINB == 2 && NW == 8) {
+            if (minb == 3) { go(std::integral_constant<int, 3>()); return; }
+            if (minb == 4) { go(std::integral_constant<int, 4>()); return; }
+        }
+        go(std::integral_constant<int, MINB>());
+    });
+    cudaCheck(cudaGetLastError());
+}
+// y = W x through the wide kernel (every column count, every x transform) on a tiled copy wt
+// (tile_mat) or, tiled false, on the matrix itself; NW as the product's pick for the shape
+static void gemv_tiled(bool tiled, const Mat& w, const bf16_t* x, int ldx, int C, void* y, int ldy, bool y_f32,
+                       const bf16_t* resid, int ldr, cudaStream_t stream, GemvX xt = GemvX(), int minb = 0) {
+    const GemvKernel k = gemv_pick(w);  // the shape alone
+    const bool nw8 = k == GEMV_XS_8X3 || k == GEMV_XS_8X3_4;
+    gemv_each_chunk(w, x, ldx, C, y, ldy, y_f32, resid, ldr, xt, GEMV_WIDE_COLS, [&](const GemvArgs& a) {
+        auto go = [&](auto f_tag) {
+            constexpr int F = decltype(f_tag)::value;
+            if (tiled) nw8 ? gemv_xpt_launch<F, 8, true>(a, minb, stream) : gemv_xpt_launch<F, 4, true>(a, minb, stream);
+            else nw8 ? gemv_xpt_launch<F, 8, false>(a, minb, stream) : gemv_xpt_launch<F, 4, false>(a, minb, stream);
+        };
+        switch (w.format) {
+            case FMT_Q4: go(std::integral_constant<int, FMT_Q4>()); break;
+            case FMT_Q5: go(std::integral_constant<int, FMT_Q5>()); break;
+            default: go(std::integral_constant<int, FMT_Q6>()); break;
+        }
+    });
+}
+// gemv_pattern_kernel's form 0 (the wide kernel's copies alone, no arithmetic) on a tiled copy
+template <int F, int NW, int RW, int S>
+__global__ void __launch_bounds__(NW * 32, 2) gemv_pattern_tiled_kernel(Mat w, uint32_t* __restrict__ sink) {
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, SB = RW * Ly::BYTES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int units = (int)w.gpr;
+    extern __shared__ __align__(16) uint8_t ptt_smem[];
+    uint8_t* sm_w = ptt_smem + (size_t)warp * S * SB;
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    XpWeightsTiled<F, NW, RW, S> ws(w, (int64_t)blockIdx.x * RW * 16, warp, lane, sm_w);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) ws.issue();
+        cp_async_commit();
+    }
+    uint32_t keep = 0, rslot = 0;
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        keep ^= *(const uint32_t*)(sm_w + rslot + lane * 4);
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        __syncwarp();
+        if (it + S - 1 < n_it) ws.issue();
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    if (keep == 0x9e3779b9u) sink[blockIdx.x] = keep;
+}
+template <int F>
+static void gemv_pattern_tiled(const Mat& wt, int rw, uint32_t* sink, cudaStream_t stream) {
+    const GemvKernel k = gemv_pick(wt);
+    const bool nw8 = k == GEMV_XS_8X3_4 || k == GEMV_XS_8X3;
+    auto go = [&](auto nw_tag, auto rw_tag, auto s_tag) {
+        constexpr int NW = decltype(nw_tag)::value, RW = decltype(rw_tag)::value, S = decltype(s_tag)::value;
+        auto kk = gemv_pattern_tiled_kernel<F, NW, RW, S>;
+        const size_t smem = (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES;
+        static bool init = false;
+        if (!init) { cudaCheck(cudaFuncSetAttribute(kk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
+        kk<<<(unsigned)CEIL_DIV(CEIL_DIV(wt.rows, (int64_t)16), (int64_t)RW), NW * 32, smem, stream>>>(wt, sink);
+        cudaCheck(cudaGetLastError());
+    };
+    using I1 = std::integral_constant<int, 1>; using I2 = std::integral_constant<int, 2>;
+    using I3 = std::integral_constant<int, 3>; using I4 = std::integral_constant<int, 4>;
+    using I8 = std::integral_constant<int, 8>;
+    if (nw8) rw == 2 ? go(I8(), I2(), I3()) : go(I8(), I1(), I4());
+    else rw == 2 ? go(I4(), I2(), I3()) : go(I4(), I1(), I4());
 }
 }  // namespace gemv_dev
 

@@ -845,37 +845,9 @@ TEST(GpuState, ResidencyAndOutOfMemory) {
     GpuOpts o; o.max_context = 64; o.prefill_chunk = 64; o.quiet = true;
     GpuEngine* e = gpu_build(&m, o, &err);
     ASSERT_TRUE(e) << err;
-    // the grouped matrices the gpu multiplies by are tiled (ninfer.cu 8: gw_tile_bytes), the
-    // rest is the file's bytes; tiny's head is its own tensor (untied), so it is tiled too
-    uint64_t dev = 0, host = 0;
-    for (const auto& s : e->spans) {
-        dev += s.dbytes; host += s.bytes;
-        EXPECT_EQ(s.dbytes, s.tm.tile ? gw_tiled_size(s.tm) : s.bytes);
-    }
-    EXPECT_EQ(host, want);
-    EXPECT_GE(e->arena_bytes, dev);
-    EXPECT_LT(e->arena_bytes, dev + 256 * m.art.objects.size());
-    for (const LayerWeights& l : e->w.layers)
-        for (const Mat* w : {&l.gate_up, &l.down, &l.attn.query_key, &l.attn.gate_value, &l.attn.output, &l.gdn.query_key, &l.gdn.value_z, &l.gdn.output})
-            if (w->rows) EXPECT_EQ(w->tile != 0, format_grouped(w->format)) << format_name(w->format);
-    EXPECT_NE(e->w.output_head.tile, 0);
-    EXPECT_EQ(e->w.token_embedding.tile, 0);
-    EXPECT_EQ(e->head_tiles.tm.tile, 0);
+    EXPECT_GE(e->arena_bytes, want);
+    EXPECT_LT(e->arena_bytes, want + 256 * m.art.objects.size());
     gpu_free(e);
-    // a tied head (tiny-gqa1): the embedding on the planes, the head on a tiled copy of them
-    if (file_exists("build/models/tiny-gqa1.ninfer")) {
-        Model mt;
-        ASSERT_TRUE(model_open(&mt, "build/models/tiny-gqa1.ninfer", &err)) << err;
-        ASSERT_TRUE(mt.geo.tied);
-        GpuEngine* et = gpu_build(&mt, o, &err);
-        ASSERT_TRUE(et) << err;
-        EXPECT_EQ(et->w.token_embedding.tile, 0);
-        EXPECT_NE(et->w.output_head.tile, 0);
-        EXPECT_EQ(et->head_tiles.dbytes, gw_tiled_size(et->head_tiles.tm));
-        EXPECT_EQ(et->w.output_head.base, et->arena + et->head_tiles.off);
-        gpu_free(et);
-        model_close(&mt);
-    }
     o.max_context = 1 << 30;
     e = gpu_build(&m, o, &err);
     EXPECT_EQ(e, nullptr);

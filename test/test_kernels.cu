@@ -83,22 +83,6 @@ static HostMat make_mat(NumFormat f, int64_t rows, int64_t cols, uint64_t stream
     return m;
 }
 
-// the loader's tiled copy of a grouped matrix (ninfer.cu 8, gw_tile_host; k % 128 == 0), and
-// the view the kernels read once it is uploaded to dev
-static std::vector<uint8_t> tiled_bytes(const HostMat& hm) {
-    const Mat h = hm.host();
-    std::vector<uint8_t> t(gw_tiled_size(h));
-    gw_tile_host(h, 0, (int64_t)(t.size() / gw_tile_bytes(h.format)), t.data());
-    return t;
-}
-static Mat tiled_view(const HostMat& hm, const Dev& dev) {
-    Mat m = hm.host();
-    m.base = dev.as<uint8_t>(); m.high = m.scale = nullptr;
-    m.base_row = m.high_row = m.scale_row = 0;
-    m.tile = gw_tile_bytes(m.format);
-    return m;
-}
-
 // ---- gemv (7.2) ------------------------------------------------------------------------
 
 struct GemvCase {
@@ -118,8 +102,8 @@ struct GemvCase {
 // for 8 significant bits); the residual path rounds Wx first, + 2^-8 |Wx|. fp32: rtol 1e-6.
 // (the offset variants subtract offset * sum(x) per group: a cancellation of ~5 bits of the
 // fp32 group sums, still ~1e-6 of sum |terms|.)
-static void run_gemv_case(const GemvCase& tc, int variant, bool tiled = false) {
-    SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant) + (tiled ? " tiled" : ""));
+static void run_gemv_case(const GemvCase& tc, int variant) {
+    SCOPED_TRACE(std::string(tc.name) + " variant " + std::to_string(variant));
     HostMat hm = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
     Rng r = rng();
     int ldx = (int)align_up(tc.cols, 8) + 8;  // padded, and the padding is nan: never read
@@ -128,13 +112,12 @@ static void run_gemv_case(const GemvCase& tc, int variant, bool tiled = false) {
     int ldy = (int)tc.rows + 3;
     std::vector<uint16_t> res((size_t)tc.C * ldy);
     for (auto& v : res) v = f32_to_bf16(r.normal() * 0.5f);
-    const std::vector<uint8_t> wb = tiled ? tiled_bytes(hm) : hm.bytes;
-    Dev dw(wb.size()); up(dw, wb);
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
     Dev dx(x.size() * 2); up(dx, x);
     Dev dr(res.size() * 2); up(dr, res);
     size_t ysz = (size_t)tc.C * ldy * (tc.f32 ? 4 : 2);
     Dev dy(ysz); dy.poison();
-    Mat dm = tiled ? tiled_view(hm, dw) : mat_from(&hm.obj, dw.as<uint8_t>());
+    Mat dm = mat_from(&hm.obj, dw.as<uint8_t>());
     gemv_variant(variant, dm, dx.as<bf16_t>(), ldx, tc.C, dy.p, ldy, tc.f32, tc.resid ? dr.as<bf16_t>() : nullptr, ldy, 0);
     cudaCheck(cudaDeviceSynchronize());
     // rows to check
@@ -181,7 +164,7 @@ static void run_gemv_case(const GemvCase& tc, int variant, bool tiled = false) {
     // the gap after each column's rows (ldy > rows) must stay poisoned: nothing written outside
     if (tc.f32) { auto y = down<uint32_t>(dy, (size_t)tc.C * ldy); for (int c = 0; c < tc.C; c++) EXPECT_EQ(y[(size_t)c * ldy + tc.rows], 0xFFFFFFFFu); }
     else { auto y = down<uint16_t>(dy, (size_t)tc.C * ldy); for (int c = 0; c < tc.C; c++) EXPECT_EQ(y[(size_t)c * ldy + tc.rows], 0xFFFF); }
-    char what[96]; snprintf(what, sizeof what, "%s v%d%s", tc.name, variant, tiled ? " tiled" : "");
+    char what[96]; snprintf(what, sizeof what, "%s v%d", tc.name, variant);
     expect_close(what, got, ref, atol, tc.f32 ? 1e-6 : 1.0 / 256);
 }
 
@@ -226,17 +209,6 @@ TEST(Gemv, MatchesDequantizedReference) {
     NEED_GPU();
     for (const GemvCase& tc : kGemvCases)
         for (int v = 0; v < GEMV_VARIANTS; v++) run_gemv_case(tc, v);
-}
-
-// the product's kernels on the loader's tiled copy (ninfer.cu 8): gemv()'s pick (the wide
-// kernel from 1 or 2 columns), the async kernel and the x-staged kernels, against the same
-// float64 reference
-TEST(Gemv, TiledMatchesDequantizedReference) {
-    NEED_GPU();
-    for (const GemvCase& tc : kGemvCases) {
-        if (!format_grouped(tc.f) || tc.cols % 128) continue;
-        for (int v : {-1, 7, 8, 9, 13}) run_gemv_case(tc, v, true);
-    }
 }
 
 // in-place residual (y aliases resid): x += W h, the way the forward adds a mixer output
@@ -515,12 +487,11 @@ TEST(Gemv, PairEqualsTwoProducts) {
     }
 }
 
-// the products on the loader's tiled copy (ninfer.cu 8) give the planes' bits: every column
-// of gemv() (memcmp of the whole poisoned output) and of the gemm, on 9b shapes with their
-// fused transforms, partial last tiles (rows % 16, odd tile counts for two row tiles a warp),
-// both warp splits, 1-64 columns; and the device's second implementation of the layout
-// (test/dev_kernels.cuh, tile_mat) makes the loader's bytes
-TEST(Gemv, TiledEqualsThePlanes) {
+// the wide kernel on a tiled copy of the weights (test/dev_kernels.cuh, tile_mat: a warp's
+// stage one contiguous range) gives the product's bits: every column equals gemv()'s (memcmp),
+// on 9b shapes with their fused transforms, partial last tiles (rows % 16, odd tile counts for
+// two row tiles a warp), both warp splits and the row-tile forms the plan picks by column count
+TEST(Gemv, TiledEqualsTheProduct) {
     NEED_GPU();
     struct Case { NumFormat f; int64_t rows, cols; int mode; int occ; const char* name; };
     const Case cases[] = {
@@ -529,7 +500,6 @@ TEST(Gemv, TiledEqualsThePlanes) {
         {FMT_Q5, 4096, 12288, GEMV_X_SWIGLU, GEMV_OCC_ROWS, "9b down q5 + swiglu"},
         {FMT_Q4, 24576, 4096, GEMV_X_RMS, GEMV_OCC_ROWS, "9b gate_up q4 + norm"},
         {FMT_Q6, 20000, 4096, GEMV_X_RMS, GEMV_OCC_ROWS, "q6 head rows + final norm"},
-        {FMT_W8, 10240, 4096, GEMV_X_PLAIN, GEMV_OCC_ROWS, "w8 mtp qkgv"},
         {FMT_Q5, 1000, 1024, GEMV_X_RMS, 0, "partial last tile, 4 warps a tile"},
         {FMT_Q6, 530, 1024, GEMV_X_PLAIN, GEMV_OCC_ROWS, "partial last tile q6"},
     };
@@ -540,36 +510,31 @@ TEST(Gemv, TiledEqualsThePlanes) {
         g_gemv_occ_rows = tc.occ;
         HostMat h = make_mat(tc.f, tc.rows, tc.cols, g_stream++);
         const int ldx = (int)tc.cols * (tc.mode == GEMV_X_SWIGLU ? 2 : 1);
-        const std::vector<uint8_t> tb = tiled_bytes(h);
-        Dev dw(h.bytes.size()), dt(tb.size()), dd(tb.size()), dx((size_t)Cmax * ldx * 2), dn((size_t)tc.cols * 2);
+        Dev dw(h.bytes.size()), dx((size_t)Cmax * ldx * 2), dn((size_t)tc.cols * 2);
         Rng r = rng();
-        up(dw, h.bytes); up(dt, tb);
+        up(dw, h.bytes);
         up(dx, rand_bf16(r, (size_t)Cmax * ldx, 2.f)); up(dn, rand_bf16(r, (size_t)tc.cols, 0.5f));
-        const Mat m = mat_from(&h.obj, dw.as<uint8_t>()), mt = tiled_view(h, dt);
-        dd.poison();
-        gemv_dev::tile_mat(m, dd.as<uint8_t>());
-        cudaCheck(cudaDeviceSynchronize());
-        EXPECT_EQ(memcmp(tb.data(), down<uint8_t>(dd, dd.n).data(), tb.size()), 0) << "tile_mat against gw_tile_host";
+        const Mat m = mat_from(&h.obj, dw.as<uint8_t>());
+        Dev dt((size_t)gemv_dev::tiled_bytes(m));
+        dt.poison();
+        const Mat mt = gemv_dev::tile_mat(m, dt.as<uint8_t>());
         GemvX xt; xt.mode = tc.mode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
         const int ldy = (int)tc.rows + 5;
-        Dev ref((size_t)Cmax * ldy * 2), yt(ref.n);
+        Dev ref((size_t)Cmax * ldy * 2), yt(ref.n), yu(ref.n);
         for (int n : counts) {
-            ref.poison(); yt.poison();
+            ref.poison(); yt.poison(); yu.poison();
             gemv(m, dx.as<bf16_t>(), ldx, n, ref.p, ldy, false, nullptr, 0, 0, xt);
-            gemv(mt, dx.as<bf16_t>(), ldx, n, yt.p, ldy, false, nullptr, 0, 0, xt);
+            gemv_dev::gemv_tiled(true, mt, dx.as<bf16_t>(), ldx, n, yt.p, ldy, false, nullptr, 0, 0, xt);
+            gemv_dev::gemv_tiled(false, m, dx.as<bf16_t>(), ldx, n, yu.p, ldy, false, nullptr, 0, 0, xt);
             cudaCheck(cudaDeviceSynchronize());
-            EXPECT_EQ(memcmp(down<uint8_t>(ref, ref.n).data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "gemv, " << n << " columns";
-        }
-        if (tc.mode == GEMV_X_PLAIN) {  // the gemm (prefill's products) over 1-300 tokens
-            for (int T : {1, 7, 64, 300}) {
-                Dev g0((size_t)T * ldy * 4), g1(g0.n);
-                Dev gx((size_t)T * ldx * 2);
-                up(gx, rand_bf16(r, (size_t)T * ldx, 1.f));
-                g0.poison(); g1.poison();
-                gemm(m, gx.as<bf16_t>(), ldx, T, g0.as<float>(), ldy, true, nullptr, 0, 0);
-                gemm(mt, gx.as<bf16_t>(), ldx, T, g1.as<float>(), ldy, true, nullptr, 0, 0);
+            const std::vector<uint8_t> want = down<uint8_t>(ref, ref.n);
+            EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "tiled, " << n << " columns";
+            EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yu, yu.n).data(), ref.n), 0) << "untiled, " << n << " columns";
+            for (int minb : {3, 4}) {  // the register caps change no arithmetic
+                yt.poison();
+                gemv_dev::gemv_tiled(minb == 4, minb == 4 ? mt : m, dx.as<bf16_t>(), ldx, n, yt.p, ldy, false, nullptr, 0, 0, xt, minb);
                 cudaCheck(cudaDeviceSynchronize());
-                EXPECT_EQ(memcmp(down<uint8_t>(g0, g0.n).data(), down<uint8_t>(g1, g1.n).data(), g0.n), 0) << "gemm, " << T << " tokens";
+                EXPECT_EQ(memcmp(want.data(), down<uint8_t>(yt, yt.n).data(), ref.n), 0) << "minb " << minb << ", " << n << " columns";
             }
         }
     }
@@ -1880,17 +1845,16 @@ TEST(Sampling, WholeVocabularyPeakedAgreesWithCpu) {
 // y = W x over T tokens by the gemm, against float64 dots of format.h's row decoder.
 // per element: |got - ref| <= 1e-5 sum_k |w_k x_k| (fp32 sums of exact products) for fp32;
 // the bf16 + residual output adds its two roundings (2^-8 each, relative).
-static void check_gemm(NumFormat f, int64_t N, int64_t K, int T, bool tiled = false) {
-    SCOPED_TRACE(std::string(format_name(f)) + " " + std::to_string(N) + "x" + std::to_string(K) + " T=" + std::to_string(T) + (tiled ? " tiled" : ""));
+static void check_gemm(NumFormat f, int64_t N, int64_t K, int T) {
+    SCOPED_TRACE(std::string(format_name(f)) + " " + std::to_string(N) + "x" + std::to_string(K) + " T=" + std::to_string(T));
     HostMat hm = make_mat(f, N, K, 1000 + f * 7 + N + K + T);
     Mat hmat = mat_from(&hm.obj, hm.bytes.data());
     std::mt19937_64 r(77 + T);
     const int ldx = (int)K + 8, ldy = (int)N + 3;
     std::vector<uint16_t> x = rand_bf16(r, (size_t)T * ldx, 1.0f);
     std::vector<uint16_t> res = rand_bf16(r, (size_t)T * ldy, 0.5f);
-    const std::vector<uint8_t> wb = tiled ? tiled_bytes(hm) : hm.bytes;
-    Dev dw(wb.size()); up(dw, wb);
-    Mat dmat = tiled ? tiled_view(hm, dw) : mat_from(&hm.obj, dw.as<uint8_t>());
+    Dev dw(hm.bytes.size()); up(dw, hm.bytes);
+    Mat dmat = mat_from(&hm.obj, dw.as<uint8_t>());
     Dev dx(x.size() * 2); up(dx, x);
     Dev dy((size_t)T * ldy * 4);
     Dev dyb((size_t)T * ldy * 2); up(dyb, res);
@@ -1920,7 +1884,7 @@ static void check_gemm(NumFormat f, int64_t N, int64_t K, int T, bool tiled = fa
         }
     }
     EXPECT_EQ(bad, 0u);
-    fprintf(stderr, "  gemm %-10s %5lldx%-5lld T=%-4d%s worst err/tol %.3f\n", format_name(f), (long long)N, (long long)K, T, tiled ? " tiled" : "", worst);
+    fprintf(stderr, "  gemm %-10s %5lldx%-5lld T=%-4d worst err/tol %.3f\n", format_name(f), (long long)N, (long long)K, T, worst);
 }
 
 TEST(Gemm, MatchesFloat64) {
@@ -1929,7 +1893,6 @@ TEST(Gemm, MatchesFloat64) {
     for (NumFormat f : {FMT_Q4, FMT_Q5, FMT_Q6, FMT_W8, FMT_BF16}) {
         check_gemm(f, 300, 512, 200);
         check_gemm(f, 40, 128, 9);
-        if (f != FMT_BF16) { check_gemm(f, 300, 512, 200, true); check_gemm(f, 40, 128, 9, true); }  // the loader's tiled copy
     }
     check_gemm(FMT_Q4, 1000, 1024, 300);
     gpu_kernels_init();
@@ -1944,11 +1907,8 @@ TEST(Gemm, WgmmaMatchesFloat64) {
         check_gemm(f, 40, 128, 9);
         check_gemm(f, 128, 64, 128);
         check_gemm(f, 1000, 1024, 300);
-        check_gemm(f, 300, 512, 200, true);  // the loader's tiled copy
-        check_gemm(f, 1000, 1024, 300, true);
     }
     check_gemm(FMT_Q5, 4096, 4096, 512);
-    check_gemm(FMT_Q5, 4096, 4096, 512, true);
 }
 
 // the register-A versions of the wgmma kernel (test/dev_kernels.cuh: gemm_wgmma_rs_kernel at its
@@ -3055,9 +3015,11 @@ TEST(Bench, DISABLED_GemvPattern) {
     }
 }
 
-// the tiled weights (ninfer.cu 8; session 24): the products and their copies alone on the
-// planes and on the tiled copy (test/dev_kernels.cuh, tile_mat), at one and eight columns
-// fused as the decode fuses them (weights rotated past the l2); then the 9b chain fused
+// the weights re-tiled (test/dev_kernels.cuh, tile_mat, session 24) and the wide kernel's
+// register cap (minb 3 / 4 blocks of 8 warps an sm instead of 2): the wide kernel and its
+// copies alone on a tiled copy against the same on the matrix itself and the product, at one
+// column fused as the decode fuses it (weights rotated past the l2); then the 9b chain fused,
+// the product vs the wide kernel's forms, at the decode's column counts
 TEST(Bench, DISABLED_GemvTiled) {
     NEED_GPU();
     double bw = copy_bandwidth();
@@ -3069,7 +3031,7 @@ TEST(Bench, DISABLED_GemvTiled) {
         if (!sh.wide) continue;
         RotatedMats rm(sh);
         std::vector<Mat> tm;
-        const uint64_t tstride = align_up((uint64_t)gw_tiled_size(rm.mats[0]), 256);
+        const uint64_t tstride = align_up((uint64_t)gemv_dev::tiled_bytes(rm.mats[0]), 256);
         Dev tw(tstride * rm.copies);
         for (int i = 0; i < rm.copies; i++) tm.push_back(gemv_dev::tile_mat(rm.mats[i], tw.as<uint8_t>() + tstride * i));
         cudaCheck(cudaDeviceSynchronize());
@@ -3082,40 +3044,66 @@ TEST(Bench, DISABLED_GemvTiled) {
         };
         GemvX xt; xt.mode = xmode; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
         const int ldx = (int)sh.cols * (xmode == GEMV_X_SWIGLU ? 2 : 1);
-        auto timed = [&](bool tiled, const std::function<void(const Mat&, cudaStream_t)>& fn) {
-            return time_graph_ms([&](cudaStream_t s, int i) { fn(tiled ? tm[i % rm.copies] : rm.mats[i % rm.copies], s); }, std::max(rm.copies, 8));
+        auto tiled_time = [&](const std::function<void(const Mat&, cudaStream_t)>& fn) {
+            return time_graph_ms([&](cudaStream_t s, int i) { fn(tm[i % rm.copies], s); }, std::max(rm.copies, 8));
         };
-        for (int C : {1, 8})
-            for (int tiled : {0, 1})
-                show(std::string(tiled ? "tiled" : "planes") + " C=" + std::to_string(C), timed(tiled, [&](const Mat& m, cudaStream_t s) {
-                    gemv(m, io.x.as<bf16_t>(), ldx, C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt); }));
-        for (int tiled : {0, 1})
-            show(std::string(tiled ? "copies tiled" : "copies planes") + " rw" + std::to_string(rw), timed(tiled, [&](const Mat& m, cudaStream_t s) {
-                switch (sh.f) {
-                    case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 0, rw, sink.as<uint32_t>(), s); break;
-                    case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 0, rw, sink.as<uint32_t>(), s); break;
-                    default: gemv_dev::gemv_pattern<FMT_Q6>(m, 0, rw, sink.as<uint32_t>(), s); break;
-                } }));
+        const struct { const char* name; int v; int minb; int C; } forms[] = {
+            {"product C=1", 0, 0, 1}, {"wide untiled C=1", 1, 0, 1}, {"wide tiled C=1", 2, 0, 1},
+            {"wide untiled minb3 C=1", 1, 3, 1}, {"wide tiled minb3 C=1", 2, 3, 1},
+            {"wide untiled minb4 C=1", 1, 4, 1}, {"wide tiled minb4 C=1", 2, 4, 1},
+            {"product C=8", 0, 0, 8}, {"wide tiled C=8", 2, 0, 8}, {"wide tiled minb3 C=8", 2, 3, 8},
+        };
+        for (const auto& fm : forms) {
+            auto fn = [&](const Mat& m, cudaStream_t s) {
+                if (fm.v == 0) gemv(m, io.x.as<bf16_t>(), ldx, fm.C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt);
+                else gemv_dev::gemv_tiled(fm.v == 2, m, io.x.as<bf16_t>(), ldx, fm.C, io.y.p, (int)sh.rows, false, nullptr, 0, s, xt, fm.minb);
+            };
+            show(fm.name, fm.v == 2 ? tiled_time(fn) : rm.time_ms(fn));
+        }
+        show("pattern rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 0, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 0, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern<FMT_Q6>(m, 0, rw, sink.as<uint32_t>(), s); break;
+            } }));
+        show("pattern tiled rw" + std::to_string(rw), tiled_time([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern_tiled<FMT_Q4>(m, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern_tiled<FMT_Q5>(m, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern_tiled<FMT_Q6>(m, rw, sink.as<uint32_t>(), s); break;
+            } }));
+        show("contiguous rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
+            switch (sh.f) {
+                case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 1, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 1, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern<FMT_Q6>(m, 1, rw, sink.as<uint32_t>(), s); break;
+            } }));
     }
     Chain9B ch;
     const auto& seq = ch.seq; const uint64_t total = ch.total;
     const std::vector<int> modes = ch.decode_modes();
     std::vector<uint64_t> toff;
     uint64_t ttotal = 0;
-    for (const Mat& m : ch.mats) { toff.push_back(ttotal); if (m.format != FMT_BF16) ttotal += align_up(gw_tiled_size(m), 256); }
+    for (const Mat& m : ch.mats) { toff.push_back(ttotal); if (m.format != FMT_BF16) ttotal += align_up((uint64_t)gemv_dev::tiled_bytes(m), 256); }
     Dev tw(ttotal);
     std::vector<Mat> tmats;
     for (size_t i = 0; i < ch.mats.size(); i++) tmats.push_back(ch.mats[i].format == FMT_BF16 ? ch.mats[i] : gemv_dev::tile_mat(ch.mats[i], tw.as<uint8_t>() + toff[i]));
     cudaCheck(cudaDeviceSynchronize());
+    // 0 the product; the wide kernel 1 untiled, 2 tiled, 3 untiled minb 3, 4 tiled minb 3, 5 untiled minb 4, 6 tiled minb 4
+    const char* names[] = {"product", "wide untiled", "wide tiled", "untiled minb3", "tiled minb3", "untiled minb4", "tiled minb4"};
     for (int rep = 0; rep < 2; rep++)
         for (int C : {1, 2, 4, 8})
-            for (int tiled : {0, 1}) {
+            for (int v = 0; v < 7; v++) {
+                if (C > 2 && v > 2 && v != 4) continue;
+                const bool tiled = v == 2 || v == 4 || v == 6;
+                const int minb = v <= 2 ? 0 : v <= 4 ? 3 : 4;
                 double ms = ch.time_ms([&](size_t i, cudaStream_t s) {
                     GemvX xt; xt.mode = modes[i]; xt.w = dn.as<bf16_t>(); xt.eps = 1e-6f;
                     const int ldx = (int)seq[i].cols * (xt.mode == GEMV_X_SWIGLU ? 2 : 1);
-                    gemv(tiled ? tmats[i] : ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    if (v == 0 || ch.mats[i].format == FMT_BF16) gemv(ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt);
+                    else gemv_dev::gemv_tiled(tiled, tiled ? tmats[i] : ch.mats[i], io.x.as<bf16_t>(), ldx, C, io.y.p, (int)seq[i].rows, false, nullptr, 0, s, xt, minb);
                 }, 9);
-                BENCH_PRINT("decode gemv chain 9b fused: C=%d %-6s %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n", C, tiled ? "tiled" : "planes", ms,
+                BENCH_PRINT("decode gemv chain 9b fused: C=%d %-13s %.3f ms -> %.0f GB/s (%.0f%% of copy), <= %.0f tok/s\n", C, names[v], ms,
                             total / (ms * 1e-3) / 1e9, 100 * total / (ms * 1e-3) / 1e9 / bw, 1000.0 / ms);
             }
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# session 24, call 2 (issue 16): the tiled weights in the product (the loader re-tiles every
+# session 24, call 2 (issue 16), NOT RUN (no device could be started): the tiled weights in the
+# product, which main holds as test/device/tiled.patch (git apply it, build, pack). the product (the loader re-tiles every
 # grouped matrix the gpu multiplies by; XpWeights, the gemm's loads; a tied head's own tiled
 # copy). binaries of 1f99563 (ninfer, test_kernels, test_gpu, test_spec) and f0f1507's ninfer
 # (build/test/ninfer_base): the tiled kernel tests and Gemm.*, the 9b A/B, test_gpu, SpecGpu.*,

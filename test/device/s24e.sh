@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# session 24, call 3 (issue 16): s24d.sh could not be placed (four failed starts); what is left
+# session 24, call 3 (issue 16), NOT RUN (refused: the session's device time was spent). for the
+# tree with test/device/tiled.patch applied. s24d.sh could not be placed (four failed starts); what is left
 # of the device time takes correctness alone: 1f99563's tiled kernel tests and Gemm.*, test_gpu
 # (the loader's tiling end to end against the cpu), the kjv md5. pack into .carry-s24e, carry
 # it, run bash .carry-s24e/s24e.sh
