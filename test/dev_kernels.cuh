@@ -1003,83 +1003,6 @@ static void gemv_xp_persist(const GemvArgs& a, int v, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
-// the memory side alone (Bench.DISABLED_GemvPattern, session 19): the bytes the wide kernel's
-// warps copy, in the same stages and waits, with no arithmetic (one word a stage kept live).
-// form 0: the product's copy pattern (XpWeights: per warp and stage 16 rows x 64 base bytes,
-// 16 high and 4 scale bytes a row); form 1: the same bytes of the block's 16 RW rows (one
-// contiguous range a plane) copied 512 bytes a warp instruction, in stages of the same size
-template <int F, int NW, int RW, int S, int FORM>
-__global__ void __launch_bounds__(NW * 32, 2) gemv_pattern_kernel(Mat w, uint32_t* __restrict__ sink) {
-    using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, SB = RW * Ly::BYTES;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int units = (int)w.gpr;
-    const int64_t row0 = (int64_t)blockIdx.x * RW * 16;
-    extern __shared__ __align__(16) uint8_t pt_smem[];
-    uint8_t* sm_w = pt_smem + (size_t)warp * S * SB;
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
-    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    XpWeights<F, NW, RW, S> ws(w, row0, warp, lane, sm_w);
-    // form 1: the block's rows of each plane as one range, the warp's share in n_it pieces
-    const int64_t nrows = min((int64_t)RW * 16, w.rows - row0);
-    const int64_t pb = nrows * w.base_row, ph = w.high ? nrows * w.high_row : 0, ps = nrows * w.scale_row;
-    const int64_t per_w = ((pb + ph + ps + NW - 1) / NW + 15) / 16 * 16;     // bytes a warp
-    const int64_t chunk = ((per_w + (n_it > 0 ? n_it : 1) - 1) / (n_it > 0 ? n_it : 1) + 15) / 16 * 16;  // bytes a stage
-    int64_t off = (int64_t)warp * per_w, end = min(off + per_w, pb + ph + ps);
-    uint32_t wslot = 0;
-    auto issue = [&]() {
-        if constexpr (FORM == 0) { ws.issue(); return; }
-        const int64_t stop = min(off + chunk, end);
-        for (int64_t o = off + lane * 16, i = lane; o + 16 <= stop && i * 16 < SB; o += 512, i += 32) {
-            const uint8_t* src = o < pb ? w.base + row0 * w.base_row + o
-                               : o < pb + ph ? w.high + row0 * w.high_row + (o - pb) : w.scale + row0 * w.scale_row + (o - pb - ph);
-            cp_async16(sbase + wslot + (uint32_t)i * 16, src);
-        }
-        off = stop;
-        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < n_it) issue();
-        cp_async_commit();
-    }
-    uint32_t keep = 0, rslot = 0;
-    for (int it = 0; it < n_it; it++) {
-        cp_async_wait<S - 2>();
-        __syncwarp();
-        keep ^= *(const uint32_t*)(sm_w + rslot + lane * 4);
-        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-        __syncwarp();
-        if (it + S - 1 < n_it) issue();
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
-    if (keep == 0x9e3779b9u) sink[blockIdx.x] = keep;  // never (almost): keeps the reads
-}
-template <int F, int NW, int RW, int S, int FORM>
-static void gemv_pattern_go(const Mat& w, uint32_t* sink, cudaStream_t stream) {
-    auto k = gemv_pattern_kernel<F, NW, RW, S, FORM>;
-    const size_t smem = (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES;
-    static bool init = false;
-    if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
-    k<<<(unsigned)CEIL_DIV(CEIL_DIV(w.rows, (int64_t)16), (int64_t)RW), NW * 32, smem, stream>>>(w, sink);
-    cudaCheck(cudaGetLastError());
-}
-// the pattern kernel in the product's warp split for w (gemv_pick) and the stages of its row
-// tiles a warp (1: 4 stages, 2: 3, as gemv_xp_launch)
-template <int F>
-static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStream_t stream) {
-    const GemvKernel k = gemv_pick(w);
-    const bool nw8 = k == GEMV_XS_8X3_4 || k == GEMV_XS_8X3;
-    auto go = [&](auto nw_tag) {
-        constexpr int NW = decltype(nw_tag)::value;
-        if (rw == 2) form ? gemv_pattern_go<F, NW, 2, 3, 1>(w, sink, stream) : gemv_pattern_go<F, NW, 2, 3, 0>(w, sink, stream);
-        else form ? gemv_pattern_go<F, NW, 1, 4, 1>(w, sink, stream) : gemv_pattern_go<F, NW, 1, 4, 0>(w, sink, stream);
-    };
-    if (nw8) go(std::integral_constant<int, 8>());
-    else go(std::integral_constant<int, 4>());
-}
-
 // ---- the weights re-tiled (session 24): a warp's stage as one contiguous range ----------------
 // the tiled copy of a grouped matrix (k a multiple of 128: whole group pairs): chunk (16-row
 // tile T, group pair j) of P bytes at (T * gpr / 2 + j) * P holds the tile's stage as
@@ -1149,6 +1072,90 @@ template <int F, int NW, int RW, int S> struct XpWeightsTiled {
         slot = slot + SB == S * SB ? 0 : slot + SB;
     }
 };
+// the memory side alone (Bench.DISABLED_GemvPattern, session 19): the bytes the wide kernel's
+// warps copy, in the same stages and waits, with no arithmetic (one word a stage kept live).
+// form 0: the product's copy pattern (XpWeights: per warp and stage 16 rows x 64 base bytes,
+// 16 high and 4 scale bytes a row); form 1: the same bytes of the block's 16 RW rows (one
+// contiguous range a plane) copied 512 bytes a warp instruction, in stages of the same size;
+// form 2: the product's pattern on a tiled copy (tile_mat: XpWeightsTiled's copies)
+template <int F, int NW, int RW, int S, int FORM>
+__global__ void __launch_bounds__(NW * 32, 2) gemv_pattern_kernel(Mat w, uint32_t* __restrict__ sink) {
+    using Ly = GemvAsyncLayout<F>;
+    constexpr int D = 2, SB = RW * Ly::BYTES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int units = (int)w.gpr;
+    const int64_t row0 = (int64_t)blockIdx.x * RW * 16;
+    extern __shared__ __align__(16) uint8_t pt_smem[];
+    uint8_t* sm_w = pt_smem + (size_t)warp * S * SB;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_w);
+    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
+    std::conditional_t<FORM == 2, XpWeightsTiled<F, NW, RW, S>, XpWeights<F, NW, RW, S>> ws(w, row0, warp, lane, sm_w);
+    // form 1: the block's rows of each plane as one range, the warp's share in n_it pieces
+    const int64_t nrows = min((int64_t)RW * 16, w.rows - row0);
+    const int64_t pb = nrows * w.base_row, ph = w.high ? nrows * w.high_row : 0, ps = nrows * w.scale_row;
+    const int64_t per_w = ((pb + ph + ps + NW - 1) / NW + 15) / 16 * 16;     // bytes a warp
+    const int64_t chunk = ((per_w + (n_it > 0 ? n_it : 1) - 1) / (n_it > 0 ? n_it : 1) + 15) / 16 * 16;  // bytes a stage
+    int64_t off = (int64_t)warp * per_w, end = min(off + per_w, pb + ph + ps);
+    uint32_t wslot = 0;
+    auto issue = [&]() {
+        if constexpr (FORM != 1) { ws.issue(); return; }
+        const int64_t stop = min(off + chunk, end);
+        for (int64_t o = off + lane * 16, i = lane; o + 16 <= stop && i * 16 < SB; o += 512, i += 32) {
+            const uint8_t* src = o < pb ? w.base + row0 * w.base_row + o
+                               : o < pb + ph ? w.high + row0 * w.high_row + (o - pb) : w.scale + row0 * w.scale_row + (o - pb - ph);
+            cp_async16(sbase + wslot + (uint32_t)i * 16, src);
+        }
+        off = stop;
+        wslot = wslot + SB == S * SB ? 0 : wslot + SB;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n_it) issue();
+        cp_async_commit();
+    }
+    uint32_t keep = 0, rslot = 0;
+    for (int it = 0; it < n_it; it++) {
+        cp_async_wait<S - 2>();
+        __syncwarp();
+        keep ^= *(const uint32_t*)(sm_w + rslot + lane * 4);
+        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
+        __syncwarp();
+        if (it + S - 1 < n_it) issue();
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    if (keep == 0x9e3779b9u) sink[blockIdx.x] = keep;  // never (almost): keeps the reads
+}
+template <int F, int NW, int RW, int S, int FORM>
+static void gemv_pattern_go(const Mat& w, uint32_t* sink, cudaStream_t stream) {
+    auto k = gemv_pattern_kernel<F, NW, RW, S, FORM>;
+    const size_t smem = (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES;
+    static bool init = false;
+    if (!init) { cudaCheck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
+    k<<<(unsigned)CEIL_DIV(CEIL_DIV(w.rows, (int64_t)16), (int64_t)RW), NW * 32, smem, stream>>>(w, sink);
+    cudaCheck(cudaGetLastError());
+}
+// the pattern kernel (form 0, 1, or 2 on a tiled copy) in the product's warp split for w
+// (gemv_pick) and the stages of its row tiles a warp (1: 4 stages, 2: 3, as gemv_xp_launch)
+template <int F>
+static void gemv_pattern(const Mat& w, int form, int rw, uint32_t* sink, cudaStream_t stream) {
+    const GemvKernel k = gemv_pick(w);
+    const bool nw8 = k == GEMV_XS_8X3_4 || k == GEMV_XS_8X3;
+    auto go = [&](auto nw_tag) {
+        constexpr int NW = decltype(nw_tag)::value;
+        auto by_form = [&](auto rw_tag, auto s_tag) {
+            constexpr int RW = decltype(rw_tag)::value, S = decltype(s_tag)::value;
+            if (form == 2) gemv_pattern_go<F, NW, RW, S, 2>(w, sink, stream);
+            else if (form == 1) gemv_pattern_go<F, NW, RW, S, 1>(w, sink, stream);
+            else gemv_pattern_go<F, NW, RW, S, 0>(w, sink, stream);
+        };
+        if (rw == 2) by_form(std::integral_constant<int, 2>(), std::integral_constant<int, 3>());
+        else by_form(std::integral_constant<int, 1>(), std::integral_constant<int, 4>());
+    };
+    if (nw8) go(std::integral_constant<int, 8>());
+    else go(std::integral_constant<int, 4>());
+}
+
 // the product's wide kernel on a tiled copy (TILED) or the matrix itself: the same arithmetic,
 // the same bits (Gemv.TiledEqualsTheProduct)
 template <int F, int NW, int NT, int RW, int S, int MINB, bool TILED>
@@ -1201,54 +1208,6 @@ static void gemv_tiled(bool tiled, const Mat& w, const bf16_t* x, int ldx, int C
             default: go(std::integral_constant<int, FMT_Q6>()); break;
         }
     });
-}
-// gemv_pattern_kernel's form 0 (the wide kernel's copies alone, no arithmetic) on a tiled copy
-template <int F, int NW, int RW, int S>
-__global__ void __launch_bounds__(NW * 32, 2) gemv_pattern_tiled_kernel(Mat w, uint32_t* __restrict__ sink) {
-    using Ly = GemvAsyncLayout<F>;
-    constexpr int D = 2, SB = RW * Ly::BYTES;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int units = (int)w.gpr;
-    extern __shared__ __align__(16) uint8_t ptt_smem[];
-    uint8_t* sm_w = ptt_smem + (size_t)warp * S * SB;
-    const int n_it = warp * D < units ? (units - warp * D + NW * D - 1) / (NW * D) : 0;
-    XpWeightsTiled<F, NW, RW, S> ws(w, (int64_t)blockIdx.x * RW * 16, warp, lane, sm_w);
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < n_it) ws.issue();
-        cp_async_commit();
-    }
-    uint32_t keep = 0, rslot = 0;
-    for (int it = 0; it < n_it; it++) {
-        cp_async_wait<S - 2>();
-        __syncwarp();
-        keep ^= *(const uint32_t*)(sm_w + rslot + lane * 4);
-        rslot = rslot + SB == S * SB ? 0 : rslot + SB;
-        __syncwarp();
-        if (it + S - 1 < n_it) ws.issue();
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
-    if (keep == 0x9e3779b9u) sink[blockIdx.x] = keep;
-}
-template <int F>
-static void gemv_pattern_tiled(const Mat& wt, int rw, uint32_t* sink, cudaStream_t stream) {
-    const GemvKernel k = gemv_pick(wt);
-    const bool nw8 = k == GEMV_XS_8X3_4 || k == GEMV_XS_8X3;
-    auto go = [&](auto nw_tag, auto rw_tag, auto s_tag) {
-        constexpr int NW = decltype(nw_tag)::value, RW = decltype(rw_tag)::value, S = decltype(s_tag)::value;
-        auto kk = gemv_pattern_tiled_kernel<F, NW, RW, S>;
-        const size_t smem = (size_t)NW * S * RW * GemvAsyncLayout<F>::BYTES;
-        static bool init = false;
-        if (!init) { cudaCheck(cudaFuncSetAttribute(kk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); init = true; }
-        kk<<<(unsigned)CEIL_DIV(CEIL_DIV(wt.rows, (int64_t)16), (int64_t)RW), NW * 32, smem, stream>>>(wt, sink);
-        cudaCheck(cudaGetLastError());
-    };
-    using I1 = std::integral_constant<int, 1>; using I2 = std::integral_constant<int, 2>;
-    using I3 = std::integral_constant<int, 3>; using I4 = std::integral_constant<int, 4>;
-    using I8 = std::integral_constant<int, 8>;
-    if (nw8) rw == 2 ? go(I8(), I2(), I3()) : go(I8(), I1(), I4());
-    else rw == 2 ? go(I4(), I2(), I3()) : go(I4(), I1(), I4());
 }
 }  // namespace gemv_dev
 

@@ -3068,9 +3068,9 @@ TEST(Bench, DISABLED_GemvTiled) {
             } }));
         show("pattern tiled rw" + std::to_string(rw), tiled_time([&](const Mat& m, cudaStream_t s) {
             switch (sh.f) {
-                case FMT_Q4: gemv_dev::gemv_pattern_tiled<FMT_Q4>(m, rw, sink.as<uint32_t>(), s); break;
-                case FMT_Q5: gemv_dev::gemv_pattern_tiled<FMT_Q5>(m, rw, sink.as<uint32_t>(), s); break;
-                default: gemv_dev::gemv_pattern_tiled<FMT_Q6>(m, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q4: gemv_dev::gemv_pattern<FMT_Q4>(m, 2, rw, sink.as<uint32_t>(), s); break;
+                case FMT_Q5: gemv_dev::gemv_pattern<FMT_Q5>(m, 2, rw, sink.as<uint32_t>(), s); break;
+                default: gemv_dev::gemv_pattern<FMT_Q6>(m, 2, rw, sink.as<uint32_t>(), s); break;
             } }));
         show("contiguous rw" + std::to_string(rw), rm.time_ms([&](const Mat& m, cudaStream_t s) {
             switch (sh.f) {

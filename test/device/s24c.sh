@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# session 24 (issue 16): s24.sh and s24b.sh in one call (the device could not be started for
-# either alone). binaries of c334ef1's tree (ninfer, test_kernels, test_spec): Gemv.* (with
+# session 24 (issue 16): the session's first two calls in one (the device could not be started for
+# either alone; their scripts went into this one). binaries of c334ef1's tree (ninfer, test_kernels, test_spec): Gemv.* (with
 # Gemv.TiledEqualsTheProduct), Bench.DISABLED_GemvTiled, test_spec's SpecGpu.*, the kjv md5,
 # then 9b pp4096 / tg128 and 0.8b tg128 if time is left. pack into .carry-s24c, carry it, run
 # bash .carry-s24c/s24c.sh
